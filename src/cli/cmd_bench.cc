@@ -1,0 +1,12 @@
+// `strata bench ...`: the benchmark family. Each benchmark registers itself under `bench`.
+#include "cli/command.h"
+
+namespace strata::cli {
+
+void register_bench(CLI::App& root, Registry& registry) {
+  (void)registry;
+  CLI::App* bench = root.add_subcommand("bench", "Measure Strata's components on this machine");
+  bench->require_subcommand(1);
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,10 @@
+#include "cli/command.h"
+
+namespace strata::cli {
+
+void register_config(CLI::App& root, Registry& registry) {
+  (void)root;
+  (void)registry;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,76 @@
+// The `strata` program: parses the command line and dispatches to a subcommand.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "strata/build_info.h"
+
+namespace strata::cli {
+
+int Registry::run_parsed() const {
+  // The deepest parsed subcommand wins: `strata bench adam` runs adam, not bench.
+  const Entry* chosen = nullptr;
+  int chosen_depth = -1;
+  for (const Entry& entry : commands_) {
+    if (!entry.app->parsed()) continue;
+    int depth = 0;
+    for (const CLI::App* p = entry.app->get_parent(); p != nullptr; p = p->get_parent()) ++depth;
+    if (depth > chosen_depth) {
+      chosen = &entry;
+      chosen_depth = depth;
+    }
+  }
+  return chosen == nullptr ? -1 : chosen->run();
+}
+
+int report_error(const Status& status) {
+  std::fprintf(stderr, "strata: %s: %s\n", error_code_name(status.code()),
+               status.to_string().c_str());
+  return status.exit_code();
+}
+
+void add_set_option(CLI::App* app, std::vector<std::string>* overrides) {
+  app->add_option("--set", *overrides,
+                  "Override a config key by its dotted path, e.g. "
+                  "--set zero_optimization.stage=3 (repeatable; VALUE is JSON or a bare string)")
+      ->take_all()
+      ->allow_extra_args(false)
+      ->type_name("KEY.PATH=VALUE");
+}
+
+}  // namespace strata::cli
+
+int main(int argc, char** argv) {
+  using namespace strata::cli;
+  CLI::App app{"strata: train transformer models whose state is larger than GPU memory"};
+  app.name("strata");
+  app.set_version_flag("--version",
+                       fmt::format("strata {} ({})", strata::build::kVersion,
+                                   strata::build::kGitCommit));
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  Registry registry;
+  register_config(app, registry);
+  register_report(app, registry);
+  register_estimate(app, registry);
+  register_bench(app, registry);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;  // usage error
+  }
+  int rc = registry.run_parsed();
+  if (rc < 0) {
+    std::fprintf(stderr, "strata: usage error: no command given; see strata --help\n");
+    return 2;
+  }
+  return rc;
+}

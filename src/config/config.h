@@ -1,0 +1,255 @@
+// The typed training configuration: DeepSpeed's JSON schema (with DeepSpeed's defaults) plus
+// Strata's own "strata" section. Defaults live in exactly one place: the member initialisers
+// below. Parsing, printing and documentation all walk the same per-section field lists
+// (config/schema.h), so a key cannot be read under one name and printed under another.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::config {
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+enum class OptimizerType { kAdam, kAdamW };
+enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+enum class WarmupType { kLog, kLinear };
+enum class Backend { kAuto, kCpu, kCuda };
+enum class ModelFamily { kGpt2, kLlama };
+enum class DataSource { kSynthetic, kTokens, kText };
+enum class Precision { kFp32, kFp16, kBf16 };
+
+const char* to_string(OffloadDevice device);
+const char* to_string(Precision precision);
+
+// ---- DeepSpeed sections ---------------------------------------------------------------------
+
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;  // 0 = dynamic loss scaling
+  std::int64_t initial_scale_power = 16;
+  std::int64_t loss_scale_window = 1000;
+  std::int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+};
+
+struct OptimizerParams {
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
+  bool adam_w_mode = true;
+  bool torch_adam = false;  // accepted for compatibility; Strata always uses its own kernel
+  bool amsgrad = false;     // must stay false: Strata has no AMSGrad
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  OptimizerParams params;
+  // Derived: true when the update decouples weight decay (AdamW, or Adam with adam_w_mode).
+  bool decoupled_weight_decay() const {
+    return type == OptimizerType::kAdamW || params.adam_w_mode;
+  }
+};
+
+struct SchedulerParams {
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::kLog;
+  std::int64_t total_num_steps = 0;  // WarmupDecayLR / WarmupCosineLR: required, > warmup
+  double warmup_min_ratio = 0.0;     // WarmupCosineLR
+  double cos_min_ratio = 1e-4;       // WarmupCosineLR
+};
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::kNone;  // no section: constant learning rate
+  SchedulerParams params;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::vector<std::string> nvme_path;  // one path, or several to stripe over
+  bool pin_memory = false;
+  std::int64_t buffer_count = 5;
+  std::uint64_t buffer_size = 100'000'000;  // elements per staging buffer
+  std::uint64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory with nvme offload
+};
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::vector<std::string> nvme_path;
+  bool pin_memory = false;
+  std::int64_t buffer_count = 4;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;  // fraction of the optimizer state offloaded; the rest stays on device
+};
+
+struct ZeroConfig {
+  std::int64_t stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  std::uint64_t reduce_bucket_size = 500'000'000;     // elements
+  bool allgather_partitions = true;
+  std::uint64_t allgather_bucket_size = 500'000'000;  // elements
+  std::optional<bool> overlap_comm;                   // unset: true at stage 3, else false
+  bool round_robin_gradients = false;
+  // Elements per optimizer tile. DeepSpeed's default is 1e9 (4 GB per fp32 array); Strata's is
+  // 2^25 (128 MiB per fp32 array), which keeps three pipeline stages of four arrays in ~1.5 GiB.
+  std::uint64_t sub_group_size = 33'554'432;
+  std::uint64_t stage3_prefetch_bucket_size = 50'000'000;      // elements
+  std::uint64_t stage3_max_live_parameters = 1'000'000'000;    // elements
+  std::uint64_t stage3_max_reuse_distance = 1'000'000'000;     // elements
+  std::uint64_t stage3_param_persistence_threshold = 100'000;  // elements
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+
+  bool effective_overlap_comm() const { return overlap_comm.value_or(stage == 3); }
+};
+
+struct AioConfig {
+  std::uint64_t block_size = 1'048'576;  // bytes per I/O request piece; multiple of 4096
+  std::int64_t queue_depth = 8;          // requests in flight per ring
+  std::int64_t intra_op_parallelism = 1;  // I/O threads (old name: thread_count)
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;  // must stay false: GPUDirect Storage is not supported
+};
+
+// ---- Strata's own section -------------------------------------------------------------------
+
+// A model shape in Strata's names. Filled from strata.model, or from a Hugging Face config.json
+// (model/model_spec.h maps the HF names). 0 means "the family's default".
+struct ModelConfig {
+  std::string path;  // Hugging Face model directory or config.json; "" = use the fields below
+  ModelFamily family = ModelFamily::kGpt2;
+  std::int64_t vocab_size = 50257;
+  std::int64_t max_seq_len = 1024;
+  std::int64_t hidden_size = 768;
+  std::int64_t num_layers = 12;
+  std::int64_t num_heads = 12;
+  std::int64_t num_kv_heads = 0;       // 0 = num_heads (no grouped KV)
+  std::int64_t intermediate_size = 0;  // 0 = 4 * hidden (gpt2) or the Llama rule
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;  // llama
+  bool tie_word_embeddings = true;
+  bool activation_checkpointing = false;
+  bool activation_offload = false;  // keep activation checkpoints in host memory
+};
+
+struct DataConfig {
+  DataSource source = DataSource::kSynthetic;
+  std::string path;                // token file (.bin) or text file
+  std::string val_path;            // optional separate validation file
+  std::int64_t seq_len = 256;
+  double val_fraction = 0.05;      // held out from `path` when val_path is empty
+  bool shuffle = true;
+  std::int64_t synthetic_vocab_size = 256;
+  std::int64_t synthetic_branching = 4;  // successors per state of the synthetic Markov chain
+};
+
+struct StrataConfig {
+  std::string output_dir = "strata_out";
+  std::int64_t train_steps = 100;
+  std::uint64_t seed = 1234;
+  Backend backend = Backend::kAuto;
+  std::uint64_t device_bytes_max = 0;  // 0 = auto: GPU memory (CUDA) or 4 GiB arena (CPU)
+  std::uint64_t host_bytes_max = 0;    // 0 = auto: 80% of the memory available at start-up
+  std::uint64_t nvme_bytes_max = 0;    // 0 = auto: free space on the nvme_path file systems
+  std::int64_t eval_every_steps = 0;   // 0 = evaluate only at the end
+  std::int64_t eval_batches = 8;
+  std::int64_t checkpoint_every_steps = 0;  // 0 = checkpoint only at the end
+  std::string checkpoint_dir;               // "" = <output_dir>/checkpoints
+  std::string resume_from;                  // checkpoint directory to resume from
+  std::string trace_file;                   // Chrome/Perfetto trace; "" = none
+  std::int64_t log_every_steps = 1;
+  bool nvme_checksum = true;  // verify every NVMe tile with xxHash3 on read
+  ModelConfig model;
+  DataConfig data;
+};
+
+// ---- the whole configuration ----------------------------------------------------------------
+
+struct Config {
+  // Batch sizes: after loading, all three are set and consistent with world_size.
+  std::uint64_t train_batch_size = 0;
+  std::uint64_t train_micro_batch_size_per_gpu = 0;
+  std::uint64_t gradient_accumulation_steps = 0;
+  double gradient_clipping = 0.0;  // 0 = no clipping
+  std::int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  bool zero_allow_untested_optimizer = false;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  StrataConfig strata;
+
+  // Derived from the settings above, filled in by the loader.
+  std::int64_t world_size = 1;
+  Precision precision() const {
+    return fp16.enabled ? Precision::kFp16 : bf16.enabled ? Precision::kBf16 : Precision::kFp32;
+  }
+};
+
+// A note the loader wants the user to see: an "auto" resolved, a key accepted but unused, an
+// old key name mapped to the new one.
+struct Note {
+  std::string path;
+  std::string message;
+};
+
+struct LoadOptions {
+  std::int64_t world_size = 1;  // data-parallel ranks; derives the batch-size triple
+};
+
+struct Loaded {
+  Config config;
+  std::vector<Note> notes;
+};
+
+// Reads a DeepSpeed-style JSON file (// and /* */ comments allowed, duplicate keys rejected),
+// applies `overrides` ("dotted.key.path=VALUE", VALUE parsed as JSON, else taken as a string),
+// fills in defaults, validates, and derives the batch sizes. Errors are kConfig and name the
+// file, line, column and key path at fault and what would be valid.
+Result<Loaded> load_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                                const LoadOptions& options = {});
+
+// The same from text in memory; `source_name` stands in for the file name in errors.
+Result<Loaded> load_config_text(const std::string& text, const std::string& source_name,
+                                const std::vector<std::string>& overrides,
+                                const LoadOptions& options = {});
+
+// The effective configuration as pretty-printed JSON, every key with its value in effect, in
+// the schema's order. Loading this text again yields the same configuration.
+std::string to_json(const Config& config);
+
+// Every leaf key path the schema knows ("zero_optimization.offload_param.device", ...), in
+// schema order. Used by the documentation test and for suggestions.
+std::vector<std::string> all_key_paths();
+
+// The world size the launcher announced (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// SLURM_NTASKS), or 1.
+std::int64_t world_size_from_environment();
+
+}  // namespace strata::config

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs, from Debian packages, everything Strata needs to build and test.
+# Idempotent: packages already present are not fetched again. Nothing else is
+# needed; CUDA is optional and is used when nvcc is found (it is not installed here).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  liburing-dev libhwloc-dev libtbb-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libjsoncpp-dev libcli11-dev libfmt-dev libxxhash-dev
+  clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the default test suite (every label but `slow`).
+# Usage: tools/test.sh [extra ctest args...]   e.g. tools/test.sh -L slow   to run the slow tests
+# Environment: STRATA_SANITIZE=address,undefined runs the suite under sanitizers (in build-asan/).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/tools/setup.sh"
+
+build_dir="$root/build"
+build_type=Release
+if [ -n "${STRATA_SANITIZE:-}" ]; then
+  build_dir="$root/build-asan"
+  build_type=RelWithDebInfo
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+fi
+bash "$root/tools/build.sh" "$build_dir" "$build_type"
+
+cd "$build_dir"
+if [ $# -eq 0 ]; then
+  set -- -LE slow
+fi
+ctest --output-on-failure --parallel "$(nproc)" "$@"
