@@ -21,21 +21,34 @@
 namespace strata::io {
 namespace {
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 std::string fs_type_name(long magic) {
   switch (static_cast<unsigned long>(magic)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x794C7630: return "overlay";
-    case 0x2FC12FC1: return "zfs";
-    case 0xF2F52010: return "f2fs";
-    case 0x6969: return "nfs";
-    case 0x65735546: return "fuse";
-    case 0x858458F6: return "ramfs";
-    default: return fmt::format("0x{:x}", static_cast<unsigned long>(magic));
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x794C7630:
+      return "overlay";
+    case 0x2FC12FC1:
+      return "zfs";
+    case 0xF2F52010:
+      return "f2fs";
+    case 0x6969:
+      return "nfs";
+    case 0x65735546:
+      return "fuse";
+    case 0x858458F6:
+      return "ramfs";
+    default:
+      return fmt::format("0x{:x}", static_cast<unsigned long>(magic));
   }
 }
 
@@ -63,7 +76,8 @@ void probe_block_device(dev_t dev, DirectoryProbe* probe) {
   for (const char* queue : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
     std::string text = read_first_line(base + queue);
     if (!text.empty()) {
-      probe->logical_block_bytes = static_cast<std::uint32_t>(std::strtoul(text.c_str(), nullptr, 10));
+      probe->logical_block_bytes =
+          static_cast<std::uint32_t>(std::strtoul(text.c_str(), nullptr, 10));
       return;
     }
   }

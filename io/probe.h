@@ -29,7 +29,7 @@ struct DirectoryProbe {
   // Alignment O_DIRECT needs for buffer addresses and for file offsets/lengths, in bytes.
   std::uint32_t mem_align_bytes = 4096;
   std::uint32_t offset_align_bytes = 4096;
-  std::string align_source;  // "statx", "block device" or "default"
+  std::string align_source;               // "statx", "block device" or "default"
   std::uint32_t logical_block_bytes = 0;  // of the backing block device; 0 when none
   std::string block_device;               // e.g. "nvme0n1p2"; "" when none (tmpfs, overlay)
   std::uint64_t free_bytes = 0;           // available to unprivileged users

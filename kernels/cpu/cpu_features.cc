@@ -67,7 +67,8 @@ CpuFeatures probe() {
       std::memcpy(brand + 16 * i + 12, &edx, 4);
     }
     f.brand = brand;
-    while (!f.brand.empty() && f.brand.back() == ' ') f.brand.pop_back();
+    while (!f.brand.empty() && f.brand.back() == ' ')
+      f.brand.pop_back();
     std::size_t first = f.brand.find_first_not_of(' ');
     f.brand = first == std::string::npos ? std::string() : f.brand.substr(first);
   }
@@ -83,9 +84,12 @@ const CpuFeatures& cpu_features() {
 
 const char* to_string(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kScalar: return "scalar";
-    case SimdLevel::kAvx2: return "avx2";
-    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }

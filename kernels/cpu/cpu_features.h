@@ -1,5 +1,6 @@
 // What the CPU can run: instruction-set extensions from CPUID, checked against the operating
-// system's XSAVE support (a CPU with AVX-512 under an OS that does not save ZMM state cannot use it).
+// system's XSAVE support (a CPU with AVX-512 under an OS that does not save ZMM state cannot use
+// it).
 #pragma once
 
 #include <string>

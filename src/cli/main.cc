@@ -13,7 +13,8 @@ int Registry::run_parsed() const {
   for (const Entry& entry : commands_) {
     if (!entry.app->parsed()) continue;
     int depth = 0;
-    for (const CLI::App* p = entry.app->get_parent(); p != nullptr; p = p->get_parent()) ++depth;
+    for (const CLI::App* p = entry.app->get_parent(); p != nullptr; p = p->get_parent())
+      ++depth;
     if (depth > chosen_depth) {
       chosen = &entry;
       chosen_depth = depth;
@@ -43,9 +44,8 @@ int main(int argc, char** argv) {
   using namespace strata::cli;
   CLI::App app{"strata: train transformer models whose state is larger than GPU memory"};
   app.name("strata");
-  app.set_version_flag("--version",
-                       fmt::format("strata {} ({})", strata::build::kVersion,
-                                   strata::build::kGitCommit));
+  app.set_version_flag("--version", fmt::format("strata {} ({})", strata::build::kVersion,
+                                                strata::build::kGitCommit));
   app.require_subcommand(1);
   app.fallthrough(false);
 

@@ -7,16 +7,16 @@ namespace strata::detail {
                               const char* message);
 }  // namespace strata::detail
 
-#define STRATA_ASSERT(cond)                                                               \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]] {                                                           \
-      ::strata::detail::assert_fail(#cond, __FILE__, __LINE__, __func__, nullptr);        \
-    }                                                                                     \
+#define STRATA_ASSERT(cond)                                                        \
+  do {                                                                             \
+    if (!(cond)) [[unlikely]] {                                                    \
+      ::strata::detail::assert_fail(#cond, __FILE__, __LINE__, __func__, nullptr); \
+    }                                                                              \
   } while (0)
 
-#define STRATA_ASSERT_MSG(cond, message)                                                  \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]] {                                                           \
-      ::strata::detail::assert_fail(#cond, __FILE__, __LINE__, __func__, (message));      \
-    }                                                                                     \
+#define STRATA_ASSERT_MSG(cond, message)                                             \
+  do {                                                                               \
+    if (!(cond)) [[unlikely]] {                                                      \
+      ::strata::detail::assert_fail(#cond, __FILE__, __LINE__, __func__, (message)); \
+    }                                                                                \
   } while (0)

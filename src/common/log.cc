@@ -25,9 +25,13 @@ std::atomic<int>& level_storage() {
 
 }  // namespace
 
-LogLevel log_level() { return static_cast<LogLevel>(level_storage().load()); }
+LogLevel log_level() {
+  return static_cast<LogLevel>(level_storage().load());
+}
 
-void set_log_level(LogLevel level) { level_storage().store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  level_storage().store(static_cast<int>(level));
+}
 
 void log_write(LogLevel level, std::string_view message) {
   static std::mutex mutex;

@@ -69,7 +69,7 @@ Status make_error(ErrorCode code, fmt::format_string<Args...> format, Args&&... 
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : data_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : data_(std::move(status)) {  // NOLINT: implicit by design
     STRATA_ASSERT(!std::get<Status>(data_).is_ok());
   }
@@ -108,12 +108,12 @@ class [[nodiscard]] Result {
 #define STRATA_CONCAT(a, b) STRATA_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not ok.
-#define STRATA_TRY(expr)                              \
-  do {                                                \
-    ::strata::Status strata_try_status_ = (expr);     \
-    if (!strata_try_status_.is_ok()) {                \
-      return strata_try_status_;                      \
-    }                                                 \
+#define STRATA_TRY(expr)                          \
+  do {                                            \
+    ::strata::Status strata_try_status_ = (expr); \
+    if (!strata_try_status_.is_ok()) {            \
+      return strata_try_status_;                  \
+    }                                             \
   } while (0)
 
 // Evaluates a Result<T> expression; on error returns its Status, else moves the value into `lhs`.

@@ -25,9 +25,11 @@ std::string format_bytes(std::uint64_t bytes) {
 
 std::optional<std::uint64_t> parse_bytes(std::string_view text) {
   std::string s(text);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.pop_back();
   std::size_t start = 0;
-  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
+  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start])))
+    ++start;
   s = s.substr(start);
   if (s.empty() || s[0] == '-' || s[0] == '+') return std::nullopt;
 

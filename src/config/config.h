@@ -84,7 +84,7 @@ struct OffloadParamConfig {
   std::vector<std::string> nvme_path;  // one path, or several to stripe over
   bool pin_memory = false;
   std::int64_t buffer_count = 5;
-  std::uint64_t buffer_size = 100'000'000;  // elements per staging buffer
+  std::uint64_t buffer_size = 100'000'000;   // elements per staging buffer
   std::uint64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory with nvme offload
 };
 
@@ -103,7 +103,7 @@ struct ZeroConfig {
   std::int64_t stage = 0;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
-  std::uint64_t reduce_bucket_size = 500'000'000;     // elements
+  std::uint64_t reduce_bucket_size = 500'000'000;  // elements
   bool allgather_partitions = true;
   std::uint64_t allgather_bucket_size = 500'000'000;  // elements
   std::optional<bool> overlap_comm;                   // unset: true at stage 3, else false
@@ -123,8 +123,8 @@ struct ZeroConfig {
 };
 
 struct AioConfig {
-  std::uint64_t block_size = 1'048'576;  // bytes per I/O request piece; multiple of 4096
-  std::int64_t queue_depth = 8;          // requests in flight per ring
+  std::uint64_t block_size = 1'048'576;   // bytes per I/O request piece; multiple of 4096
+  std::int64_t queue_depth = 8;           // requests in flight per ring
   std::int64_t intra_op_parallelism = 1;  // I/O threads (old name: thread_count)
   bool single_submit = false;
   bool overlap_events = true;
@@ -154,10 +154,10 @@ struct ModelConfig {
 
 struct DataConfig {
   DataSource source = DataSource::kSynthetic;
-  std::string path;                // token file (.bin) or text file
-  std::string val_path;            // optional separate validation file
+  std::string path;      // token file (.bin) or text file
+  std::string val_path;  // optional separate validation file
   std::int64_t seq_len = 256;
-  double val_fraction = 0.05;      // held out from `path` when val_path is empty
+  double val_fraction = 0.05;  // held out from `path` when val_path is empty
   bool shuffle = true;
   std::int64_t synthetic_vocab_size = 256;
   std::int64_t synthetic_branching = 4;  // successors per state of the synthetic Markov chain
