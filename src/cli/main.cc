@@ -55,6 +55,20 @@ int main(int argc, char** argv) {
   register_estimate(app, registry);
   register_bench(app, registry);
 
+  // CLI11 reports an unknown command as "a subcommand is required"; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string valid;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      valid += (valid.empty() ? "" : ", ") + sub->get_name();
+      known = known || sub->check_name(argv[1]);
+    }
+    if (!known) {
+      std::fprintf(stderr, "strata: usage error: unknown command '%s'; valid commands: %s\n",
+                   argv[1], valid.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
