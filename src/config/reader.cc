@@ -304,7 +304,7 @@ void Reader::report_unknown_keys() {
       hint = "did you mean '" + best + "'?";
     } else {
       std::string valid;
-      for (const std::string& k : frame.known)
+      for (const std::string& k : frame.used)
         valid += (valid.empty() ? "" : ", ") + k;
       hint = "valid keys " +
              (frame.path.empty() ? std::string("at the top level") : "in '" + frame.path + "'") +
