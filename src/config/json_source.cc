@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <memory>
-#include <regex>
 #include <sstream>
 
 namespace strata::config {
@@ -11,15 +11,15 @@ namespace {
 
 // jsoncpp reports "* Line 3, Column 5\n  Syntax error: ...". Turns each into "name:3:5: ...".
 std::string reformat_errors(const std::string& errors, const std::string& name) {
-  static const std::regex kHeader(R"(\* Line (\d+), Column (\d+))");
   std::istringstream in(errors);
   std::string line;
   std::string out;
   std::string location;
   while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, kHeader)) {
-      location = fmt::format("{}:{}:{}", name, m[1].str(), m[2].str());
+    int line_number = 0;
+    int column = 0;
+    if (std::sscanf(line.c_str(), "* Line %d, Column %d", &line_number, &column) == 2) {
+      location = fmt::format("{}:{}:{}", name, line_number, column);
       continue;
     }
     std::size_t first = line.find_first_not_of(' ');
