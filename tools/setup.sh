@@ -9,6 +9,7 @@ packages=(
   liburing-dev libhwloc-dev libtbb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libjsoncpp-dev libcli11-dev libfmt-dev libxxhash-dev
+  libopenblas-pthread-dev
   clang-format
 )
 

@@ -1,0 +1,130 @@
+// CPU kernels for every operation of the GPT-2 and Llama models, forward and backward, templated
+// on the compute type (float for training, double for the finite-difference gradient checks).
+// Conventions:
+//   - row-major; shapes in comments, e.g. (N,C) = N rows of C values;
+//   - backward kernels ACCUMULATE (+=) into parameter gradients and into input gradients, except
+//     where a contract says "writes"; callers zero what must start at zero;
+//   - every kernel is deterministic: parallel splits depend only on the shape, and reductions run
+//     in a fixed order, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels {
+
+// ---- embedding ---------------------------------------------------------------------------------
+// out(B*T,C) = wte[tokens[r]] + wpe[r % T] (wpe may be null: no learned positions).
+template <typename T>
+void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
+                       std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
+// dwte[tokens[r]] += dout[r]; dwpe[r % T] += dout[r] (dwpe may be null).
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
+                        std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
+
+// ---- normalisation -----------------------------------------------------------------------------
+// out(N,C) = (x - mean) * rstd * w + b; writes mean(N), rstd(N) for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       std::int64_t rows, std::int64_t channels, double eps);
+// dx += ..., dw += ..., db += ... given dout(N,C) and the forward's x, w, mean, rstd.
+template <typename T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
+                        const T* rstd, std::int64_t rows, std::int64_t channels);
+// out(N,C) = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps) (Llama's RMSNorm); writes rstd(N).
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
+                     std::int64_t channels, double eps);
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
+                      std::int64_t rows, std::int64_t channels);
+
+// ---- pointwise ---------------------------------------------------------------------------------
+// GELU, tanh approximation (GPT-2's gelu_new): out(n) = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715
+// x^3))).
+template <typename T>
+void gelu_forward(T* out, const T* x, std::int64_t n);
+// dx += gelu'(x) * dout.
+template <typename T>
+void gelu_backward(T* dx, const T* x, const T* dout, std::int64_t n);
+// gate_up(N, 2I) holds [gate | up] per row; out(N,I) = silu(gate) * up.
+template <typename T>
+void swiglu_forward(T* out, const T* gate_up, std::int64_t rows, std::int64_t inner);
+// Writes dgate_up(N, 2I) from dout(N,I).
+template <typename T>
+void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, std::int64_t rows,
+                     std::int64_t inner);
+// out(N,C) = a + b (out may alias a or b).
+template <typename T>
+void add(T* out, const T* a, const T* b, std::int64_t n);
+// x(N,C) += bias(C) on every row.
+template <typename T>
+void add_bias(T* x, const T* bias, std::int64_t rows, std::int64_t channels);
+// dbias(C) += sum over rows of dout(N,C).
+template <typename T>
+void bias_backward(T* dbias, const T* dout, std::int64_t rows, std::int64_t channels);
+
+// ---- rotary embeddings ------------------------------------------------------------------------
+// Rotates, in place, `heads` heads of head_dim D starting at column 0 of x's rows (row r at
+// x + r*stride) by the angles of position r % T, with Hugging Face's rotate_half pairing
+// (d, d + D/2). cos/sin are (T, D/2) tables.
+template <typename T>
+void rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
+                  std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin);
+// The inverse rotation, applied in place to the gradient.
+template <typename T>
+void rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
+                   std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin);
+// Fills cos/sin (T, D/2) for positions 0..T-1: inv_freq[d] = theta^(-2d/D), computed in T's
+// precision the way Hugging Face computes it (for float: float32 pow and product).
+template <typename T>
+void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t head_dim, double theta);
+
+// ---- attention ---------------------------------------------------------------------------------
+// Causal multi-head attention with grouped KV heads, blocked (flash style): never holds a T x T
+// matrix, only 64 x 64 tiles. Row r = b*T + t of q holds H heads of D values at q + r*q_stride;
+// k and v hold KV heads at k + r*kv_stride, v + r*kv_stride (query head h reads KV head
+// h / (H/KV)). out(B*T, H*D) at out + r*out_stride; lse(B,H,T) = log-sum-exp of each softmax row.
+struct AttentionShape {
+  std::int64_t batch = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t q_stride = 0;
+  std::int64_t kv_stride = 0;
+  std::int64_t out_stride = 0;
+  double scale = 0.0;  // usually 1/sqrt(D)
+};
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& shape);
+// WRITES dq, dk, dv (same strides as q, k, v; they may be column ranges of one buffer) from
+// dout (stride out_stride) and the forward's out and lse.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                        const T* k, const T* v, const AttentionShape& shape);
+
+// ---- loss --------------------------------------------------------------------------------------
+// Softmax + cross-entropy over logits(N,V): losses[r] = logsumexp(logits[r]) - logits[r][target].
+template <typename T>
+void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targets,
+                           std::int64_t rows, std::int64_t vocab);
+// Fused forward + backward, in place: losses as above, then logits[r] is overwritten with
+// (softmax(logits[r]) - onehot(target)) * grad_scale.
+template <typename T>
+void cross_entropy_fused(T* logits, T* losses, const std::int32_t* targets, std::int64_t rows,
+                         std::int64_t vocab, double grad_scale);
+
+// ---- reductions ---------------------------------------------------------------------------------
+// Sum of x[i]^2 in double, in a fixed order (chunks combined in order); inf/NaN propagate.
+template <typename T>
+double sum_squares(const T* x, std::int64_t n);
+// Sum of x[i] in double, in a fixed order.
+template <typename T>
+double sum(const T* x, std::int64_t n);
+// x[i] *= alpha.
+template <typename T>
+void scale(T* x, std::int64_t n, double alpha);
+
+}  // namespace strata::kernels

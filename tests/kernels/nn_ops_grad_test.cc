@@ -1,0 +1,190 @@
+// Finite-difference checks of every model op's backward kernel, in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/nn_ops.h"
+#include "tests/kernels/grad_check.h"
+
+namespace strata::kernels {
+namespace {
+
+using testing::expect_gradient_matches;
+using testing::random_vector;
+using testing::weighted_sum;
+using Vec = std::vector<double>;
+
+TEST(OpGradients, LayerNorm) {
+  const std::int64_t n = 6, c = 13;
+  Vec x = random_vector(n * c, 1), w = random_vector(c, 2, 0.5, 1.5), b = random_vector(c, 3);
+  const Vec weight = random_vector(n * c, 4);
+  Vec out(n * c), mean(n), rstd(n);
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c,
+                      1e-5);
+    return weighted_sum(out, weight);
+  };
+  loss();
+  Vec dx(n * c, 0.0), dw(c, 0.0), db(c, 0.0);
+  layernorm_backward(dx.data(), dw.data(), db.data(), weight.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), n, c);
+  expect_gradient_matches("dx", x, dx, loss);
+  expect_gradient_matches("dw", w, dw, loss);
+  expect_gradient_matches("db", b, db, loss);
+}
+
+TEST(OpGradients, RmsNorm) {
+  const std::int64_t n = 5, c = 11;
+  Vec x = random_vector(n * c, 5), w = random_vector(c, 6, 0.5, 1.5);
+  const Vec weight = random_vector(n * c, 7);
+  Vec out(n * c), rstd(n);
+  auto loss = [&] {
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6);
+    return weighted_sum(out, weight);
+  };
+  loss();
+  Vec dx(n * c, 0.0), dw(c, 0.0);
+  rmsnorm_backward(dx.data(), dw.data(), weight.data(), x.data(), w.data(), rstd.data(), n, c);
+  expect_gradient_matches("dx", x, dx, loss);
+  expect_gradient_matches("dw", w, dw, loss);
+}
+
+TEST(OpGradients, GeluTanh) {
+  const std::int64_t n = 64;
+  Vec x = random_vector(n, 8, -4.0, 4.0);
+  const Vec weight = random_vector(n, 9);
+  Vec out(n);
+  auto loss = [&] {
+    gelu_forward(out.data(), x.data(), n);
+    return weighted_sum(out, weight);
+  };
+  Vec dx(n, 0.0);
+  gelu_backward(dx.data(), x.data(), weight.data(), n);
+  expect_gradient_matches("dx", x, dx, loss);
+}
+
+TEST(OpGradients, SwiGlu) {
+  const std::int64_t rows = 4, inner = 9;
+  Vec gu = random_vector(rows * 2 * inner, 10, -3.0, 3.0);
+  const Vec weight = random_vector(rows * inner, 11);
+  Vec out(rows * inner);
+  auto loss = [&] {
+    swiglu_forward(out.data(), gu.data(), rows, inner);
+    return weighted_sum(out, weight);
+  };
+  Vec dgu(rows * 2 * inner, 0.0);
+  swiglu_backward(dgu.data(), gu.data(), weight.data(), rows, inner);
+  expect_gradient_matches("dgate_up", gu, dgu, loss);
+}
+
+TEST(OpGradients, BiasAndResidual) {
+  const std::int64_t rows = 7, c = 5;
+  Vec x0 = random_vector(rows * c, 12), bias = random_vector(c, 13),
+      other = random_vector(rows * c, 14);
+  const Vec weight = random_vector(rows * c, 15);
+  Vec out(rows * c);
+  auto loss = [&] {
+    out = x0;
+    add_bias(out.data(), bias.data(), rows, c);
+    add(out.data(), out.data(), other.data(), rows * c);
+    return weighted_sum(out, weight);
+  };
+  Vec dbias(c, 0.0);
+  bias_backward(dbias.data(), weight.data(), rows, c);
+  expect_gradient_matches("dbias", bias, dbias, loss);
+  expect_gradient_matches("dother", other, weight, loss);
+}
+
+TEST(OpGradients, EmbeddingWithRepeatedTokens) {
+  const std::int64_t vocab = 6, seq = 4, rows = 12, c = 5;
+  const std::vector<std::int32_t> tokens = {1, 3, 3, 0, 5, 1, 1, 2, 3, 4, 0, 1};
+  Vec wte = random_vector(vocab * c, 16), wpe = random_vector(seq * c, 17);
+  const Vec weight = random_vector(rows * c, 18);
+  Vec out(rows * c);
+  auto loss = [&] {
+    embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), rows, seq, c);
+    return weighted_sum(out, weight);
+  };
+  Vec dwte(vocab * c, 0.0), dwpe(seq * c, 0.0);
+  embedding_backward(dwte.data(), dwpe.data(), weight.data(), tokens.data(), rows, seq, c);
+  expect_gradient_matches("dwte", wte, dwte, loss);
+  expect_gradient_matches("dwpe", wpe, dwpe, loss);
+}
+
+TEST(OpGradients, RotaryEmbeddingOnStridedHeads) {
+  const std::int64_t rows = 6, seq = 3, heads = 2, d = 8, stride = heads * d + 5;
+  Vec cos(seq * d / 2), sin(seq * d / 2);
+  rope_tables(cos.data(), sin.data(), seq, d, 10000.0);
+  Vec x = random_vector(rows * stride, 19);
+  const Vec weight = random_vector(rows * stride, 20);
+  auto loss = [&] {
+    Vec y = x;
+    rope_forward(y.data(), rows, stride, seq, heads, d, cos.data(), sin.data());
+    return weighted_sum(y, weight);
+  };
+  Vec dx = weight;
+  rope_backward(dx.data(), rows, stride, seq, heads, d, cos.data(), sin.data());
+  // Columns past the heads pass through unchanged, so their gradient is the weight itself.
+  expect_gradient_matches("dx", x, dx, loss);
+}
+
+TEST(OpGradients, CausalAttentionWithGroupedKvHeadsAcrossBlocks) {
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_len = 70;  // crosses the 64-row block boundary
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.q_stride = s.heads * s.head_dim + 3;
+  s.kv_stride = s.kv_heads * s.head_dim + 1;
+  s.out_stride = s.heads * s.head_dim + 2;
+  s.scale = 1.0 / std::sqrt(8.0);
+  const std::int64_t rows = s.batch * s.seq_len;
+  Vec q = random_vector(rows * s.q_stride, 21, -2, 2),
+      k = random_vector(rows * s.kv_stride, 22, -2, 2), v = random_vector(rows * s.kv_stride, 23);
+  const Vec weight = random_vector(rows * s.out_stride, 24);
+  Vec out(rows * s.out_stride, 0.0), lse(s.batch * s.heads * s.seq_len);
+  auto loss = [&] {
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    double total = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < s.heads * s.head_dim; ++j)
+        total += out[r * s.out_stride + j] * weight[r * s.out_stride + j];
+    return total;
+  };
+  loss();
+  Vec dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+  attention_backward(dq.data(), dk.data(), dv.data(), weight.data(), out.data(), lse.data(),
+                     q.data(), k.data(), v.data(), s);
+  expect_gradient_matches("dq", q, dq, loss, 1e-7, 300);
+  expect_gradient_matches("dk", k, dk, loss, 1e-7, 300);
+  expect_gradient_matches("dv", v, dv, loss, 1e-7, 300);
+}
+
+TEST(OpGradients, FusedSoftmaxCrossEntropy) {
+  const std::int64_t rows = 5, vocab = 17;
+  const std::vector<std::int32_t> targets = {0, 16, 3, 3, 9};
+  const double grad_scale = 0.37;
+  Vec logits = random_vector(rows * vocab, 25, -3, 3);
+  Vec losses(rows);
+  auto loss = [&] {
+    cross_entropy_forward(losses.data(), logits.data(), targets.data(), rows, vocab);
+    double total = 0.0;
+    for (double l : losses)
+      total += l * grad_scale;
+    return total;
+  };
+  const double before = loss();
+  Vec grad = logits;
+  Vec fused_losses(rows);
+  cross_entropy_fused(grad.data(), fused_losses.data(), targets.data(), rows, vocab, grad_scale);
+  double fused_total = 0.0;
+  for (double l : fused_losses)
+    fused_total += l * grad_scale;
+  EXPECT_NEAR(fused_total, before, 1e-12);
+  expect_gradient_matches("dlogits", logits, grad, loss);
+}
+
+}  // namespace
+}  // namespace strata::kernels
