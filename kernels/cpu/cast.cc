@@ -1,6 +1,8 @@
 // Whole-array casts between f32, f64, bf16 and f16 (see cast.h).
 #include "kernels/cpu/cast.h"
 
+#include <cstring>
+
 #include "common/assert.h"
 #include "kernels/cpu/parallel.h"
 
@@ -78,6 +80,14 @@ const char* dtype_name(DType type) {
 void cast_array(void* dst, DType dst_type, const void* src, DType src_type, std::int64_t n) {
   STRATA_ASSERT(n >= 0);
   STRATA_ASSERT(dst_type != DType::kI32 && src_type != DType::kI32);
+  if (dst_type == src_type) {
+    const std::uint64_t size = dtype_bytes(dst_type);
+    parallel_chunks(n, 1 << 18, [&](std::int64_t begin, std::int64_t end) {
+      std::memcpy(static_cast<char*>(dst) + begin * size,
+                  static_cast<const char*>(src) + begin * size, (end - begin) * size);
+    });
+    return;
+  }
   parallel_chunks(n, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
     if (src_type == DType::kF64) {
       const double* s = static_cast<const double*>(src);

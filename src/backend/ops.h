@@ -1,0 +1,102 @@
+// Op dispatch: the model operations a backend executes on its compute stream, one virtual
+// function per kernel (ggml-backend style: the model code calls this interface; CpuOps forwards to
+// kernels/cpu, a CUDA implementation to kernels/cuda). T is the compute type: every backend
+// provides Ops<float>; Ops<double> exists only where the backend supports it (the CPU backend,
+// for finite-difference checks). Pointers are device pointers of the backend that made the Ops.
+// Shapes and accumulate/write conventions are those of kernels/cpu/nn_ops.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/nn_ops.h"
+
+namespace strata::backend {
+
+using kernels::AttentionShape;
+using kernels::DType;
+
+template <typename T>
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // Row-major C(m,n) = alpha op(A) op(B) + beta C (contract of kernels::gemm).
+  virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
+                    T* c, std::int64_t ldc) = 0;
+
+  // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null).
+  virtual void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
+                                 std::int64_t rows, std::int64_t seq_len,
+                                 std::int64_t channels) = 0;
+  // dwte[tokens] += dout, dwpe[pos] += dout (dwpe may be null).
+  virtual void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
+                                  std::int64_t rows, std::int64_t seq_len,
+                                  std::int64_t channels) = 0;
+  // LayerNorm; writes out, mean, rstd.
+  virtual void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                                 std::int64_t rows, std::int64_t channels, double eps) = 0;
+  // Accumulates dx, dw, db.
+  virtual void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                                  const T* mean, const T* rstd, std::int64_t rows,
+                                  std::int64_t channels) = 0;
+  // RMSNorm; writes out, rstd.
+  virtual void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
+                               std::int64_t channels, double eps) = 0;
+  // Accumulates dx, dw.
+  virtual void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
+                                std::int64_t rows, std::int64_t channels) = 0;
+  // GELU (tanh form); writes out.
+  virtual void gelu_forward(T* out, const T* x, std::int64_t n) = 0;
+  // Accumulates dx.
+  virtual void gelu_backward(T* dx, const T* x, const T* dout, std::int64_t n) = 0;
+  // out(N,I) = silu(gate) * up for gate_up(N,2I).
+  virtual void swiglu_forward(T* out, const T* gate_up, std::int64_t rows, std::int64_t inner) = 0;
+  // Writes dgate_up(N,2I).
+  virtual void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, std::int64_t rows,
+                               std::int64_t inner) = 0;
+  // out = a + b (may alias).
+  virtual void add(T* out, const T* a, const T* b, std::int64_t n) = 0;
+  // x(N,C) += bias(C).
+  virtual void add_bias(T* x, const T* bias, std::int64_t rows, std::int64_t channels) = 0;
+  // dbias += column sums of dout.
+  virtual void bias_backward(T* dbias, const T* dout, std::int64_t rows, std::int64_t channels) = 0;
+  // Rotary embedding in place on `heads` heads of strided rows.
+  virtual void rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
+                            std::int64_t heads, std::int64_t head_dim, const T* cos,
+                            const T* sin) = 0;
+  // Its transpose, in place on the gradient.
+  virtual void rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
+                             std::int64_t heads, std::int64_t head_dim, const T* cos,
+                             const T* sin) = 0;
+  // Causal GQA attention; writes out and lse.
+  virtual void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                                 const AttentionShape& shape) = 0;
+  // Writes dq, dk, dv.
+  virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
+                                  const T* q, const T* k, const T* v,
+                                  const AttentionShape& shape) = 0;
+  // losses[r] = cross-entropy of logits row r.
+  virtual void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targets,
+                                     std::int64_t rows, std::int64_t vocab) = 0;
+  // Losses, then logits overwritten with their gradient times grad_scale.
+  virtual void cross_entropy_fused(T* logits, T* losses, const std::int32_t* targets,
+                                   std::int64_t rows, std::int64_t vocab, double grad_scale) = 0;
+  // Sum of squares in double, fixed order (waits for the result).
+  virtual double sum_squares(const T* x, std::int64_t n) = 0;
+  // Sum in double, fixed order (waits for the result).
+  virtual double sum(const T* x, std::int64_t n) = 0;
+  // x *= alpha.
+  virtual void scale(T* x, std::int64_t n, double alpha) = 0;
+  // x[0..n) = 0.
+  virtual void zero(T* x, std::int64_t n) = 0;
+  // dst = src for n elements (device to device).
+  virtual void copy(T* dst, const T* src, std::int64_t n) = 0;
+  // dst(T) = src converted from `src_type` (f32, f64, bf16, f16).
+  virtual void cast_from(T* dst, const void* src, DType src_type, std::int64_t n) = 0;
+  // dst (`dst_type`) = src converted, rounding to nearest even.
+  virtual void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) = 0;
+};
+
+}  // namespace strata::backend

@@ -1,0 +1,173 @@
+// CpuBackend: the device budget is a hard limit with a clear error, pinned memory is counted,
+// copies run on their own threads in stream order, events and stream waits follow CUDA's rules.
+#include "backend/cpu_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <latch>
+#include <numeric>
+#include <vector>
+
+#include "backend/arena.h"
+
+namespace strata::backend {
+namespace {
+
+std::unique_ptr<Backend> make(std::uint64_t device_bytes, std::uint64_t host_bytes = 64 << 20) {
+  CpuBackendOptions options;
+  options.device_bytes_max = device_bytes;
+  options.host_bytes_max = host_bytes;
+  options.threads = 2;
+  auto backend = make_cpu_backend(options);
+  EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
+  return std::move(backend).value();
+}
+
+TEST(Arena, FreedBlocksCoalesceSoTheWholeCapacityIsUsableAgain) {
+  Arena arena(1 << 20, "test arena", "test.budget");
+  std::vector<std::uint64_t> offsets;
+  for (int i = 0; i < 4; ++i) {
+    auto r = arena.allocate(256 << 10, 4096, "quarter");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    offsets.push_back(*r);
+  }
+  EXPECT_EQ(arena.bytes_in_use(), 1u << 20);
+  EXPECT_FALSE(arena.allocate(1, 256, "one more").is_ok());
+  for (std::uint64_t offset : {offsets[1], offsets[3], offsets[0], offsets[2]})
+    arena.free(offset);
+  EXPECT_EQ(arena.bytes_in_use(), 0u);
+  EXPECT_EQ(arena.largest_free_block(), 1u << 20);
+  EXPECT_EQ(arena.bytes_peak(), 1u << 20);
+  EXPECT_TRUE(arena.allocate(1 << 20, 4096, "everything").is_ok());
+}
+
+TEST(Arena, HonoursAlignment) {
+  Arena arena(1 << 20, "test arena", "test.budget");
+  ASSERT_TRUE(arena.allocate(300, 256, "small").is_ok());
+  auto aligned = arena.allocate(100, 4096, "page");
+  ASSERT_TRUE(aligned.is_ok());
+  EXPECT_EQ(*aligned % 4096, 0u);
+}
+
+TEST(CpuBackend, DeviceBudgetIsHardAndTheErrorNamesIt) {
+  auto backend = make(1 << 20);
+  auto first = backend->allocate_device(768 << 10, "weights");
+  ASSERT_TRUE(first.is_ok());
+  auto second = backend->allocate_device(512 << 10, "activations of block 3");
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), ErrorCode::kOutOfMemory);
+  const std::string message = second.status().to_string();
+  EXPECT_NE(message.find("strata.device_bytes_max"), std::string::npos) << message;
+  EXPECT_NE(message.find("activations of block 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("1.00 MiB"), std::string::npos) << message;
+  first->reset();
+  EXPECT_TRUE(backend->allocate_device(1 << 20, "all of it").is_ok());
+  EXPECT_EQ(backend->device_memory().bytes_peak, 1u << 20);
+}
+
+TEST(CpuBackend, PinnedMemoryCountsAgainstTheHostBudget) {
+  auto backend = make(1 << 20, 1 << 20);
+  auto a = backend->allocate_pinned(600 << 10, "staging");
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(backend->pinned_memory().bytes_in_use, 600u << 10);
+  auto b = backend->allocate_pinned(600 << 10, "more staging");
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().to_string().find("strata.host_bytes_max"), std::string::npos);
+  a->reset();
+  EXPECT_EQ(backend->pinned_memory().bytes_in_use, 0u);
+}
+
+TEST(CpuBackend, CopiesRunInStreamOrderAndEventsReportCompletion) {
+  auto backend = make(16 << 20);
+  const std::size_t n = 1 << 20;
+  auto host = backend->allocate_pinned(n * 4, "host");
+  auto device = backend->allocate_device(n * 4, "device");
+  auto back = backend->allocate_pinned(n * 4, "back");
+  ASSERT_TRUE(host.is_ok() && device.is_ok() && back.is_ok());
+  std::iota(host->as<std::uint32_t>(), host->as<std::uint32_t>() + n, 7u);
+  auto uploaded = backend->create_event();
+  auto downloaded = backend->create_event();
+  ASSERT_TRUE(uploaded.is_ok() && downloaded.is_ok());
+  ASSERT_TRUE(
+      backend->copy_async(StreamKind::kHostToDevice, device->data(), host->data(), n * 4).is_ok());
+  ASSERT_TRUE(backend->record(*uploaded, StreamKind::kHostToDevice).is_ok());
+  // The download stream must not start before the upload finished.
+  ASSERT_TRUE(backend->wait(StreamKind::kDeviceToHost, *uploaded).is_ok());
+  ASSERT_TRUE(
+      backend->copy_async(StreamKind::kDeviceToHost, back->data(), device->data(), n * 4).is_ok());
+  ASSERT_TRUE(backend->record(*downloaded, StreamKind::kDeviceToHost).is_ok());
+  ASSERT_TRUE(backend->synchronize(*downloaded).is_ok());
+  EXPECT_TRUE(backend->query(*uploaded));
+  EXPECT_EQ(std::memcmp(back->data(), host->data(), n * 4), 0);
+}
+
+TEST(CpuBackend, CopyStreamsRunOnTheirOwnThreadWhileTheHostComputes) {
+  auto backend = make(1 << 20);
+  std::latch gate(1);
+  auto done = backend->create_event();
+  ASSERT_TRUE(done.is_ok());
+  // The copy stream blocks inside this function until the host opens the gate: if copies ran
+  // on the calling thread, launch_host_func would never return.
+  ASSERT_TRUE(backend
+                  ->launch_host_func(
+                      StreamKind::kHostToDevice,
+                      [](void* arg) { static_cast<std::latch*>(arg)->wait(); }, &gate)
+                  .is_ok());
+  ASSERT_TRUE(backend->record(*done, StreamKind::kHostToDevice).is_ok());
+  EXPECT_FALSE(backend->query(*done));
+  // Meanwhile the compute stream runs ops on the host thread.
+  std::vector<float> x(1000, 2.0f);
+  EXPECT_DOUBLE_EQ(backend->ops_f32().sum_squares(x.data(), 1000), 4000.0);
+  EXPECT_FALSE(backend->query(*done));
+  gate.count_down();
+  ASSERT_TRUE(backend->synchronize(*done).is_ok());
+  EXPECT_TRUE(backend->query(*done));
+}
+
+TEST(CpuBackend, EventNeverRecordedIsComplete) {
+  auto backend = make(1 << 20);
+  auto event = backend->create_event();
+  ASSERT_TRUE(event.is_ok());
+  EXPECT_TRUE(backend->query(*event));
+  EXPECT_TRUE(backend->synchronize(*event).is_ok());
+  backend->destroy_event(*event);
+}
+
+TEST(CpuBackend, EventPoolIsFixedAndExhaustionIsAnError) {
+  auto backend = make(1 << 20);
+  std::vector<Event> events;
+  for (;;) {
+    auto event = backend->create_event();
+    if (!event.is_ok()) {
+      EXPECT_EQ(event.status().code(), ErrorCode::kOutOfMemory);
+      break;
+    }
+    events.push_back(*event);
+    ASSERT_LE(events.size(), 100000u);
+  }
+  EXPECT_GE(events.size(), 1024u);
+  backend->destroy_event(events.back());
+  EXPECT_TRUE(backend->create_event().is_ok());
+}
+
+TEST(CpuBackend, DoublePrecisionOpsAreAvailable) {
+  auto backend = make(1 << 20);
+  ASSERT_NE(backend->ops<double>(), nullptr);
+  std::vector<double> x = {1.0, 2.0, 3.0};
+  EXPECT_DOUBLE_EQ(backend->ops<double>()->sum_squares(x.data(), 3), 14.0);
+  EXPECT_EQ(backend->compute_threads(), 2);
+  EXPECT_NE(backend->description().find("OpenBLAS"), std::string::npos);
+}
+
+TEST(CpuBackend, RejectsAZeroBudget) {
+  CpuBackendOptions options;
+  options.device_bytes_max = 0;
+  auto backend = make_cpu_backend(options);
+  ASSERT_FALSE(backend.is_ok());
+  EXPECT_NE(backend.status().to_string().find("strata.device_bytes_max"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::backend
