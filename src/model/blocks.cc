@@ -1,0 +1,188 @@
+// GPT-2 and Llama transformer blocks, forward and backward (see blocks.h). Linear layers:
+// GPT-2's Conv1D stores W as (in, out), y = x W + b; Llama's nn.Linear stores W as (out, in),
+// y = x W^T. Llama's q/k/v and gate/up weights are adjacent in the unit (layout.h), so each group
+// is one GEMM.
+#include "model/blocks.h"
+
+#include <cmath>
+
+namespace strata::model {
+
+std::int64_t qkv_width(const ModelSpec& s) {
+  return s.family == Family::kGpt2 ? 3 * s.hidden_size
+                                   : (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
+}
+
+std::int64_t fc_width(const ModelSpec& s) {
+  return s.family == Family::kGpt2 ? s.intermediate_size : 2 * s.intermediate_size;
+}
+
+namespace {
+
+template <typename T>
+kernels::AttentionShape attention_shape(const BlockContext<T>& ctx) {
+  const ModelSpec& s = *ctx.spec;
+  kernels::AttentionShape a;
+  a.batch = ctx.batch;
+  a.seq_len = ctx.seq_len;
+  a.heads = s.num_heads;
+  a.kv_heads = s.num_kv_heads;
+  a.head_dim = s.head_dim;
+  a.q_stride = qkv_width(s);
+  a.kv_stride = qkv_width(s);
+  a.out_stride = s.num_heads * s.head_dim;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  return a;
+}
+
+template <typename T>
+void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, const T* x, T* out,
+                  const BlockActs<T>& a) {
+  using namespace gpt2;
+  backend::Ops<T>& ops = *ctx.ops;
+  const std::int64_t n = ctx.rows, c = ctx.spec->hidden_size, in = ctx.spec->intermediate_size;
+  auto p = [&](int i) { return w + u.tensors[i].offset; };
+  const double eps = ctx.spec->norm_eps;
+  ops.layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p(kLn1W), p(kLn1B), n, c, eps);
+  ops.gemm(false, false, n, 3 * c, c, T(1), a.ln1, c, p(kAttnW), 3 * c, T(0), a.qkv, 3 * c);
+  ops.add_bias(a.qkv, p(kAttnB), n, 3 * c);
+  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + c, a.qkv + 2 * c, attention_shape(ctx));
+  ops.gemm(false, false, n, c, c, T(1), a.att, c, p(kProjW), c, T(0), a.res1, c);
+  ops.add_bias(a.res1, p(kProjB), n, c);
+  ops.add(a.res1, a.res1, x, n * c);
+  ops.layernorm_forward(a.ln2, a.mean2, a.rstd2, a.res1, p(kLn2W), p(kLn2B), n, c, eps);
+  ops.gemm(false, false, n, in, c, T(1), a.ln2, c, p(kFcW), in, T(0), a.fc, in);
+  ops.add_bias(a.fc, p(kFcB), n, in);
+  ops.gelu_forward(a.act, a.fc, n * in);
+  ops.gemm(false, false, n, c, in, T(1), a.act, in, p(kFcProjW), c, T(0), out, c);
+  ops.add_bias(out, p(kFcProjB), n, c);
+  ops.add(out, out, a.res1, n * c);
+}
+
+template <typename T>
+void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, T* g, const T* x,
+                   const BlockActs<T>& a, const BlockScratch<T>& s, T* dout, T* dx) {
+  using namespace gpt2;
+  backend::Ops<T>& ops = *ctx.ops;
+  const std::int64_t n = ctx.rows, c = ctx.spec->hidden_size, in = ctx.spec->intermediate_size;
+  auto p = [&](int i) { return w + u.tensors[i].offset; };
+  auto gp = [&](int i) { return g + u.tensors[i].offset; };
+  // MLP: out = res1 + gelu(ln2 Wfc + bfc) Wproj + bproj
+  ops.gemm(false, true, n, in, c, T(1), dout, c, p(kFcProjW), c, T(0), s.dact, in);
+  ops.gemm(true, false, in, c, n, T(1), a.act, in, dout, c, T(1), gp(kFcProjW), c);
+  ops.bias_backward(gp(kFcProjB), dout, n, c);
+  ops.zero(s.dfc, n * in);
+  ops.gelu_backward(s.dfc, a.fc, s.dact, n * in);
+  ops.gemm(false, true, n, c, in, T(1), s.dfc, in, p(kFcW), in, T(0), s.dln, c);
+  ops.gemm(true, false, c, in, n, T(1), a.ln2, c, s.dfc, in, T(1), gp(kFcW), in);
+  ops.bias_backward(gp(kFcB), s.dfc, n, in);
+  // dout now becomes d(res1): the residual path plus the MLP's norm.
+  ops.layernorm_backward(dout, gp(kLn2W), gp(kLn2B), s.dln, a.res1, p(kLn2W), a.mean2, a.rstd2, n,
+                         c);
+  // Attention: res1 = x + attn(ln1) Wproj + bproj
+  ops.gemm(false, true, n, c, c, T(1), dout, c, p(kProjW), c, T(0), s.datt, c);
+  ops.gemm(true, false, c, c, n, T(1), a.att, c, dout, c, T(1), gp(kProjW), c);
+  ops.bias_backward(gp(kProjB), dout, n, c);
+  ops.attention_backward(s.dqkv, s.dqkv + c, s.dqkv + 2 * c, s.datt, a.att, a.lse, a.qkv, a.qkv + c,
+                         a.qkv + 2 * c, attention_shape(ctx));
+  ops.gemm(false, true, n, c, 3 * c, T(1), s.dqkv, 3 * c, p(kAttnW), 3 * c, T(0), s.dln, c);
+  ops.gemm(true, false, c, 3 * c, n, T(1), a.ln1, c, s.dqkv, 3 * c, T(1), gp(kAttnW), 3 * c);
+  ops.bias_backward(gp(kAttnB), s.dqkv, n, 3 * c);
+  ops.copy(dx, dout, n * c);
+  ops.layernorm_backward(dx, gp(kLn1W), gp(kLn1B), s.dln, x, p(kLn1W), a.mean1, a.rstd1, n, c);
+}
+
+template <typename T>
+void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, const T* x, T* out,
+                   const BlockActs<T>& a) {
+  using namespace llama;
+  backend::Ops<T>& ops = *ctx.ops;
+  const ModelSpec& s = *ctx.spec;
+  const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
+  const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
+  const std::int64_t qkv = hd + 2 * kvd;
+  auto p = [&](int i) { return w + u.tensors[i].offset; };
+  const double eps = s.norm_eps;
+  ops.rmsnorm_forward(a.ln1, a.rstd1, x, p(kInNorm), n, c, eps);
+  ops.gemm(false, true, n, qkv, c, T(1), a.ln1, c, p(kQ), c, T(0), a.qkv, qkv);
+  ops.rope_forward(a.qkv, n, qkv, ctx.seq_len, s.num_heads, s.head_dim, ctx.rope_cos, ctx.rope_sin);
+  ops.rope_forward(a.qkv + hd, n, qkv, ctx.seq_len, s.num_kv_heads, s.head_dim, ctx.rope_cos,
+                   ctx.rope_sin);
+  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, a.qkv + hd + kvd, attention_shape(ctx));
+  ops.gemm(false, true, n, c, hd, T(1), a.att, hd, p(kO), hd, T(0), a.res1, c);
+  ops.add(a.res1, a.res1, x, n * c);
+  ops.rmsnorm_forward(a.ln2, a.rstd2, a.res1, p(kPostNorm), n, c, eps);
+  ops.gemm(false, true, n, 2 * in, c, T(1), a.ln2, c, p(kGate), c, T(0), a.fc, 2 * in);
+  ops.swiglu_forward(a.act, a.fc, n, in);
+  ops.gemm(false, true, n, c, in, T(1), a.act, in, p(kDown), in, T(0), out, c);
+  ops.add(out, out, a.res1, n * c);
+}
+
+template <typename T>
+void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, T* g, const T* x,
+                    const BlockActs<T>& a, const BlockScratch<T>& sc, T* dout, T* dx) {
+  using namespace llama;
+  backend::Ops<T>& ops = *ctx.ops;
+  const ModelSpec& s = *ctx.spec;
+  const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
+  const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
+  const std::int64_t qkv = hd + 2 * kvd;
+  auto p = [&](int i) { return w + u.tensors[i].offset; };
+  auto gp = [&](int i) { return g + u.tensors[i].offset; };
+  // MLP: out = res1 + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T
+  ops.gemm(false, false, n, in, c, T(1), dout, c, p(kDown), in, T(0), sc.dact, in);
+  ops.gemm(true, false, c, in, n, T(1), dout, c, a.act, in, T(1), gp(kDown), in);
+  ops.swiglu_backward(sc.dfc, a.fc, sc.dact, n, in);
+  ops.gemm(false, false, n, c, 2 * in, T(1), sc.dfc, 2 * in, p(kGate), c, T(0), sc.dln, c);
+  ops.gemm(true, false, 2 * in, c, n, T(1), sc.dfc, 2 * in, a.ln2, c, T(1), gp(kGate), c);
+  ops.rmsnorm_backward(dout, gp(kPostNorm), sc.dln, a.res1, p(kPostNorm), a.rstd2, n, c);
+  // Attention: res1 = x + attn(rope(ln1 Wqkv^T)) Wo^T
+  ops.gemm(false, false, n, hd, c, T(1), dout, c, p(kO), hd, T(0), sc.datt, hd);
+  ops.gemm(true, false, c, hd, n, T(1), dout, c, a.att, hd, T(1), gp(kO), hd);
+  ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
+                         a.qkv + hd, a.qkv + hd + kvd, attention_shape(ctx));
+  ops.rope_backward(sc.dqkv, n, qkv, ctx.seq_len, s.num_heads, s.head_dim, ctx.rope_cos,
+                    ctx.rope_sin);
+  ops.rope_backward(sc.dqkv + hd, n, qkv, ctx.seq_len, s.num_kv_heads, s.head_dim, ctx.rope_cos,
+                    ctx.rope_sin);
+  ops.gemm(false, false, n, c, qkv, T(1), sc.dqkv, qkv, p(kQ), c, T(0), sc.dln, c);
+  ops.gemm(true, false, qkv, c, n, T(1), sc.dqkv, qkv, a.ln1, c, T(1), gp(kQ), c);
+  ops.copy(dx, dout, n * c);
+  ops.rmsnorm_backward(dx, gp(kInNorm), sc.dln, x, p(kInNorm), a.rstd1, n, c);
+}
+
+}  // namespace
+
+template <typename T>
+void block_forward(const BlockContext<T>& ctx, const UnitLayout& unit, const T* w, const T* x,
+                   T* out, const BlockActs<T>& acts) {
+  if (ctx.spec->family == Family::kGpt2) {
+    gpt2_forward(ctx, unit, w, x, out, acts);
+  } else {
+    llama_forward(ctx, unit, w, x, out, acts);
+  }
+}
+
+template <typename T>
+void block_backward(const BlockContext<T>& ctx, const UnitLayout& unit, const T* w, T* g,
+                    const T* x, const BlockActs<T>& acts, const BlockScratch<T>& scratch, T* dout,
+                    T* dx) {
+  if (ctx.spec->family == Family::kGpt2) {
+    gpt2_backward(ctx, unit, w, g, x, acts, scratch, dout, dx);
+  } else {
+    llama_backward(ctx, unit, w, g, x, acts, scratch, dout, dx);
+  }
+}
+
+template void block_forward<float>(const BlockContext<float>&, const UnitLayout&, const float*,
+                                   const float*, float*, const BlockActs<float>&);
+template void block_forward<double>(const BlockContext<double>&, const UnitLayout&, const double*,
+                                    const double*, double*, const BlockActs<double>&);
+template void block_backward<float>(const BlockContext<float>&, const UnitLayout&, const float*,
+                                    float*, const float*, const BlockActs<float>&,
+                                    const BlockScratch<float>&, float*, float*);
+template void block_backward<double>(const BlockContext<double>&, const UnitLayout&, const double*,
+                                     double*, const double*, const BlockActs<double>&,
+                                     const BlockScratch<double>&, double*, double*);
+
+}  // namespace strata::model

@@ -1,0 +1,65 @@
+// Forward and backward of one transformer block, for GPT-2 and Llama, written against Ops<T>.
+// Used by ModelRunner; shapes: N = batch * seq_len rows, C = hidden, I = intermediate,
+// H/KV heads of D values.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/ops.h"
+#include "model/layout.h"
+
+namespace strata::model {
+
+template <typename T>
+struct BlockContext {
+  backend::Ops<T>* ops = nullptr;
+  const ModelSpec* spec = nullptr;
+  std::int64_t rows = 0;        // N
+  std::int64_t batch = 0;       // B
+  std::int64_t seq_len = 0;     // T
+  const T* rope_cos = nullptr;  // (T, D/2), Llama
+  const T* rope_sin = nullptr;
+};
+
+// What a block's forward keeps for its backward (Llama leaves mean1/mean2 unused).
+template <typename T>
+struct BlockActs {
+  T* ln1 = nullptr;    // (N,C) normalised input
+  T* mean1 = nullptr;  // (N)
+  T* rstd1 = nullptr;  // (N)
+  T* qkv = nullptr;    // (N, qkv_width): GPT-2 3C; Llama (H+2KV)D after rotary embedding
+  T* att = nullptr;    // (N, H*D) attention output
+  T* lse = nullptr;    // (B,H,T)
+  T* res1 = nullptr;   // (N,C) input + attention branch
+  T* ln2 = nullptr;    // (N,C)
+  T* mean2 = nullptr;  // (N)
+  T* rstd2 = nullptr;  // (N)
+  T* fc = nullptr;     // (N, fc_width): GPT-2 I (pre-GELU); Llama 2I ([gate | up])
+  T* act = nullptr;    // (N, I): GELU output / SwiGLU output
+};
+
+// Backward scratch shared by all blocks.
+template <typename T>
+struct BlockScratch {
+  T* dact = nullptr;  // (N, I)
+  T* dfc = nullptr;   // (N, fc_width)
+  T* dqkv = nullptr;  // (N, qkv_width)
+  T* datt = nullptr;  // (N, H*D)
+  T* dln = nullptr;   // (N, C)
+};
+
+std::int64_t qkv_width(const ModelSpec& spec);
+std::int64_t fc_width(const ModelSpec& spec);
+
+// out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.
+template <typename T>
+void block_forward(const BlockContext<T>& ctx, const UnitLayout& unit, const T* w, const T* x,
+                   T* out, const BlockActs<T>& acts);
+
+// Given dout (N,C) (clobbered), WRITES dx (N,C) and accumulates the unit's flat gradient g.
+template <typename T>
+void block_backward(const BlockContext<T>& ctx, const UnitLayout& unit, const T* w, T* g,
+                    const T* x, const BlockActs<T>& acts, const BlockScratch<T>& scratch, T* dout,
+                    T* dx);
+
+}  // namespace strata::model

@@ -1,0 +1,34 @@
+// Hugging Face model directories: config.json plus model.safetensors, or a sharded
+// model.safetensors.index.json with its shards. Loading fills one fp32 flat buffer per unit
+// (model/layout.h); saving writes a directory that `transformers` loads unchanged.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cast.h"
+#include "model/layout.h"
+#include "model/model_spec.h"
+
+namespace strata::model {
+
+// True when `dir` holds model.safetensors or model.safetensors.index.json.
+bool has_hf_weights(const std::string& dir);
+
+// Reads `dir`/config.json (or `path` itself when it is a .json file).
+Result<ModelSpec> read_hf_spec(const std::string& path);
+
+// Reads every tensor of `layout` from the safetensors in `dir` into units[u] (padded_numel
+// floats each; padding zeroed). Checks names, shapes and dtypes; ignores GPT-2's attention-mask
+// buffers (attn.bias, attn.masked_bias), Llama's rotary_emb.inv_freq, and lm_head.weight when the
+// embeddings are tied; any other unexpected tensor is an error. GPT-2 files saved from
+// GPT2Model (names without the "transformer." prefix) are accepted.
+Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
+                       const std::vector<float*>& units);
+
+// Writes `dir`/config.json and `dir`/model.safetensors (tensors in `dtype`: f32, bf16 or f16),
+// creating `dir` if needed.
+Status save_hf_model(const std::string& dir, const ModelSpec& spec, const ModelLayout& layout,
+                     const std::vector<const float*>& units, kernels::DType dtype);
+
+}  // namespace strata::model

@@ -1,0 +1,315 @@
+// ModelRunner (see runner.h).
+#include "model/runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/units.h"
+
+namespace strata::model {
+
+template <typename T>
+ModelRunner<T>::ModelRunner(backend::Backend& backend, const ModelSpec& spec,
+                            const ModelLayout& layout, const RunnerOptions& options)
+    : backend_(backend), ops_(*backend.ops<T>()), spec_(spec), layout_(layout), options_(options) {}
+
+template <typename T>
+ModelRunner<T>::~ModelRunner() = default;
+
+template <typename T>
+Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend& backend,
+                                                               const ModelSpec& spec,
+                                                               const ModelLayout& layout,
+                                                               const RunnerOptions& options) {
+  if (backend.ops<T>() == nullptr) {
+    return Status(ErrorCode::kUnavailable, fmt::format("the {} backend has no {}-byte compute type",
+                                                       backend.name(), sizeof(T)));
+  }
+  if (options.batch < 1 || options.seq_len < 1) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("batch {} and seq_len {} must both be at least 1", options.batch,
+                              options.seq_len));
+  }
+  if (options.seq_len > spec.max_seq_len) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("seq_len {} exceeds the model's max_seq_len {}", options.seq_len,
+                              spec.max_seq_len));
+  }
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(backend, spec, layout, options));
+  STRATA_TRY(runner->allocate());
+  return runner;
+}
+
+template <typename T>
+Result<T*> ModelRunner<T>::alloc(std::int64_t elements, const char* purpose) {
+  const std::uint64_t bytes =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(elements, 1)) * sizeof(T);
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer buffer, backend_.allocate_device(bytes, purpose, 256));
+  device_bytes_ += bytes;
+  T* p = buffer.template as<T>();
+  buffers_.push_back(std::move(buffer));
+  return p;
+}
+
+template <typename T>
+Status ModelRunner<T>::allocate() {
+  const std::int64_t b = options_.batch, t = options_.seq_len;
+  const std::int64_t n = b * t, c = spec_.hidden_size, in = spec_.intermediate_size;
+  const std::int64_t hd = spec_.num_heads * spec_.head_dim;
+  const std::int64_t layers = spec_.num_layers;
+  rows_ = n;
+  ctx_.ops = &ops_;
+  ctx_.spec = &spec_;
+  ctx_.rows = n;
+  ctx_.batch = b;
+  ctx_.seq_len = t;
+  chunk_rows_ = std::clamp<std::int64_t>(
+      static_cast<std::int64_t>(options_.logits_chunk_bytes / (sizeof(T) * spec_.vocab_size)), 1,
+      n);
+
+  STRATA_ASSIGN_OR_RETURN(T * tokens, alloc((2 * n * 4 + sizeof(T) - 1) / sizeof(T), "token ids"));
+  inputs_ = reinterpret_cast<std::int32_t*>(tokens);
+  targets_ = inputs_ + n;
+  for (std::int64_t l = 0; l <= layers; ++l) {
+    STRATA_ASSIGN_OR_RETURN(T * r, alloc(n * c, "residual stream"));
+    residual_.push_back(r);
+  }
+  const std::int64_t saved_sets = options_.activation_checkpointing ? 1 : layers;
+  for (std::int64_t l = 0; l < saved_sets; ++l) {
+    BlockActs<T> a;
+    const char* what = "block activations";
+    STRATA_ASSIGN_OR_RETURN(a.ln1, alloc(n * c, what));
+    STRATA_ASSIGN_OR_RETURN(a.mean1, alloc(n, what));
+    STRATA_ASSIGN_OR_RETURN(a.rstd1, alloc(n, what));
+    STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(n * qkv_width(spec_), what));
+    STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
+    STRATA_ASSIGN_OR_RETURN(a.lse, alloc(b * spec_.num_heads * t, what));
+    STRATA_ASSIGN_OR_RETURN(a.res1, alloc(n * c, what));
+    STRATA_ASSIGN_OR_RETURN(a.ln2, alloc(n * c, what));
+    STRATA_ASSIGN_OR_RETURN(a.mean2, alloc(n, what));
+    STRATA_ASSIGN_OR_RETURN(a.rstd2, alloc(n, what));
+    STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
+    STRATA_ASSIGN_OR_RETURN(a.act, alloc(n * in, what));
+    acts_.push_back(a);
+  }
+  const char* what = "backward scratch";
+  STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
+  STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
+  STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
+  STRATA_ASSIGN_OR_RETURN(scratch_.datt, alloc(n * hd, what));
+  STRATA_ASSIGN_OR_RETURN(scratch_.dln, alloc(n * c, what));
+  STRATA_ASSIGN_OR_RETURN(dres_[0], alloc(n * c, what));
+  STRATA_ASSIGN_OR_RETURN(dres_[1], alloc(n * c, what));
+  STRATA_ASSIGN_OR_RETURN(lnf_, alloc(n * c, "final norm"));
+  STRATA_ASSIGN_OR_RETURN(meanf_, alloc(n, "final norm"));
+  STRATA_ASSIGN_OR_RETURN(rstdf_, alloc(n, "final norm"));
+  STRATA_ASSIGN_OR_RETURN(logits_, alloc(chunk_rows_ * spec_.vocab_size, "logits chunk"));
+  STRATA_ASSIGN_OR_RETURN(losses_, alloc(n, "token losses"));
+  if (spec_.family == Family::kLlama) {
+    const std::int64_t half = spec_.head_dim / 2;
+    std::vector<T> cos(static_cast<std::size_t>(t * half)), sin(cos.size());
+    kernels::rope_tables(cos.data(), sin.data(), t, spec_.head_dim, spec_.rope_theta);
+    STRATA_ASSIGN_OR_RETURN(T * dcos, alloc(t * half, "rotary tables"));
+    STRATA_ASSIGN_OR_RETURN(T * dsin, alloc(t * half, "rotary tables"));
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, dcos, cos.data(),
+                                   cos.size() * sizeof(T)));
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, dsin, sin.data(),
+                                   sin.size() * sizeof(T)));
+    ctx_.rope_cos = dcos;
+    ctx_.rope_sin = dsin;
+  }
+  return Status::ok();
+}
+
+template <typename T>
+BlockActs<T>& ModelRunner<T>::acts_for(int layer) {
+  return options_.activation_checkpointing ? acts_[0] : acts_[static_cast<std::size_t>(layer)];
+}
+
+template <typename T>
+Status ModelRunner<T>::set_batch(const std::int32_t* inputs, const std::int32_t* targets) {
+  for (std::int64_t i = 0; i < rows_; ++i) {
+    for (const std::int32_t* tokens : {inputs, targets}) {
+      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size) {
+        return Status(ErrorCode::kInvalidArgument,
+                      fmt::format("token id {} at batch position {} is outside the model's "
+                                  "vocabulary [0, {})",
+                                  tokens[i], i, spec_.vocab_size),
+                      tokens == inputs ? "inputs" : "targets");
+      }
+    }
+  }
+  STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, inputs_, inputs,
+                                 static_cast<std::uint64_t>(rows_) * 4));
+  return backend_.copy_async(backend::StreamKind::kCompute, targets_, targets,
+                             static_cast<std::uint64_t>(rows_) * 4);
+}
+
+template <typename T>
+Status ModelRunner<T>::forward_blocks(UnitStore<T>& store) {
+  const std::int64_t n = rows_, c = spec_.hidden_size;
+  const int emb = layout_.embedding_unit();
+  STRATA_ASSIGN_OR_RETURN(const T* ew, store.acquire_params(emb));
+  const UnitLayout& eu = layout_.units[static_cast<std::size_t>(emb)];
+  const T* wpe = spec_.family == Family::kGpt2 ? ew + eu.tensors[gpt2::kWpe].offset : nullptr;
+  ops_.embedding_forward(residual_[0], inputs_, ew + eu.tensors[0].offset, wpe, n, options_.seq_len,
+                         c);
+  store.release_params(emb);
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const int u = layout_.block_unit(l);
+    STRATA_ASSIGN_OR_RETURN(const T* w, store.acquire_params(u));
+    block_forward(ctx_, layout_.units[static_cast<std::size_t>(u)], w, residual_[l],
+                  residual_[l + 1], acts_for(l));
+    store.release_params(u);
+  }
+  return Status::ok();
+}
+
+template <typename T>
+Status ModelRunner<T>::head_norm(const T* hw) {
+  const UnitLayout& hu = layout_.units[static_cast<std::size_t>(layout_.head_unit())];
+  const T* x = residual_[static_cast<std::size_t>(spec_.num_layers)];
+  if (spec_.family == Family::kGpt2) {
+    ops_.layernorm_forward(lnf_, meanf_, rstdf_, x, hw + hu.tensors[gpt2::kLnfW].offset,
+                           hw + hu.tensors[gpt2::kLnfB].offset, rows_, spec_.hidden_size,
+                           spec_.norm_eps);
+  } else {
+    ops_.rmsnorm_forward(lnf_, rstdf_, x, hw + hu.tensors[llama::kNorm].offset, rows_,
+                         spec_.hidden_size, spec_.norm_eps);
+  }
+  return Status::ok();
+}
+
+template <typename T>
+const T* ModelRunner<T>::head_weight(const T* hw, const T* ew) const {
+  if (layout_.tied) return ew;  // tensor 0 of the embedding unit
+  const UnitLayout& hu = layout_.units[static_cast<std::size_t>(layout_.head_unit())];
+  const int index = spec_.family == Family::kGpt2 ? static_cast<int>(gpt2::kLmHead)
+                                                  : static_cast<int>(llama::kLmHead);
+  return hw + hu.tensors[static_cast<std::size_t>(index)].offset;
+}
+
+template <typename T>
+Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale) {
+  const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
+  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
+  STRATA_TRY(forward_blocks(store));
+
+  // Head: final norm, then logits chunk by chunk with the loss and its gradient fused.
+  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
+  const T* ew = nullptr;
+  if (layout_.tied) {
+    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(emb));
+  }
+  STRATA_ASSIGN_OR_RETURN(T * hg, store.acquire_grads(head));
+  T* eg = nullptr;
+  if (layout_.tied) {
+    STRATA_ASSIGN_OR_RETURN(eg, store.acquire_grads(emb));
+  }
+  STRATA_TRY(head_norm(hw));
+  const T* weight = head_weight(hw, ew);
+  T* weight_grad = layout_.tied ? eg : hg + (weight - hw);
+  T* dlnf = scratch_.dln;
+  for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
+    const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    ops_.cross_entropy_fused(logits_, losses_ + r0, targets_ + r0, rows, v, grad_scale);
+    ops_.gemm(false, false, rows, c, v, T(1), logits_, v, weight, c, T(0), dlnf + r0 * c, c);
+    ops_.gemm(true, false, v, c, rows, T(1), logits_, v, lnf_ + r0 * c, c, T(1), weight_grad, c);
+  }
+  T* dres = dres_[0];
+  ops_.zero(dres, n * c);
+  const UnitLayout& hu = layout_.units[static_cast<std::size_t>(head)];
+  const T* x = residual_[static_cast<std::size_t>(spec_.num_layers)];
+  if (spec_.family == Family::kGpt2) {
+    ops_.layernorm_backward(dres, hg + hu.tensors[gpt2::kLnfW].offset,
+                            hg + hu.tensors[gpt2::kLnfB].offset, dlnf, x,
+                            hw + hu.tensors[gpt2::kLnfW].offset, meanf_, rstdf_, n, c);
+  } else {
+    ops_.rmsnorm_backward(dres, hg + hu.tensors[llama::kNorm].offset, dlnf, x,
+                          hw + hu.tensors[llama::kNorm].offset, rstdf_, n, c);
+  }
+  const double loss_sum = ops_.sum(losses_, n);
+  STRATA_TRY(store.grads_ready(head));
+  store.release_params(head);
+  if (layout_.tied) store.release_params(emb);
+
+  // Blocks, last to first.
+  int current = 0;
+  for (int l = static_cast<int>(spec_.num_layers) - 1; l >= 0; --l) {
+    const int u = layout_.block_unit(l);
+    const UnitLayout& unit = layout_.units[static_cast<std::size_t>(u)];
+    STRATA_ASSIGN_OR_RETURN(const T* w, store.acquire_params(u));
+    STRATA_ASSIGN_OR_RETURN(T * g, store.acquire_grads(u));
+    if (options_.activation_checkpointing) {
+      // Recompute this block's activations from its saved input; its output is not needed.
+      block_forward(ctx_, unit, w, residual_[l], scratch_.dln, acts_for(l));
+    }
+    block_backward(ctx_, unit, w, g, residual_[l], acts_for(l), scratch_, dres_[current],
+                   dres_[1 - current]);
+    current = 1 - current;
+    STRATA_TRY(store.grads_ready(u));
+    store.release_params(u);
+  }
+
+  // Embedding: its backward needs only the token ids, not the parameters.
+  STRATA_ASSIGN_OR_RETURN(T * g0, store.acquire_grads(emb));
+  const UnitLayout& eu = layout_.units[static_cast<std::size_t>(emb)];
+  T* dwpe = spec_.family == Family::kGpt2 ? g0 + eu.tensors[gpt2::kWpe].offset : nullptr;
+  ops_.embedding_backward(g0 + eu.tensors[0].offset, dwpe, dres_[current], inputs_, n,
+                          options_.seq_len, c);
+  STRATA_TRY(store.grads_ready(emb));
+  return loss_sum / static_cast<double>(n);
+}
+
+template <typename T>
+Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
+  const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
+  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
+  STRATA_TRY(forward_blocks(store));
+  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
+  const T* ew = nullptr;
+  if (layout_.tied) {
+    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(emb));
+  }
+  STRATA_TRY(head_norm(hw));
+  const T* weight = head_weight(hw, ew);
+  for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
+    const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    ops_.cross_entropy_forward(losses_ + r0, logits_, targets_ + r0, rows, v);
+  }
+  const double loss_sum = ops_.sum(losses_, n);
+  store.release_params(head);
+  if (layout_.tied) store.release_params(emb);
+  return loss_sum / static_cast<double>(n);
+}
+
+template <typename T>
+Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
+  const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
+  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
+  STRATA_TRY(forward_blocks(store));
+  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
+  const T* ew = nullptr;
+  if (layout_.tied) {
+    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(emb));
+  }
+  STRATA_TRY(head_norm(hw));
+  const T* weight = head_weight(hw, ew);
+  for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
+    const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, out + r0 * v, logits_,
+                                   static_cast<std::uint64_t>(rows * v) * sizeof(T)));
+  }
+  store.release_params(head);
+  if (layout_.tied) store.release_params(emb);
+  return Status::ok();
+}
+
+template class ModelRunner<float>;
+template class ModelRunner<double>;
+
+}  // namespace strata::model

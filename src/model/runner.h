@@ -1,0 +1,114 @@
+// ModelRunner: runs a model's units forward and backward on a backend for one micro-batch shape.
+// It owns the activations (allocated once from the device arena when created: the step loop does
+// not allocate) and borrows parameters and gradient buffers unit by unit from a UnitStore, so
+// where a unit's bytes live (resident, offloaded, prefetched) is the store's business.
+//
+// Order of use, which a prefetcher can rely on:
+//   forward  : params 0, 1..L, then L+1 (with 0 again when the embeddings are tied);
+//   the head's backward runs fused with its forward (the logits are never all held at once);
+//   backward : L..1 (params + grads), then 0 (grads only).
+// With activation checkpointing each block keeps only its input and is recomputed in backward;
+// the kernels are deterministic, so the gradients are bit-identical either way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/blocks.h"
+#include "model/layout.h"
+
+namespace strata::model {
+
+template <typename T>
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  // Unit u's parameters in T, flat layout, on the device; valid until release_params(u).
+  virtual Result<const T*> acquire_params(int unit) = 0;
+  // The runner is done with unit u's parameters for now.
+  virtual void release_params(int unit) = 0;
+  // Unit u's gradient buffer in T, flat layout, on the device; the runner only accumulates (+=)
+  // into it. What it holds before a micro-batch's first contribution is the store's choice
+  // (zeros, or the sum of earlier micro-batches).
+  virtual Result<T*> acquire_grads(int unit) = 0;
+  // Unit u's gradient for this micro-batch is complete (no more contributions).
+  virtual Status grads_ready(int unit) = 0;
+};
+
+struct RunnerOptions {
+  std::int64_t batch = 1;
+  std::int64_t seq_len = 1;
+  bool activation_checkpointing = false;
+  std::uint64_t logits_chunk_bytes = 32ull << 20;  // logits rows computed at once in the head
+};
+
+template <typename T>
+class ModelRunner {
+ public:
+  // Allocates every activation buffer; kOutOfMemory (naming the device budget) if they do not
+  // fit; kInvalidArgument when seq_len exceeds the model's max_seq_len.
+  static Result<std::unique_ptr<ModelRunner>> create(backend::Backend& backend,
+                                                     const ModelSpec& spec,
+                                                     const ModelLayout& layout,
+                                                     const RunnerOptions& options);
+  ~ModelRunner();
+
+  // Copies a micro-batch to the device: inputs and targets are (B, T) host arrays of token ids,
+  // each in [0, vocab_size) (checked: kInvalidArgument naming the position).
+  Status set_batch(const std::int32_t* inputs, const std::int32_t* targets);
+
+  // Forward, loss, and backward of the current batch. Unit gradients accumulate
+  // d(grad_scale * sum of token losses). Returns the mean token loss.
+  Result<double> train_step(UnitStore<T>& store, double grad_scale);
+
+  // Forward and loss only; returns the mean token loss.
+  Result<double> evaluate(UnitStore<T>& store);
+
+  // Forward, then every logit, (B*T, V) row-major, copied to host memory at `logits`.
+  Status logits(UnitStore<T>& store, T* logits);
+
+  // Device bytes this runner allocated.
+  std::uint64_t device_bytes() const { return device_bytes_; }
+  const RunnerOptions& options() const { return options_; }
+
+ private:
+  ModelRunner(backend::Backend& backend, const ModelSpec& spec, const ModelLayout& layout,
+              const RunnerOptions& options);
+  Status allocate();
+  Result<T*> alloc(std::int64_t elements, const char* purpose);
+  BlockActs<T>& acts_for(int layer);
+  Status forward_blocks(UnitStore<T>& store);
+  // Final norm into lnf_; returns the head's parameters and the logits weight.
+  Status head_norm(const T* head_params);
+  const T* head_weight(const T* head_params, const T* embedding_params) const;
+
+  backend::Backend& backend_;
+  backend::Ops<T>& ops_;
+  ModelSpec spec_;
+  ModelLayout layout_;
+  RunnerOptions options_;
+  BlockContext<T> ctx_;
+  std::int64_t rows_ = 0;
+  std::int64_t chunk_rows_ = 0;
+  std::uint64_t device_bytes_ = 0;
+
+  std::vector<backend::Buffer> buffers_;
+  std::int32_t* inputs_ = nullptr;
+  std::int32_t* targets_ = nullptr;
+  std::vector<T*> residual_;  // L+1 of (N,C)
+  std::vector<BlockActs<T>> acts_;
+  BlockScratch<T> scratch_;
+  T* dres_[2] = {nullptr, nullptr};
+  T* lnf_ = nullptr;
+  T* meanf_ = nullptr;
+  T* rstdf_ = nullptr;
+  T* logits_ = nullptr;
+  T* losses_ = nullptr;
+};
+
+extern template class ModelRunner<float>;
+extern template class ModelRunner<double>;
+
+}  // namespace strata::model

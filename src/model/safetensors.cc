@@ -1,0 +1,359 @@
+// safetensors reading (hostile input) and writing (see safetensors.h).
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <json/json.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "kernels/cpu/cast.h"
+
+namespace strata::model {
+namespace {
+
+struct DTypeName {
+  StDType type;
+  const char* name;
+  std::uint64_t bytes;
+};
+constexpr DTypeName kDTypes[] = {
+    {StDType::kF64, "F64", 8},   {StDType::kF32, "F32", 4},        {StDType::kF16, "F16", 2},
+    {StDType::kBF16, "BF16", 2}, {StDType::kI64, "I64", 8},        {StDType::kI32, "I32", 4},
+    {StDType::kI16, "I16", 2},   {StDType::kI8, "I8", 1},          {StDType::kU64, "U64", 8},
+    {StDType::kU32, "U32", 4},   {StDType::kU16, "U16", 2},        {StDType::kU8, "U8", 1},
+    {StDType::kBool, "BOOL", 1}, {StDType::kF8E4M3, "F8_E4M3", 1}, {StDType::kF8E5M2, "F8_E5M2", 1},
+};
+
+Status corrupt(const std::string& source, const std::string& message) {
+  return Status(ErrorCode::kCorrupt, message, source);
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+const char* st_dtype_name(StDType type) {
+  for (const DTypeName& d : kDTypes) {
+    if (d.type == type) return d.name;
+  }
+  return "?";
+}
+
+std::uint64_t st_dtype_bytes(StDType type) {
+  for (const DTypeName& d : kDTypes) {
+    if (d.type == type) return d.bytes;
+  }
+  return 0;
+}
+
+std::uint64_t StTensor::numel() const {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape)
+    n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+Result<std::vector<StTensor>> parse_safetensors_header(
+    const std::string& header, std::uint64_t data_bytes, const std::string& source,
+    std::map<std::string, std::string>* metadata) {
+  if (header.empty() || header[0] != '{') {
+    return corrupt(source, "the header does not start with '{'; not a safetensors file");
+  }
+  Json::CharReaderBuilder builder;
+  builder["rejectDupKeys"] = true;
+  builder["strictRoot"] = true;
+  builder["allowComments"] = false;
+  builder["failIfExtra"] = true;
+  builder["stackLimit"] = 64;
+  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
+  Json::Value root;
+  std::string errors;
+  // Writers pad the header with spaces to an 8-byte boundary; nothing else may follow the object.
+  std::size_t used = header.size();
+  while (used > 0 && header[used - 1] == ' ')
+    --used;
+  if (!reader->parse(header.data(), header.data() + used, &root, &errors) || !root.isObject()) {
+    return corrupt(source, "the header is not a valid JSON object: " + errors);
+  }
+  std::vector<StTensor> tensors;
+  for (const std::string& name : root.getMemberNames()) {
+    const Json::Value& entry = root[name];
+    if (name == "__metadata__") {
+      if (!entry.isObject()) return corrupt(source, "__metadata__ is not an object");
+      for (const std::string& key : entry.getMemberNames()) {
+        if (!entry[key].isString()) {
+          return corrupt(source, fmt::format("__metadata__.{} is not a string", key));
+        }
+        if (metadata != nullptr) (*metadata)[key] = entry[key].asString();
+      }
+      continue;
+    }
+    const std::string where = fmt::format("tensor '{}'", name);
+    if (name.empty()) return corrupt(source, "a tensor has an empty name");
+    if (!entry.isObject()) return corrupt(source, where + ": not an object");
+    for (const std::string& key : entry.getMemberNames()) {
+      if (key != "dtype" && key != "shape" && key != "data_offsets") {
+        return corrupt(source, fmt::format("{}: unknown field '{}'", where, key));
+      }
+    }
+    StTensor t;
+    t.name = name;
+    const Json::Value& dtype = entry["dtype"];
+    if (!dtype.isString()) return corrupt(source, where + ": dtype is missing or not a string");
+    bool known = false;
+    for (const DTypeName& d : kDTypes) {
+      if (dtype.asString() == d.name) {
+        t.dtype = d.type;
+        known = true;
+      }
+    }
+    if (!known) {
+      return corrupt(source, fmt::format("{}: unknown dtype '{}'", where, dtype.asString()));
+    }
+    const Json::Value& shape = entry["shape"];
+    if (!shape.isArray()) return corrupt(source, where + ": shape is missing or not a list");
+    if (shape.size() > 16) return corrupt(source, where + ": more than 16 dimensions");
+    std::uint64_t numel = 1;
+    for (const Json::Value& dim : shape) {
+      if (!dim.isUInt64() || dim.asUInt64() > (std::uint64_t{1} << 48)) {
+        return corrupt(source, where + ": a dimension is not an integer in [0, 2^48]");
+      }
+      const std::uint64_t d = dim.asUInt64();
+      if (d != 0 && numel > (std::uint64_t{1} << 62) / d) {
+        return corrupt(source, where + ": the shape's element count overflows");
+      }
+      numel *= d;
+      t.shape.push_back(static_cast<std::int64_t>(d));
+    }
+    const Json::Value& offsets = entry["data_offsets"];
+    if (!offsets.isArray() || offsets.size() != 2 || !offsets[0].isUInt64() ||
+        !offsets[1].isUInt64()) {
+      return corrupt(source, where + ": data_offsets must be two non-negative integers");
+    }
+    t.begin = offsets[0].asUInt64();
+    t.end = offsets[1].asUInt64();
+    if (t.begin > t.end || t.end > data_bytes) {
+      return corrupt(source, fmt::format("{}: data_offsets [{}, {}] lie outside the {} data bytes",
+                                         where, t.begin, t.end, data_bytes));
+    }
+    const std::uint64_t bytes = st_dtype_bytes(t.dtype);
+    if (numel > (std::uint64_t{1} << 62) / bytes || numel * bytes != t.end - t.begin) {
+      return corrupt(
+          source,
+          fmt::format("{}: shape {} of {} needs {} bytes but data_offsets span {}", where,
+                      shape_text(t.shape), st_dtype_name(t.dtype), numel * bytes, t.end - t.begin));
+    }
+    tensors.push_back(std::move(t));
+  }
+  // The data section must be covered exactly: no overlaps, no holes.
+  std::vector<const StTensor*> by_offset;
+  for (const StTensor& t : tensors)
+    by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const StTensor* a, const StTensor* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::uint64_t cursor = 0;
+  for (const StTensor* t : by_offset) {
+    if (t->begin < cursor) {
+      return corrupt(source, fmt::format("tensor '{}' overlaps the tensor before it (bytes {}..{})",
+                                         t->name, t->begin, t->end));
+    }
+    if (t->begin > cursor) {
+      return corrupt(source,
+                     fmt::format("bytes {}..{} of the data belong to no tensor", cursor, t->begin));
+    }
+    cursor = t->end;
+  }
+  if (cursor != data_bytes) {
+    return corrupt(source, fmt::format("bytes {}..{} at the end of the data belong to no tensor",
+                                       cursor, data_bytes));
+  }
+  return tensors;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(other.map_),
+      map_bytes_(other.map_bytes_),
+      data_(other.data_),
+      tensors_(std::move(other.tensors_)),
+      index_(std::move(other.index_)),
+      metadata_(std::move(other.metadata_)) {
+  other.map_ = nullptr;
+  other.map_bytes_ = 0;
+  other.data_ = nullptr;
+}
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                  fmt::format("cannot open: {}", std::strerror(err)), path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status(ErrorCode::kIo, "not a regular file", path);
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return corrupt(path, fmt::format("{} bytes is too short for a safetensors file (at least 8 "
+                                     "for the header length)",
+                                     size));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    return Status(ErrorCode::kIo, fmt::format("mmap failed: {}", std::strerror(map_err)), path);
+  }
+  SafetensorsFile file;
+  file.path_ = path;
+  file.map_ = map;
+  file.map_bytes_ = size;
+  const auto* bytes = static_cast<const std::uint8_t*>(map);
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i)
+    header_bytes = (header_bytes << 8) | bytes[i];
+  if (header_bytes > kSafetensorsHeaderBytesMax) {
+    return corrupt(path, fmt::format("header length {} exceeds the 100 MiB limit", header_bytes));
+  }
+  if (header_bytes > size - 8) {
+    return corrupt(path, fmt::format("header length {} runs past the end of the {}-byte file",
+                                     header_bytes, size));
+  }
+  const std::string header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
+  STRATA_ASSIGN_OR_RETURN(file.tensors_, parse_safetensors_header(header, size - 8 - header_bytes,
+                                                                  path, &file.metadata_));
+  file.data_ = bytes + 8 + header_bytes;
+  for (std::size_t i = 0; i < file.tensors_.size(); ++i)
+    file.index_[file.tensors_[i].name] = i;
+  return file;
+}
+
+const StTensor* SafetensorsFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+Status SafetensorsFile::read_f32(const std::string& name, const std::vector<std::int64_t>& shape,
+                                 float* dst) const {
+  const StTensor* t = find(name);
+  if (t == nullptr) return Status(ErrorCode::kNotFound, "no tensor '" + name + "'", path_);
+  if (t->shape != shape) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("tensor '{}' has shape {}, expected {}", name, shape_text(t->shape),
+                              shape_text(shape)),
+                  path_);
+  }
+  kernels::DType from;
+  switch (t->dtype) {
+    case StDType::kF32:
+      from = kernels::DType::kF32;
+      break;
+    case StDType::kF64:
+      from = kernels::DType::kF64;
+      break;
+    case StDType::kF16:
+      from = kernels::DType::kF16;
+      break;
+    case StDType::kBF16:
+      from = kernels::DType::kBF16;
+      break;
+    default:
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("tensor '{}' has dtype {}; valid: F32, F64, F16, BF16", name,
+                                st_dtype_name(t->dtype)),
+                    path_);
+  }
+  // The data section may be unaligned (the header length is any number): copy first.
+  const std::uint64_t bytes = t->end - t->begin;
+  if (from == kernels::DType::kF32) {
+    std::memcpy(dst, data(*t), bytes);
+    return Status::ok();
+  }
+  std::vector<std::uint8_t> aligned(data(*t), data(*t) + bytes);
+  kernels::cast_array(dst, kernels::DType::kF32, aligned.data(), from,
+                      static_cast<std::int64_t>(t->numel()));
+  return Status::ok();
+}
+
+Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first_key = true;
+    for (const auto& [key, value] : metadata) {
+      header += (first_key ? "" : ",") + Json::valueToQuotedString(key.c_str()) + ":" +
+                Json::valueToQuotedString(value.c_str());
+      first_key = false;
+    }
+    header += "}";
+    first = false;
+  }
+  std::uint64_t offset = 0;
+  std::vector<std::uint64_t> sizes;
+  for (const StTensorToWrite& t : tensors) {
+    std::uint64_t numel = 1;
+    for (std::int64_t d : t.shape)
+      numel *= static_cast<std::uint64_t>(d);
+    const std::uint64_t bytes = numel * st_dtype_bytes(t.dtype);
+    sizes.push_back(bytes);
+    header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          first ? "" : ",", Json::valueToQuotedString(t.name.c_str()),
+                          st_dtype_name(t.dtype), fmt::join(t.shape, ","), offset, offset + bytes);
+    first = false;
+    offset += bytes;
+  }
+  header += "}";
+  while (header.size() % 8 != 0)
+    header += ' ';
+
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    return Status(ErrorCode::kIo, fmt::format("cannot create: {}", std::strerror(errno)), tmp);
+  }
+  std::uint8_t length[8];
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i)
+    length[i] = static_cast<std::uint8_t>(n >> (8 * i));
+  bool ok = std::fwrite(length, 1, 8, f) == 8 &&
+            std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
+    if (sizes[i] > 0) ok = std::fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
+  }
+  const int write_err = errno;
+  if (std::fclose(f) != 0) ok = false;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(write_err)), tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    return Status(ErrorCode::kIo, "cannot rename into place: " + ec.message(), path);
+  }
+  return Status::ok();
+}
+
+}  // namespace strata::model

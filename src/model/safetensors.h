@@ -1,0 +1,103 @@
+// The safetensors format (8-byte little-endian header length, a JSON header, then the tensor
+// bytes), read as hostile input: the header length, JSON, dtypes, shapes and offsets are all
+// checked against each other and the file size before any tensor byte is touched, and every
+// problem is a clear error naming the file, tensor and value, never a crash. The data is
+// memory-mapped read-only. The writer produces files `transformers` loads (metadata
+// {"format": "pt"}), atomically (temporary file, then rename).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::model {
+
+enum class StDType : std::uint8_t {
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU64,
+  kU32,
+  kU16,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2
+};
+const char* st_dtype_name(StDType type);
+std::uint64_t st_dtype_bytes(StDType type);
+
+struct StTensor {
+  std::string name;
+  StDType dtype = StDType::kF32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;  // byte offsets into the data section
+  std::uint64_t end = 0;
+  std::uint64_t numel() const;
+};
+
+// The largest header accepted (the format's own limit).
+inline constexpr std::uint64_t kSafetensorsHeaderBytesMax = 100ull << 20;
+
+class SafetensorsFile {
+ public:
+  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) = delete;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+
+  // Opens, maps and validates the file. kNotFound / kIo for OS problems, kCorrupt for anything
+  // wrong inside the file.
+  static Result<SafetensorsFile> open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<StTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensor called `name`, or nullptr.
+  const StTensor* find(const std::string& name) const;
+  // The tensor's bytes (valid while this object lives).
+  const std::uint8_t* data(const StTensor& tensor) const { return data_ + tensor.begin; }
+
+  // Copies tensor `name` into dst as fp32, converting from F32, F64, F16 or BF16, after checking
+  // its shape equals `shape`. Errors name the file, tensor, and expected vs found.
+  Status read_f32(const std::string& name, const std::vector<std::int64_t>& shape,
+                  float* dst) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  std::uint64_t map_bytes_ = 0;
+  const std::uint8_t* data_ = nullptr;
+  std::vector<StTensor> tensors_;
+  std::map<std::string, std::uint64_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Parses and validates a header (the JSON text) against a data section of `data_bytes`;
+// exposed for tests. `source` names the file in errors.
+Result<std::vector<StTensor>> parse_safetensors_header(
+    const std::string& header, std::uint64_t data_bytes, const std::string& source,
+    std::map<std::string, std::string>* metadata);
+
+struct StTensorToWrite {
+  std::string name;
+  StDType dtype = StDType::kF32;
+  std::vector<std::int64_t> shape;
+  const void* data = nullptr;  // numel * dtype bytes
+};
+
+// Writes the tensors, in order, to `path` (via path + ".tmp" and rename).
+Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
+                         const std::map<std::string, std::string>& metadata);
+
+}  // namespace strata::model
