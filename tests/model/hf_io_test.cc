@@ -65,7 +65,9 @@ TEST(HfIo, SaveThenLoadRoundTripsBothFamiliesTiedAndUntied) {
       EXPECT_EQ(read->num_kv_heads, spec.num_kv_heads);
       EXPECT_EQ(read->intermediate_size, spec.intermediate_size);
       EXPECT_EQ(read->tie_word_embeddings, tied);
-      if (family == Family::kLlama) EXPECT_EQ(read->rope_theta, spec.rope_theta);
+      if (family == Family::kLlama) {
+        EXPECT_EQ(read->rope_theta, spec.rope_theta);
+      }
       std::vector<std::vector<float>> loaded(units.size());
       for (std::size_t u = 0; u < units.size(); ++u)
         loaded[u].assign(units[u].size(), -1.0f);
