@@ -1,0 +1,184 @@
+// Token files (see token_file.h).
+#include "data/token_file.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace strata::data {
+namespace {
+
+std::int32_t read_i32(const std::uint8_t* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i)
+    v = (v << 8) | p[i];
+  return static_cast<std::int32_t>(v);
+}
+
+}  // namespace
+
+const char* to_string(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kLlmcU16:
+      return "llm.c uint16";
+    case TokenFormat::kLlmcU32:
+      return "llm.c uint32";
+    case TokenFormat::kNanoGptU16:
+      return "nanoGPT uint16";
+    case TokenFormat::kTextBytes:
+      return "text bytes";
+  }
+  return "unknown";
+}
+
+TokenFile::~TokenFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+TokenFile::TokenFile(TokenFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      format_(other.format_),
+      map_(other.map_),
+      map_bytes_(other.map_bytes_),
+      tokens_begin_(other.tokens_begin_),
+      header_bytes_(other.header_bytes_),
+      tokens_(other.tokens_) {
+  other.map_ = nullptr;
+  other.map_bytes_ = 0;
+}
+
+Result<TokenFile> TokenFile::open(const std::string& path, bool text) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                  fmt::format("cannot open the data file: {}", std::strerror(err)), path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status(ErrorCode::kInvalidArgument, "the data file is not a regular file", path);
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return Status(ErrorCode::kInvalidArgument, "the data file is empty", path);
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    return Status(ErrorCode::kIo, fmt::format("mmap failed: {}", std::strerror(map_err)), path);
+  }
+  ::madvise(map, size, MADV_RANDOM);
+  TokenFile file;
+  file.path_ = path;
+  file.map_ = map;
+  file.map_bytes_ = size;
+  const auto* bytes = static_cast<const std::uint8_t*>(map);
+  if (text) {
+    file.format_ = TokenFormat::kTextBytes;
+    file.tokens_begin_ = bytes;
+    file.tokens_ = static_cast<std::int64_t>(size);
+    return file;
+  }
+  if (size >= 4 && read_i32(bytes) == kLlmcMagic) {
+    if (size < kLlmcHeaderBytes) {
+      return Status(ErrorCode::kCorrupt,
+                    fmt::format("starts with the llm.c magic but holds only {} bytes, less than "
+                                "the {}-byte header",
+                                size, kLlmcHeaderBytes),
+                    path);
+    }
+    const std::int32_t version = read_i32(bytes + 4);
+    const std::int32_t count = read_i32(bytes + 8);
+    std::uint64_t width = 0;
+    if (version == 1) {
+      file.format_ = TokenFormat::kLlmcU16;
+      width = 2;
+    } else if (version == 2) {
+      file.format_ = TokenFormat::kLlmcU32;
+      width = 4;
+    } else {
+      return Status(ErrorCode::kCorrupt,
+                    fmt::format("llm.c header version {} is unknown; valid: 1 (uint16 tokens) or "
+                                "2 (uint32 tokens)",
+                                version),
+                    path);
+    }
+    const std::uint64_t payload = size - kLlmcHeaderBytes;
+    if (count < 0 || static_cast<std::uint64_t>(count) * width != payload) {
+      return Status(
+          ErrorCode::kCorrupt,
+          fmt::format("the llm.c header says {} tokens ({} bytes) but {} bytes follow "
+                      "the header",
+                      count, static_cast<std::int64_t>(count) * static_cast<std::int64_t>(width),
+                      payload),
+          path);
+    }
+    file.header_bytes_ = kLlmcHeaderBytes;
+    file.tokens_begin_ = bytes + kLlmcHeaderBytes;
+    file.tokens_ = count;
+    if (count == 0) {
+      return Status(ErrorCode::kInvalidArgument, "the llm.c file holds no tokens", path);
+    }
+    return file;
+  }
+  if (size % 2 != 0) {
+    return Status(ErrorCode::kCorrupt,
+                  fmt::format("{} bytes is not a whole number of uint16 tokens (no llm.c header "
+                              "either: the first int32 is not {})",
+                              size, kLlmcMagic),
+                  path);
+  }
+  file.format_ = TokenFormat::kNanoGptU16;
+  file.tokens_begin_ = bytes;
+  file.tokens_ = static_cast<std::int64_t>(size / 2);
+  return file;
+}
+
+std::int32_t TokenFile::at(std::int64_t i) const {
+  STRATA_ASSERT(i >= 0 && i < tokens_);
+  const std::uint8_t* p = tokens_begin_;
+  switch (format_) {
+    case TokenFormat::kTextBytes:
+      return p[i];
+    case TokenFormat::kLlmcU16:
+    case TokenFormat::kNanoGptU16:
+      return static_cast<std::int32_t>(p[2 * i] | (p[2 * i + 1] << 8));
+    case TokenFormat::kLlmcU32: {
+      const std::uint32_t v = static_cast<std::uint32_t>(p[4 * i]) |
+                              (static_cast<std::uint32_t>(p[4 * i + 1]) << 8) |
+                              (static_cast<std::uint32_t>(p[4 * i + 2]) << 16) |
+                              (static_cast<std::uint32_t>(p[4 * i + 3]) << 24);
+      // Ids beyond int32 cannot be valid for any model; report them as -1 (out of range).
+      return v > 0x7fffffffu ? -1 : static_cast<std::int32_t>(v);
+    }
+  }
+  return -1;
+}
+
+std::int64_t TokenFile::id_max() const {
+  switch (format_) {
+    case TokenFormat::kTextBytes:
+      return 255;
+    case TokenFormat::kLlmcU32:
+      return 0xffffffffll;
+    default:
+      return 65535;
+  }
+}
+
+std::uint64_t TokenFile::byte_offset(std::int64_t i) const {
+  const std::uint64_t width = format_ == TokenFormat::kTextBytes ? 1
+                              : format_ == TokenFormat::kLlmcU32 ? 4
+                                                                 : 2;
+  return header_bytes_ + static_cast<std::uint64_t>(i) * width;
+}
+
+}  // namespace strata::data
