@@ -1,0 +1,257 @@
+#include "model/model_spec.h"
+
+#include <json/reader.h>
+#include <json/value.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace strata::model {
+namespace {
+
+constexpr const char* kFamilies = "gpt2, llama, mistral";
+
+// Reads typed keys of one HF config.json, remembering the first problem.
+class HfReader {
+ public:
+  HfReader(const Json::Value& root, std::string file) : root_(root), file_(std::move(file)) {}
+
+  // A positive integer; `fallbacks` are older names tried in order when `key` is absent.
+  std::int64_t integer(const char* key, std::int64_t if_absent,
+                       std::initializer_list<const char*> fallbacks = {}) {
+    const Json::Value* v = find(key, fallbacks);
+    if (v == nullptr || v->isNull()) {
+      if (if_absent < 0) fail(key, "is required");
+      return if_absent;
+    }
+    if (!v->isIntegral() || v->asInt64() <= 0) {
+      fail(key, "must be a positive integer, got " + v->toStyledString());
+      return 1;
+    }
+    return v->asInt64();
+  }
+
+  double real(const char* key, double if_absent) {
+    const Json::Value* v = find(key, {});
+    if (v == nullptr || v->isNull()) return if_absent;
+    if (!v->isNumeric() || v->asDouble() <= 0) {
+      fail(key, "must be a positive number");
+      return if_absent;
+    }
+    return v->asDouble();
+  }
+
+  bool boolean(const char* key, bool if_absent) {
+    const Json::Value* v = find(key, {});
+    if (v == nullptr || v->isNull()) return if_absent;
+    if (!v->isBool()) {
+      fail(key, "must be true or false");
+      return if_absent;
+    }
+    return v->asBool();
+  }
+
+  // A key Strata cannot honour unless it has the given neutral value.
+  void require_absent_or(const char* key, const Json::Value& neutral, const std::string& why) {
+    const Json::Value* v = find(key, {});
+    if (v != nullptr && !v->isNull() && *v != neutral) fail(key, why);
+  }
+
+  void fail(const std::string& key, const std::string& message) {
+    if (status_.is_ok()) status_ = Status(ErrorCode::kConfig, key + " " + message, file_);
+  }
+
+  const Status& status() const { return status_; }
+
+ private:
+  const Json::Value* find(const char* key, std::initializer_list<const char*> fallbacks) const {
+    if (root_.isMember(key)) return &root_[key];
+    for (const char* old : fallbacks) {
+      if (root_.isMember(old)) return &root_[old];
+    }
+    return nullptr;
+  }
+
+  const Json::Value& root_;
+  std::string file_;
+  Status status_;
+};
+
+Status shape_error(const std::string& key, const std::string& message) {
+  return Status(ErrorCode::kConfig, message, "strata.model." + key);
+}
+
+}  // namespace
+
+std::int64_t llama_intermediate_size(std::int64_t hidden_size) {
+  const std::int64_t two_thirds = 2 * 4 * hidden_size / 3;
+  return (two_thirds + 255) / 256 * 256;
+}
+
+Result<ModelShape> resolve_shape(const config::ModelConfig& m) {
+  for (auto [key, value] : {std::pair<const char*, std::int64_t>{"vocab_size", m.vocab_size},
+                            {"max_seq_len", m.max_seq_len},
+                            {"hidden_size", m.hidden_size},
+                            {"num_layers", m.num_layers},
+                            {"num_heads", m.num_heads}}) {
+    if (value <= 0) return shape_error(key, fmt::format("must be positive, got {}", value));
+  }
+  ModelShape s;
+  s.family = m.family;
+  s.vocab_size = m.vocab_size;
+  s.max_seq_len = m.max_seq_len;
+  s.hidden_size = m.hidden_size;
+  s.num_layers = m.num_layers;
+  s.num_heads = m.num_heads;
+  s.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+  s.norm_eps = m.norm_eps;
+  s.rope_theta = m.rope_theta;
+  s.tie_word_embeddings = m.tie_word_embeddings;
+  if (m.hidden_size % m.num_heads != 0) {
+    return shape_error("num_heads", fmt::format("{} heads do not divide hidden_size {}",
+                                                m.num_heads, m.hidden_size));
+  }
+  if (s.num_heads % s.num_kv_heads != 0) {
+    return shape_error("num_kv_heads", fmt::format("{} KV heads do not divide num_heads {}",
+                                                   s.num_kv_heads, s.num_heads));
+  }
+  if (s.family == config::ModelFamily::kGpt2 && s.num_kv_heads != s.num_heads) {
+    return shape_error("num_kv_heads", "GPT-2 has no grouped KV heads; leave it 0");
+  }
+  s.head_dim = m.hidden_size / m.num_heads;
+  if (s.family == config::ModelFamily::kLlama && s.head_dim % 2 != 0) {
+    return shape_error("num_heads", fmt::format("head size {} is odd; rotary embeddings need an "
+                                                "even head size",
+                                                s.head_dim));
+  }
+  if (m.intermediate_size > 0) {
+    s.intermediate_size = m.intermediate_size;
+  } else {
+    s.intermediate_size = s.family == config::ModelFamily::kGpt2
+                              ? 4 * m.hidden_size
+                              : llama_intermediate_size(m.hidden_size);
+  }
+  return s;
+}
+
+Result<config::ModelConfig> read_hf_config(const std::string& path) {
+  std::string file = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    return Status(ErrorCode::kConfig,
+                  "cannot read the model config (give a Hugging Face model directory or its "
+                  "config.json)",
+                  file);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  Json::Value root;
+  Json::CharReaderBuilder builder;
+  builder["rejectDupKeys"] = true;
+  std::string errors;
+  std::istringstream stream(text.str());
+  if (!Json::parseFromStream(builder, stream, &root, &errors)) {
+    return Status(ErrorCode::kConfig, "malformed JSON: " + errors, file);
+  }
+  if (!root.isObject()) return Status(ErrorCode::kConfig, "expected a JSON object", file);
+
+  const std::string type = root.get("model_type", "").asString();
+  HfReader r(root, file);
+  config::ModelConfig m;
+  m.path = path;
+  if (type == "gpt2") {
+    m.family = config::ModelFamily::kGpt2;
+    m.vocab_size = r.integer("vocab_size", 50257);
+    m.max_seq_len = r.integer("n_positions", 1024, {"n_ctx"});
+    m.hidden_size = r.integer("n_embd", 768);
+    m.num_layers = r.integer("n_layer", 12);
+    m.num_heads = r.integer("n_head", 12);
+    m.intermediate_size = r.integer("n_inner", 0);
+    m.norm_eps = r.real("layer_norm_epsilon", 1e-5);
+    m.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
+    r.require_absent_or("activation_function", "gelu_new",
+                        "is not supported: Strata's GPT-2 uses the tanh GELU (\"gelu_new\")");
+  } else if (type == "llama" || type == "mistral") {
+    m.family = config::ModelFamily::kLlama;
+    m.vocab_size = r.integer("vocab_size", 32000);
+    m.max_seq_len = r.integer("max_position_embeddings", 2048);
+    m.hidden_size = r.integer("hidden_size", 4096);
+    m.num_layers = r.integer("num_hidden_layers", 32);
+    m.num_heads = r.integer("num_attention_heads", 32);
+    m.num_kv_heads = r.integer("num_key_value_heads", 0);
+    m.intermediate_size = r.integer("intermediate_size", 11008);
+    m.norm_eps = r.real("rms_norm_eps", 1e-6);
+    m.rope_theta = r.real("rope_theta", 10000.0);
+    m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    r.require_absent_or("hidden_act", "silu", "is not supported: Strata's Llama uses SiLU");
+    r.require_absent_or("rope_scaling", Json::Value(),
+                        "is not supported: Strata implements plain RoPE (rope_scaling null)");
+    r.require_absent_or("attention_bias", false, "is not supported: Llama without biases only");
+    r.require_absent_or("mlp_bias", false, "is not supported: Llama without biases only");
+    if (root.isMember("head_dim") && !root["head_dim"].isNull() && root["head_dim"].isIntegral() &&
+        root["head_dim"].asInt64() * m.num_heads != m.hidden_size) {
+      r.fail("head_dim", "must equal hidden_size / num_attention_heads in Strata");
+    }
+  } else {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("model_type '{}' is not supported; valid: {}", type, kFamilies),
+                  file);
+  }
+  if (!r.status().is_ok()) return r.status();
+  return m;
+}
+
+Result<ModelShape> shape_of(const config::ModelConfig& model) {
+  if (model.path.empty()) return resolve_shape(model);
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig from_file, read_hf_config(model.path));
+  from_file.activation_checkpointing = model.activation_checkpointing;
+  from_file.activation_offload = model.activation_offload;
+  return resolve_shape(from_file);
+}
+
+std::vector<UnitSpec> units(const ModelShape& s) {
+  const std::int64_t h = s.hidden_size;
+  const std::int64_t v = s.vocab_size;
+  const std::int64_t i = s.intermediate_size;
+  const std::int64_t q = s.num_heads * s.head_dim;
+  const std::int64_t kv = s.num_kv_heads * s.head_dim;
+  std::vector<UnitSpec> out;
+  std::int64_t embedding = v * h;
+  std::int64_t block = 0;
+  std::int64_t final_norm = 0;
+  if (s.family == config::ModelFamily::kGpt2) {
+    embedding += s.max_seq_len * h;  // wte + wpe
+    block = 2 * h                    // ln_1
+            + h * 3 * h + 3 * h      // attn.c_attn
+            + h * h + h              // attn.c_proj
+            + 2 * h                  // ln_2
+            + h * i + i              // mlp.c_fc
+            + i * h + h;             // mlp.c_proj
+    final_norm = 2 * h;              // ln_f
+  } else {
+    block = h                     // input_layernorm
+            + h * q + 2 * h * kv  // q_proj, k_proj, v_proj
+            + q * h               // o_proj
+            + h                   // post_attention_layernorm
+            + 3 * h * i;          // gate_proj, up_proj, down_proj
+    final_norm = h;               // norm
+  }
+  out.push_back({"embedding", embedding});
+  for (std::int64_t l = 0; l < s.num_layers; ++l)
+    out.push_back({fmt::format("block.{}", l), block});
+  out.push_back({"head", final_norm + (s.tie_word_embeddings ? 0 : v * h)});
+  return out;
+}
+
+std::int64_t total_params(const ModelShape& shape) {
+  std::int64_t total = 0;
+  for (const UnitSpec& u : units(shape))
+    total += u.params;
+  return total;
+}
+
+}  // namespace strata::model
