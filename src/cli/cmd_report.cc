@@ -1,10 +1,57 @@
+// `strata report`: what this machine and this build offer Strata (see sys/report.h).
+#include <json/writer.h>
+
+#include <cstdio>
+#include <optional>
+
 #include "cli/command.h"
+#include "sys/report.h"
 
 namespace strata::cli {
+namespace {
+
+struct ReportOptions {
+  std::string path;
+  bool json = false;
+};
+
+int run_report(const ReportOptions& options) {
+  std::optional<std::string> path;
+  if (!options.path.empty()) path = options.path;
+  auto report = sys::collect_report(path);
+  if (!report.is_ok()) {
+    const Status& why = report.status();
+    // A directory that is missing or is not a directory is a wrong argument (exit 2); one that
+    // exists but cannot be written or probed is a runtime failure (exit 1).
+    const bool usage =
+        why.code() == ErrorCode::kNotFound || why.code() == ErrorCode::kInvalidArgument;
+    return report_error(usage ? Status(ErrorCode::kUsage, why.message(), "--path " + why.context())
+                              : why.with_context("--path"));
+  }
+  if (options.json) {
+    Json::StreamWriterBuilder writer;
+    writer["indentation"] = "  ";
+    std::string text = Json::writeString(writer, sys::report_json(*report));
+    std::printf("%s\n", text.c_str());
+  } else {
+    std::fputs(sys::report_text(*report).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
 
 void register_report(CLI::App& root, Registry& registry) {
-  (void)root;
-  (void)registry;
+  auto options = std::make_shared<ReportOptions>();
+  CLI::App* report = root.add_subcommand(
+      "report",
+      "Describe this machine and build: SIMD, cores and NUMA, memory and ulimit -l, GPUs, CUDA, "
+      "NCCL, io_uring, and with --path whether O_DIRECT works in a directory");
+  report->add_option("--path", options->path,
+                     "Directory to probe for the NVMe tier: file system, O_DIRECT, alignment, "
+                     "free space");
+  report->add_flag("--json", options->json, "Print one JSON object instead of text");
+  registry.add(report, [options] { return run_report(*options); });
 }
 
 }  // namespace strata::cli

@@ -23,7 +23,15 @@ std::string format_bytes(std::uint64_t bytes) {
   return fmt::format("{:.2f} {}", value, kNames[unit]);
 }
 
-std::optional<std::uint64_t> parse_bytes(std::string_view text) {
+namespace {
+
+// A non-negative number ("5", "1.5", "5e8") and the lower-cased suffix after it, spaces removed.
+struct NumberText {
+  double value = 0;
+  std::string suffix;
+};
+
+std::optional<NumberText> split_number(std::string_view text) {
   std::string s(text);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
     s.pop_back();
@@ -48,13 +56,33 @@ std::optional<std::uint64_t> parse_bytes(std::string_view text) {
   }
   if (pos == 0) return std::nullopt;
   std::string number = s.substr(0, pos);
-  std::string suffix;
+  NumberText out;
   for (std::size_t i = pos; i < s.size(); ++i) {
     if (!std::isspace(static_cast<unsigned char>(s[i]))) {
-      suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
+      out.suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
     }
   }
+  char* end = nullptr;
+  out.value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(out.value) || out.value < 0) {
+    return std::nullopt;
+  }
+  return out;
+}
 
+// value * multiplier as a whole uint64, or nullopt when it is fractional or too large.
+std::optional<std::uint64_t> whole(double value, double multiplier) {
+  double product = value * multiplier;
+  if (product >= 18446744073709551615.0 || product != std::floor(product)) return std::nullopt;
+  return static_cast<std::uint64_t>(product);
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> parse_bytes(std::string_view text) {
+  std::optional<NumberText> n = split_number(text);
+  if (!n) return std::nullopt;
+  const std::string& suffix = n->suffix;
   double multiplier = 1.0;
   if (suffix.empty() || suffix == "b") {
     multiplier = 1.0;
@@ -77,15 +105,28 @@ std::optional<std::uint64_t> parse_bytes(std::string_view text) {
   } else {
     return std::nullopt;
   }
+  return whole(n->value, multiplier);
+}
 
-  char* end = nullptr;
-  double value = std::strtod(number.c_str(), &end);
-  if (end != number.c_str() + number.size() || !std::isfinite(value) || value < 0) {
+std::optional<std::uint64_t> parse_count(std::string_view text) {
+  std::optional<NumberText> n = split_number(text);
+  if (!n) return std::nullopt;
+  const std::string& suffix = n->suffix;
+  double multiplier = 1.0;
+  if (suffix.empty()) {
+    multiplier = 1.0;
+  } else if (suffix == "k") {
+    multiplier = 1e3;
+  } else if (suffix == "m") {
+    multiplier = 1e6;
+  } else if (suffix == "b" || suffix == "g") {
+    multiplier = 1e9;
+  } else if (suffix == "t") {
+    multiplier = 1e12;
+  } else {
     return std::nullopt;
   }
-  double bytes = value * multiplier;
-  if (bytes >= 18446744073709551615.0 || bytes != std::floor(bytes)) return std::nullopt;
-  return static_cast<std::uint64_t>(bytes);
+  return whole(n->value, multiplier);
 }
 
 }  // namespace strata

@@ -22,6 +22,12 @@ std::string format_bytes(std::uint64_t bytes);
 // that fits in 64 bits.
 std::optional<std::uint64_t> parse_bytes(std::string_view text);
 
+// Parses a count of things (parameters, elements): a plain integer, a decimal/exponent number
+// ("7e9", "1.3e9"), or a number with a decimal suffix: K (1e3), M (1e6), B or G (1e9), T (1e12),
+// case-insensitive ("124M", "7B"). Returns nullopt when the text is not a whole non-negative count
+// that fits in 64 bits.
+std::optional<std::uint64_t> parse_count(std::string_view text);
+
 // Rounds `value` up to a multiple of `alignment` (a power of two).
 constexpr std::uint64_t align_up(std::uint64_t value, std::uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;

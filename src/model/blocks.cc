@@ -8,12 +8,12 @@
 
 namespace strata::model {
 
-std::int64_t qkv_width(const ModelSpec& s) {
+std::int64_t qkv_width(const ModelShape& s) {
   return s.family == Family::kGpt2 ? 3 * s.hidden_size
                                    : (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
 }
 
-std::int64_t fc_width(const ModelSpec& s) {
+std::int64_t fc_width(const ModelShape& s) {
   return s.family == Family::kGpt2 ? s.intermediate_size : 2 * s.intermediate_size;
 }
 
@@ -21,7 +21,7 @@ namespace {
 
 template <typename T>
 kernels::AttentionShape attention_shape(const BlockContext<T>& ctx) {
-  const ModelSpec& s = *ctx.spec;
+  const ModelShape& s = *ctx.spec;
   kernels::AttentionShape a;
   a.batch = ctx.batch;
   a.seq_len = ctx.seq_len;
@@ -97,7 +97,7 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
                    const BlockActs<T>& a) {
   using namespace llama;
   backend::Ops<T>& ops = *ctx.ops;
-  const ModelSpec& s = *ctx.spec;
+  const ModelShape& s = *ctx.spec;
   const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
   const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
   const std::int64_t qkv = hd + 2 * kvd;
@@ -123,7 +123,7 @@ void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w,
                     const BlockActs<T>& a, const BlockScratch<T>& sc, T* dout, T* dx) {
   using namespace llama;
   backend::Ops<T>& ops = *ctx.ops;
-  const ModelSpec& s = *ctx.spec;
+  const ModelShape& s = *ctx.spec;
   const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
   const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
   const std::int64_t qkv = hd + 2 * kvd;

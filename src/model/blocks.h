@@ -13,7 +13,7 @@ namespace strata::model {
 template <typename T>
 struct BlockContext {
   backend::Ops<T>* ops = nullptr;
-  const ModelSpec* spec = nullptr;
+  const ModelShape* spec = nullptr;
   std::int64_t rows = 0;        // N
   std::int64_t batch = 0;       // B
   std::int64_t seq_len = 0;     // T
@@ -48,8 +48,8 @@ struct BlockScratch {
   T* dln = nullptr;   // (N, C)
 };
 
-std::int64_t qkv_width(const ModelSpec& spec);
-std::int64_t fc_width(const ModelSpec& spec);
+std::int64_t qkv_width(const ModelShape& spec);
+std::int64_t fc_width(const ModelShape& spec);
 
 // out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.
 template <typename T>

@@ -94,9 +94,9 @@ bool has_hf_weights(const std::string& dir) {
          fs::exists(dir + "/model.safetensors.index.json");
 }
 
-Result<ModelSpec> read_hf_spec(const std::string& path) {
-  const std::string config = fs::is_directory(path) ? path + "/config.json" : path;
-  return spec_from_hf_config_file(config);
+Result<ModelShape> read_hf_spec(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig model, read_hf_config(path));
+  return resolve_shape(model);
 }
 
 Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
@@ -150,7 +150,7 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
   return Status::ok();
 }
 
-Status save_hf_model(const std::string& dir, const ModelSpec& spec, const ModelLayout& layout,
+Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
                      const std::vector<const float*>& units, kernels::DType dtype) {
   STRATA_ASSERT(units.size() == layout.units.size());
   std::error_code ec;

@@ -16,7 +16,7 @@ namespace strata::model {
 bool has_hf_weights(const std::string& dir);
 
 // Reads `dir`/config.json (or `path` itself when it is a .json file).
-Result<ModelSpec> read_hf_spec(const std::string& path);
+Result<ModelShape> read_hf_spec(const std::string& path);
 
 // Reads every tensor of `layout` from the safetensors in `dir` into units[u] (padded_numel
 // floats each; padding zeroed). Checks names, shapes and dtypes; ignores GPT-2's attention-mask
@@ -28,7 +28,7 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
 
 // Writes `dir`/config.json and `dir`/model.safetensors (tensors in `dtype`: f32, bf16 or f16),
 // creating `dir` if needed.
-Status save_hf_model(const std::string& dir, const ModelSpec& spec, const ModelLayout& layout,
+Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
                      const std::vector<const float*>& units, kernels::DType dtype);
 
 }  // namespace strata::model

@@ -27,7 +27,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void init_unit(const ModelSpec& spec, const UnitLayout& unit, std::uint64_t seed, float* params) {
+void init_unit(const ModelShape& spec, const UnitLayout& unit, std::uint64_t seed, float* params) {
   std::fill(params, params + unit.padded_numel, 0.0f);
   const double std_dev = 0.02;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec.num_layers));

@@ -12,6 +12,6 @@
 namespace strata::model {
 
 // Fills `params` (the unit's padded_numel floats) for unit `unit` of `layout`; padding is zeroed.
-void init_unit(const ModelSpec& spec, const UnitLayout& unit, std::uint64_t seed, float* params);
+void init_unit(const ModelShape& spec, const UnitLayout& unit, std::uint64_t seed, float* params);
 
 }  // namespace strata::model

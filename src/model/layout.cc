@@ -50,7 +50,7 @@ std::int64_t ModelLayout::padded_numel() const {
   return total;
 }
 
-ModelLayout build_layout(const ModelSpec& s) {
+ModelLayout build_layout(const ModelShape& s) {
   ModelLayout layout;
   layout.tied = s.tie_word_embeddings;
   const std::int64_t c = s.hidden_size, v = s.vocab_size, inner = s.intermediate_size;

@@ -79,6 +79,6 @@ enum BlockTensor { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
 enum HeadTensor { kNorm = 0, kLmHead = 1 };  // kLmHead only when untied
 }  // namespace llama
 
-ModelLayout build_layout(const ModelSpec& spec);
+ModelLayout build_layout(const ModelShape& spec);
 
 }  // namespace strata::model

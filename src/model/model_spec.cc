@@ -1,90 +1,271 @@
-// Model shapes from Strata's config or a Hugging Face config.json, and back (see model_spec.h).
 #include "model/model_spec.h"
 
-#include <fmt/format.h>
-#include <json/json.h>
+#include <json/reader.h>
+#include <json/value.h>
+#include <json/writer.h>
+#include <sys/stat.h>
 
 #include <fstream>
-#include <memory>
+#include <limits>
 #include <sstream>
 
 namespace strata::model {
 namespace {
 
-// Llama's rule for the MLP width when none is given: 8/3 of the width, rounded up to 256.
-std::int64_t llama_intermediate(std::int64_t hidden) {
-  const std::int64_t raw = (8 * hidden + 2) / 3;
-  return (raw + 255) / 256 * 256;
-}
+constexpr const char* kFamilies = "gpt2, llama, mistral";
 
-Status config_error(const std::string& source, const std::string& key, const std::string& what) {
-  return Status(ErrorCode::kInvalidArgument, fmt::format("{}: {}", key, what), source);
-}
+// Reads typed keys of one HF config.json, remembering the first problem.
+class HfReader {
+ public:
+  HfReader(const Json::Value& root, std::string file) : root_(root), file_(std::move(file)) {}
 
-// Reads an integer key; `fallback` < 0 means required.
-Result<std::int64_t> read_int(const Json::Value& root, const std::string& source, const char* key,
-                              std::int64_t fallback = -1) {
-  if (!root.isMember(key) || root[key].isNull()) {
-    if (fallback >= 0) return fallback;
-    return config_error(source, key, "required key is missing");
+  // A positive integer; `fallbacks` are older names tried in order when `key` is absent.
+  std::int64_t integer(const char* key, std::int64_t if_absent,
+                       std::initializer_list<const char*> fallbacks = {}) {
+    const Json::Value* v = find(key, fallbacks);
+    if (v == nullptr || v->isNull()) {
+      if (if_absent < 0) fail(key, "is required");
+      return if_absent;
+    }
+    if (!v->isIntegral() || v->asInt64() <= 0) {
+      fail(key, "must be a positive integer, got " + v->toStyledString());
+      return 1;
+    }
+    return v->asInt64();
   }
-  const Json::Value& v = root[key];
-  if (!v.isIntegral() || v.asInt64() < 0) {
-    return config_error(source, key, "expected a non-negative integer");
+
+  double real(const char* key, double if_absent) {
+    const Json::Value* v = find(key, {});
+    if (v == nullptr || v->isNull()) return if_absent;
+    if (!v->isNumeric() || v->asDouble() <= 0) {
+      fail(key, "must be a positive number");
+      return if_absent;
+    }
+    return v->asDouble();
   }
-  return v.asInt64();
-}
 
-Result<double> read_real(const Json::Value& root, const std::string& source, const char* key,
-                         double fallback) {
-  if (!root.isMember(key) || root[key].isNull()) return fallback;
-  if (!root[key].isNumeric()) return config_error(source, key, "expected a number");
-  return root[key].asDouble();
-}
+  bool boolean(const char* key, bool if_absent) {
+    const Json::Value* v = find(key, {});
+    if (v == nullptr || v->isNull()) return if_absent;
+    if (!v->isBool()) {
+      fail(key, "must be true or false");
+      return if_absent;
+    }
+    return v->asBool();
+  }
 
-Result<bool> read_bool(const Json::Value& root, const std::string& source, const char* key,
-                       bool fallback) {
-  if (!root.isMember(key) || root[key].isNull()) return fallback;
-  if (!root[key].isBool()) return config_error(source, key, "expected true or false");
-  return root[key].asBool();
-}
+  // A key Strata cannot honour unless it has the given neutral value.
+  void require_absent_or(const char* key, const Json::Value& neutral, const std::string& why) {
+    const Json::Value* v = find(key, {});
+    if (v != nullptr && !v->isNull() && *v != neutral) fail(key, why);
+  }
 
-std::string read_string(const Json::Value& root, const char* key) {
-  return root.isMember(key) && root[key].isString() ? root[key].asString() : std::string();
+  void fail(const std::string& key, const std::string& message) {
+    if (status_.is_ok()) status_ = Status(ErrorCode::kConfig, key + " " + message, file_);
+  }
+
+  const Status& status() const { return status_; }
+
+ private:
+  const Json::Value* find(const char* key, std::initializer_list<const char*> fallbacks) const {
+    if (root_.isMember(key)) return &root_[key];
+    for (const char* old : fallbacks) {
+      if (root_.isMember(old)) return &root_[old];
+    }
+    return nullptr;
+  }
+
+  const Json::Value& root_;
+  std::string file_;
+  Status status_;
+};
+
+Status shape_error(const std::string& key, const std::string& message) {
+  return Status(ErrorCode::kConfig, message, "strata.model." + key);
 }
 
 }  // namespace
+
+std::int64_t llama_intermediate_size(std::int64_t hidden_size) {
+  const std::int64_t two_thirds = 2 * 4 * hidden_size / 3;
+  return (two_thirds + 255) / 256 * 256;
+}
+
+Result<ModelShape> resolve_shape(const config::ModelConfig& m) {
+  for (auto [key, value] : {std::pair<const char*, std::int64_t>{"vocab_size", m.vocab_size},
+                            {"max_seq_len", m.max_seq_len},
+                            {"hidden_size", m.hidden_size},
+                            {"num_layers", m.num_layers},
+                            {"num_heads", m.num_heads}}) {
+    if (value <= 0) return shape_error(key, fmt::format("must be positive, got {}", value));
+  }
+  ModelShape s;
+  s.family = m.family;
+  s.vocab_size = m.vocab_size;
+  s.max_seq_len = m.max_seq_len;
+  s.hidden_size = m.hidden_size;
+  s.num_layers = m.num_layers;
+  s.num_heads = m.num_heads;
+  s.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+  s.norm_eps = m.norm_eps;
+  s.rope_theta = m.rope_theta;
+  s.tie_word_embeddings = m.tie_word_embeddings;
+  if (m.hidden_size % m.num_heads != 0) {
+    return shape_error("num_heads", fmt::format("{} heads do not divide hidden_size {}",
+                                                m.num_heads, m.hidden_size));
+  }
+  if (s.num_heads % s.num_kv_heads != 0) {
+    return shape_error("num_kv_heads", fmt::format("{} KV heads do not divide num_heads {}",
+                                                   s.num_kv_heads, s.num_heads));
+  }
+  if (s.family == config::ModelFamily::kGpt2 && s.num_kv_heads != s.num_heads) {
+    return shape_error("num_kv_heads", "GPT-2 has no grouped KV heads; leave it 0");
+  }
+  s.head_dim = m.hidden_size / m.num_heads;
+  if (s.family == config::ModelFamily::kLlama && s.head_dim % 2 != 0) {
+    return shape_error("num_heads", fmt::format("head size {} is odd; rotary embeddings need an "
+                                                "even head size",
+                                                s.head_dim));
+  }
+  if (m.intermediate_size > 0) {
+    s.intermediate_size = m.intermediate_size;
+  } else {
+    s.intermediate_size = s.family == config::ModelFamily::kGpt2
+                              ? 4 * m.hidden_size
+                              : llama_intermediate_size(m.hidden_size);
+  }
+  return s;
+}
+
+Result<config::ModelConfig> read_hf_config(const std::string& path) {
+  std::string file = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    return Status(ErrorCode::kConfig,
+                  "cannot read the model config (give a Hugging Face model directory or its "
+                  "config.json)",
+                  file);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  Json::Value root;
+  Json::CharReaderBuilder builder;
+  builder["rejectDupKeys"] = true;
+  std::string errors;
+  std::istringstream stream(text.str());
+  if (!Json::parseFromStream(builder, stream, &root, &errors)) {
+    return Status(ErrorCode::kConfig, "malformed JSON: " + errors, file);
+  }
+  if (!root.isObject()) return Status(ErrorCode::kConfig, "expected a JSON object", file);
+
+  const std::string type = root.get("model_type", "").asString();
+  HfReader r(root, file);
+  config::ModelConfig m;
+  m.path = path;
+  if (type == "gpt2") {
+    m.family = config::ModelFamily::kGpt2;
+    m.vocab_size = r.integer("vocab_size", 50257);
+    m.max_seq_len = r.integer("n_positions", 1024, {"n_ctx"});
+    m.hidden_size = r.integer("n_embd", 768);
+    m.num_layers = r.integer("n_layer", 12);
+    m.num_heads = r.integer("n_head", 12);
+    m.intermediate_size = r.integer("n_inner", 0);
+    m.norm_eps = r.real("layer_norm_epsilon", 1e-5);
+    m.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
+    r.require_absent_or("activation_function", "gelu_new",
+                        "is not supported: Strata's GPT-2 uses the tanh GELU (\"gelu_new\")");
+  } else if (type == "llama" || type == "mistral") {
+    m.family = config::ModelFamily::kLlama;
+    m.vocab_size = r.integer("vocab_size", 32000);
+    m.max_seq_len = r.integer("max_position_embeddings", 2048);
+    m.hidden_size = r.integer("hidden_size", 4096);
+    m.num_layers = r.integer("num_hidden_layers", 32);
+    m.num_heads = r.integer("num_attention_heads", 32);
+    m.num_kv_heads = r.integer("num_key_value_heads", 0);
+    m.intermediate_size = r.integer("intermediate_size", 11008);
+    m.norm_eps = r.real("rms_norm_eps", 1e-6);
+    m.rope_theta = r.real("rope_theta", 10000.0);
+    m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    r.require_absent_or("hidden_act", "silu", "is not supported: Strata's Llama uses SiLU");
+    r.require_absent_or("rope_scaling", Json::Value(),
+                        "is not supported: Strata implements plain RoPE (rope_scaling null)");
+    r.require_absent_or("attention_bias", false, "is not supported: Llama without biases only");
+    r.require_absent_or("mlp_bias", false, "is not supported: Llama without biases only");
+    if (root.isMember("head_dim") && !root["head_dim"].isNull() && root["head_dim"].isIntegral() &&
+        root["head_dim"].asInt64() * m.num_heads != m.hidden_size) {
+      r.fail("head_dim", "must equal hidden_size / num_attention_heads in Strata");
+    }
+  } else {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("model_type '{}' is not supported; valid: {}", type, kFamilies),
+                  file);
+  }
+  if (!r.status().is_ok()) return r.status();
+  return m;
+}
+
+Result<ModelShape> shape_of(const config::ModelConfig& model) {
+  if (model.path.empty()) return resolve_shape(model);
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig from_file, read_hf_config(model.path));
+  from_file.activation_checkpointing = model.activation_checkpointing;
+  from_file.activation_offload = model.activation_offload;
+  return resolve_shape(from_file);
+}
+
+std::vector<UnitSpec> units(const ModelShape& s) {
+  const std::int64_t h = s.hidden_size;
+  const std::int64_t v = s.vocab_size;
+  const std::int64_t i = s.intermediate_size;
+  const std::int64_t q = s.num_heads * s.head_dim;
+  const std::int64_t kv = s.num_kv_heads * s.head_dim;
+  std::vector<UnitSpec> out;
+  std::int64_t embedding = v * h;
+  std::int64_t block = 0;
+  std::int64_t final_norm = 0;
+  if (s.family == config::ModelFamily::kGpt2) {
+    embedding += s.max_seq_len * h;  // wte + wpe
+    block = 2 * h                    // ln_1
+            + h * 3 * h + 3 * h      // attn.c_attn
+            + h * h + h              // attn.c_proj
+            + 2 * h                  // ln_2
+            + h * i + i              // mlp.c_fc
+            + i * h + h;             // mlp.c_proj
+    final_norm = 2 * h;              // ln_f
+  } else {
+    block = h                     // input_layernorm
+            + h * q + 2 * h * kv  // q_proj, k_proj, v_proj
+            + q * h               // o_proj
+            + h                   // post_attention_layernorm
+            + 3 * h * i;          // gate_proj, up_proj, down_proj
+    final_norm = h;               // norm
+  }
+  out.push_back({"embedding", embedding});
+  for (std::int64_t l = 0; l < s.num_layers; ++l)
+    out.push_back({fmt::format("block.{}", l), block});
+  out.push_back({"head", final_norm + (s.tie_word_embeddings ? 0 : v * h)});
+  return out;
+}
+
+std::int64_t total_params(const ModelShape& shape) {
+  std::int64_t total = 0;
+  for (const UnitSpec& u : units(shape))
+    total += u.params;
+  return total;
+}
 
 const char* family_name(Family family) {
   return family == Family::kGpt2 ? "gpt2" : "llama";
 }
 
-std::int64_t ModelSpec::parameter_count() const {
-  const std::int64_t c = hidden_size;
-  const std::int64_t q = num_heads * head_dim;
-  const std::int64_t kv = num_kv_heads * head_dim;
-  std::int64_t block = 0;
-  std::int64_t total = vocab_size * c;
-  if (family == Family::kGpt2) {
-    block = 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c +
-            (c * intermediate_size + intermediate_size) + (intermediate_size * c + c);
-    total += max_seq_len * c + 2 * c;
-  } else {
-    block = c + c * (q + 2 * kv) + q * c + c + 3 * c * intermediate_size;
-    total += c;
-  }
-  total += num_layers * block;
-  if (!tie_word_embeddings) total += vocab_size * c;
-  return total;
-}
-
-double ModelSpec::forward_flops_per_token(std::int64_t seq_len) const {
-  const double c = static_cast<double>(hidden_size);
-  const double q = static_cast<double>(num_heads * head_dim);
-  const double kv = static_cast<double>(num_kv_heads * head_dim);
-  const double inner = static_cast<double>(intermediate_size);
+double forward_flops_per_token(const ModelShape& s, std::int64_t seq_len) {
+  const double c = static_cast<double>(s.hidden_size);
+  const double q = static_cast<double>(s.num_heads * s.head_dim);
+  const double kv = static_cast<double>(s.num_kv_heads * s.head_dim);
+  const double inner = static_cast<double>(s.intermediate_size);
   double block = 0.0;
-  if (family == Family::kGpt2) {
+  if (s.family == Family::kGpt2) {
     block = c * 3 * c + c * c + 2 * c * inner;
   } else {
     block = c * (q + 2 * kv) + q * c + 3 * c * inner;
@@ -92,158 +273,11 @@ double ModelSpec::forward_flops_per_token(std::int64_t seq_len) const {
   // Scores and weighted values: 2 products of (T x D) per head per token, over on average half
   // of the sequence (causal).
   const double attention = 2.0 * q * static_cast<double>(seq_len) / 2.0;
-  const double head = static_cast<double>(vocab_size) * c;
-  return 2.0 * (static_cast<double>(num_layers) * (block + attention) + head);
+  const double head = static_cast<double>(s.vocab_size) * c;
+  return 2.0 * (static_cast<double>(s.num_layers) * (block + attention) + head);
 }
 
-Status validate_spec(const ModelSpec& s) {
-  auto bad = [](const char* key, const std::string& what) {
-    return Status(ErrorCode::kInvalidArgument, fmt::format("{}: {}", key, what), "model");
-  };
-  if (s.vocab_size < 1) return bad("vocab_size", "must be at least 1");
-  if (s.max_seq_len < 1) return bad("max_seq_len", "must be at least 1");
-  if (s.hidden_size < 1) return bad("hidden_size", "must be at least 1");
-  if (s.num_layers < 1) return bad("num_layers", "must be at least 1");
-  if (s.num_heads < 1) return bad("num_heads", "must be at least 1");
-  if (s.num_kv_heads < 1 || s.num_heads % s.num_kv_heads != 0) {
-    return bad("num_kv_heads",
-               fmt::format("{} does not divide num_heads {}", s.num_kv_heads, s.num_heads));
-  }
-  if (s.head_dim < 1) return bad("head_dim", "must be at least 1");
-  if (s.family == Family::kGpt2) {
-    if (s.hidden_size % s.num_heads != 0) {
-      return bad("num_heads",
-                 fmt::format("{} heads do not divide hidden_size {}", s.num_heads, s.hidden_size));
-    }
-    if (s.num_kv_heads != s.num_heads) {
-      return bad("num_kv_heads", "GPT-2 has no grouped KV heads; leave it 0");
-    }
-  } else if (s.head_dim % 2 != 0) {
-    return bad("head_dim",
-               fmt::format("{} is odd; rotary embeddings need an even head_dim", s.head_dim));
-  }
-  if (s.intermediate_size < 1) return bad("intermediate_size", "must be at least 1");
-  if (!(s.norm_eps > 0.0)) return bad("norm_eps", "must be positive");
-  if (!(s.rope_theta > 0.0)) return bad("rope_theta", "must be positive");
-  if (s.vocab_size > (std::int64_t{1} << 31) - 1) return bad("vocab_size", "must fit in int32");
-  return Status::ok();
-}
-
-Result<ModelSpec> spec_from_config(const config::ModelConfig& m) {
-  ModelSpec s;
-  s.family = m.family;
-  s.vocab_size = m.vocab_size;
-  s.max_seq_len = m.max_seq_len;
-  s.hidden_size = m.hidden_size;
-  s.num_layers = m.num_layers;
-  s.num_heads = m.num_heads;
-  s.num_kv_heads = m.num_kv_heads == 0 ? m.num_heads : m.num_kv_heads;
-  s.head_dim = m.num_heads > 0 ? m.hidden_size / m.num_heads : 0;
-  s.intermediate_size = m.intermediate_size;
-  if (s.intermediate_size == 0) {
-    s.intermediate_size =
-        m.family == Family::kGpt2 ? 4 * m.hidden_size : llama_intermediate(m.hidden_size);
-  }
-  s.norm_eps = m.norm_eps;
-  s.rope_theta = m.rope_theta;
-  s.tie_word_embeddings = m.tie_word_embeddings;
-  if (m.family == Family::kLlama && m.num_heads > 0 && m.hidden_size % m.num_heads != 0) {
-    return Status(
-        ErrorCode::kInvalidArgument,
-        fmt::format("num_heads: {} heads do not divide hidden_size {}", m.num_heads, m.hidden_size),
-        "strata.model");
-  }
-  Status valid = validate_spec(s);
-  if (!valid.is_ok()) return valid.with_context("strata.model");
-  return s;
-}
-
-Result<ModelSpec> spec_from_hf_config_text(const std::string& text, const std::string& source) {
-  Json::CharReaderBuilder builder;
-  builder["rejectDupKeys"] = true;
-  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
-  Json::Value root;
-  std::string errors;
-  if (!reader->parse(text.data(), text.data() + text.size(), &root, &errors) || !root.isObject()) {
-    return Status(ErrorCode::kInvalidArgument, "not a JSON object: " + errors, source);
-  }
-  const std::string type = read_string(root, "model_type");
-  ModelSpec s;
-  if (type == "gpt2") {
-    s.family = Family::kGpt2;
-    STRATA_ASSIGN_OR_RETURN(s.vocab_size, read_int(root, source, "vocab_size"));
-    STRATA_ASSIGN_OR_RETURN(std::int64_t n_ctx, read_int(root, source, "n_ctx", 0));
-    STRATA_ASSIGN_OR_RETURN(s.max_seq_len, read_int(root, source, "n_positions", n_ctx));
-    STRATA_ASSIGN_OR_RETURN(s.hidden_size, read_int(root, source, "n_embd"));
-    STRATA_ASSIGN_OR_RETURN(s.num_layers, read_int(root, source, "n_layer"));
-    STRATA_ASSIGN_OR_RETURN(s.num_heads, read_int(root, source, "n_head"));
-    STRATA_ASSIGN_OR_RETURN(s.intermediate_size,
-                            read_int(root, source, "n_inner", 4 * s.hidden_size));
-    STRATA_ASSIGN_OR_RETURN(s.norm_eps, read_real(root, source, "layer_norm_epsilon", 1e-5));
-    STRATA_ASSIGN_OR_RETURN(s.tie_word_embeddings,
-                            read_bool(root, source, "tie_word_embeddings", true));
-    s.num_kv_heads = s.num_heads;
-    s.head_dim = s.num_heads > 0 ? s.hidden_size / s.num_heads : 0;
-    const std::string act = read_string(root, "activation_function");
-    if (!act.empty() && act != "gelu_new" && act != "gelu_pytorch_tanh") {
-      return config_error(source, "activation_function",
-                          "'" + act + "' is not supported; valid: gelu_new, gelu_pytorch_tanh");
-    }
-    STRATA_ASSIGN_OR_RETURN(bool scale, read_bool(root, source, "scale_attn_weights", true));
-    STRATA_ASSIGN_OR_RETURN(bool by_layer,
-                            read_bool(root, source, "scale_attn_by_inverse_layer_idx", false));
-    if (!scale || by_layer) {
-      return config_error(source, "scale_attn_weights",
-                          "only the standard 1/sqrt(head_dim) attention scaling is supported");
-    }
-  } else if (type == "llama") {
-    s.family = Family::kLlama;
-    STRATA_ASSIGN_OR_RETURN(s.vocab_size, read_int(root, source, "vocab_size"));
-    STRATA_ASSIGN_OR_RETURN(s.max_seq_len, read_int(root, source, "max_position_embeddings"));
-    STRATA_ASSIGN_OR_RETURN(s.hidden_size, read_int(root, source, "hidden_size"));
-    STRATA_ASSIGN_OR_RETURN(s.num_layers, read_int(root, source, "num_hidden_layers"));
-    STRATA_ASSIGN_OR_RETURN(s.num_heads, read_int(root, source, "num_attention_heads"));
-    STRATA_ASSIGN_OR_RETURN(s.num_kv_heads,
-                            read_int(root, source, "num_key_value_heads", s.num_heads));
-    STRATA_ASSIGN_OR_RETURN(
-        s.head_dim,
-        read_int(root, source, "head_dim", s.num_heads > 0 ? s.hidden_size / s.num_heads : 0));
-    STRATA_ASSIGN_OR_RETURN(s.intermediate_size, read_int(root, source, "intermediate_size"));
-    STRATA_ASSIGN_OR_RETURN(s.norm_eps, read_real(root, source, "rms_norm_eps", 1e-6));
-    STRATA_ASSIGN_OR_RETURN(s.rope_theta, read_real(root, source, "rope_theta", 10000.0));
-    STRATA_ASSIGN_OR_RETURN(s.tie_word_embeddings,
-                            read_bool(root, source, "tie_word_embeddings", false));
-    const std::string act = read_string(root, "hidden_act");
-    if (!act.empty() && act != "silu") {
-      return config_error(source, "hidden_act", "'" + act + "' is not supported; valid: silu");
-    }
-    for (const char* key : {"attention_bias", "mlp_bias"}) {
-      STRATA_ASSIGN_OR_RETURN(bool on, read_bool(root, source, key, false));
-      if (on) return config_error(source, key, "biases in Llama layers are not supported");
-    }
-    if (root.isMember("rope_scaling") && !root["rope_scaling"].isNull()) {
-      return config_error(source, "rope_scaling", "RoPE scaling is not supported; set it to null");
-    }
-  } else {
-    return config_error(source, "model_type",
-                        "'" + type + "' is not supported; valid: gpt2, llama");
-  }
-  Status valid = validate_spec(s);
-  if (!valid.is_ok()) return valid.with_context(source);
-  return s;
-}
-
-Result<ModelSpec> spec_from_hf_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Status(ErrorCode::kNotFound, "cannot open the model's config.json", path);
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return spec_from_hf_config_text(text.str(), path);
-}
-
-std::string hf_config_json(const ModelSpec& s, const std::string& torch_dtype) {
+std::string hf_config_json(const ModelShape& s, const std::string& torch_dtype) {
   Json::Value root(Json::objectValue);
   if (s.family == Family::kGpt2) {
     root["architectures"].append("GPT2LMHeadModel");

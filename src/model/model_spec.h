@@ -1,10 +1,12 @@
-// A model's shape: GPT-2 or Llama, with every default resolved. Built from the `strata.model`
-// config section or from a Hugging Face config.json, and written back as a config.json that
-// `transformers` loads (GPT2LMHeadModel / LlamaForCausalLM).
+// A model's shape, resolved: the family's defaults filled in, read from Strata's `strata.model`
+// section or from a Hugging Face config.json (GPT2LMHeadModel / LlamaForCausalLM names), and the
+// parameter count of every unit (embedding, each block, final norm + head). Estimates, the tier
+// plan and the model builders all count parameters here, so they agree.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "config/config.h"
@@ -13,43 +15,56 @@ namespace strata::model {
 
 using Family = config::ModelFamily;
 
-struct ModelSpec {
-  Family family = Family::kGpt2;
+struct ModelShape {
+  config::ModelFamily family = config::ModelFamily::kGpt2;
   std::int64_t vocab_size = 0;
-  std::int64_t max_seq_len = 0;  // GPT-2: the position table's rows
+  std::int64_t max_seq_len = 0;
   std::int64_t hidden_size = 0;
   std::int64_t num_layers = 0;
   std::int64_t num_heads = 0;
-  std::int64_t num_kv_heads = 0;  // = num_heads without grouped KV (always for GPT-2)
+  std::int64_t num_kv_heads = 0;  // == num_heads without grouped KV
   std::int64_t head_dim = 0;
   std::int64_t intermediate_size = 0;
   double norm_eps = 1e-5;
-  double rope_theta = 10000.0;  // Llama
+  double rope_theta = 10000.0;
   bool tie_word_embeddings = true;
-
-  // Parameters (tied weights counted once).
-  std::int64_t parameter_count() const;
-  // Multiply-add FLOPs of one token's forward pass in matrix products (2 per multiply-add), with
-  // causal attention over `seq_len` counted as actually computed (half the score matrix).
-  double forward_flops_per_token(std::int64_t seq_len) const;
 };
+
+// One unit of the model: the granularity at which parameters move between tiers.
+struct UnitSpec {
+  std::string name;         // "embedding", "block.0", ..., "head"
+  std::int64_t params = 0;  // elements
+};
+
+// Fills in the family defaults of `model` (kv heads, intermediate size, head_dim) and checks the
+// shape. Errors are kConfig and name the `strata.model.*` key at fault.
+Result<ModelShape> resolve_shape(const config::ModelConfig& model);
+
+// Reads a Hugging Face config.json (or a model directory holding one) of model_type gpt2, llama
+// or mistral into Strata's model config. Errors name the file and the key at fault.
+Result<config::ModelConfig> read_hf_config(const std::string& path);
+
+// The model described by `model`: its own fields, or the config.json its `path` names.
+Result<ModelShape> shape_of(const config::ModelConfig& model);
+
+// Llama's default MLP width: 2/3 of 4*hidden, rounded up to a multiple of 256.
+std::int64_t llama_intermediate_size(std::int64_t hidden_size);
+
+// The units in execution order with their parameter counts. A tied head owns no parameters:
+// it uses the embedding unit's matrix.
+std::vector<UnitSpec> units(const ModelShape& shape);
+
+std::int64_t total_params(const ModelShape& shape);
 
 // "gpt2" or "llama".
 const char* family_name(Family family);
 
-// Resolves the `strata.model` fields (0 = the family's default) and checks the shape.
-Result<ModelSpec> spec_from_config(const config::ModelConfig& model);
+// FLOPs (2 per multiply-add) of one token's forward pass in matrix products, causal attention
+// over `seq_len` counted as computed (half of the score matrix), the head included.
+double forward_flops_per_token(const ModelShape& shape, std::int64_t seq_len);
 
-// Reads a Hugging Face config.json (GPT2LMHeadModel or LlamaForCausalLM); errors name the file
-// and key. Settings Strata does not implement (rope_scaling, attention biases in Llama, other
-// activations) are errors, never silently ignored.
-Result<ModelSpec> spec_from_hf_config_file(const std::string& path);
-Result<ModelSpec> spec_from_hf_config_text(const std::string& text, const std::string& source);
-
-// The config.json text for `spec`; `torch_dtype` is "float32", "bfloat16" or "float16".
-std::string hf_config_json(const ModelSpec& spec, const std::string& torch_dtype);
-
-// Checks divisibility and positivity; errors name the offending field.
-Status validate_spec(const ModelSpec& spec);
+// The config.json text `transformers` reads back as the same model (GPT2LMHeadModel or
+// LlamaForCausalLM); `torch_dtype` is "float32", "bfloat16" or "float16".
+std::string hf_config_json(const ModelShape& shape, const std::string& torch_dtype);
 
 }  // namespace strata::model

@@ -10,7 +10,7 @@
 namespace strata::model {
 
 template <typename T>
-ModelRunner<T>::ModelRunner(backend::Backend& backend, const ModelSpec& spec,
+ModelRunner<T>::ModelRunner(backend::Backend& backend, const ModelShape& spec,
                             const ModelLayout& layout, const RunnerOptions& options)
     : backend_(backend), ops_(*backend.ops<T>()), spec_(spec), layout_(layout), options_(options) {}
 
@@ -19,7 +19,7 @@ ModelRunner<T>::~ModelRunner() = default;
 
 template <typename T>
 Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend& backend,
-                                                               const ModelSpec& spec,
+                                                               const ModelShape& spec,
                                                                const ModelLayout& layout,
                                                                const RunnerOptions& options) {
   if (backend.ops<T>() == nullptr) {

@@ -50,7 +50,7 @@ class ModelRunner {
   // Allocates every activation buffer; kOutOfMemory (naming the device budget) if they do not
   // fit; kInvalidArgument when seq_len exceeds the model's max_seq_len.
   static Result<std::unique_ptr<ModelRunner>> create(backend::Backend& backend,
-                                                     const ModelSpec& spec,
+                                                     const ModelShape& spec,
                                                      const ModelLayout& layout,
                                                      const RunnerOptions& options);
   ~ModelRunner();
@@ -74,7 +74,7 @@ class ModelRunner {
   const RunnerOptions& options() const { return options_; }
 
  private:
-  ModelRunner(backend::Backend& backend, const ModelSpec& spec, const ModelLayout& layout,
+  ModelRunner(backend::Backend& backend, const ModelShape& spec, const ModelLayout& layout,
               const RunnerOptions& options);
   Status allocate();
   Result<T*> alloc(std::int64_t elements, const char* purpose);
@@ -86,7 +86,7 @@ class ModelRunner {
 
   backend::Backend& backend_;
   backend::Ops<T>& ops_;
-  ModelSpec spec_;
+  ModelShape spec_;
   ModelLayout layout_;
   RunnerOptions options_;
   BlockContext<T> ctx_;

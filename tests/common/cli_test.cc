@@ -27,8 +27,18 @@ TEST(Cli, UnknownCommandIsAUsageError) {
 TEST(Cli, HelpListsCommandsAndExitsZero) {
   auto r = run_strata({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* command : {"bench"}) {
+  for (const char* command : {"config", "report", "estimate", "bench"}) {
     EXPECT_NE(r.out.find(command), std::string::npos) << command << " missing from\n" << r.out;
+  }
+}
+
+TEST(Cli, EveryCommandHasHelp) {
+  for (std::vector<std::string> command :
+       {std::vector<std::string>{"config", "check"}, {"report"}, {"estimate"}, {"bench"}}) {
+    command.push_back("--help");
+    auto r = run_strata(command);
+    EXPECT_EQ(r.exit_code, 0) << command[0] << ": " << r.err;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << command[0] << ":\n" << r.out;
   }
 }
 

@@ -25,6 +25,25 @@ TEST(ParseBytes, AcceptsIntegersExponentsAndSuffixes) {
   EXPECT_EQ(parse_bytes("64k"), 64 * kKiB);
 }
 
+TEST(ParseCount, AcceptsIntegersExponentsAndDecimalSuffixes) {
+  EXPECT_EQ(parse_count("124000000"), 124'000'000u);
+  EXPECT_EQ(parse_count("7e9"), 7'000'000'000u);
+  EXPECT_EQ(parse_count("7B"), 7'000'000'000u);
+  EXPECT_EQ(parse_count("1.5b"), 1'500'000'000u);
+  EXPECT_EQ(parse_count("124M"), 124'000'000u);
+  EXPECT_EQ(parse_count("3 k"), 3000u);
+  EXPECT_EQ(parse_count("2T"), 2'000'000'000'000u);
+}
+
+TEST(ParseCount, RejectsFractionsNegativesAndByteSuffixes) {
+  EXPECT_FALSE(parse_count(""));
+  EXPECT_FALSE(parse_count("-5"));
+  EXPECT_FALSE(parse_count("1.5"));
+  EXPECT_FALSE(parse_count("7GiB"));
+  EXPECT_FALSE(parse_count("seven"));
+  EXPECT_FALSE(parse_count("1e30"));
+}
+
 TEST(ParseBytes, RejectsNonsense) {
   EXPECT_FALSE(parse_bytes(""));
   EXPECT_FALSE(parse_bytes("-1"));

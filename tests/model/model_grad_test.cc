@@ -23,8 +23,8 @@ std::unique_ptr<backend::Backend> make_backend() {
   return std::move(backend::make_cpu_backend(options)).value();
 }
 
-ModelSpec tiny_gpt2(bool tied) {
-  ModelSpec s;
+ModelShape tiny_gpt2(bool tied) {
+  ModelShape s;
   s.family = Family::kGpt2;
   s.vocab_size = 11;
   s.max_seq_len = 8;
@@ -38,8 +38,8 @@ ModelSpec tiny_gpt2(bool tied) {
   return s;
 }
 
-ModelSpec tiny_llama(bool tied) {
-  ModelSpec s;
+ModelShape tiny_llama(bool tied) {
+  ModelShape s;
   s.family = Family::kLlama;
   s.vocab_size = 13;
   s.max_seq_len = 16;
@@ -74,7 +74,7 @@ struct Batch {
   std::vector<std::int32_t> inputs, targets;
 };
 
-Batch make_batch(const ModelSpec& spec, std::int64_t rows, std::uint64_t seed) {
+Batch make_batch(const ModelShape& spec, std::int64_t rows, std::uint64_t seed) {
   Batch b;
   auto r = testing::random_vector(static_cast<std::size_t>(2 * rows), seed, 0.0,
                                   static_cast<double>(spec.vocab_size) - 1e-9);
@@ -85,7 +85,7 @@ Batch make_batch(const ModelSpec& spec, std::int64_t rows, std::uint64_t seed) {
   return b;
 }
 
-void check_model(const ModelSpec& spec, bool checkpointing) {
+void check_model(const ModelShape& spec, bool checkpointing) {
   auto backend = make_backend();
   const ModelLayout layout = build_layout(spec);
   auto store = std::move(ResidentStore<double>::create(*backend, layout)).value();
@@ -144,7 +144,7 @@ TEST(ModelGradients, LlamaGroupedKvTiedWithCheckpointing) {
 // Activation checkpointing recomputes with the same deterministic kernels: gradients are
 // bit-identical to keeping every activation.
 TEST(ModelRunner, CheckpointingGivesBitIdenticalGradients) {
-  for (const ModelSpec& spec : {tiny_gpt2(true), tiny_llama(false)}) {
+  for (const ModelShape& spec : {tiny_gpt2(true), tiny_llama(false)}) {
     auto backend = make_backend();
     const ModelLayout layout = build_layout(spec);
     std::vector<std::vector<float>> grads[2];
@@ -175,7 +175,7 @@ TEST(ModelRunner, CheckpointingGivesBitIdenticalGradients) {
 // Tied embeddings: the tied model's token-table gradient is the sum of what an untied model with
 // equal weights gives its embedding and its head.
 TEST(ModelRunner, TiedGradientIsTheSumOfBothUses) {
-  const ModelSpec tied_spec = tiny_gpt2(true), untied_spec = tiny_gpt2(false);
+  const ModelShape tied_spec = tiny_gpt2(true), untied_spec = tiny_gpt2(false);
   auto backend = make_backend();
   const ModelLayout tied = build_layout(tied_spec), untied = build_layout(untied_spec);
   auto a = std::move(ResidentStore<double>::create(*backend, tied)).value();
@@ -204,7 +204,7 @@ TEST(ModelRunner, TiedGradientIsTheSumOfBothUses) {
 }
 
 TEST(ModelRunner, RejectsTokensOutsideTheVocabulary) {
-  const ModelSpec spec = tiny_gpt2(true);
+  const ModelShape spec = tiny_gpt2(true);
   auto backend = make_backend();
   const ModelLayout layout = build_layout(spec);
   RunnerOptions options;
@@ -219,7 +219,7 @@ TEST(ModelRunner, RejectsTokensOutsideTheVocabulary) {
 }
 
 TEST(ModelRunner, SequenceLongerThanThePositionTableIsAnError) {
-  const ModelSpec spec = tiny_gpt2(true);
+  const ModelShape spec = tiny_gpt2(true);
   auto backend = make_backend();
   RunnerOptions options;
   options.seq_len = 9;
@@ -233,7 +233,7 @@ TEST(ModelRunner, ActivationsThatDoNotFitNameTheDeviceBudget) {
   o.device_bytes_max = 64 << 10;
   o.threads = 1;
   auto backend = std::move(backend::make_cpu_backend(o)).value();
-  const ModelSpec spec = tiny_llama(false);
+  const ModelShape spec = tiny_llama(false);
   RunnerOptions options;
   options.batch = 8;
   options.seq_len = 16;

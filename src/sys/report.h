@@ -1,0 +1,43 @@
+// `strata report`: every fact about this machine and this build that decides how Strata will run
+// here (what DeepSpeed's ds_report tells, and the memory, NUMA, pinning and I/O facts it does
+// not), gathered once and printed as text or JSON.
+#pragma once
+
+#include <json/value.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "io/probe.h"
+#include "kernels/cpu/cpu_features.h"
+#include "sys/gpu.h"
+#include "sys/memory.h"
+#include "sys/nccl.h"
+#include "sys/topology.h"
+
+namespace strata::sys {
+
+struct MachineReport {
+  kernels::CpuFeatures cpu;
+  kernels::SimdLevel simd = kernels::SimdLevel::kScalar;
+  Result<Topology> topology = Status(ErrorCode::kUnavailable, "not probed");
+  Result<HostMemory> memory = Status(ErrorCode::kUnavailable, "not probed");
+  CudaProbe cuda;
+  NcclProbe nccl;
+  io::UringProbe uring;
+  std::optional<io::DirectoryProbe> directory;  // with --path
+  // Things the user should act on (a low `ulimit -l`, no O_DIRECT, no io_uring), one sentence
+  // each, saying what Strata will do about it.
+  std::vector<std::string> warnings;
+};
+
+// Probes everything; `path` (optional) is a directory to test for the NVMe tier. Fails only when
+// `path` cannot be probed (missing, not a directory, not writable): that error names the path.
+Result<MachineReport> collect_report(const std::optional<std::string>& path);
+
+std::string report_text(const MachineReport& report);
+Json::Value report_json(const MachineReport& report);
+
+}  // namespace strata::sys

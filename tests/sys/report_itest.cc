@@ -1,0 +1,52 @@
+// `strata report` as users run it.
+#include <gtest/gtest.h>
+#include <json/reader.h>
+
+#include <sstream>
+
+#include "support/run_strata.h"
+
+namespace strata {
+namespace {
+
+using testing::run_strata;
+
+TEST(ReportCli, TextNamesEverySection) {
+  auto r = run_strata({"report"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* needle : {"build\n", "cpu\n", "memory\n", "gpu\n", "storage\n", "AVX2",
+                             "AVX-512", "ulimit -l", "NCCL", "io_uring", "NUMA node"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << " missing from\n" << r.out;
+  }
+}
+
+TEST(ReportCli, JsonDescribesThisMachine) {
+  testing::TempDir dir;
+  auto r = run_strata({"report", "--json", "--path", dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value v;
+  Json::CharReaderBuilder builder;
+  std::string errors;
+  std::istringstream in(r.out);
+  ASSERT_TRUE(Json::parseFromStream(builder, in, &v, &errors)) << errors;
+  EXPECT_GT(v["cpu"]["cores"].asInt(), 0);
+  EXPECT_GE(v["numa_nodes"].size(), 1u);
+  EXPECT_GT(v["memory"]["total_bytes"].asUInt64(), 0u);
+  EXPECT_TRUE(v["io_uring"].isMember("available"));
+  EXPECT_EQ(v["path"]["path"].asString(), dir.path());
+  EXPECT_GE(v["path"]["alignment_bytes"].asUInt(), 4096u);
+  EXPECT_GT(v["path"]["free_bytes"].asUInt64(), 0u);
+  // Without a GPU the report says so rather than failing.
+  if (v["cuda"]["gpus"].empty()) {
+    EXPECT_FALSE(v["cuda"]["error"].asString().empty());
+  }
+}
+
+TEST(ReportCli, MissingPathIsAUsageErrorNamingIt) {
+  auto r = run_strata({"report", "--path", "/nonexistent/strata-dir"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("/nonexistent/strata-dir"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,82 @@
+// `strata estimate` as users run it.
+#include <gtest/gtest.h>
+#include <json/reader.h>
+
+#include <sstream>
+
+#include "support/run_strata.h"
+
+namespace strata {
+namespace {
+
+using testing::run_strata;
+using testing::source_path;
+
+Json::Value parse(const std::string& text) {
+  Json::Value root;
+  Json::CharReaderBuilder builder;
+  std::string errors;
+  std::istringstream in(text);
+  EXPECT_TRUE(Json::parseFromStream(builder, in, &root, &errors)) << errors << text;
+  return root;
+}
+
+TEST(EstimateCli, JsonHasBytesPerTier) {
+  auto r = run_strata({"estimate", "--config", source_path("configs/zero3-nvme-bf16.json"),
+                       "--model", source_path("tests/fixtures/hf/llama-2-7b"), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value v = parse(r.out);
+  EXPECT_EQ(v["params"].asInt64(), 6'738'415'616);
+  // Params and optimizer state live on NVMe: 2 + 16 bytes per parameter.
+  EXPECT_EQ(v["nvme_bytes"].asUInt64(), 18ull * 6'738'415'616);
+  EXPECT_GT(v["device_bytes"].asUInt64(), 0u);
+  EXPECT_GT(v["host_bytes"].asUInt64(), 0u);
+  EXPECT_TRUE(v["items"].isArray());
+}
+
+TEST(EstimateCli, MoreGpusShrinkEachRanksShard) {
+  const std::string config = source_path("configs/zero3-offload-cpu-bf16.json");
+  auto one = run_strata({"estimate", "--config", config, "--params", "1B", "--json"});
+  auto four =
+      run_strata({"estimate", "--config", config, "--params", "1B", "--gpus", "4", "--json"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  const auto host_one = parse(one.out)["host_bytes"].asUInt64();
+  const auto host_four = parse(four.out)["host_bytes"].asUInt64();
+  EXPECT_LT(host_four * 3, host_one);
+  EXPECT_EQ(parse(four.out)["world_size"].asInt64(), 4);
+}
+
+TEST(EstimateCli, TooSmallBudgetSaysDoesNotFitAndExitsOne) {
+  auto r = run_strata(
+      {"estimate", "--config", source_path("configs/demo.json"), "--device-bytes", "1MiB"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("DOES NOT FIT: device"), std::string::npos) << r.out;
+}
+
+TEST(EstimateCli, BadArgumentsAreUsageErrorsNamingTheOption) {
+  const std::string config = source_path("configs/demo.json");
+  auto r = run_strata({"estimate", "--config", config, "--params", "lots"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--params"), std::string::npos) << r.err;
+  r = run_strata({"estimate", "--config", config, "--params", "7B", "--model", config});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not both"), std::string::npos) << r.err;
+  r = run_strata({"estimate", "--config", config, "--host-bytes", "lots"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--host-bytes"), std::string::npos) << r.err;
+  r = run_strata({"estimate", "--config", config, "--model", "/nonexistent/model"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+}
+
+TEST(EstimateCli, ConfigErrorsExitTwo) {
+  testing::TempDir dir;
+  auto file = dir.write_file("bad.json", R"({"zero_optimization": {"stage": 4}})");
+  auto r = run_strata({"estimate", "--config", file, "--params", "1B"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("zero_optimization.stage"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace strata
