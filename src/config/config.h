@@ -168,6 +168,7 @@ struct StrataConfig {
   std::int64_t train_steps = 100;
   std::uint64_t seed = 1234;
   Backend backend = Backend::kAuto;
+  std::int64_t cpu_threads = 0;  // compute threads of the CPU backend; 0 = every core available
   std::uint64_t device_bytes_max = 0;  // 0 = auto: GPU memory (CUDA) or 4 GiB arena (CPU)
   std::uint64_t host_bytes_max = 0;    // 0 = auto: 80% of the memory available at start-up
   std::uint64_t nvme_bytes_max = 0;    // 0 = auto: free space on the nvme_path file systems

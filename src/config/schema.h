@@ -237,6 +237,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.integer("train_steps", c.train_steps, 1, kIntMax);
   v.count("seed", c.seed, 0, std::numeric_limits<std::uint64_t>::max(), 1);
   v.choice("backend", c.backend, backend_names());
+  v.integer("cpu_threads", c.cpu_threads, 0, 4096);
   v.bytes("device_bytes_max", c.device_bytes_max);
   v.bytes("host_bytes_max", c.host_bytes_max);
   v.bytes("nvme_bytes_max", c.nvme_bytes_max);
