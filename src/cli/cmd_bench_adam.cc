@@ -230,7 +230,9 @@ int run_bench_adam(const BenchAdamOptions& o) {
   const double pair_ratio_median =
       summarize(pair_ratio).median * static_cast<double>(adam_bytes) / roofline_bytes;
   const double params_per_s = static_cast<double>(n) / adam_t.median;
-  const int threads = executor->threads_for_node(executor->node_for(p, n * 4));
+  const int threads = n < kernels::kAdamParallelMinElems
+                          ? 1  // small tiles run on the calling thread
+                          : executor->threads_for_node(executor->node_for(p, n * 4));
 
   if (o.json) {
     Json::Value out;
