@@ -1,6 +1,7 @@
 // The AVX2 + FMA + F16C path of the CPU Adam kernels: 8 floats per vector, two vectors (one cache
-// line of each fp32 stream) per loop iteration, software prefetch ahead of the hardware
-// prefetchers, and the shared scalar element update for the tail. Only the functions marked with
+// line of each fp32 stream) per loop iteration, and the shared scalar element update for the
+// tail. No software prefetch: on the development machine it gained nothing over the hardware
+// prefetchers for these long unit-stride streams (docs/adam.md). Only the functions marked with
 // the target attribute use these extensions, so the library still runs on any x86-64 CPU; this
 // path is only called when CPUID says it can run.
 #include "kernels/cpu/adam_internal.h"
@@ -9,11 +10,6 @@
 
 namespace strata::kernels::detail {
 namespace {
-
-STRATA_AVX2 inline void prefetch(const void* base, std::size_t byte_offset) {
-  // Addresses past the end are fine: prefetches never fault.
-  _mm_prefetch(static_cast<const char*>(base) + byte_offset, _MM_HINT_T0);
-}
 
 // 8 gradient elements from index i, widened to fp32.
 template <DType kGrad>
@@ -79,13 +75,8 @@ STRATA_AVX2 inline void adam8(const AdamConstants& c, const AdamTile& t, std::si
 template <bool kL2, DType kGrad, CopyKind kCopy>
 STRATA_AVX2 void adam_range_t(const AdamConstants& c, const AdamTile& t, std::size_t begin,
                               std::size_t end) {
-  constexpr std::size_t kGradBytes = dtype_bytes(kGrad);
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(t.master, (i + kPrefetchElems) * 4);
-    prefetch(t.exp_avg, (i + kPrefetchElems) * 4);
-    prefetch(t.exp_avg_sq, (i + kPrefetchElems) * 4);
-    prefetch(t.grad, (i + kPrefetchElems) * kGradBytes);
     adam8<kL2, kGrad, kCopy>(c, t, i);
     adam8<kL2, kGrad, kCopy>(c, t, i + 8);
   }
@@ -152,7 +143,6 @@ STRATA_AVX2 GradStats stats_range_t(const void* grad, std::size_t begin, std::si
   __m256i nonfinite = _mm256_setzero_si256();  // per-lane counts; < 2^31 per call (one block)
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(grad, (i + kPrefetchElems) * dtype_bytes(kGrad));
     stats8(load_grad8<kGrad>(grad, i), &acc[0], &acc[1], &nonfinite);
     stats8(load_grad8<kGrad>(grad, i + 8), &acc[2], &acc[3], &nonfinite);
   }
@@ -187,10 +177,6 @@ STRATA_AVX2 void roofline_range(float* p, float* m, float* v, const float* g, st
                                 std::size_t end) {
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(p, (i + kPrefetchElems) * 4);
-    prefetch(m, (i + kPrefetchElems) * 4);
-    prefetch(v, (i + kPrefetchElems) * 4);
-    prefetch(g, (i + kPrefetchElems) * 4);
     for (std::size_t k = i; k < i + 16; k += 8) {
       const __m256 x = _mm256_loadu_ps(g + k);
       _mm256_storeu_ps(p + k, _mm256_add_ps(_mm256_loadu_ps(p + k), x));

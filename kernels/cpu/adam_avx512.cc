@@ -1,9 +1,9 @@
 // The AVX-512 (F, BW, VL, DQ) path of the CPU Adam kernels: 16 floats per vector, one cache line
-// of each fp32 stream per loop iteration, software prefetch, and the shared scalar element
-// update for the tail. Only the functions marked with the target attribute use AVX-512, so the
-// library still runs on any x86-64 CPU; this path is only called when CPUID says it can run.
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (_mm512_undefined_*, GCC
-// bug 105593, fixed in GCC 13). The pragma must precede the header's first inclusion.
+// of each fp32 stream per loop iteration, and the shared scalar element update for the tail. Only
+// the functions marked with the target attribute use AVX-512, so the library still runs on any
+// x86-64 CPU; this path is only called when CPUID says it can run. GCC 12 reports
+// -Wmaybe-uninitialized inside its own AVX-512 headers (_mm512_undefined_*, GCC bug 105593, fixed
+// in GCC 13). The pragma must precede the header's first inclusion.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -15,10 +15,6 @@
 
 namespace strata::kernels::detail {
 namespace {
-
-STRATA_AVX512 inline void prefetch(const void* base, std::size_t byte_offset) {
-  _mm_prefetch(static_cast<const char*>(base) + byte_offset, _MM_HINT_T0);
-}
 
 // 16 gradient elements from index i, widened to fp32.
 template <DType kGrad>
@@ -76,13 +72,8 @@ STRATA_AVX512 inline void adam16(const AdamConstants& c, const AdamTile& t, std:
 template <bool kL2, DType kGrad, CopyKind kCopy>
 STRATA_AVX512 void adam_range_t(const AdamConstants& c, const AdamTile& t, std::size_t begin,
                                 std::size_t end) {
-  constexpr std::size_t kGradBytes = dtype_bytes(kGrad);
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(t.master, (i + kPrefetchElems) * 4);
-    prefetch(t.exp_avg, (i + kPrefetchElems) * 4);
-    prefetch(t.exp_avg_sq, (i + kPrefetchElems) * 4);
-    prefetch(t.grad, (i + kPrefetchElems) * kGradBytes);
     adam16<kL2, kGrad, kCopy>(c, t, i);
   }
   for (; i < end; ++i) {
@@ -135,7 +126,6 @@ STRATA_AVX512 GradStats stats_range_t(const void* grad, std::size_t begin, std::
   GradStats stats;
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(grad, (i + kPrefetchElems) * dtype_bytes(kGrad));
     const __m512 x = load_grad16<kGrad>(grad, i);
     const __mmask16 special =
         _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), exponent), exponent);
@@ -171,10 +161,6 @@ STRATA_AVX512 void roofline_range(float* p, float* m, float* v, const float* g, 
                                   std::size_t end) {
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch(p, (i + kPrefetchElems) * 4);
-    prefetch(m, (i + kPrefetchElems) * 4);
-    prefetch(v, (i + kPrefetchElems) * 4);
-    prefetch(g, (i + kPrefetchElems) * 4);
     const __m512 x = _mm512_loadu_ps(g + i);
     _mm512_storeu_ps(p + i, _mm512_add_ps(_mm512_loadu_ps(p + i), x));
     _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), x));

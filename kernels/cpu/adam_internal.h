@@ -54,9 +54,6 @@ AdamPath avx512_path();
 
 inline constexpr int kStatsLanes = 16;
 
-// Elements ahead that the vector loops prefetch (per stream).
-inline constexpr std::size_t kPrefetchElems = 512;
-
 // The kernels run with the default floating-point environment (round to nearest, no
 // flush-to-zero, no denormals-are-zero) whatever the calling thread set, so results never depend
 // on which thread ran a block; the caller's MXCSR is restored afterwards.

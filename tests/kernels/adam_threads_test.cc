@@ -3,6 +3,8 @@
 // stops every thread, grad_stats counts and sums correctly, and the roofline kernel adds.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <string>
 
@@ -66,6 +68,32 @@ TEST(AdamThreads, NonFiniteGradientInTheLastBlockStopsEveryThread) {
   EXPECT_TRUE(result.skipped);
   EXPECT_EQ(result.nonfinite_count, 1u);
   EXPECT_TRUE(data.snapshot() == before) << "a thread updated its part before the check ended";
+}
+
+// Buffers 128 MiB apart (equal power-of-two buffers back to back) are a known slow layout; the
+// kernel says so once so the caller can stagger them.
+TEST(AdamLayout, WarnsOnceAboutArraysAMultipleOf128MiBApart) {
+  constexpr std::size_t kApart = std::size_t{128} << 20;
+  constexpr std::size_t n = kAdamParallelMinElems;
+  void* region = mmap(nullptr, 4 * kApart, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                      0);  // only the first n floats of each array are ever touched
+  ASSERT_NE(region, MAP_FAILED);
+  auto* base = static_cast<char*>(region);
+  AdamTile tile;
+  tile.master = reinterpret_cast<float*>(base);
+  tile.exp_avg = reinterpret_cast<float*>(base + kApart);
+  tile.exp_avg_sq = reinterpret_cast<float*>(base + 2 * kApart);
+  tile.grad = base + 3 * kApart;
+  tile.n = n;
+  const AdamKernel kernel = best_kernel();
+  ::testing::internal::CaptureStderr();
+  (void)kernel.step(AdamParams{}, AdamFusion{}, tile);
+  (void)kernel.step(AdamParams{}, AdamFusion{}, tile);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  munmap(region, 4 * kApart);
+  const std::size_t first = err.find("128 MiB");
+  ASSERT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find("128 MiB", first + 1), std::string::npos) << "warned twice:\n" << err;
 }
 
 class GradStatsPath : public ::testing::TestWithParam<SimdLevel> {};
