@@ -1,4 +1,4 @@
-// Whole-array casts between f32, f64, bf16 and f16 (see cast.h).
+// Whole-array conversions (see cast.h).
 #include "kernels/cpu/cast.h"
 
 #include <cstring>
@@ -9,93 +9,88 @@
 namespace strata::kernels {
 namespace {
 
-float load_as_float(const void* src, DType type, std::int64_t i) {
-  switch (type) {
-    case DType::kF32:
-      return static_cast<const float*>(src)[i];
-    case DType::kF64:
-      return static_cast<float>(static_cast<const double*>(src)[i]);
-    case DType::kBF16:
-      return bf16_to_float(static_cast<const std::uint16_t*>(src)[i]);
-    case DType::kF16:
-      return fp16_to_float(static_cast<const std::uint16_t*>(src)[i]);
-    case DType::kI32:
-      break;
-  }
-  STRATA_ASSERT_MSG(false, "cast_array: unsupported source type");
-  return 0.0f;
-}
+constexpr std::int64_t kGrain = 1 << 16;
 
-template <typename Load>
-void store_all(void* dst, DType dst_type, std::int64_t begin, std::int64_t end, const Load& load) {
-  switch (dst_type) {
+// Calls fn(i, value) with src[i] widened to float, for i in [begin, end).
+template <typename Fn>
+void for_each_as_float(const void* src, DType type, std::int64_t begin, std::int64_t end,
+                       const Fn& fn) {
+  switch (type) {
     case DType::kF32: {
-      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
       for (std::int64_t i = begin; i < end; ++i)
-        d[i] = static_cast<float>(load(i));
-      return;
-    }
-    case DType::kF64: {
-      double* d = static_cast<double*>(dst);
-      for (std::int64_t i = begin; i < end; ++i)
-        d[i] = load(i);
+        fn(i, s[i]);
       return;
     }
     case DType::kBF16: {
-      std::uint16_t* d = static_cast<std::uint16_t*>(dst);
+      const auto* s = static_cast<const std::uint16_t*>(src);
       for (std::int64_t i = begin; i < end; ++i)
-        d[i] = float_to_bf16(static_cast<float>(load(i)));
+        fn(i, bf16_to_float(s[i]));
       return;
     }
     case DType::kF16: {
-      std::uint16_t* d = static_cast<std::uint16_t*>(dst);
+      const auto* s = static_cast<const std::uint16_t*>(src);
       for (std::int64_t i = begin; i < end; ++i)
-        d[i] = float_to_fp16(static_cast<float>(load(i)));
+        fn(i, fp16_to_float(s[i]));
       return;
     }
-    case DType::kI32:
-      break;
   }
-  STRATA_ASSERT_MSG(false, "cast_array: unsupported destination type");
+  STRATA_ASSERT_MSG(false, "unknown source type");
+}
+
+void store_float(void* dst, DType type, std::int64_t i, float value) {
+  switch (type) {
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = value;
+      return;
+    case DType::kBF16:
+      static_cast<std::uint16_t*>(dst)[i] = float_to_bf16(value);
+      return;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(dst)[i] = float_to_fp16(value);
+      return;
+  }
 }
 
 }  // namespace
 
-const char* dtype_name(DType type) {
-  switch (type) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kI32:
-      return "i32";
-  }
-  return "unknown";
-}
-
 void cast_array(void* dst, DType dst_type, const void* src, DType src_type, std::int64_t n) {
   STRATA_ASSERT(n >= 0);
-  STRATA_ASSERT(dst_type != DType::kI32 && src_type != DType::kI32);
   if (dst_type == src_type) {
-    const std::uint64_t size = dtype_bytes(dst_type);
+    const std::size_t size = dtype_bytes(dst_type);
     parallel_chunks(n, 1 << 18, [&](std::int64_t begin, std::int64_t end) {
       std::memcpy(static_cast<char*>(dst) + begin * size,
-                  static_cast<const char*>(src) + begin * size, (end - begin) * size);
+                  static_cast<const char*>(src) + begin * size,
+                  static_cast<std::size_t>(end - begin) * size);
     });
     return;
   }
-  parallel_chunks(n, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
-    if (src_type == DType::kF64) {
-      const double* s = static_cast<const double*>(src);
-      store_all(dst, dst_type, begin, end, [&](std::int64_t i) { return s[i]; });
+  parallel_chunks(n, kGrain, [&](std::int64_t begin, std::int64_t end) {
+    for_each_as_float(src, src_type, begin, end,
+                      [&](std::int64_t i, float v) { store_float(dst, dst_type, i, v); });
+  });
+}
+
+void widen_to_f64(double* dst, const void* src, DType src_type, std::int64_t n) {
+  parallel_chunks(n, kGrain, [&](std::int64_t begin, std::int64_t end) {
+    for_each_as_float(src, src_type, begin, end,
+                      [&](std::int64_t i, float v) { dst[i] = static_cast<double>(v); });
+  });
+}
+
+void narrow_from_f64(void* dst, DType dst_type, const double* src, std::int64_t n) {
+  parallel_chunks(n, kGrain, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i)
+      store_float(dst, dst_type, i, static_cast<float>(src[i]));
+  });
+}
+
+void accumulate_from(float* acc, const void* src, DType src_type, std::int64_t n, bool assign) {
+  parallel_chunks(n, kGrain, [&](std::int64_t begin, std::int64_t end) {
+    if (assign) {
+      for_each_as_float(src, src_type, begin, end, [&](std::int64_t i, float v) { acc[i] = v; });
     } else {
-      store_all(dst, dst_type, begin, end, [&](std::int64_t i) {
-        return static_cast<double>(load_as_float(src, src_type, i));
-      });
+      for_each_as_float(src, src_type, begin, end, [&](std::int64_t i, float v) { acc[i] += v; });
     }
   });
 }

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/cast.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 
@@ -143,13 +144,19 @@ void CpuOps<T>::copy(T* dst, const T* src, std::int64_t n) {
 }
 template <typename T>
 void CpuOps<T>::cast_from(T* dst, const void* src, DType src_type, std::int64_t n) {
-  constexpr DType self = sizeof(T) == 8 ? DType::kF64 : DType::kF32;
-  run([&] { k::cast_array(dst, self, src, src_type, n); });
+  if constexpr (sizeof(T) == 8) {
+    run([&] { k::widen_to_f64(dst, src, src_type, n); });
+  } else {
+    run([&] { k::cast_array(dst, DType::kF32, src, src_type, n); });
+  }
 }
 template <typename T>
 void CpuOps<T>::cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) {
-  constexpr DType self = sizeof(T) == 8 ? DType::kF64 : DType::kF32;
-  run([&] { k::cast_array(dst, dst_type, src, self, n); });
+  if constexpr (sizeof(T) == 8) {
+    run([&] { k::narrow_from_f64(dst, dst_type, src, n); });
+  } else {
+    run([&] { k::cast_array(dst, dst_type, src, DType::kF32, n); });
+  }
 }
 
 template class CpuOps<float>;

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/cast.h"
+#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/nn_ops.h"
 
 namespace strata::backend {
@@ -93,7 +93,7 @@ class Ops {
   virtual void zero(T* x, std::int64_t n) = 0;
   // dst = src for n elements (device to device).
   virtual void copy(T* dst, const T* src, std::int64_t n) = 0;
-  // dst(T) = src converted from `src_type` (f32, f64, bf16, f16).
+  // dst(T) = src converted from `src_type` (fp32, bf16, fp16).
   virtual void cast_from(T* dst, const void* src, DType src_type, std::int64_t n) = 0;
   // dst (`dst_type`) = src converted, rounding to nearest even.
   virtual void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) = 0;

@@ -262,36 +262,36 @@ Status SafetensorsFile::read_f32(const std::string& name, const std::vector<std:
                               shape_text(shape)),
                   path_);
   }
-  kernels::DType from;
+  // The data section may be unaligned (the header length is any number): copy first.
+  const std::uint64_t bytes = t->end - t->begin;
+  const std::int64_t n = static_cast<std::int64_t>(t->numel());
   switch (t->dtype) {
     case StDType::kF32:
-      from = kernels::DType::kF32;
-      break;
-    case StDType::kF64:
-      from = kernels::DType::kF64;
-      break;
+      std::memcpy(dst, data(*t), bytes);
+      return Status::ok();
+    case StDType::kF64: {
+      for (std::int64_t i = 0; i < n; ++i) {
+        double v;
+        std::memcpy(&v, data(*t) + 8 * i, 8);
+        dst[i] = static_cast<float>(v);
+      }
+      return Status::ok();
+    }
     case StDType::kF16:
-      from = kernels::DType::kF16;
-      break;
-    case StDType::kBF16:
-      from = kernels::DType::kBF16;
-      break;
+    case StDType::kBF16: {
+      std::vector<std::uint16_t> aligned(static_cast<std::size_t>(n));
+      std::memcpy(aligned.data(), data(*t), bytes);
+      kernels::cast_array(dst, kernels::DType::kF32, aligned.data(),
+                          t->dtype == StDType::kF16 ? kernels::DType::kF16 : kernels::DType::kBF16,
+                          n);
+      return Status::ok();
+    }
     default:
       return Status(ErrorCode::kInvalidArgument,
                     fmt::format("tensor '{}' has dtype {}; valid: F32, F64, F16, BF16", name,
                                 st_dtype_name(t->dtype)),
                     path_);
   }
-  // The data section may be unaligned (the header length is any number): copy first.
-  const std::uint64_t bytes = t->end - t->begin;
-  if (from == kernels::DType::kF32) {
-    std::memcpy(dst, data(*t), bytes);
-    return Status::ok();
-  }
-  std::vector<std::uint8_t> aligned(data(*t), data(*t) + bytes);
-  kernels::cast_array(dst, kernels::DType::kF32, aligned.data(), from,
-                      static_cast<std::int64_t>(t->numel()));
-  return Status::ok();
 }
 
 Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
