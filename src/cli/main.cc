@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   register_report(app, registry);
   register_estimate(app, registry);
   register_bench(app, registry);
+  register_train(app, registry);
+  register_eval(app, registry);
 
   // CLI11 reports an unknown command as "a subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -1,0 +1,70 @@
+// `strata train --config FILE [--set KEY.PATH=VALUE ...]`: trains a model as the config says and
+// prints the summary as one JSON line on stdout (start-up notes and progress go to stderr).
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "cli/command.h"
+#include "config/config.h"
+#include "train/trainer.h"
+
+namespace strata::cli {
+namespace {
+
+struct TrainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool quiet = false;
+};
+
+int run_train(const TrainOptions& options) {
+  config::LoadOptions load;
+  load.world_size = config::world_size_from_environment();
+  if (load.world_size != 1) {
+    return report_error(Status(ErrorCode::kUnavailable,
+                               fmt::format("world size {} from the launcher: multi-rank training "
+                                           "is not built yet; run one process",
+                                           load.world_size)));
+  }
+  auto loaded = config::load_config_file(options.config, options.overrides, load);
+  if (!loaded.is_ok()) return report_error(loaded.status());
+  if (!options.quiet) {
+    for (const config::Note& note : loaded->notes) {
+      std::fprintf(stderr, "strata: note: %s: %s\n", note.path.c_str(), note.message.c_str());
+    }
+  }
+  train::TrainerOptions trainer_options;
+  trainer_options.progress_tty = ::isatty(STDERR_FILENO) == 1;
+  trainer_options.quiet = options.quiet;
+  auto trainer = train::Trainer::create(loaded->config, trainer_options);
+  if (!trainer.is_ok()) return report_error(trainer.status());
+  {
+    // The values in effect, next to the metrics they produced.
+    std::ofstream out(loaded->config.strata.output_dir + "/effective_config.json");
+    out << config::to_json(loaded->config);
+  }
+  Status status = (*trainer)->run();
+  if (!status.is_ok()) return report_error(status);
+  std::printf("%s\n", train::MetricsLog::to_line((*trainer)->summary()).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_train(CLI::App& root, Registry& registry) {
+  auto options = std::make_shared<TrainOptions>();
+  CLI::App* train =
+      root.add_subcommand("train",
+                          "Train a model as a DeepSpeed-style config describes; metrics go to "
+                          "<output_dir>/metrics.jsonl, the final model to <output_dir>/final");
+  train
+      ->add_option("--config,-c", options->config,
+                   "DeepSpeed-style JSON config with a strata section")
+      ->required();
+  add_set_option(train, &options->overrides);
+  train->add_flag("--quiet,-q", options->quiet, "No start-up notes or progress on stderr");
+  registry.add(train, [options] { return run_train(*options); });
+}
+
+}  // namespace strata::cli

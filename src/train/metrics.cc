@@ -1,0 +1,72 @@
+// Metrics lines and the progress bar (see metrics.h).
+#include "train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+namespace strata::train {
+
+MetricsLog::~MetricsLog() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+Status MetricsLog::open(const std::string& path, bool append) {
+  file_ = std::fopen(path.c_str(), append ? "ab" : "wb");
+  if (file_ == nullptr) {
+    return Status(ErrorCode::kIo, fmt::format("cannot open for writing: {}", std::strerror(errno)),
+                  path);
+  }
+  path_ = path;
+  return Status::ok();
+}
+
+std::string MetricsLog::to_line(const Json::Value& value) {
+  Json::StreamWriterBuilder builder;
+  builder["indentation"] = "";
+  builder["precision"] = 10;
+  return Json::writeString(builder, value);
+}
+
+Status MetricsLog::write(const Json::Value& line) {
+  if (file_ == nullptr) return Status::ok();
+  const std::string text = to_line(line) + "\n";
+  if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0) {
+    return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(errno)), path_);
+  }
+  return Status::ok();
+}
+
+Progress::Progress(std::int64_t total_steps, bool tty, std::int64_t print_every)
+    : total_(total_steps), tty_(tty), print_every_(std::max<std::int64_t>(print_every, 1)) {}
+
+void Progress::step(std::int64_t step, double loss, double lr, double tokens_per_s, bool skipped) {
+  const std::string tail = fmt::format("loss {:.4f}  lr {:.3e}  {:.0f} tok/s{}", loss, lr,
+                                       tokens_per_s, skipped ? "  (skipped: overflow)" : "");
+  if (tty_) {
+    constexpr int kWidth = 30;
+    const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : 0;
+    std::fprintf(stderr, "\r\033[Kstep %lld/%lld [%s%s] %s", static_cast<long long>(step),
+                 static_cast<long long>(total_), std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), tail.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  } else if (step % print_every_ == 0 || step == total_) {
+    std::fprintf(stderr, "strata: step %lld/%lld  %s\n", static_cast<long long>(step),
+                 static_cast<long long>(total_), tail.c_str());
+  }
+}
+
+void Progress::note(const std::string& message) {
+  if (tty_ && drawn_) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "strata: %s\n", message.c_str());
+}
+
+void Progress::finish() {
+  if (tty_ && drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,328 @@
+// The in-memory trainer (see trainer.h).
+#include "train/trainer.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "backend/cpu_backend.h"
+#include "common/units.h"
+#include "model/hf_io.h"
+#include "model/init.h"
+
+namespace strata::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr std::size_t kRecentLosses = 10;  // the summary's final_loss averages these steps
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+kernels::DType storage_of(const config::Config& c) {
+  switch (c.precision()) {
+    case config::Precision::kBf16:
+      return kernels::DType::kBF16;
+    case config::Precision::kFp16:
+      return kernels::DType::kF16;
+    case config::Precision::kFp32:
+      break;
+  }
+  return kernels::DType::kF32;
+}
+
+}  // namespace
+
+const char* precision_name(const config::Config& config) {
+  return config::to_string(config.precision());
+}
+
+Trainer::Trainer(const config::Config& config, const TrainerOptions& options)
+    : config_(config), options_(options) {}
+
+Trainer::~Trainer() = default;
+
+void Trainer::note(const std::string& message) {
+  if (options_.quiet) return;
+  if (progress_) {
+    progress_->note(message);
+  } else {
+    std::fprintf(stderr, "strata: %s\n", message.c_str());
+  }
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const config::Config& config,
+                                                 const TrainerOptions& options) {
+  std::unique_ptr<Trainer> trainer(new Trainer(config, options));
+  STRATA_TRY(trainer->setup());
+  return trainer;
+}
+
+Status Trainer::setup() {
+  const config::StrataConfig& s = config_.strata;
+  if (s.backend == config::Backend::kCuda) {
+    return Status(ErrorCode::kUnavailable,
+                  "the CUDA backend is not part of this build yet; use \"cpu\" or \"auto\"",
+                  "strata.backend");
+  }
+  backend::CpuBackendOptions backend_options;
+  backend_options.device_bytes_max = s.device_bytes_max > 0 ? s.device_bytes_max : 4ull << 30;
+  backend_options.host_bytes_max = s.host_bytes_max;
+  backend_options.threads = static_cast<int>(s.cpu_threads);
+  STRATA_ASSIGN_OR_RETURN(backend_, backend::make_cpu_backend(backend_options));
+
+  STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
+  layout_ = model::build_layout(shape_);
+  storage_ = storage_of(config_);
+  if (s.data.seq_len > shape_.max_seq_len) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("{} is longer than the model's max_seq_len ({})", s.data.seq_len,
+                              shape_.max_seq_len),
+                  "strata.data.seq_len");
+  }
+  STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
+
+  const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
+  model::RunnerOptions runner_options;
+  runner_options.batch = batch;
+  runner_options.seq_len = s.data.seq_len;
+  runner_options.activation_checkpointing = s.model.activation_checkpointing;
+  STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, layout_, storage_));
+  STRATA_ASSIGN_OR_RETURN(
+      runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
+  STRATA_ASSIGN_OR_RETURN(
+      adam_, optim::AdamOptimizer::create(config_.optimizer, backend_->compute_threads()));
+  scaler_ = std::make_unique<optim::LossScaler>(config_);
+  schedule_ = std::make_unique<optim::LrSchedule>(config_);
+  inputs_.assign(static_cast<std::size_t>(batch * s.data.seq_len), 0);
+  targets_.assign(inputs_.size(), 0);
+
+  if (!s.resume_from.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
+    STRATA_ASSIGN_OR_RETURN(counters_,
+                            read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
+    scaler_->restore(counters_.scaler);
+    schedule_->restore(counters_.scheduler_iteration);
+    STRATA_TRY(dataset_->seek(counters_.data));
+    resumed_ = true;
+    note(fmt::format("resumed from {} at step {}", dir, counters_.step));
+  } else if (!s.model.path.empty() && model::has_hf_weights(s.model.path)) {
+    std::vector<float*> masters;
+    for (int u = 0; u < state_->units(); ++u)
+      masters.push_back(state_->master(u));
+    STRATA_TRY(model::load_hf_weights(s.model.path, layout_, masters));
+    note(fmt::format("loaded weights from {}", s.model.path));
+  } else {
+    for (int u = 0; u < state_->units(); ++u) {
+      model::init_unit(shape_, layout_.units[static_cast<std::size_t>(u)], s.seed,
+                       state_->master(u));
+    }
+  }
+  counters_.scaler = scaler_->state();
+  STRATA_TRY(state_->upload_params());
+
+  std::error_code ec;
+  fs::create_directories(s.output_dir, ec);
+  if (ec) {
+    return Status(ErrorCode::kIo, "cannot create the output directory: " + ec.message(),
+                  s.output_dir);
+  }
+  STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_));
+
+  note(backend_->description());
+  note(
+      fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
+                  "KV heads, {} embeddings), {} parameters, activation checkpointing {}",
+                  model::family_name(shape_.family), model::total_params(shape_),
+                  layout_.units.size(), shape_.num_layers, shape_.hidden_size, shape_.num_heads,
+                  shape_.num_kv_heads, shape_.tie_word_embeddings ? "tied" : "untied",
+                  precision_name(config_), s.model.activation_checkpointing ? "on" : "off"));
+  note(fmt::format("data: {}", dataset_->describe()));
+  note(fmt::format("optimizer: {}; micro-batch {} x {} tokens, {} accumulation steps; seed {}",
+                   adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
+                   s.seed));
+  const backend::MemoryStats device = backend_->device_memory();
+  const backend::MemoryStats host = backend_->pinned_memory();
+  note(fmt::format("memory: device {} of {} (activations {}), host {} of {}, nvme 0",
+                   format_bytes(device.bytes_in_use), format_bytes(device.bytes_max),
+                   format_bytes(runner_->device_bytes()), format_bytes(host.bytes_in_use),
+                   format_bytes(host.bytes_max)));
+  const config::ZeroConfig& z = config_.zero_optimization;
+  if (z.offload_param.device != config::OffloadDevice::kNone ||
+      z.offload_optimizer.device != config::OffloadDevice::kNone || s.model.activation_offload) {
+    note(
+        "offload settings are accepted but this trainer keeps all state in device and host "
+        "memory (the tier manager is not built yet)");
+  }
+  return Status::ok();
+}
+
+Result<StepReport> Trainer::train_step() {
+  const auto start = std::chrono::steady_clock::now();
+  const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
+  const auto accumulation = static_cast<std::int64_t>(config_.gradient_accumulation_steps);
+  const std::int64_t seq = config_.strata.data.seq_len;
+  const std::int64_t tokens = batch * seq * accumulation;
+  StepReport report;
+  report.loss_scale = scaler_->scale();
+  const double grad_scale = report.loss_scale / static_cast<double>(tokens);
+
+  double loss_sum = 0.0;
+  state_->begin_accumulation();
+  for (std::int64_t m = 0; m < accumulation; ++m) {
+    STRATA_TRY(dataset_->next_train(batch, inputs_.data(), targets_.data()));
+    STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
+    STRATA_ASSIGN_OR_RETURN(double loss, runner_->train_step(*state_, grad_scale));
+    loss_sum += loss;
+    state_->end_micro_batch();
+  }
+  report.loss = loss_sum / static_cast<double>(accumulation);
+  const double scaled_norm = std::sqrt(state_->grad_sum_squares());
+  if (!std::isfinite(scaled_norm)) {
+    report.skipped = true;
+    report.grad_norm = scaled_norm;
+    ++counters_.skipped_steps;
+    STRATA_TRY(scaler_->update(true).with_context(fmt::format("step {}", counters_.step + 1)));
+  } else {
+    const double multiplier =
+        optim::gradient_multiplier(scaled_norm, report.loss_scale, config_.gradient_clipping);
+    report.lr = schedule_->lr();
+    report.grad_norm = scaled_norm / report.loss_scale;
+    ++counters_.adam_step;
+    STRATA_TRY(state_->optimizer_step(*adam_, report.lr, multiplier, counters_.adam_step));
+    STRATA_TRY(scaler_->update(false));
+    schedule_->step();
+  }
+  ++counters_.step;
+  counters_.tokens_seen += tokens;
+  counters_.scaler = scaler_->state();
+  counters_.scheduler_iteration = schedule_->last_batch_iteration();
+  counters_.data = dataset_->position();
+  counters_.recent_losses.push_back(report.loss);
+  if (counters_.recent_losses.size() > kRecentLosses) {
+    counters_.recent_losses.erase(counters_.recent_losses.begin());
+  }
+  report.step = counters_.step;
+  report.tokens = tokens;
+  report.step_ms = seconds_since(start) * 1e3;
+  return report;
+}
+
+Result<double> Trainer::evaluate(std::int64_t batches) {
+  const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
+  double total = 0.0;
+  for (std::int64_t i = 0; i < batches; ++i) {
+    STRATA_TRY(dataset_->val_batch(i, batch, inputs_.data(), targets_.data()));
+    STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
+    STRATA_ASSIGN_OR_RETURN(double loss, runner_->evaluate(*state_));
+    total += loss;
+  }
+  return total / static_cast<double>(std::max<std::int64_t>(batches, 1));
+}
+
+Result<std::string> Trainer::save_checkpoint() {
+  const std::string root = config_.strata.checkpoint_dir.empty()
+                               ? config_.strata.output_dir + "/checkpoints"
+                               : config_.strata.checkpoint_dir;
+  return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
+                          config_.strata.seed);
+}
+
+Status Trainer::save_model(const std::string& dir) {
+  std::vector<const float*> masters;
+  for (int u = 0; u < state_->units(); ++u)
+    masters.push_back(state_->master(u));
+  return model::save_hf_model(dir, shape_, layout_, masters, kernels::DType::kF32);
+}
+
+Json::Value Trainer::memory_json() const {
+  Json::Value j(Json::objectValue);
+  const backend::MemoryStats device = backend_->device_memory();
+  const backend::MemoryStats host = backend_->pinned_memory();
+  j["device_bytes"] = Json::UInt64(device.bytes_in_use);
+  j["host_bytes"] = Json::UInt64(host.bytes_in_use);
+  j["nvme_bytes"] = Json::UInt64(0);
+  return j;
+}
+
+Json::Value Trainer::summary() const {
+  Json::Value j(Json::objectValue);
+  j["summary"] = true;
+  j["steps"] = Json::Int64(counters_.step);
+  const auto& recent = counters_.recent_losses;
+  j["final_loss"] = recent.empty()
+                        ? Json::Value()
+                        : Json::Value(std::accumulate(recent.begin(), recent.end(), 0.0) /
+                                      static_cast<double>(recent.size()));
+  j["final_loss_steps"] = Json::UInt64(recent.size());
+  if (dataset_->entropy_floor()) j["entropy_floor"] = *dataset_->entropy_floor();
+  if (last_eval_loss_) j["eval_loss"] = *last_eval_loss_;
+  j["tokens"] = Json::Int64(counters_.tokens_seen);
+  j["skipped_steps"] = Json::Int64(counters_.skipped_steps);
+  j["elapsed_s"] = elapsed_s_;
+  j["device_bytes_peak"] = Json::UInt64(backend_->device_memory().bytes_peak);
+  j["host_bytes_peak"] = Json::UInt64(backend_->pinned_memory().bytes_peak);
+  j["nvme_bytes_peak"] = Json::UInt64(0);
+  j["final_model"] = config_.strata.output_dir + "/final";
+  return j;
+}
+
+Status Trainer::run() {
+  const config::StrataConfig& s = config_.strata;
+  const auto start = std::chrono::steady_clock::now();
+  if (!options_.quiet) {
+    progress_ =
+        std::make_unique<Progress>(s.train_steps, options_.progress_tty, config_.steps_per_print);
+  }
+  bool checkpointed = false;
+  while (counters_.step < s.train_steps) {
+    STRATA_ASSIGN_OR_RETURN(StepReport r, train_step());
+    checkpointed = false;
+    const double tokens_per_s =
+        r.step_ms > 0 ? static_cast<double>(r.tokens) / (r.step_ms / 1e3) : 0.0;
+    if (r.step % s.log_every_steps == 0 || r.step == s.train_steps) {
+      Json::Value line = memory_json();
+      line["step"] = Json::Int64(r.step);
+      line["loss"] = r.loss;
+      line["lr"] = r.lr;
+      line["grad_norm"] = r.skipped ? Json::Value() : Json::Value(r.grad_norm);
+      line["loss_scale"] = r.loss_scale;
+      line["skipped"] = r.skipped;
+      line["tokens"] = Json::Int64(r.tokens);
+      line["tokens_per_s"] = tokens_per_s;
+      line["step_ms"] = r.step_ms;
+      STRATA_TRY(metrics_.write(line));
+    }
+    if (progress_) progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped);
+    const bool last = r.step == s.train_steps;
+    if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {
+      STRATA_ASSIGN_OR_RETURN(double eval_loss, evaluate(s.eval_batches));
+      last_eval_loss_ = eval_loss;
+      Json::Value line(Json::objectValue);
+      line["step"] = Json::Int64(r.step);
+      line["eval_loss"] = eval_loss;
+      STRATA_TRY(metrics_.write(line));
+      note(fmt::format("step {}: eval loss {:.4f}", r.step, eval_loss));
+    }
+    if ((s.checkpoint_every_steps > 0 && r.step % s.checkpoint_every_steps == 0) || last) {
+      STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
+      checkpointed = true;
+      note(fmt::format("checkpoint: {}", dir));
+    }
+  }
+  if (!checkpointed && counters_.step > 0 && !resumed_) {
+    STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
+    note(fmt::format("checkpoint: {}", dir));
+  }
+  if (progress_) progress_->finish();
+  STRATA_TRY(save_model(s.output_dir + "/final"));
+  elapsed_s_ = seconds_since(start);
+  note(fmt::format("final model: {}/final", s.output_dir));
+  return metrics_.write(summary());
+}
+
+}  // namespace strata::train

@@ -1,0 +1,105 @@
+// The in-memory trainer (`strata train`): ZeRO stage 0 on one rank, every byte of state in
+// device or pinned host memory of one backend. A step runs gradient_accumulation_steps
+// micro-batches through the ModelRunner (gradients leave the device per unit, in the parameters'
+// type, into fp32 host accumulators), computes the global gradient norm, skips the step when it is
+// not finite (fp16 loss scaling backs off), else unscales and clips and runs Adam/AdamW on the
+// host with the lr schedule, and sends the new parameters back. Evaluation, checkpoints, metrics
+// and the final Hugging Face directory follow strata.* settings (docs/trainer.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "data/dataset.h"
+#include "model/layout.h"
+#include "model/runner.h"
+#include "optim/adam_optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/train_state.h"
+
+namespace strata::train {
+
+struct StepReport {
+  std::int64_t step = 0;    // 1-based
+  double loss = 0.0;        // mean token loss over the step's micro-batches
+  double lr = 0.0;          // the lr the step used (0 when skipped)
+  double grad_norm = 0.0;   // global L2 norm of the unscaled gradient, before clipping
+  double loss_scale = 1.0;  // the scale the step ran with
+  bool skipped = false;     // gradient not finite: no update
+  std::int64_t tokens = 0;  // tokens in the step
+  double step_ms = 0.0;
+};
+
+struct TrainerOptions {
+  bool progress_tty = false;  // draw a progress bar (stderr is a terminal)
+  bool quiet = false;         // no start-up lines or progress on stderr
+};
+
+class Trainer {
+ public:
+  // Builds the backend, model (random init, or strata.model.path), data, optimizer state, and
+  // resumes from strata.resume_from when set. Errors name the key or file at fault.
+  static Result<std::unique_ptr<Trainer>> create(const config::Config& config,
+                                                 const TrainerOptions& options);
+  ~Trainer();
+
+  // Trains to strata.train_steps: steps, evaluations, checkpoints, metrics, the final model.
+  Status run();
+  // One optimizer step.
+  Result<StepReport> train_step();
+  // Mean token loss over `batches` validation micro-batches.
+  Result<double> evaluate(std::int64_t batches);
+  // Writes a checkpoint under the checkpoint directory; returns its path.
+  Result<std::string> save_checkpoint();
+  // Writes config.json + model.safetensors (fp32 masters) to `dir`.
+  Status save_model(const std::string& dir);
+
+  const model::ModelShape& shape() const { return shape_; }
+  const model::ModelLayout& layout() const { return layout_; }
+  const TrainerCounters& counters() const { return counters_; }
+  TrainState& state() { return *state_; }
+  backend::Backend& backend() { return *backend_; }
+  std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
+  // The JSON summary line `run` writes at the end.
+  Json::Value summary() const;
+
+ private:
+  Trainer(const config::Config& config, const TrainerOptions& options);
+  Status setup();
+  void note(const std::string& message);
+  Json::Value memory_json() const;
+
+  config::Config config_;
+  TrainerOptions options_;
+  std::unique_ptr<backend::Backend> backend_;
+  model::ModelShape shape_;
+  model::ModelLayout layout_;
+  kernels::DType storage_ = kernels::DType::kF32;
+  std::unique_ptr<data::Dataset> dataset_;
+  std::unique_ptr<model::ModelRunner<float>> runner_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<optim::AdamOptimizer> adam_;
+  std::unique_ptr<optim::LossScaler> scaler_;
+  std::unique_ptr<optim::LrSchedule> schedule_;
+  TrainerCounters counters_;
+  std::vector<std::int32_t> inputs_;
+  std::vector<std::int32_t> targets_;
+  MetricsLog metrics_;
+  std::unique_ptr<Progress> progress_;
+  double elapsed_s_ = 0.0;
+  std::optional<double> last_eval_loss_;
+  bool resumed_ = false;
+};
+
+// "fp32", "bf16" or "fp16" for the config's precision.
+const char* precision_name(const config::Config& config);
+
+}  // namespace strata::train
