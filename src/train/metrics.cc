@@ -26,7 +26,7 @@ Status MetricsLog::open(const std::string& path, bool append) {
 std::string MetricsLog::to_line(const Json::Value& value) {
   Json::StreamWriterBuilder builder;
   builder["indentation"] = "";
-  builder["precision"] = 10;
+  builder["precision"] = 17;
   return Json::writeString(builder, value);
 }
 
