@@ -191,6 +191,22 @@ Result<config::ModelConfig> read_hf_config(const std::string& path) {
     r.require_absent_or("hidden_act", "silu", "is not supported: Strata's Llama uses SiLU");
     r.require_absent_or("rope_scaling", Json::Value(),
                         "is not supported: Strata implements plain RoPE (rope_scaling null)");
+    // transformers 5 writes rope_parameters {rope_theta, rope_type} instead of rope_theta.
+    if (root.isMember("rope_parameters") && !root["rope_parameters"].isNull()) {
+      const Json::Value& rope = root["rope_parameters"];
+      if (!rope.isObject()) {
+        r.fail("rope_parameters", "must be an object");
+      } else {
+        HfReader rr(rope, file);
+        m.rope_theta = rr.real("rope_theta", m.rope_theta);
+        rr.require_absent_or("rope_type", "default",
+                             "is not supported: Strata implements plain RoPE (rope_type "
+                             "\"default\")");
+        if (!rr.status().is_ok()) {
+          r.fail("rope_parameters." + rr.status().message(), "");
+        }
+      }
+    }
     r.require_absent_or("attention_bias", false, "is not supported: Llama without biases only");
     r.require_absent_or("mlp_bias", false, "is not supported: Llama without biases only");
     if (root.isMember("head_dim") && !root["head_dim"].isNull() && root["head_dim"].isIntegral() &&
@@ -320,6 +336,7 @@ std::string hf_config_json(const ModelShape& s, const std::string& torch_dtype) 
   root["use_cache"] = true;
   Json::StreamWriterBuilder writer;
   writer["indentation"] = "  ";
+  writer["precision"] = 15;
   return Json::writeString(writer, root) + "\n";
 }
 
