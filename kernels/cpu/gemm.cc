@@ -54,6 +54,14 @@ void blas_setup() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
+void gemm_openblas_threads(int threads, std::int64_t m, std::int64_t n, std::int64_t k,
+                           const float* a, const float* b, float* c) {
+  blas_setup();
+  openblas_set_num_threads(threads);
+  blas_call(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+  openblas_set_num_threads(1);
+}
+
 std::string blas_description() {
   blas_setup();
   const int parallel = openblas_get_parallel();

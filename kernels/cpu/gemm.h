@@ -25,6 +25,11 @@ void gemm_serial(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std
                  T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
                  std::int64_t ldc);
 
+// One sgemm call with OpenBLAS's own `threads` threads (row-major, no transposes), then back to
+// single-threaded mode: only for benchmarks that compare the two ways of threading.
+void gemm_openblas_threads(int threads, std::int64_t m, std::int64_t n, std::int64_t k,
+                           const float* a, const float* b, float* c);
+
 // Puts OpenBLAS in single-threaded mode (once; every gemm call does it too).
 void blas_setup();
 

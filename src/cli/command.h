@@ -46,5 +46,6 @@ void register_eval(CLI::App& root, Registry& registry);
 
 // Benchmarks under `strata bench`, registered by register_bench().
 void register_bench_adam(CLI::App* bench, Registry& registry);
+void register_bench_step(CLI::App* bench, Registry& registry);
 
 }  // namespace strata::cli

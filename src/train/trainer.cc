@@ -181,6 +181,7 @@ Result<StepReport> Trainer::train_step() {
     state_->end_micro_batch();
   }
   report.loss = loss_sum / static_cast<double>(accumulation);
+  report.compute_ms = seconds_since(start) * 1e3;
   const double scaled_norm = std::sqrt(state_->grad_sum_squares());
   if (!std::isfinite(scaled_norm)) {
     report.skipped = true;
@@ -209,6 +210,7 @@ Result<StepReport> Trainer::train_step() {
   report.step = counters_.step;
   report.tokens = tokens;
   report.step_ms = seconds_since(start) * 1e3;
+  report.optimizer_ms = report.step_ms - report.compute_ms;
   return report;
 }
 

@@ -36,6 +36,8 @@ struct StepReport {
   bool skipped = false;     // gradient not finite: no update
   std::int64_t tokens = 0;  // tokens in the step
   double step_ms = 0.0;
+  double compute_ms = 0.0;    // forward, backward and the gradients' trip to the host
+  double optimizer_ms = 0.0;  // norm, Adam and the parameters' trip back
 };
 
 struct TrainerOptions {

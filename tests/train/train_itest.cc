@@ -5,6 +5,7 @@
 #include <json/json.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -252,6 +253,23 @@ std::string llmc_tokens(std::uint32_t count, std::uint32_t modulo) {
   return header + body;
 }
 
+std::string llmc_tokens_from(const std::vector<std::uint32_t>& tokens) {
+  std::string header(1024, '\0');
+  auto put = [&](int at, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i)
+      header[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  };
+  put(0, 20240520);
+  put(4, 1);
+  put(8, static_cast<std::uint32_t>(tokens.size()));
+  std::string body;
+  for (std::uint32_t t : tokens) {
+    body += static_cast<char>(t & 0xff);
+    body += static_cast<char>(t >> 8);
+  }
+  return header + body;
+}
+
 TEST(Train, TrainsOnTokenAndTextFilesAndEvalReadsTheFinalModel) {
   TempDir dir;
   const std::string tokens = dir.write_file("tokens.bin", llmc_tokens(2000, 64));
@@ -302,6 +320,60 @@ TEST(Train, ClearErrorsForMissingDataTinyBudgetsAndBadResume) {
   auto eval = run_strata({"eval", "--model", dir.path() + "/nomodel", "--data", "x.bin"});
   EXPECT_NE(eval.exit_code, 0);
   EXPECT_NE(eval.err.find("nomodel"), std::string::npos) << eval.err;
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(BenchStep, ReportsThroughputGemmPeakAndMfu) {
+  auto r = run_strata({"bench", "step", "--model",
+                       testing::source_path("tests/fixtures/models/gpt2_tied/config.json"),
+                       "--batch", "2", "--seq-len", "16", "--steps", "2", "--peak-sizes", "64,128",
+                       "--peak-repeats", "1", "--json"},
+                      {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json::Value j = parse(r.out);
+  EXPECT_EQ(j["model"].asString(), "gpt2");
+  EXPECT_EQ(j["step_ms"].size(), 2u);
+  for (const char* key : {"tokens_per_s", "achieved_gflops", "gemm_peak_gflops",
+                          "openblas_threads_gflops", "mfu", "model_flops_per_step"}) {
+    EXPECT_GT(j[key].asDouble(), 0.0) << key;
+  }
+  EXPECT_EQ(j["gemm_peak_n"].asInt(), 128);
+  EXPECT_DOUBLE_EQ(j["mfu"].asDouble(),
+                   j["achieved_gflops"].asDouble() / j["gemm_peak_gflops"].asDouble());
+}
+
+TEST(Eval, LossOfAFixtureModelMatchesPyTorch) {
+  TempDir dir;
+  const std::string fixture = testing::source_path("tests/fixtures/models/llama_gqa_untied");
+  // Rebuild the fixture's token stream (tokens tensor, int32) as an llm.c uint16 file.
+  const std::string st = read_file(fixture + "/fixture.safetensors");
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i)
+    header = (header << 8) | static_cast<unsigned char>(st[i]);
+  const Json::Value h = parse(st.substr(8, header));
+  const std::uint64_t begin = h["tokens"]["data_offsets"][0].asUInt64();
+  const std::uint64_t count = h["tokens"]["shape"][0].asUInt64();
+  std::vector<std::uint32_t> tokens;
+  for (std::uint64_t t = 0; t < count; ++t) {
+    std::uint32_t v = 0;
+    for (int b = 3; b >= 0; --b)
+      v = (v << 8) | static_cast<unsigned char>(st[8 + header + begin + 4 * t + b]);
+    tokens.push_back(v);
+  }
+  const std::string path = dir.write_file("tokens.bin", llmc_tokens_from(tokens));
+  auto r = run_strata({"eval", "--model", fixture, "--data", path, "--seq-len",
+                       h["__metadata__"]["seq_len"].asString(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::uint64_t loss_begin = h["loss"]["data_offsets"][0].asUInt64();
+  float want = 0;
+  std::memcpy(&want, st.data() + 8 + header + loss_begin, 4);
+  EXPECT_NEAR(parse(r.out)["loss"].asDouble(), want, 1e-5);
+  EXPECT_EQ(parse(r.out)["tokens"].asUInt64(), count - 1);
 }
 
 }  // namespace

@@ -1,0 +1,269 @@
+// `strata bench step --model MODEL.json`: the in-memory trainer's speed on a model shape (a
+// Hugging Face config.json, or a Strata config whose strata.model it uses): tokens/s and achieved
+// GFLOP/s of full training steps (forward, backward, gradient transfer, Adam, parameter upload),
+// and in the same run the machine's GEMM peak (sgemm on square problems up to the largest size,
+// through the same oneTBB-tiled OpenBLAS path), so MFU = achieved / peak is a ratio measured on
+// one machine at one time. See docs/benchmarks.md ("Training step").
+#include <json/json.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cli/command.h"
+#include "config/config.h"
+#include "kernels/cpu/gemm.h"
+#include "model/model_spec.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace strata::cli {
+namespace {
+
+struct BenchStepOptions {
+  std::string model;
+  std::int64_t batch = 4;
+  std::int64_t seq_len = 256;
+  int steps = 3;
+  int warmup = 1;
+  std::string precision = "fp32";
+  int threads = 0;
+  bool checkpointing = false;
+  std::string peak_sizes = "1024,2048,4096";
+  int peak_repeats = 3;
+  std::string device_bytes = "16GiB";
+  bool json = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Result<config::ModelConfig> model_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status(ErrorCode::kNotFound, "cannot open", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().find("\"model_type\"") != std::string::npos) return model::read_hf_config(path);
+  STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_file(path, {}));
+  return loaded.config.strata.model;
+}
+
+// GFLOP/s of sgemm n x n x n through kernels::gemm (median of `repeats`, after one warm-up).
+double gemm_gflops(std::int64_t n, int repeats, bool openblas_threads, int threads) {
+  std::vector<float> a(static_cast<std::size_t>(n * n)), b(a.size()), c(a.size());
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = dist(rng);
+    b[i] = dist(rng);
+  }
+  std::vector<double> seconds;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (openblas_threads) {
+      kernels::gemm_openblas_threads(threads, n, n, n, a.data(), b.data(), c.data());
+    } else {
+      kernels::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                           n);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) seconds.push_back(s);
+  }
+  return 2.0 * static_cast<double>(n) * n * n / median(seconds) / 1e9;
+}
+
+Result<Json::Value> bench(const BenchStepOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig model_config, model_of(o.model));
+  STRATA_ASSIGN_OR_RETURN(model::ModelShape shape, model::resolve_shape(model_config));
+  if (o.seq_len > shape.max_seq_len) {
+    return Status(
+        ErrorCode::kUsage,
+        fmt::format("{} exceeds the model's max_seq_len {}", o.seq_len, shape.max_seq_len),
+        "--seq-len");
+  }
+  const std::string out_dir =
+      (std::filesystem::temp_directory_path() / fmt::format("strata-bench-step-{}", ::getpid()))
+          .string();
+  std::string precision_keys;
+  if (o.precision == "bf16") {
+    precision_keys = R"("bf16": {"enabled": true},)";
+  } else if (o.precision == "fp16") {
+    precision_keys = R"("fp16": {"enabled": true},)";
+  } else if (o.precision != "fp32") {
+    return Status(ErrorCode::kUsage, "'" + o.precision + "'; valid: fp32, bf16, fp16",
+                  "--precision");
+  }
+  const std::string text = fmt::format(
+      R"({{{} "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+          "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}},
+          "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
+                      "device_bytes_max": "{}",
+                      "data": {{"source": "synthetic", "seq_len": {},
+                                "synthetic_vocab_size": {}, "synthetic_branching": 4}}}}}})",
+      precision_keys, o.batch, out_dir, o.steps + o.warmup, o.threads, o.device_bytes, o.seq_len,
+      std::min<std::int64_t>(shape.vocab_size, 1 << 20));
+  STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_text(text, "bench step", {}));
+  config::Config config = loaded.config;
+  model_config.path.clear();
+  model_config.family = shape.family;
+  model_config.vocab_size = shape.vocab_size;
+  model_config.max_seq_len = shape.max_seq_len;
+  model_config.hidden_size = shape.hidden_size;
+  model_config.num_layers = shape.num_layers;
+  model_config.num_heads = shape.num_heads;
+  model_config.num_kv_heads = shape.num_kv_heads;
+  model_config.intermediate_size = shape.intermediate_size;
+  model_config.activation_checkpointing = o.checkpointing;
+  config.strata.model = model_config;
+
+  train::TrainerOptions trainer_options;
+  trainer_options.quiet = true;
+  std::vector<double> step_ms, compute_ms, optimizer_ms;
+  std::int64_t threads = 0;
+  {
+    STRATA_ASSIGN_OR_RETURN(auto trainer, train::Trainer::create(config, trainer_options));
+    threads = trainer->backend().compute_threads();
+    for (int s = 0; s < o.warmup + o.steps; ++s) {
+      STRATA_ASSIGN_OR_RETURN(train::StepReport r, trainer->train_step());
+      if (s < o.warmup) continue;
+      step_ms.push_back(r.step_ms);
+      compute_ms.push_back(r.compute_ms);
+      optimizer_ms.push_back(r.optimizer_ms);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(out_dir, ec);
+
+  Json::Value j(Json::objectValue);
+  j["model"] = model::family_name(shape.family);
+  j["parameters"] = Json::Int64(model::total_params(shape));
+  j["layers"] = Json::Int64(shape.num_layers);
+  j["hidden_size"] = Json::Int64(shape.hidden_size);
+  j["batch"] = Json::Int64(o.batch);
+  j["seq_len"] = Json::Int64(o.seq_len);
+  j["precision"] = o.precision;
+  j["activation_checkpointing"] = o.checkpointing;
+  j["threads"] = Json::Int64(threads);
+  j["steps"] = o.steps;
+  Json::Value steps(Json::arrayValue);
+  for (double v : step_ms)
+    steps.append(v);
+  j["step_ms"] = steps;
+  const double step = median(step_ms);
+  j["step_ms_median"] = step;
+  j["compute_ms_median"] = median(compute_ms);
+  j["optimizer_ms_median"] = median(optimizer_ms);
+  const double tokens = static_cast<double>(o.batch * o.seq_len);
+  j["tokens_per_s"] = tokens / (step / 1e3);
+  // Training counts 3 passes of the forward's matrix FLOPs (forward, and backward's two).
+  const double flops = 3.0 * model::forward_flops_per_token(shape, o.seq_len) * tokens;
+  j["model_flops_per_step"] = flops;
+  j["achieved_gflops"] = flops / (step / 1e3) / 1e9;
+
+  Json::Value sizes(Json::objectValue);
+  double peak = 0.0;
+  std::int64_t largest = 0;
+  std::stringstream list(o.peak_sizes);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const std::int64_t n = std::stoll(item);
+    if (n < 1) return Status(ErrorCode::kUsage, "sizes must be positive", "--peak-sizes");
+    const double g = gemm_gflops(n, o.peak_repeats, false, 0);
+    sizes[std::to_string(n)] = g;
+    if (n >= largest) {
+      largest = n;
+      peak = g;
+    }
+  }
+  j["gemm_gflops"] = sizes;
+  j["gemm_peak_n"] = Json::Int64(largest);
+  j["gemm_peak_gflops"] = peak;
+  j["openblas_threads_gflops"] =
+      gemm_gflops(largest, o.peak_repeats, true, static_cast<int>(threads));
+  j["mfu"] = (flops / (step / 1e3) / 1e9) / peak;
+  j["blas"] = kernels::blas_description();
+  return j;
+}
+
+int run_bench_step(const BenchStepOptions& o) {
+  auto result = bench(o);
+  if (!result.is_ok()) return report_error(result.status());
+  const Json::Value& j = *result;
+  if (o.json) {
+    std::printf("%s\n", train::MetricsLog::to_line(j).c_str());
+    return 0;
+  }
+  std::printf("model        %s, %.1fM parameters, %lld layers, hidden %lld\n",
+              j["model"].asCString(), j["parameters"].asDouble() / 1e6,
+              static_cast<long long>(j["layers"].asInt64()),
+              static_cast<long long>(j["hidden_size"].asInt64()));
+  std::printf(
+      "step         batch %lld x %lld tokens, %s, activation checkpointing %s, %lld threads\n",
+      static_cast<long long>(j["batch"].asInt64()), static_cast<long long>(j["seq_len"].asInt64()),
+      j["precision"].asCString(), j["activation_checkpointing"].asBool() ? "on" : "off",
+      static_cast<long long>(j["threads"].asInt64()));
+  std::printf("time         median %.1f ms over %d steps (compute %.1f ms, optimizer %.1f ms)\n",
+              j["step_ms_median"].asDouble(), j["steps"].asInt(), j["compute_ms_median"].asDouble(),
+              j["optimizer_ms_median"].asDouble());
+  std::printf("throughput   %.1f tokens/s, %.2f GFLOP/s (model FLOPs %.3g per step)\n",
+              j["tokens_per_s"].asDouble(), j["achieved_gflops"].asDouble(),
+              j["model_flops_per_step"].asDouble());
+  std::printf(
+      "GEMM peak    %.2f GFLOP/s (sgemm %lld^3, oneTBB tiles); OpenBLAS's own threads: "
+      "%.2f GFLOP/s\n",
+      j["gemm_peak_gflops"].asDouble(), static_cast<long long>(j["gemm_peak_n"].asInt64()),
+      j["openblas_threads_gflops"].asDouble());
+  std::printf("MFU          %.3f\n", j["mfu"].asDouble());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_step(CLI::App* bench, Registry& registry) {
+  auto o = std::make_shared<BenchStepOptions>();
+  CLI::App* step = bench->add_subcommand(
+      "step",
+      "Tokens/s and GFLOP/s of full training steps against the GEMM peak measured in the same "
+      "run (MFU on CPU)");
+  step->add_option("--model,-m", o->model,
+                   "A Hugging Face config.json, or a Strata config (its strata.model)")
+      ->required();
+  step->add_option("--batch", o->batch, "Micro-batch size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  step->add_option("--seq-len", o->seq_len, "Tokens per sequence")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  step->add_option("--steps", o->steps, "Measured steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  step->add_option("--warmup", o->warmup, "Steps run before measuring")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  step->add_option("--precision", o->precision, "fp32, bf16 or fp16 parameters")
+      ->capture_default_str();
+  step->add_option("--threads", o->threads, "Compute threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  step->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");
+  step->add_option("--peak-sizes", o->peak_sizes,
+                   "Square sgemm sizes for the peak; the largest is the peak")
+      ->capture_default_str();
+  step->add_option("--peak-repeats", o->peak_repeats, "Timed sgemm calls per size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  step->add_option("--device-bytes", o->device_bytes,
+                   "Device arena budget (reserved, not committed)")
+      ->capture_default_str();
+  step->add_flag("--json", o->json, "Print one JSON object instead of text");
+  registry.add(step, [o] { return run_bench_step(*o); });
+}
+
+}  // namespace strata::cli
