@@ -33,6 +33,7 @@ TEST(BenchAdam, JsonReportsBandwidthRooflineAndTheirRatio) {
   EXPECT_EQ(j["params"].asUInt64(), 300000u);
   EXPECT_EQ(j["grad"].asString(), "bf16");
   EXPECT_EQ(j["copy"].asString(), "fp16");
+  EXPECT_EQ(j["layout"].asString(), "staggered");
   // bf16 gradient + fp16 copy: read 12 + 2, write 12 + 2; the roofline moves 28.
   EXPECT_EQ(j["bytes_per_param"].asUInt64(), 28u);
   EXPECT_EQ(j["bytes_read_per_param"].asUInt64(), 14u);
@@ -75,7 +76,8 @@ TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
   const Case cases[] = {{{"--grad", "fp8"}, "fp8"},
                         {{"--copy", "fp32"}, "fp32"},
                         {{"--simd", "sse"}, "sse"},
-                        {{"--params", "0"}, "--params"}};
+                        {{"--params", "0"}, "--params"},
+                        {{"--layout", "diagonal"}, "diagonal"}};
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench", "adam"};
     args.insert(args.end(), c.args.begin(), c.args.end());
