@@ -87,6 +87,18 @@ TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
   }
 }
 
+TEST(BenchAdam, StrataSimdEnvironmentChoosesThePathWhenNoneIsGiven) {
+  auto r = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                      {"STRATA_SIMD=scalar"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(parse_json(r.out)["simd"].asString(), "scalar");
+  auto bad = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                        {"STRATA_SIMD=mmx"});
+  ASSERT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("STRATA_SIMD='mmx'"), std::string::npos) << bad.err;
+  EXPECT_EQ(parse_json(bad.out)["simd"].asString(), kernels::to_string(kernels::best_simd_level()));
+}
+
 TEST(BenchAdam, UnsupportedSimdPathFailsNamingIt) {
   if (kernels::simd_level_supported(kernels::SimdLevel::kAvx512)) {
     GTEST_SKIP() << "this CPU runs every path";
