@@ -3,7 +3,10 @@
 #include <cpuid.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+
+#include "common/log.h"
 
 namespace strata::kernels {
 namespace {
@@ -99,6 +102,37 @@ SimdLevel best_simd_level() {
   if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) return SimdLevel::kAvx512;
   if (f.avx2 && f.fma && f.f16c) return SimdLevel::kAvx2;
   return SimdLevel::kScalar;
+}
+
+bool simd_level_supported(SimdLevel level) {
+  return static_cast<int>(level) <= static_cast<int>(best_simd_level());
+}
+
+std::optional<SimdLevel> parse_simd_level(std::string_view text) {
+  if (text == "scalar") return SimdLevel::kScalar;
+  if (text == "avx2") return SimdLevel::kAvx2;
+  if (text == "avx512") return SimdLevel::kAvx512;
+  return std::nullopt;
+}
+
+SimdLevel default_simd_level() {
+  static const SimdLevel level = [] {
+    const char* env = std::getenv("STRATA_SIMD");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return best_simd_level();
+    std::optional<SimdLevel> wanted = parse_simd_level(env);
+    if (!wanted) {
+      STRATA_LOG_WARN("STRATA_SIMD='{}' is not one of auto, scalar, avx2, avx512; using {}", env,
+                      to_string(best_simd_level()));
+      return best_simd_level();
+    }
+    if (!simd_level_supported(*wanted)) {
+      STRATA_LOG_WARN("STRATA_SIMD={} is not supported by this CPU; using {}", env,
+                      to_string(best_simd_level()));
+      return best_simd_level();
+    }
+    return *wanted;
+  }();
+  return level;
 }
 
 }  // namespace strata::kernels

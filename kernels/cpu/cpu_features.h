@@ -3,7 +3,9 @@
 // it).
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace strata::kernels {
 
@@ -34,5 +36,16 @@ const char* to_string(SimdLevel level);
 
 // AVX-512 needs F+BW+VL+DQ; AVX2 needs AVX2+FMA+F16C.
 SimdLevel best_simd_level();
+
+// Whether this CPU (and OS) can run the kernels' code for `level`.
+bool simd_level_supported(SimdLevel level);
+
+// Parses "scalar", "avx2", "avx512"; nullopt for anything else ("auto" included).
+std::optional<SimdLevel> parse_simd_level(std::string_view text);
+
+// The level the kernels use when the caller does not name one: STRATA_SIMD from the environment
+// (scalar, avx2, avx512 or auto) when it is set and supported here, else best_simd_level(). An
+// unusable STRATA_SIMD value is reported once on stderr and ignored.
+SimdLevel default_simd_level();
 
 }  // namespace strata::kernels

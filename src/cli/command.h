@@ -42,4 +42,7 @@ void register_report(CLI::App& root, Registry& registry);
 void register_estimate(CLI::App& root, Registry& registry);
 void register_bench(CLI::App& root, Registry& registry);
 
+// Benchmarks under `strata bench`, registered by register_bench().
+void register_bench_adam(CLI::App* bench, Registry& registry);
+
 }  // namespace strata::cli

@@ -1,0 +1,255 @@
+// Dispatch, checks and threading of the CPU Adam kernels; the arithmetic lives in the per-path
+// files (adam_scalar.cc, adam_avx2.cc, adam_avx512.cc).
+#include "kernels/cpu/adam.h"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/parallel_invoke.h>
+#include <oneapi/tbb/partitioner.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "common/log.h"
+#include "kernels/cpu/adam_internal.h"
+
+namespace strata::kernels {
+namespace {
+
+using detail::AdamConstants;
+using detail::AdamPath;
+
+const AdamPath& path_for(SimdLevel level) {
+  static const AdamPath scalar = detail::scalar_path();
+  static const AdamPath avx2 = detail::avx2_path();
+  static const AdamPath avx512 = detail::avx512_path();
+  switch (level) {
+    case SimdLevel::kScalar:
+      return scalar;
+    case SimdLevel::kAvx2:
+      return avx2;
+    case SimdLevel::kAvx512:
+      return avx512;
+  }
+  return scalar;
+}
+
+AdamConstants make_constants(const AdamParams& p, const AdamFusion& f) {
+  const double beta1 = p.beta1;
+  const double beta2 = p.beta2;
+  const double t = static_cast<double>(p.step);
+  const double bc1 = p.bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
+  const double bc2 = p.bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
+  AdamConstants c;
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.eps = p.eps;
+  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.decay =
+      p.adamw_mode ? static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay) : 1.0f;
+  c.l2 = p.adamw_mode ? 0.0f : p.weight_decay;
+  c.grad_scale = static_cast<float>(static_cast<double>(f.grad_scale_inv) * f.clip_coef);
+  return c;
+}
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+bool aligned_to(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+void check_tile(const AdamTile& t) {
+  STRATA_ASSERT_MSG(t.copy_out == nullptr || t.copy_dtype != DType::kF32,
+                    "copy_out is bf16 or fp16; the fp32 result is master itself");
+  if (t.n == 0) return;
+  STRATA_ASSERT(t.master != nullptr && t.exp_avg != nullptr && t.exp_avg_sq != nullptr &&
+                t.grad != nullptr);
+  STRATA_ASSERT(aligned_to(t.master, 4) && aligned_to(t.exp_avg, 4) &&
+                aligned_to(t.exp_avg_sq, 4) && aligned_to(t.grad, dtype_bytes(t.grad_dtype)));
+  STRATA_ASSERT(t.copy_out == nullptr || aligned_to(t.copy_out, 2));
+  const std::size_t f32_bytes = t.n * 4;
+  const std::size_t grad_bytes = t.n * dtype_bytes(t.grad_dtype);
+  const void* state[3] = {t.master, t.exp_avg, t.exp_avg_sq};
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a + 1; b < 3; ++b) {
+      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, state[b], f32_bytes),
+                        "master, exp_avg and exp_avg_sq must not overlap");
+    }
+    STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.grad, grad_bytes),
+                      "grad must not overlap the state it updates");
+    if (t.copy_out != nullptr) {
+      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.copy_out, t.n * 2),
+                        "copy_out must not overlap the state");
+    }
+  }
+  if (t.copy_out != nullptr) {
+    STRATA_ASSERT_MSG(!overlaps(t.grad, grad_bytes, t.copy_out, t.n * 2),
+                      "copy_out must not overlap grad");
+  }
+}
+
+// Streams whose addresses differ by a multiple of 128 MiB (within a page) collide in the L1
+// cache's way predictor on AMD Zen (and in 4 KiB store/load aliasing elsewhere): the step ran
+// 2-6x slower on the development machine. Such layouts come from equal power-of-two buffers
+// allocated back to back; say so once, since the caller can fix it by staggering the buffers.
+void warn_once_if_aliased(const AdamTile& t) {
+  static std::atomic<bool> warned{false};
+  if (t.n < kAdamParallelMinElems || warned.load(std::memory_order_relaxed)) return;
+  constexpr std::uintptr_t kPeriod = std::uintptr_t{1} << 27;
+  constexpr std::uintptr_t kPage = 4096;
+  const void* streams[5] = {t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.copy_out};
+  const char* names[5] = {"master", "exp_avg", "exp_avg_sq", "grad", "copy_out"};
+  for (int a = 0; a < 5; ++a) {
+    for (int b = a + 1; b < 5; ++b) {
+      if (streams[a] == nullptr || streams[b] == nullptr) continue;
+      const std::uintptr_t distance = (reinterpret_cast<std::uintptr_t>(streams[a]) -
+                                       reinterpret_cast<std::uintptr_t>(streams[b])) %
+                                      kPeriod;
+      if ((distance < kPage || distance > kPeriod - kPage) && !warned.exchange(true)) {
+        STRATA_LOG_WARN(
+            "CPU Adam: the {} and {} arrays sit a multiple of 128 MiB apart; this runs several "
+            "times slower on some CPUs. Stagger the buffers by a few KiB (see docs/adam.md)",
+            names[a], names[b]);
+        return;
+      }
+    }
+  }
+}
+
+std::size_t block_count(std::size_t n) {
+  return (n + kAdamBlockElems - 1) / kAdamBlockElems;
+}
+
+// Runs body(begin, end) over [0, n): one contiguous run of blocks per thread (static partition,
+// so the hardware prefetchers see long streams), or all of it on this thread.
+template <typename Body>
+void for_blocks(std::size_t n, CpuExecutor* executor, const void* near, std::size_t near_bytes,
+                const Body& body) {
+  if (executor == nullptr || n < kAdamParallelMinElems) {
+    body(std::size_t{0}, n);
+    return;
+  }
+  executor->execute(near, near_bytes, [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, block_count(n), 1),
+        [&](const tbb::blocked_range<std::size_t>& r) {
+          body(r.begin() * kAdamBlockElems, std::min(r.end() * kAdamBlockElems, n));
+        },
+        tbb::static_partitioner());
+  });
+}
+
+GradStats combine(const GradStats& a, const GradStats& b) {
+  return {a.nonfinite_count + b.nonfinite_count, a.sum_sq + b.sum_sq};
+}
+
+// Stats of blocks [lo, hi) as a fixed binary tree of block results, so the sum has the same bits
+// whether the subtrees run in parallel or not.
+GradStats stats_tree(const detail::StatsRangeFn stats, const void* grad, DType dtype, std::size_t n,
+                     std::size_t lo, std::size_t hi, bool parallel) {
+  if (hi - lo == 1) {
+    return stats(grad, dtype, lo * kAdamBlockElems, std::min((lo + 1) * kAdamBlockElems, n));
+  }
+  const std::size_t mid = lo + (hi - lo) / 2;
+  GradStats left;
+  GradStats right;
+  // Subtrees of 8 blocks or fewer run sequentially: enough work per task, little overhead.
+  if (parallel && hi - lo > 8) {
+    tbb::parallel_invoke([&] { left = stats_tree(stats, grad, dtype, n, lo, mid, true); },
+                         [&] { right = stats_tree(stats, grad, dtype, n, mid, hi, true); });
+  } else {
+    left = stats_tree(stats, grad, dtype, n, lo, mid, false);
+    right = stats_tree(stats, grad, dtype, n, mid, hi, false);
+  }
+  return combine(left, right);
+}
+
+}  // namespace
+
+Status validate(const AdamParams& p) {
+  auto bad = [](const char* field, double value, const char* valid) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} = {} is out of range; valid: {}", field, value, valid),
+                  "adam params");
+  };
+  if (!std::isfinite(p.lr) || p.lr < 0) return bad("lr", p.lr, "finite and >= 0");
+  if (!(p.beta1 >= 0 && p.beta1 < 1)) return bad("beta1", p.beta1, "0 <= beta1 < 1");
+  if (!(p.beta2 >= 0 && p.beta2 < 1)) return bad("beta2", p.beta2, "0 <= beta2 < 1");
+  if (!std::isfinite(p.eps) || p.eps < 0) return bad("eps", p.eps, "finite and >= 0");
+  if (!std::isfinite(p.weight_decay) || p.weight_decay < 0) {
+    return bad("weight_decay", p.weight_decay, "finite and >= 0");
+  }
+  if (p.step < 1) return bad("step", static_cast<double>(p.step), "an integer >= 1");
+  return Status::ok();
+}
+
+Result<AdamKernel> AdamKernel::create(std::optional<SimdLevel> simd) {
+  const SimdLevel level = simd.value_or(default_simd_level());
+  if (!simd_level_supported(level)) {
+    return make_error(ErrorCode::kUnavailable,
+                      "the {} path of the CPU Adam kernel cannot run on this CPU ({}); "
+                      "supported here: scalar{}{}",
+                      to_string(level), cpu_features().brand,
+                      simd_level_supported(SimdLevel::kAvx2) ? ", avx2" : "",
+                      simd_level_supported(SimdLevel::kAvx512) ? ", avx512" : "");
+  }
+  return AdamKernel(level);
+}
+
+AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
+                            const AdamTile& tile, CpuExecutor* executor) const {
+  STRATA_ASSERT_MSG(validate(params).is_ok(), "AdamParams out of range; see validate()");
+  check_tile(tile);
+  AdamResult result;
+  if (tile.n == 0) return result;
+  if (fusion.check_finite) {
+    const GradStats stats = grad_stats(tile.grad, tile.grad_dtype, tile.n, executor);
+    if (stats.nonfinite_count > 0) {
+      result.skipped = true;
+      result.nonfinite_count = stats.nonfinite_count;
+      return result;
+    }
+  }
+  warn_once_if_aliased(tile);
+  const AdamConstants constants = make_constants(params, fusion);
+  const detail::AdamRangeFn adam = path_for(simd_).adam;
+  for_blocks(tile.n, executor, tile.master, tile.n * 4,
+             [&](std::size_t begin, std::size_t end) { adam(constants, tile, begin, end); });
+  return result;
+}
+
+GradStats AdamKernel::grad_stats(const void* grad, DType grad_dtype, std::size_t n,
+                                 CpuExecutor* executor) const {
+  if (n == 0) return {};
+  STRATA_ASSERT(grad != nullptr && aligned_to(grad, dtype_bytes(grad_dtype)));
+  const detail::StatsRangeFn stats = path_for(simd_).stats;
+  const std::size_t blocks = block_count(n);
+  if (executor == nullptr || n < kAdamParallelMinElems) {
+    return stats_tree(stats, grad, grad_dtype, n, 0, blocks, false);
+  }
+  GradStats result;
+  executor->execute(grad, n * dtype_bytes(grad_dtype),
+                    [&] { result = stats_tree(stats, grad, grad_dtype, n, 0, blocks, true); });
+  return result;
+}
+
+void AdamKernel::roofline_step(float* p, float* m, float* v, const float* g, std::size_t n,
+                               CpuExecutor* executor) const {
+  if (n == 0) return;
+  STRATA_ASSERT(p != nullptr && m != nullptr && v != nullptr && g != nullptr);
+  const detail::RooflineRangeFn roofline = path_for(simd_).roofline;
+  for_blocks(n, executor, p, n * 4,
+             [&](std::size_t begin, std::size_t end) { roofline(p, m, v, g, begin, end); });
+}
+
+}  // namespace strata::kernels

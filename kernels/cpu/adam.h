@@ -1,0 +1,125 @@
+// CPU Adam / AdamW over one tile of fp32 master weights and moments, with the mixed-precision work
+// fused into the same memory pass: gradient unscale (1/loss_scale), gradient clipping
+// coefficient, optional inf/NaN detection that skips the whole tile, and the write of the updated
+// weights as bf16 or fp16 for the compute copy. See docs/adam.md.
+//
+// Semantics (PyTorch torch.optim.Adam / AdamW, and DeepSpeed's DeepSpeedCPUAdam), per element,
+// with t = params.step (1 for the first step):
+//   g  = grad * grad_scale_inv * clip_coef
+//   g += weight_decay * p                          (Adam, adamw_mode = false: L2 in the gradient)
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * g * g
+//   bc1 = 1 - beta1^t,  bc2 = 1 - beta2^t          (both 1 when bias_correction = false)
+//   p *= 1 - lr * weight_decay                     (AdamW, adamw_mode = true: decoupled decay)
+//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+//   copy_out = round_to_nearest_even(p)            (bf16 or fp16, when copy_out is given)
+// Each SIMD path computes exactly the same fp32 operations (fma where written above as a*b + c),
+// so all paths, and every thread count, give bit-identical results.
+//
+// Typical use (the optimizer pipeline streams tiles; the trainer calls it per parameter buffer):
+//   auto kernel = AdamKernel::create();                 // best SIMD path, or STRATA_SIMD
+//   auto executor = CpuExecutor::create({.threads = 0});
+//   AdamTile tile{.master = p, .exp_avg = m, .exp_avg_sq = v, .grad = g,
+//                 .grad_dtype = DType::kBF16, .copy_out = p16, .copy_dtype = DType::kBF16, .n = n};
+//   AdamResult r = kernel->step(params, fusion, tile, executor->get());
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "common/status.h"
+#include "kernels/cpu/cpu_executor.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/dtype.h"
+
+namespace strata::kernels {
+
+// Hyperparameters of one parameter group for one step.
+struct AdamParams {
+  float lr = 1e-3f;             // learning rate, >= 0
+  float beta1 = 0.9f;           // first-moment decay, in [0, 1)
+  float beta2 = 0.999f;         // second-moment decay, in [0, 1)
+  float eps = 1e-8f;            // added to the bias-corrected sqrt(v), >= 0
+  float weight_decay = 0.0f;    // >= 0; how it acts depends on adamw_mode
+  bool adamw_mode = true;       // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
+  bool bias_correction = true;  // false reproduces DeepSpeed's bias_correction=False
+  std::int64_t step = 1;        // steps taken including this one (PyTorch's state["step"]), >= 1
+};
+
+// Ok, or kInvalidArgument naming the field, its value and the valid range.
+Status validate(const AdamParams& params);
+
+// The optional work fused into the update pass.
+struct AdamFusion {
+  float grad_scale_inv = 1.0f;  // multiplies the gradient: 1 / loss_scale (1: no unscaling)
+  float clip_coef = 1.0f;       // multiplies the gradient: max_norm / total_norm, at most 1
+  // Scan the gradient for inf/NaN before touching anything; on a hit nothing is written and the
+  // result says skipped. Costs one extra read of the gradient (2-4 of the tile's 26-30 bytes per
+  // parameter). Callers that already know the gradient is finite (grad_stats() over all tiles,
+  // needed anyway for global clipping and loss scaling) leave it off.
+  bool check_finite = false;
+};
+
+// One tile: n elements of each array. Arrays must not overlap; any alignment of the element type
+// is accepted (4 bytes for fp32, 2 for bf16/fp16).
+struct AdamTile {
+  float* master = nullptr;      // [n] fp32 weights, updated in place
+  float* exp_avg = nullptr;     // [n] fp32 first moment, updated in place
+  float* exp_avg_sq = nullptr;  // [n] fp32 second moment, updated in place
+  const void* grad = nullptr;   // [n] gradient of grad_dtype, read only
+  DType grad_dtype = DType::kF32;
+  void* copy_out = nullptr;  // [n] of copy_dtype (bf16 or fp16) receiving the new weights; or
+                             // null for no copy
+  DType copy_dtype = DType::kBF16;
+  std::size_t n = 0;
+};
+
+struct AdamResult {
+  bool skipped = false;               // check_finite found inf/NaN: nothing was written
+  std::uint64_t nonfinite_count = 0;  // how many gradient elements were inf/NaN (check_finite)
+};
+
+// One read-only pass over a gradient: what clipping and loss scaling need.
+struct GradStats {
+  std::uint64_t nonfinite_count = 0;  // inf/NaN elements
+  double sum_sq = 0.0;                // sum of grad^2 of the raw (still scaled) gradient, in
+                                      // double; inf/NaN when nonfinite_count > 0
+};
+
+// Work below this many elements runs on the calling thread even when an executor is given.
+inline constexpr std::size_t kAdamParallelMinElems = 64 * 1024;
+// Elements per scheduling block (64 KiB per fp32 array); blocks are dealt to threads statically.
+inline constexpr std::size_t kAdamBlockElems = 16 * 1024;
+
+class AdamKernel {
+ public:
+  // The path for `simd`, or default_simd_level() (STRATA_SIMD or the best here) when not given.
+  // Errors: kUnavailable when this CPU cannot run the requested path.
+  static Result<AdamKernel> create(std::optional<SimdLevel> simd = std::nullopt);
+
+  // The SIMD path this kernel runs.
+  SimdLevel simd() const { return simd_; }
+
+  // One Adam step over one tile. With an executor (and n >= kAdamParallelMinElems) the tile is
+  // split over its threads; without, it runs on the calling thread. Asserts on programmer errors
+  // (null arrays with n > 0, overlapping arrays, bad dtypes, invalid params).
+  AdamResult step(const AdamParams& params, const AdamFusion& fusion, const AdamTile& tile,
+                  CpuExecutor* executor = nullptr) const;
+
+  // Counts inf/NaN and sums grad^2 over n elements. Deterministic: the same bits whatever the
+  // thread count (blocks are summed in a fixed tree); paths may differ in the last bits.
+  GradStats grad_stats(const void* grad, DType grad_dtype, std::size_t n,
+                       CpuExecutor* executor = nullptr) const;
+
+  // The bandwidth ceiling of step()'s access pattern: p += g; m += g; v += g over n floats in
+  // place (reads 4 arrays, writes 3), with the same SIMD path, threads and blocking as step().
+  void roofline_step(float* p, float* m, float* v, const float* g, std::size_t n,
+                     CpuExecutor* executor = nullptr) const;
+
+ private:
+  explicit AdamKernel(SimdLevel simd) : simd_(simd) {}
+  SimdLevel simd_;
+};
+
+}  // namespace strata::kernels

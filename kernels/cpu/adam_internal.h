@@ -1,0 +1,132 @@
+// Internal to the CPU Adam kernels (adam*.cc): the constants one step needs, the per-element
+// update every SIMD path's scalar tail shares, and the table of range functions each path
+// provides. Not part of the public API (see adam.h).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/float16.h"
+
+namespace strata::kernels::detail {
+
+// Everything per-step, precomputed once in double and rounded to fp32.
+struct AdamConstants {
+  float beta1 = 0;
+  float one_minus_beta1 = 0;
+  float beta2 = 0;
+  float one_minus_beta2 = 0;
+  float eps = 0;
+  float step_size = 0;     // lr / bc1
+  float inv_sqrt_bc2 = 0;  // 1 / sqrt(bc2)
+  float decay = 1;         // AdamW: 1 - lr * weight_decay; Adam: 1
+  float l2 = 0;            // Adam: weight_decay; AdamW: 0
+  float grad_scale = 1;    // grad_scale_inv * clip_coef
+};
+
+// Copy-out variants, as template arguments.
+enum class CopyKind { kNone = 0, kBF16 = 1, kF16 = 2 };
+
+// Runs [begin, end) of one tile; the tile's pointers are the tile's base pointers.
+using AdamRangeFn = void (*)(const AdamConstants& c, const AdamTile& tile, std::size_t begin,
+                             std::size_t end);
+// Stats of grad[begin, end): nonfinite count, and grad^2 summed into 16 lanes (element i goes to
+// lane (i - begin) % 16) that combine_lanes() adds in a fixed order, so every path agrees.
+using StatsRangeFn = GradStats (*)(const void* grad, DType dtype, std::size_t begin,
+                                   std::size_t end);
+// p += g; m += g; v += g over [begin, end).
+using RooflineRangeFn = void (*)(float* p, float* m, float* v, const float* g, std::size_t begin,
+                                 std::size_t end);
+
+struct AdamPath {
+  AdamRangeFn adam = nullptr;
+  StatsRangeFn stats = nullptr;
+  RooflineRangeFn roofline = nullptr;
+};
+
+AdamPath scalar_path();
+AdamPath avx2_path();
+AdamPath avx512_path();
+
+inline constexpr int kStatsLanes = 16;
+
+// The kernels run with the default floating-point environment (round to nearest, no
+// flush-to-zero, no denormals-are-zero) whatever the calling thread set, so results never depend
+// on which thread ran a block; the caller's MXCSR is restored afterwards.
+class MxcsrGuard {
+ public:
+  MxcsrGuard() : saved_(_mm_getcsr()) { _mm_setcsr(kDefault); }
+  ~MxcsrGuard() { _mm_setcsr(saved_); }
+  MxcsrGuard(const MxcsrGuard&) = delete;
+  MxcsrGuard& operator=(const MxcsrGuard&) = delete;
+
+ private:
+  static constexpr unsigned kDefault = 0x1f80;  // all exceptions masked, round to nearest
+  unsigned saved_;
+};
+
+// Gradient element i of a tile, widened to fp32 (exact).
+[[gnu::always_inline]] inline float load_grad(const void* grad, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(grad)[i];
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
+    case DType::kF16:
+      return fp16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
+  }
+  return 0.0f;
+}
+
+// The update of one element: the exact operation sequence every vector path performs.
+template <bool kL2, CopyKind kCopy>
+[[gnu::always_inline]] inline void adam_element(const AdamConstants& c, float grad, float* p,
+                                                float* m, float* v, void* copy_out, std::size_t i) {
+  float g = grad * c.grad_scale;
+  float param = *p;
+  if constexpr (kL2) g = std::fma(c.l2, param, g);
+  const float new_m = std::fma(c.beta1, *m, c.one_minus_beta1 * g);
+  const float new_v = std::fma(c.beta2, *v, (c.one_minus_beta2 * g) * g);
+  const float denom = std::fma(std::sqrt(new_v), c.inv_sqrt_bc2, c.eps);
+  param = param * c.decay;
+  param = std::fma(-c.step_size, new_m / denom, param);
+  *p = param;
+  *m = new_m;
+  *v = new_v;
+  if constexpr (kCopy == CopyKind::kBF16) {
+    static_cast<std::uint16_t*>(copy_out)[i] = float_to_bf16(param);
+  } else if constexpr (kCopy == CopyKind::kF16) {
+    static_cast<std::uint16_t*>(copy_out)[i] = float_to_fp16(param);
+  }
+}
+
+// Scalar stats of grad[begin, end) into lanes (the tail of every path, and the scalar path).
+[[gnu::always_inline]] inline void stats_tail(const void* grad, DType dtype, std::size_t begin,
+                                              std::size_t from, std::size_t end,
+                                              double lanes[kStatsLanes], std::uint64_t* nonfinite) {
+  for (std::size_t i = from; i < end; ++i) {
+    const float x = load_grad(grad, dtype, i);
+    if (!std::isfinite(x)) ++*nonfinite;
+    const double d = x;
+    double& lane = lanes[(i - begin) % kStatsLanes];
+    lane = std::fma(d, d, lane);
+  }
+}
+
+// Adds the 16 lanes in a fixed pairwise order.
+inline double combine_lanes(const double lanes[kStatsLanes]) {
+  double level[kStatsLanes];
+  for (int k = 0; k < kStatsLanes; ++k)
+    level[k] = lanes[k];
+  for (int width = kStatsLanes / 2; width >= 1; width /= 2) {
+    for (int k = 0; k < width; ++k)
+      level[k] = level[2 * k] + level[2 * k + 1];
+  }
+  return level[0];
+}
+
+}  // namespace strata::kernels::detail

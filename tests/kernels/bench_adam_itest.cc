@@ -1,0 +1,112 @@
+// `strata bench adam` as a user runs it: machine-readable output with the fields the issue asks
+// for, numbers consistent with each other, and clear usage errors.
+#include <gtest/gtest.h>
+#include <json/json.h>
+
+#include <memory>
+#include <string>
+
+#include "kernels/cpu/cpu_features.h"
+#include "support/run_strata.h"
+
+namespace strata {
+namespace {
+
+using testing::run_strata;
+
+Json::Value parse_json(const std::string& text) {
+  Json::CharReaderBuilder builder;
+  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
+  Json::Value root;
+  std::string errors;
+  EXPECT_TRUE(reader->parse(text.data(), text.data() + text.size(), &root, &errors))
+      << errors << "\n"
+      << text;
+  return root;
+}
+
+TEST(BenchAdam, JsonReportsBandwidthRooflineAndTheirRatio) {
+  auto r = run_strata({"bench", "adam", "--params", "300000", "--threads", "2", "--grad", "bf16",
+                       "--copy", "fp16", "--repeats", "3", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value j = parse_json(r.out);
+  EXPECT_EQ(j["params"].asUInt64(), 300000u);
+  EXPECT_EQ(j["grad"].asString(), "bf16");
+  EXPECT_EQ(j["copy"].asString(), "fp16");
+  EXPECT_EQ(j["layout"].asString(), "staggered");
+  // bf16 gradient + fp16 copy: read 12 + 2, write 12 + 2; the roofline moves 28.
+  EXPECT_EQ(j["bytes_per_param"].asUInt64(), 28u);
+  EXPECT_EQ(j["bytes_read_per_param"].asUInt64(), 14u);
+  EXPECT_EQ(j["roofline_bytes_per_param"].asUInt64(), 28u);
+  const double gbps = j["gbps"].asDouble();
+  const double roofline_gbps = j["roofline_gbps"].asDouble();
+  ASSERT_GT(gbps, 0.0);
+  ASSERT_GT(roofline_gbps, 0.0);
+  EXPECT_NEAR(j["ratio"].asDouble(), gbps / roofline_gbps, 1e-9);
+  EXPECT_NEAR(gbps, 300000.0 * 28 / (j["ms_per_step"].asDouble() * 1e-3) / 1e9, gbps * 1e-9);
+  EXPECT_NEAR(j["params_per_s"].asDouble(), 300000.0 / (j["ms_per_step"].asDouble() * 1e-3),
+              j["params_per_s"].asDouble() * 1e-9);
+  EXPECT_LE(j["ms_per_step_min"].asDouble(), j["ms_per_step"].asDouble());
+  EXPECT_GE(j["ms_per_step_max"].asDouble(), j["ms_per_step"].asDouble());
+}
+
+TEST(BenchAdam, CheckFiniteCountsTheExtraGradientRead) {
+  auto r = run_strata({"bench", "adam", "--params", "100000", "--repeats", "1", "--check-finite",
+                       "--simd", "scalar", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value j = parse_json(r.out);
+  EXPECT_TRUE(j["check_finite"].asBool());
+  EXPECT_EQ(j["simd"].asString(), "scalar");
+  EXPECT_EQ(j["bytes_read_per_param"].asUInt64(), 20u);  // 12 state + 4 grad + 4 grad again
+}
+
+TEST(BenchAdam, TextOutputNamesBothKernelsAndTheRatio) {
+  auto r = run_strata({"bench", "adam", "--params", "70000", "--repeats", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ms/step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("roofline"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ratio"), std::string::npos) << r.out;
+}
+
+TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string named;
+  };
+  const Case cases[] = {{{"--grad", "fp8"}, "fp8"},
+                        {{"--copy", "fp32"}, "fp32"},
+                        {{"--simd", "sse"}, "sse"},
+                        {{"--params", "0"}, "--params"},
+                        {{"--layout", "diagonal"}, "diagonal"}};
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"bench", "adam"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto r = run_strata(args);
+    EXPECT_EQ(r.exit_code, 2) << c.named << ": " << r.err;
+    EXPECT_NE(r.err.find(c.named), std::string::npos) << r.err;
+  }
+}
+
+TEST(BenchAdam, StrataSimdEnvironmentChoosesThePathWhenNoneIsGiven) {
+  auto r = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                      {"STRATA_SIMD=scalar"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(parse_json(r.out)["simd"].asString(), "scalar");
+  auto bad = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                        {"STRATA_SIMD=mmx"});
+  ASSERT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("STRATA_SIMD='mmx'"), std::string::npos) << bad.err;
+  EXPECT_EQ(parse_json(bad.out)["simd"].asString(), kernels::to_string(kernels::best_simd_level()));
+}
+
+TEST(BenchAdam, UnsupportedSimdPathFailsNamingIt) {
+  if (kernels::simd_level_supported(kernels::SimdLevel::kAvx512)) {
+    GTEST_SKIP() << "this CPU runs every path";
+  }
+  auto r = run_strata({"bench", "adam", "--params", "1000", "--simd", "avx512"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("avx512"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace strata
