@@ -43,43 +43,91 @@ STRATA_AVX512 inline __m256i to_bf16x16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
 }
 
-template <bool kL2, DType kGrad, CopyKind kCopy>
-STRATA_AVX512 inline void adam16(const AdamConstants& c, const AdamTile& t, std::size_t i) {
-  __m512 g = _mm512_mul_ps(load_grad16<kGrad>(t.grad, i), _mm512_set1_ps(c.grad_scale));
-  __m512 p = _mm512_loadu_ps(t.master + i);
-  if constexpr (kL2) g = _mm512_fmadd_ps(_mm512_set1_ps(c.l2), p, g);
-  const __m512 m = _mm512_fmadd_ps(_mm512_set1_ps(c.beta1), _mm512_loadu_ps(t.exp_avg + i),
-                                   _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), g));
-  const __m512 v =
-      _mm512_fmadd_ps(_mm512_set1_ps(c.beta2), _mm512_loadu_ps(t.exp_avg_sq + i),
-                      _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), g), g));
-  const __m512 denom =
-      _mm512_fmadd_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(c.inv_sqrt_bc2), _mm512_set1_ps(c.eps));
-  p = _mm512_mul_ps(p, _mm512_set1_ps(c.decay));
-  p = _mm512_fmadd_ps(_mm512_set1_ps(-c.step_size), _mm512_div_ps(m, denom), p);
-  _mm512_storeu_ps(t.master + i, p);
-  _mm512_storeu_ps(t.exp_avg + i, m);
-  _mm512_storeu_ps(t.exp_avg_sq + i, v);
+// The step's constants broadcast once per range, held in registers. (Read through the
+// AdamConstants reference instead, they would be reloaded after every float store, which the
+// compiler must assume could alias them.)
+struct Constants16 {
+  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bc2, decay,
+      l2, grad_scale;
+  STRATA_AVX512 explicit Constants16(const AdamConstants& c)
+      : beta1(_mm512_set1_ps(c.beta1)),
+        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
+        beta2(_mm512_set1_ps(c.beta2)),
+        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        eps(_mm512_set1_ps(c.eps)),
+        neg_step_size(_mm512_set1_ps(-c.step_size)),
+        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bc2)),
+        decay(_mm512_set1_ps(c.decay)),
+        l2(_mm512_set1_ps(c.l2)),
+        grad_scale(_mm512_set1_ps(c.grad_scale)) {}
+};
+
+// The tile's pointers as locals, so stores through them cannot be taken to modify them.
+struct Streams {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const void* grad;
+  std::uint16_t* copy;
+};
+
+// Elements [i, i + 16): the same operation sequence as adam_element(). Returns the new weights.
+template <bool kL2, DType kGrad>
+STRATA_AVX512 inline __m512 adam16(const Constants16& k, const Streams& s, std::size_t i) {
+  __m512 g = _mm512_mul_ps(load_grad16<kGrad>(s.grad, i), k.grad_scale);
+  __m512 p = _mm512_loadu_ps(s.master + i);
+  if constexpr (kL2) g = _mm512_fmadd_ps(k.l2, p, g);
+  const __m512 m =
+      _mm512_fmadd_ps(k.beta1, _mm512_loadu_ps(s.exp_avg + i), _mm512_mul_ps(k.one_minus_beta1, g));
+  const __m512 v = _mm512_fmadd_ps(k.beta2, _mm512_loadu_ps(s.exp_avg_sq + i),
+                                   _mm512_mul_ps(_mm512_mul_ps(k.one_minus_beta2, g), g));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  p = _mm512_mul_ps(p, k.decay);
+  p = _mm512_fmadd_ps(k.neg_step_size, _mm512_div_ps(m, denom), p);
+  _mm512_storeu_ps(s.master + i, p);
+  _mm512_storeu_ps(s.exp_avg + i, m);
+  _mm512_storeu_ps(s.exp_avg_sq + i, v);
+  return p;
+}
+
+// Stores 16 new weights narrowed to the copy-out dtype at copy + i (32-byte aligned). The copy
+// is not read back here: streaming stores skip the read-for-ownership of its lines.
+template <CopyKind kCopy>
+STRATA_AVX512 inline void store_copy16(std::uint16_t* copy, std::size_t i, __m512 p) {
+  auto* out = reinterpret_cast<__m256i*>(copy + i);
   if constexpr (kCopy == CopyKind::kBF16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(t.copy_out) + i),
-                        to_bf16x16(p));
+    _mm256_stream_si256(out, to_bf16x16(p));
   } else if constexpr (kCopy == CopyKind::kF16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(t.copy_out) + i),
-                        _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_stream_si256(out, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
   }
 }
 
 template <bool kL2, DType kGrad, CopyKind kCopy>
-STRATA_AVX512 void adam_range_t(const AdamConstants& c, const AdamTile& t, std::size_t begin,
-                                std::size_t end) {
+STRATA_AVX512 void adam_range_t(const AdamConstants& constants, const AdamTile& t,
+                                std::size_t begin, std::size_t end) {
+  const AdamConstants c = constants;
+  const Constants16 k(c);
+  const Streams s{t.master, t.exp_avg, t.exp_avg_sq, t.grad,
+                  static_cast<std::uint16_t*>(t.copy_out)};
+  auto scalar = [&](std::size_t i) {
+    adam_element<kL2, kCopy>(c, load_grad(s.grad, kGrad, i), s.master + i, s.exp_avg + i,
+                             s.exp_avg_sq + i, s.copy, i);
+  };
   std::size_t i = begin;
+  if constexpr (kCopy != CopyKind::kNone) {
+    // Scalar steps until the copy-out address is 32-byte aligned (it is 2-byte aligned).
+    const auto address = reinterpret_cast<std::uintptr_t>(s.copy + i);
+    for (std::size_t peel = (32 - address % 32) % 32 / 2; peel > 0 && i < end; --peel, ++i)
+      scalar(i);
+  }
   for (; i + 16 <= end; i += 16) {
-    adam16<kL2, kGrad, kCopy>(c, t, i);
+    const __m512 p = adam16<kL2, kGrad>(k, s, i);
+    if constexpr (kCopy != CopyKind::kNone) store_copy16<kCopy>(s.copy, i, p);
   }
-  for (; i < end; ++i) {
-    adam_element<kL2, kCopy>(c, load_grad(t.grad, kGrad, i), t.master + i, t.exp_avg + i,
-                             t.exp_avg_sq + i, t.copy_out, i);
-  }
+  for (; i < end; ++i)
+    scalar(i);
+  // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
+  if constexpr (kCopy != CopyKind::kNone) _mm_sfence();
 }
 
 template <bool kL2, DType kGrad>

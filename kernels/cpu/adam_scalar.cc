@@ -7,10 +7,19 @@ namespace strata::kernels::detail {
 namespace {
 
 template <bool kL2, CopyKind kCopy>
-void adam_range_t(const AdamConstants& c, const AdamTile& t, std::size_t begin, std::size_t end) {
+void adam_range_t(const AdamConstants& constants, const AdamTile& t, std::size_t begin,
+                  std::size_t end) {
+  // Local copies: stores through the float pointers could otherwise alias them.
+  const AdamConstants c = constants;
+  float* const master = t.master;
+  float* const exp_avg = t.exp_avg;
+  float* const exp_avg_sq = t.exp_avg_sq;
+  const void* const grad = t.grad;
+  const DType grad_dtype = t.grad_dtype;
+  void* const copy_out = t.copy_out;
   for (std::size_t i = begin; i < end; ++i) {
-    adam_element<kL2, kCopy>(c, load_grad(t.grad, t.grad_dtype, i), t.master + i, t.exp_avg + i,
-                             t.exp_avg_sq + i, t.copy_out, i);
+    adam_element<kL2, kCopy>(c, load_grad(grad, grad_dtype, i), master + i, exp_avg + i,
+                             exp_avg_sq + i, copy_out, i);
   }
 }
 

@@ -39,47 +39,54 @@ struct BenchAdamOptions {
   std::string simd = "auto";
   int repeats = 10;
   bool check_finite = false;
+  std::string layout = "staggered";
   bool json = false;
 };
 
-// Each benchmark array lives in its own anonymous mapping, staggered: array k starts k * 4160
-// bytes (4 KiB + one cache line) into a mapping padded by 1 MiB. Arrays at distances that are
-// exact large powers of two (adjacent mappings of 256 MiB each) ran 3-6x slower here, Adam and
-// roofline alike (same cache/TLB sets and 4 KiB aliasing for every stream); see docs/adam.md.
+// All benchmark arrays live in one anonymous mapping (huge pages when the kernel allows them:
+// fewer TLB misses for Adam and the roofline alike). Layout "staggered" (the default) rounds each
+// array up to 2 MiB and moves array k by k * (4 KiB + 64 B); "back-to-back" packs them with no
+// gap, so equal arrays of 2^25+ floats sit a multiple of 128 MiB apart, which runs several times
+// slower on some CPUs, Adam and roofline alike (docs/adam.md).
 constexpr std::size_t kSkewBytes = 4096 + 64;
-constexpr std::size_t kPadBytes = std::size_t{1} << 20;
+constexpr std::size_t kRoundBytes = std::size_t{2} << 20;
 
-class Mapping {
+class ArrayArena {
  public:
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
+  ArrayArena() = default;
+  ArrayArena(const ArrayArena&) = delete;
+  ArrayArena& operator=(const ArrayArena&) = delete;
+  ~ArrayArena() {
     if (data_ != nullptr) munmap(data_, bytes_);
   }
-  // Maps room for `bytes` at position `index` of the stagger; huge pages when the kernel allows
-  // them (fewer TLB misses for Adam and the roofline alike).
-  Status map(std::size_t bytes, int index, const char* what) {
-    bytes_ = bytes + kPadBytes;
+  // Maps room for arrays of the given sizes; array(k) is then the k-th.
+  Status map(const std::vector<std::size_t>& sizes, bool staggered) {
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      if (staggered) offset += k * kSkewBytes;
+      offsets_.push_back(offset);
+      offset +=
+          staggered ? align_up(sizes[k] + k * kSkewBytes, kRoundBytes) - k * kSkewBytes : sizes[k];
+    }
+    bytes_ = std::max<std::size_t>(offset, 1);
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      return make_error(ErrorCode::kOutOfMemory, "cannot map {} for the {} array: {}",
-                        format_bytes(bytes_), what, std::strerror(errno));
+      return make_error(ErrorCode::kOutOfMemory, "cannot map {} for the benchmark arrays: {}",
+                        format_bytes(bytes_), std::strerror(errno));
     }
     (void)madvise(p, bytes_, MADV_HUGEPAGE);  // advice only; fine when refused
     data_ = p;
-    skew_ = static_cast<std::size_t>(index) * kSkewBytes;
     return Status::ok();
   }
   template <typename T>
-  T* as() const {
-    return data_ == nullptr ? nullptr : reinterpret_cast<T*>(static_cast<char*>(data_) + skew_);
+  T* array(std::size_t k) const {
+    return reinterpret_cast<T*>(static_cast<char*>(data_) + offsets_[k]);
   }
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
-  std::size_t skew_ = 0;
+  std::vector<std::size_t> offsets_;
 };
 
 struct Timing {
@@ -121,6 +128,9 @@ int run_bench_adam(const BenchAdamOptions& o) {
       return usage("--copy '" + o.copy + "' is not one of none, bf16, fp16");
     }
   }
+  if (o.layout != "staggered" && o.layout != "back-to-back") {
+    return usage("--layout '" + o.layout + "' is not one of staggered, back-to-back");
+  }
   std::optional<kernels::SimdLevel> simd;
   if (o.simd != "auto") {
     simd = kernels::parse_simd_level(o.simd);
@@ -135,25 +145,23 @@ int run_bench_adam(const BenchAdamOptions& o) {
   if (!executor_result.is_ok()) return report_error(executor_result.status());
   CpuExecutor* executor = executor_result->get();
 
-  Mapping master, exp_avg, exp_avg_sq, grad32, grad16, copy;
-  Status mapped = master.map(n * 4, 0, "master");
-  if (mapped.is_ok()) mapped = exp_avg.map(n * 4, 1, "exp_avg");
-  if (mapped.is_ok()) mapped = exp_avg_sq.map(n * 4, 2, "exp_avg_sq");
-  if (mapped.is_ok()) mapped = grad32.map(n * 4, 3, "fp32 gradient");
-  if (mapped.is_ok() && *grad_dtype != DType::kF32) {
-    mapped = grad16.map(n * 2, 4, "16-bit gradient");
+  // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (Adam's or the roofline's), then the
+  // 16-bit gradient and the copy-out when asked for.
+  const bool grad16_used = *grad_dtype != DType::kF32;
+  std::vector<std::size_t> sizes = {
+      n * 4, n * 4, n * 4, n * 4, grad16_used ? n * 2 : 0, copy_dtype ? n * 2 : 0};
+  ArrayArena arena;
+  if (Status mapped = arena.map(sizes, o.layout == "staggered"); !mapped.is_ok()) {
+    return report_error(mapped);
   }
-  if (mapped.is_ok() && copy_dtype) mapped = copy.map(n * 2, 5, "copy-out");
-  if (!mapped.is_ok()) return report_error(mapped);
-
+  float* p = arena.array<float>(0);
+  float* m = arena.array<float>(1);
+  float* v = arena.array<float>(2);
+  float* g = arena.array<float>(3);
+  std::uint16_t* g16 = grad16_used ? arena.array<std::uint16_t>(4) : nullptr;
+  std::uint16_t* out16 = copy_dtype ? arena.array<std::uint16_t>(5) : nullptr;
   // First touch from the threads that will use each part (same static blocking as the kernel),
   // so on a NUMA machine pages land next to the threads that stream them.
-  float* p = master.as<float>();
-  float* m = exp_avg.as<float>();
-  float* v = exp_avg_sq.as<float>();
-  float* g = grad32.as<float>();
-  std::uint16_t* g16 = grad16.as<std::uint16_t>();
-  std::uint16_t* out16 = copy.as<std::uint16_t>();
   const std::size_t blocks = (n + kernels::kAdamBlockElems - 1) / kernels::kAdamBlockElems;
   executor->execute(p, n * 4, [&] {
     tbb::parallel_for(
@@ -243,6 +251,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
     out["grad"] = kernels::to_string(*grad_dtype);
     out["copy"] = copy_dtype ? kernels::to_string(*copy_dtype) : "none";
     out["check_finite"] = o.check_finite;
+    out["layout"] = o.layout;
     out["repeats"] = o.repeats;
     out["bytes_per_param"] = Json::UInt64(adam_bytes);
     out["bytes_read_per_param"] = Json::UInt64(adam_read);
@@ -266,10 +275,10 @@ int run_bench_adam(const BenchAdamOptions& o) {
   }
   std::printf(
       "strata bench adam: %zu params, %d threads, %s path, grad %s, copy %s, "
-      "check_finite %s, median of %d\n",
+      "check_finite %s, %s arrays, median of %d\n",
       n, threads, kernels::to_string(kernel->simd()), kernels::to_string(*grad_dtype),
       copy_dtype ? kernels::to_string(*copy_dtype) : "none", o.check_finite ? "on" : "off",
-      o.repeats);
+      o.layout.c_str(), o.repeats);
   std::printf(
       "  adam      %8.2f ms/step (min %.2f, max %.2f)  %.3g params/s  %6.2f GB/s  "
       "(%zu B/param: read %zu, write %zu)\n",
@@ -309,6 +318,10 @@ void register_bench_adam(CLI::App* bench, Registry& registry) {
       ->capture_default_str();
   adam->add_flag("--check-finite", options->check_finite,
                  "Scan the gradient for inf/NaN before each step (one more read of it)");
+  adam->add_option("--layout", options->layout,
+                   "Array placement: staggered (by 4 KiB + 64 B), or back-to-back (equal arrays "
+                   "at power-of-two distances, a known slow layout)")
+      ->capture_default_str();
   adam->add_flag("--json", options->json, "Print one JSON object instead of text");
   registry.add(adam, [options] { return run_bench_adam(*options); });
 }

@@ -184,6 +184,7 @@ inline void TileData::set_grad(std::size_t i, float value) {
 }
 
 inline void TileData::reset() {
+  if (n_ == 0) return;  // memcpy from an empty vector's null data() is undefined
   std::memcpy(master(), master0_.data(), n_ * 4);
   std::memcpy(exp_avg(), exp_avg0_.data(), n_ * 4);
   std::memcpy(exp_avg_sq(), exp_avg_sq0_.data(), n_ * 4);

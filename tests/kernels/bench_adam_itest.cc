@@ -33,6 +33,7 @@ TEST(BenchAdam, JsonReportsBandwidthRooflineAndTheirRatio) {
   EXPECT_EQ(j["params"].asUInt64(), 300000u);
   EXPECT_EQ(j["grad"].asString(), "bf16");
   EXPECT_EQ(j["copy"].asString(), "fp16");
+  EXPECT_EQ(j["layout"].asString(), "staggered");
   // bf16 gradient + fp16 copy: read 12 + 2, write 12 + 2; the roofline moves 28.
   EXPECT_EQ(j["bytes_per_param"].asUInt64(), 28u);
   EXPECT_EQ(j["bytes_read_per_param"].asUInt64(), 14u);
@@ -75,7 +76,8 @@ TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
   const Case cases[] = {{{"--grad", "fp8"}, "fp8"},
                         {{"--copy", "fp32"}, "fp32"},
                         {{"--simd", "sse"}, "sse"},
-                        {{"--params", "0"}, "--params"}};
+                        {{"--params", "0"}, "--params"},
+                        {{"--layout", "diagonal"}, "diagonal"}};
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench", "adam"};
     args.insert(args.end(), c.args.begin(), c.args.end());
@@ -83,6 +85,18 @@ TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
     EXPECT_EQ(r.exit_code, 2) << c.named << ": " << r.err;
     EXPECT_NE(r.err.find(c.named), std::string::npos) << r.err;
   }
+}
+
+TEST(BenchAdam, StrataSimdEnvironmentChoosesThePathWhenNoneIsGiven) {
+  auto r = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                      {"STRATA_SIMD=scalar"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(parse_json(r.out)["simd"].asString(), "scalar");
+  auto bad = run_strata({"bench", "adam", "--params", "1000", "--repeats", "1", "--json"},
+                        {"STRATA_SIMD=mmx"});
+  ASSERT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("STRATA_SIMD='mmx'"), std::string::npos) << bad.err;
+  EXPECT_EQ(parse_json(bad.out)["simd"].asString(), kernels::to_string(kernels::best_simd_level()));
 }
 
 TEST(BenchAdam, UnsupportedSimdPathFailsNamingIt) {
