@@ -34,14 +34,13 @@ Result<std::unique_ptr<TrainState>> TrainState::create(backend::Backend& backend
                            layout.units[static_cast<std::size_t>(u)].padded_numel);
     s->device_.push_back(std::move(d));
     HostUnit h;
-    STRATA_ASSIGN_OR_RETURN(h.master,
-                            backend.allocate_pinned(s->unit_bytes(u, 4), "master weights"));
-    STRATA_ASSIGN_OR_RETURN(h.exp_avg,
-                            backend.allocate_pinned(s->unit_bytes(u, 4), "Adam exp_avg"));
-    STRATA_ASSIGN_OR_RETURN(h.exp_avg_sq,
-                            backend.allocate_pinned(s->unit_bytes(u, 4), "Adam exp_avg_sq"));
-    STRATA_ASSIGN_OR_RETURN(h.grad,
-                            backend.allocate_pinned(s->unit_bytes(u, 4), "gradient accumulator"));
+    const std::uint64_t stride = s->unit_bytes(u, 4) + 4096;
+    STRATA_ASSIGN_OR_RETURN(h.block,
+                            backend.allocate_pinned(4 * stride, "master weights and Adam state"));
+    for (int k = 0; k < 4; ++k) {
+      h.arrays[k] =
+          reinterpret_cast<float*>(h.block.as<char>() + static_cast<std::uint64_t>(k) * stride);
+    }
     s->host_.push_back(std::move(h));
   }
   const std::uint64_t largest_bytes = static_cast<std::uint64_t>(largest);
@@ -101,8 +100,7 @@ Status TrainState::upload_params() {
 double TrainState::grad_sum_squares() const {
   double total = 0.0;
   for (int u = 0; u < units(); ++u) {
-    total +=
-        kernels::sum_squares(host_[idx(u)].grad.as<float>(), layout_.units[idx(u)].padded_numel);
+    total += kernels::sum_squares(host_[idx(u)].arrays[3], layout_.units[idx(u)].padded_numel);
   }
   return total;
 }
