@@ -5,6 +5,7 @@
 // through the same oneTBB-tiled OpenBLAS path), so MFU = achieved / peak is a ratio measured on
 // one machine at one time. See docs/benchmarks.md ("Training step").
 #include <json/json.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +36,7 @@ struct BenchStepOptions {
   int threads = 0;
   bool checkpointing = false;
   std::string peak_sizes = "1024,2048,4096";
-  int peak_repeats = 3;
+  int peak_repeats = 5;
   std::string device_bytes = "16GiB";
   bool json = false;
 };
@@ -56,8 +57,10 @@ Result<config::ModelConfig> model_of(const std::string& path) {
   return loaded.config.strata.model;
 }
 
-// GFLOP/s of sgemm n x n x n through kernels::gemm (median of `repeats`, after one warm-up).
+// GFLOP/s of sgemm n x n x n (median of `repeats`, after one warm-up) on `threads` threads:
+// through kernels::gemm in a oneTBB arena of that size, or as one call with OpenBLAS's own threads.
 double gemm_gflops(std::int64_t n, int repeats, bool openblas_threads, int threads) {
+  tbb::task_arena arena(threads);
   std::vector<float> a(static_cast<std::size_t>(n * n)), b(a.size()), c(a.size());
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -176,7 +179,7 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   while (std::getline(list, item, ',')) {
     const std::int64_t n = std::stoll(item);
     if (n < 1) return Status(ErrorCode::kUsage, "sizes must be positive", "--peak-sizes");
-    const double g = gemm_gflops(n, o.peak_repeats, false, 0);
+    const double g = gemm_gflops(n, o.peak_repeats, false, static_cast<int>(threads));
     sizes[std::to_string(n)] = g;
     if (n >= largest) {
       largest = n;
