@@ -102,7 +102,8 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(void* base, const CpuBackendOptions& options, std::uint64_t host_budget, int threads)
       : base_(static_cast<std::uint8_t*>(base)),
-        arena_(options.device_bytes_max, "device arena", "strata.device_bytes_max"),
+        arena_(options.device_bytes_max, "device arena", options.device_budget_name),
+        host_budget_name_(options.host_budget_name),
         host_budget_(host_budget),
         threads_(threads),
         tbb_arena_(threads),
@@ -141,11 +142,10 @@ class CpuBackend final : public Backend {
       std::lock_guard<std::mutex> lock(pinned_mutex_);
       if (pinned_in_use_ + size > host_budget_) {
         return Status(ErrorCode::kOutOfMemory,
-                      fmt::format("cannot allocate {} for {}: {} of the {} budget "
-                                  "(strata.host_bytes_max) are in use; raise "
-                                  "strata.host_bytes_max or shrink the job",
+                      fmt::format("cannot allocate {} for {}: {} of the {} budget ({}) are "
+                                  "in use; raise {} or shrink the job",
                                   format_bytes(size), purpose, format_bytes(pinned_in_use_),
-                                  format_bytes(host_budget_)),
+                                  format_bytes(host_budget_), host_budget_name_, host_budget_name_),
                       "pinned host memory");
       }
       pinned_in_use_ += size;
@@ -296,6 +296,7 @@ class CpuBackend final : public Backend {
 
   std::uint8_t* base_;
   Arena arena_;
+  const std::string host_budget_name_;
   const std::uint64_t host_budget_;
   const int threads_;
   tbb::task_arena tbb_arena_;
@@ -364,7 +365,7 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(const CpuBackendOptions& optio
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("device budget {} is too small; valid: at least 4 KiB",
                               format_bytes(options.device_bytes_max)),
-                  "strata.device_bytes_max");
+                  options.device_budget_name);
   }
   std::uint64_t host_budget = options.host_bytes_max;
   if (host_budget == 0) {
@@ -380,7 +381,7 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(const CpuBackendOptions& optio
     return Status(ErrorCode::kOutOfMemory,
                   fmt::format("cannot reserve the {} device arena: {}", format_bytes(capacity),
                               std::strerror(errno)),
-                  "strata.device_bytes_max");
+                  options.device_budget_name);
   }
   CpuBackendOptions effective = options;
   effective.device_bytes_max = capacity;

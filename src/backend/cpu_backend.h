@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -21,6 +22,9 @@ struct CpuBackendOptions {
   std::uint64_t device_bytes_max = 4ull << 30;  // the arena's hard budget
   std::uint64_t host_bytes_max = 0;             // pinned budget; 0 = 80% of available memory
   int threads = 0;                              // compute threads; 0 = all cores available
+  // How errors name the budgets (a config key, or a command-line option).
+  std::string device_budget_name = "strata.device_bytes_max";
+  std::string host_budget_name = "strata.host_bytes_max";
 };
 
 // Creates a CpuBackend: maps the arena and starts the copy threads. kInvalidArgument for a zero

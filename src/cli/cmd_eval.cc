@@ -68,6 +68,7 @@ Result<Json::Value> evaluate(const EvalOptions& o) {
   backend::CpuBackendOptions backend_options;
   backend_options.device_bytes_max = *device_bytes;
   backend_options.threads = o.threads;
+  backend_options.device_budget_name = "--device-bytes";
   STRATA_ASSIGN_OR_RETURN(auto backend, backend::make_cpu_backend(backend_options));
   STRATA_ASSIGN_OR_RETURN(auto store, model::ResidentStore<float>::create(*backend, layout));
   std::vector<float*> units;
