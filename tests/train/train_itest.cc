@@ -300,6 +300,23 @@ TEST(Train, TrainsOnTokenAndTextFilesAndEvalReadsTheFinalModel) {
   ASSERT_EQ(tr.exit_code, 0) << tr.err;
 }
 
+TEST(Train, AConfigJsonAloneTrainsFromRandomInitialisation) {
+  TempDir dir;
+  RunConfig c;
+  c.steps = 2;
+  const std::string config =
+      testing::source_path("tests/fixtures/models/llama_gqa_tied/config.json");
+  auto r = run_strata(
+      {"train", "--config", dir.write_file("c.json", config_text(c, dir.path() + "/out")), "--set",
+       "strata.model.path=" + config},
+      {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("loaded weights"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("llama with 17664 parameters"), std::string::npos) << r.err;
+  // GPT-2's initialisation gives near-uniform predictions over the 67-token vocabulary.
+  EXPECT_NEAR(step_losses(dir.path() + "/out").at(1), std::log(67.0), 0.1);
+}
+
 TEST(Train, ClearErrorsForMissingDataTinyBudgetsAndBadResume) {
   TempDir dir;
   RunConfig c;
