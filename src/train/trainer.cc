@@ -158,6 +158,9 @@ Status Trainer::setup() {
         "offload settings are accepted but this trainer keeps all state in device and host "
         "memory (the tier manager is not built yet)");
   }
+  if (!s.trace_file.empty()) {
+    note("strata.trace_file is accepted but this trainer writes no trace yet");
+  }
   return Status::ok();
 }
 
