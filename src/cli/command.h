@@ -42,4 +42,7 @@ void register_report(CLI::App& root, Registry& registry);
 void register_estimate(CLI::App& root, Registry& registry);
 void register_bench(CLI::App& root, Registry& registry);
 
+// `strata bench` subcommands; register_bench calls each with the `bench` command.
+void register_bench_io(CLI::App* bench, Registry& registry);
+
 }  // namespace strata::cli
