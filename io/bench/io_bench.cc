@@ -167,7 +167,7 @@ Result<IoBenchResult> run_io_bench(const IoBenchConfig& config) {
     FileId file;
     bool remove;
     ~Closer() { (void)engine->close_file(file, remove); }
-  } closer{engine.get(), file, !existed};
+  } closer{engine.get(), file, !existed && !config.keep_file};
   STRATA_ASSIGN_OR_RETURN(FileInfo info, engine->file_info(file));
 
   const std::uint64_t block = options.block_size_bytes;

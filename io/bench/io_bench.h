@@ -14,7 +14,8 @@
 namespace strata::io {
 
 struct IoBenchConfig {
-  std::string file;  // benchmark file; created (and removed) if missing
+  std::string file;        // benchmark file; created if missing
+  bool keep_file = false;  // keep a file this run created
   std::uint64_t file_size_bytes = 1ull << 30;
   std::uint64_t pass_bytes = 0;  // bytes per pass; 0 = the whole file
   bool read = true;
@@ -49,7 +50,7 @@ struct IoBenchResult {
 };
 
 // Runs the passes `config` asks for (write first: a read pass needs data on the file). When the
-// file is new, it is filled before a read-only run and removed afterwards.
+// file is new, it is filled before a read-only run, and removed afterwards unless keep_file.
 Result<IoBenchResult> run_io_bench(const IoBenchConfig& config);
 
 struct SweepPoint {

@@ -196,13 +196,13 @@ int run_io(const IoOptions& o) {
     return report_error(Status(ErrorCode::kUsage, "give exactly one of --path DIR or --file FILE"));
   }
   io::IoBenchConfig c;
-  std::string dir = o.path;
   if (!o.path.empty()) {
     auto probe = io::probe_directory(o.path);
     if (!probe.is_ok()) return report_error(probe.status());
     c.file = fmt::format("{}/strata-bench-io-{}.dat", o.path, ::getpid());
   } else {
     c.file = o.file;
+    c.keep_file = true;
   }
   auto file_size = bytes_option("--file-size", o.file_size);
   auto block = bytes_option("--block-size", o.block_size);
