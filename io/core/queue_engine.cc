@@ -248,10 +248,12 @@ Status QueueEngine::check_request(const IoRequest& request) const {
   const FileInfo& info = files_[request.file.index].file.info;
   const std::uint64_t align = info.alignment_bytes;
   const auto address = reinterpret_cast<std::uintptr_t>(request.buffer);
-  std::string what = fmt::format("{} of {} bytes at offset {}", op_name(request.op),
-                                 request.length_bytes, request.offset_bytes);
-  auto bad = [&](std::string message) {
-    return Status(ErrorCode::kInvalidArgument, what + ": " + message, info.paths.front());
+  // The message is only built on the error path: submit() does not allocate.
+  auto bad = [&](const std::string& message) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} of {} bytes at offset {}: {}", op_name(request.op),
+                              request.length_bytes, request.offset_bytes, message),
+                  info.paths.front());
   };
   if (request.buffer == nullptr) return bad("the buffer is null");
   if (request.length_bytes == 0) return bad("the length is zero");
