@@ -53,7 +53,8 @@ IoCompletion run(Twin& twin, Op op, std::uint64_t offset, std::uint64_t length, 
 }
 
 TEST(SimFaults, EioSurfacesNamingFileOffsetAndErrno) {
-  Twin twin = make_twin(SimFaults{.eio_rate = 1.0});
+  Twin twin =
+      make_twin(SimFaults{.eio_rate = 1.0}, 42, 1);  // one thread: the first piece fails first
   AlignedBuffer buffer(kMiB);
   IoCompletion c = run(twin, Op::kWrite, 2 * kMiB, kMiB, buffer.data());
   ASSERT_FALSE(c.status.is_ok());
