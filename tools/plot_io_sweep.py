@@ -1,14 +1,19 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Turns `strata bench io --sweep --json` output into a PNG chart.
 
 Usage: strata bench io --path DIR --sweep --json > sweep.json
        tools/plot_io_sweep.py sweep.json sweep.png
 
+(Runs with /usr/bin/python3 so the Debian package python3-matplotlib is found.)
 One panel per pass (read, write) and thread count; x = queue depth (log scale), one line per
 block size, y = GB/s. Skipped points are left out. Needs matplotlib (Debian: python3-matplotlib).
 """
 import json
 import sys
+
+
+def size_label(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
 def main(argv):
@@ -43,9 +48,8 @@ def main(argv):
                                 if p["threads"] == t and p["block_size"] == b
                                 and p.get(name + "_gbps") is not None)
                 if series:
-                    label = f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
                     ax.plot([q for q, _ in series], [g for _, g in series], marker="o",
-                            label=label)
+                            label=size_label(b))
             ax.set_xscale("log", base=2)
             ax.set_title(f"{name}, {t} thread{'s' if t > 1 else ''}")
             ax.set_xlabel("queue depth")
@@ -55,7 +59,7 @@ def main(argv):
     axes[0][-1].legend(title="block size", fontsize="small")
     best = data.get("best")
     if best:
-        fig.suptitle(f"strata bench io --sweep (best: block {best['block_size'] >> 10} KiB, "
+        fig.suptitle(f"strata bench io --sweep (best: block {size_label(best['block_size'])}, "
                      f"queue depth {best['queue_depth']}, threads {best['threads']})")
     fig.tight_layout()
     fig.savefig(argv[2], dpi=110)

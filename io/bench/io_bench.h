@@ -20,7 +20,8 @@ struct IoBenchConfig {
   std::uint64_t pass_bytes = 0;  // bytes per pass; 0 = the whole file
   bool read = true;
   bool write = true;
-  bool copy_path = true;                        // also measure NVMe -> staging -> destination
+  bool copy_path = true;     // also measure NVMe -> staging -> destination
+  std::uint32_t repeat = 1;  // passes of each kind; the one with the median GB/s is reported
   std::uint64_t memory_max_bytes = 1ull << 30;  // staging buffers at most (threads*qd*block)
   EngineOptions engine;
   // Called now and then with the pass's name and the fraction done (for a progress bar).

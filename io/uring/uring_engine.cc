@@ -1,14 +1,12 @@
 #include "io/uring/uring_engine.h"
 
 #include <liburing.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -44,7 +42,6 @@ class UringEngine final : public core::QueueEngine {
     close_all_files();
     for (auto& w : workers_) {
       if (w->ring_ready) io_uring_queue_exit(&w->ring);
-      if (w->event_fd >= 0) ::close(w->event_fd);
     }
   }
 
@@ -60,6 +57,8 @@ class UringEngine final : public core::QueueEngine {
     for (std::uint32_t t = 0; t < o.threads; ++t) {
       auto w = std::make_unique<Worker>();
       w->pieces.resize(o.queue_depth);
+      w->ended.reserve(o.queue_depth);
+      w->errors.resize(o.queue_depth);
       for (std::uint32_t e = o.queue_depth; e > 0; --e)
         w->free.push_back(e - 1);
       int rc = io_uring_queue_init(o.queue_depth + 2, &w->ring, 0);
@@ -71,11 +70,6 @@ class UringEngine final : public core::QueueEngine {
       w->ring_ready = true;
       w->fixed_files = io_uring_register_files_sparse(&w->ring, o.files_max * kStripesMax) == 0;
       w->fixed_buffers = io_uring_register_buffers_sparse(&w->ring, o.buffers_max) == 0;
-      w->event_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-      if (w->event_fd < 0) {
-        return Status(ErrorCode::kUnavailable,
-                      fmt::format("eventfd failed: {}", core::errno_text(errno)));
-      }
       workers_.push_back(std::move(w));
     }
     fixed_files_ = workers_.front()->fixed_files;
@@ -163,12 +157,19 @@ class UringEngine final : public core::QueueEngine {
     return Status::ok();
   }
 
+  // New pieces were queued: the submitting thread moves them into rings with room itself, so
+  // no worker has to wake up to submit. Once shutdown began, a NOP wakes each worker to exit.
   void wake_workers() override {
-    const std::uint64_t one = 1;
+    const bool stop = stopping();
     for (auto& w : workers_) {
-      if (w->sleeping.load(std::memory_order_seq_cst)) {
-        ssize_t n = ::write(w->event_fd, &one, sizeof(one));
-        (void)n;  // a full counter (EAGAIN) already means "wake up"
+      std::lock_guard<std::mutex> lock(w->sq_mu);
+      if (stop) {
+        struct io_uring_sqe* sqe = get_sqe(*w);
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, kWakeTag);
+        submit_locked(*w);
+      } else if (!fill_locked(*w)) {
+        break;  // the queues are empty
       }
     }
   }
@@ -179,10 +180,15 @@ class UringEngine final : public core::QueueEngine {
     bool ring_ready = false;
     bool fixed_files = false;
     bool fixed_buffers = false;
-    int event_fd = -1;
-    std::atomic<bool> sleeping{false};
+    // Guards the submission queue and the piece table: submitters fill the ring, the worker
+    // thread reaps completions (the CQ is the worker's alone).
+    std::mutex sq_mu;
     std::vector<Piece> pieces;        // queue_depth entries; index = user_data
     std::vector<std::uint32_t> free;  // free entries of `pieces`
+    std::uint32_t in_flight = 0;
+    std::vector<std::uint32_t> ended;  // worker only: entries whose piece is over
+    std::vector<Status> errors;        // worker only: their results, by entry
+    bool warned_submit = false;
     std::thread thread;
   };
 
@@ -195,10 +201,42 @@ class UringEngine final : public core::QueueEngine {
     return sqe;
   }
 
-  void arm_wake(Worker& w) {
-    struct io_uring_sqe* sqe = get_sqe(w);
-    io_uring_prep_poll_add(sqe, w.event_fd, POLLIN);
-    io_uring_sqe_set_data64(sqe, kWakeTag);
+  // Hands prepared SQEs to the kernel; caller holds w.sq_mu. A failure leaves them in the SQ
+  // for the next submit.
+  void submit_locked(Worker& w) {
+    int rc = 0;
+    for (int attempt = 0; attempt < 3 && io_uring_sq_ready(&w.ring) > 0; ++attempt) {
+      rc = io_uring_submit(&w.ring);
+      if (rc >= 0) return;
+      if (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) break;
+    }
+    if (rc < 0 && !w.warned_submit) {
+      w.warned_submit = true;
+      STRATA_LOG_WARN("io_uring submit failed: {}; will retry", core::errno_text(-rc));
+    }
+  }
+
+  // Moves queued pieces into the ring while it has room (without overlap_events only when the
+  // previous batch is all back) and submits them; caller holds w.sq_mu. False when the queues
+  // ran dry.
+  bool fill_locked(Worker& w) {
+    const EngineOptions& o = options();
+    bool more = true;
+    if (o.overlap_events || w.in_flight == 0) {
+      while (w.in_flight < o.queue_depth) {
+        const std::uint32_t entry = w.free.back();
+        if (!take_piece(&w.pieces[entry])) {
+          more = false;
+          break;
+        }
+        w.free.pop_back();
+        prep(w, entry);
+        ++w.in_flight;
+        if (o.single_submit) submit_locked(w);
+      }
+    }
+    submit_locked(w);
+    return more;
   }
 
   void prep(Worker& w, std::uint32_t entry) {
@@ -221,71 +259,56 @@ class UringEngine final : public core::QueueEngine {
     io_uring_sqe_set_data64(sqe, entry);
   }
 
-  void run(Worker& w) {
-    const EngineOptions& o = options();
-    std::uint32_t in_flight = 0;
-    bool armed = false;
-    bool warned_submit = false;
-    for (;;) {
-      if (!armed) {
-        arm_wake(w);
-        armed = true;
-      }
-      // Fill the ring; without overlap_events only once the previous batch is all back.
-      auto fill = [&] {
-        if (!o.overlap_events && in_flight != 0) return;
-        while (in_flight < o.queue_depth) {
-          const std::uint32_t entry = w.free.back();
-          if (!take_piece(&w.pieces[entry])) break;
-          w.free.pop_back();
-          prep(w, entry);
-          ++in_flight;
-          if (o.single_submit) io_uring_submit(&w.ring);
-        }
-      };
-      fill();
-      if (in_flight < o.queue_depth && (o.overlap_events || in_flight == 0)) {
-        // Room for more: ask submitters to write the eventfd, then look at the queues once more
-        // so that a submit between the fill above and the flag is not missed.
-        w.sleeping.store(true, std::memory_order_seq_cst);
-        fill();
-      }
-      if (in_flight == 0 && stopping()) break;
-      int rc = io_uring_submit_and_wait(&w.ring, 1);
-      w.sleeping.store(false, std::memory_order_seq_cst);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        if (!warned_submit) {
-          STRATA_LOG_WARN("io_uring submit failed: {}; retrying", core::errno_text(-rc));
-          warned_submit = true;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
+  // Consumes the completions in the CQ: accounts them, resubmits short pieces, ends the others
+  // and refills the ring. Only the worker thread calls it.
+  void process(Worker& w) {
+    w.ended.clear();
+    {
+      std::lock_guard<std::mutex> lock(w.sq_mu);
       unsigned head = 0;
       unsigned seen = 0;
       struct io_uring_cqe* cqe = nullptr;
       io_uring_for_each_cqe(&w.ring, head, cqe) {
         ++seen;
         const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
-        if (tag == kWakeTag) {
-          std::uint64_t count = 0;
-          ssize_t n = ::read(w.event_fd, &count, sizeof(count));
-          (void)n;  // EAGAIN: already drained
-          armed = false;
-          continue;
-        }
+        if (tag == kWakeTag) continue;
         const auto entry = static_cast<std::uint32_t>(tag);
         Piece& piece = w.pieces[entry];
-        Status error;
-        PieceStep step = account(&piece, cqe->res, &error);
-        if (step == PieceStep::kAgain) {
-          prep(w, entry);
+        w.errors[entry] = Status::ok();
+        if (account(&piece, cqe->res, &w.errors[entry]) == PieceStep::kAgain) {
+          prep(w, entry);  // the remainder; submitted below
           continue;
         }
-        finish_piece(piece, error);
-        w.free.push_back(entry);
-        --in_flight;
+        w.ended.push_back(entry);
       }
       io_uring_cq_advance(&w.ring, seen);
+    }
+    // Ending a piece may wake a waiter; do it without holding the ring.
+    for (std::uint32_t entry : w.ended)
+      finish_piece(w.pieces[entry], w.errors[entry]);
+    std::lock_guard<std::mutex> lock(w.sq_mu);
+    for (std::uint32_t entry : w.ended)
+      w.free.push_back(entry);
+    w.in_flight -= static_cast<std::uint32_t>(w.ended.size());
+    fill_locked(w);
+  }
+
+  // The worker: waits for completions and processes them until shutdown.
+  void run(Worker& w) {
+    bool warned_wait = false;
+    for (;;) {
+      struct io_uring_cqe* cqe = nullptr;
+      int rc = io_uring_wait_cqe(&w.ring, &cqe);
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
+        if (!warned_wait) {
+          STRATA_LOG_WARN("io_uring wait failed: {}; retrying", core::errno_text(-rc));
+          warned_wait = true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      process(w);
+      std::lock_guard<std::mutex> lock(w.sq_mu);
+      if (w.in_flight == 0 && stopping()) break;
     }
   }
 

@@ -25,6 +25,7 @@ struct IoOptions {
   std::string block_size = "1MiB";
   std::uint32_t queue_depth = 8;
   std::uint32_t threads = 1;
+  std::uint32_t repeat = 1;
   std::string engine = "auto";
   std::string memory_max = "1GiB";
   bool json = false;
@@ -77,6 +78,7 @@ Json::Value result_json(const io::IoBenchConfig& c, const io::IoBenchResult& r) 
   v["queue_depth"] = c.engine.queue_depth;
   v["threads"] = c.engine.threads;
   v["file_size"] = Json::UInt64(c.file_size_bytes);
+  v["repeat"] = c.repeat;
   v["read_gbps"] = r.read.ran ? Json::Value(r.read.gbps) : Json::Value();
   v["write_gbps"] = r.write.ran ? Json::Value(r.write.gbps) : Json::Value();
   v["copy_gbps"] = r.copy.ran ? Json::Value(r.copy.gbps) : Json::Value();
@@ -229,6 +231,7 @@ int run_io(const IoOptions& o) {
   c.engine.block_size_bytes = *block;
   c.engine.queue_depth = o.queue_depth;
   c.engine.threads = o.threads;
+  c.repeat = o.repeat;
   if (::isatty(STDERR_FILENO)) c.progress = draw_progress;
 
   if (o.sweep || o.tune) return run_sweep(o, c);
@@ -268,6 +271,10 @@ void register_bench_io(CLI::App* bench, Registry& registry) {
       ->capture_default_str();
   io->add_option("--threads", o->threads, "I/O threads (aio.intra_op_parallelism)")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  io->add_option("--repeat", o->repeat,
+                 "Passes of each kind (per sweep point too); the median GB/s is reported")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   io->add_option("--engine", o->engine, "auto, uring or posix")->capture_default_str();
   io->add_option("--memory-max", o->memory_max,

@@ -2,6 +2,9 @@
 // and errors for bad input. Small files only: these check behaviour, not speed.
 #include <gtest/gtest.h>
 #include <json/json.h>
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
@@ -68,6 +71,56 @@ TEST(BenchIo, ReadOnlyModeOnAGivenFileKeepsTheFile) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_GT(parse_json(run.out)["copy_gbps"].asDouble(), 0.0);
   EXPECT_TRUE(std::filesystem::exists(file));
+}
+
+// Runs strata on a pseudo-terminal and returns what it printed there.
+std::string run_on_terminal(const std::vector<std::string>& args) {
+  int master = -1;
+  pid_t child = ::forkpty(&master, nullptr, nullptr, nullptr);
+  if (child == 0) {
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(STRATA_BINARY));
+    for (const std::string& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(STRATA_BINARY, argv.data());
+    ::_exit(127);
+  }
+  EXPECT_GT(child, 0);
+  std::string out;
+  char buffer[4096];
+  for (;;) {
+    ssize_t n = ::read(master, buffer, sizeof(buffer));
+    if (n <= 0) break;  // EIO once the child has closed the terminal
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(master);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  return out;
+}
+
+TEST(BenchIo, DrawsAProgressBarOnATerminal) {
+  TempDir dir;
+  // Enough passes that the bar is drawn at least at the end of each.
+  const std::string out = run_on_terminal(
+      {"bench", "io", "--path", dir.path(), "--file-size", "8MiB", "--no-copy-path"});
+  EXPECT_NE(out.find("write  ["), std::string::npos) << out;
+  EXPECT_NE(out.find("] 100%"), std::string::npos) << out;
+  EXPECT_NE(out.find("GB/s"), std::string::npos) << out;
+}
+
+TEST(BenchIo, RepeatRunsEveryPassThatManyTimes) {
+  TempDir dir;
+  auto run = run_strata(
+      {"bench", "io", "--path", dir.path(), "--file-size", "8MiB", "--repeat", "3", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  Json::Value v = parse_json(run.out);
+  EXPECT_EQ(v["repeat"].asUInt(), 3u);
+  EXPECT_GT(v["read_gbps"].asDouble(), 0.0);
+  EXPECT_GT(v["write_gbps"].asDouble(), 0.0);
+  EXPECT_GT(v["copy_gbps"].asDouble(), 0.0);
 }
 
 TEST(BenchIo, SweepCoversTheGridAndTuneWritesAUsableAioSection) {
