@@ -151,6 +151,11 @@ class IoEngine {
   virtual std::optional<IoCompletion> poll(IoHandle handle) = 0;
   // Like wait(), but gives up after `timeout_us` and returns nullopt (handle still live).
   virtual std::optional<IoCompletion> wait_for(IoHandle handle, std::uint64_t timeout_us) = 0;
+  // Blocks until any of `handles` completes (entries that are not valid() are skipped; at least
+  // one must be), consumes that one, stores its position in `*index` and returns its
+  // completion. Lets a caller with many requests in flight reuse whichever finishes first.
+  virtual IoCompletion wait_any(const IoHandle* handles, std::uint32_t count,
+                                std::uint32_t* index) = 0;
   // Handles submitted and not yet consumed.
   virtual std::uint32_t outstanding() const = 0;
 };

@@ -97,12 +97,19 @@ struct Bench {
     };
     for (std::uint32_t s = 0; s < slots && next < requests; ++s)
       STRATA_TRY(submit(s));
-    // Requests complete roughly in order; waiting in submit order keeps every slot busy.
-    for (std::uint32_t s = 0; done < requests; s = (s + 1) % slots) {
-      if (!ring[s].valid()) continue;
-      IoCompletion c = engine.wait(ring[s]);
+    // Whichever request completes first gets its slot refilled, as fio does.
+    while (done < requests) {
+      std::uint32_t s = 0;
+      IoCompletion c = engine.wait_any(ring.data(), slots, &s);
       ring[s] = IoHandle{};
-      if (!c.status.is_ok()) return c.status;
+      if (!c.status.is_ok()) {
+        // Consume the rest so the file can be closed (and removed) on the way out.
+        for (IoHandle& h : ring) {
+          if (h.valid()) (void)engine.wait(h);
+          h = IoHandle{};
+        }
+        return c.status;
+      }
       latencies_ns.push_back(c.latency_ns);
       ++done;
       if (copy) {

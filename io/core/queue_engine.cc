@@ -499,6 +499,29 @@ std::optional<IoCompletion> QueueEngine::wait_for(IoHandle handle, std::uint64_t
   return consume(handle.slot);
 }
 
+IoCompletion QueueEngine::wait_any(const IoHandle* handles, std::uint32_t count,
+                                   std::uint32_t* index) {
+  STRATA_ASSERT(handles != nullptr && index != nullptr);
+  std::unique_lock<std::mutex> lock(mu_);
+  bool any = false;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (handles[i].valid()) {
+      live_slot(handles[i]);  // asserts the handle is live
+      any = true;
+    }
+  }
+  STRATA_ASSERT_MSG(any, "wait_any needs at least one valid handle");
+  for (;;) {
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if (handles[i].valid() && slots_[handles[i].slot].done) {
+        *index = i;
+        return consume(handles[i].slot);
+      }
+    }
+    done_cv_.wait(lock);
+  }
+}
+
 std::uint32_t QueueEngine::outstanding() const {
   std::lock_guard<std::mutex> lock(mu_);
   return options_.requests_max - static_cast<std::uint32_t>(free_slots_.size());

@@ -64,6 +64,7 @@ class QueueEngine : public IoEngine {
   IoCompletion wait(IoHandle handle) final;
   std::optional<IoCompletion> poll(IoHandle handle) final;
   std::optional<IoCompletion> wait_for(IoHandle handle, std::uint64_t timeout_us) final;
+  IoCompletion wait_any(const IoHandle* handles, std::uint32_t count, std::uint32_t* index) final;
   std::uint32_t outstanding() const final;
 
  protected:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -239,6 +240,32 @@ TEST_P(EngineTest, PollAndWaitForReturnTheCompletion) {
   while (!(polled = engine_->poll(*h2)).has_value()) {
   }
   EXPECT_TRUE(polled->status.is_ok());
+  EXPECT_EQ(engine_->outstanding(), 0u);
+}
+
+TEST_P(EngineTest, WaitAnyConsumesEachRequestOnceAndSkipsEmptyEntries) {
+  FileId file = create("data", 4 * kMiB);
+  AlignedBuffer buffer(4 * kMiB);
+  std::vector<IoHandle> handles(6);  // entries 1 and 4 stay empty
+  for (std::uint32_t i : {0u, 2u, 3u, 5u}) {
+    auto h = engine_->submit(
+        {Op::kWrite, file, i * 512 * 1024ull, 512 * 1024, buffer.data() + i * 512 * 1024});
+    ASSERT_TRUE(h.is_ok());
+    handles[i] = *h;
+  }
+  std::vector<std::uint32_t> seen;
+  for (int n = 0; n < 4; ++n) {
+    std::uint32_t index = 99;
+    IoCompletion c = engine_->wait_any(handles.data(), 6, &index);
+    ASSERT_LT(index, 6u);
+    EXPECT_TRUE(handles[index].valid());
+    EXPECT_TRUE(c.status.is_ok());
+    EXPECT_EQ(c.bytes_done, 512u * 1024);
+    handles[index] = IoHandle{};
+    seen.push_back(index);
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::uint32_t>{0, 2, 3, 5}));
   EXPECT_EQ(engine_->outstanding(), 0u);
 }
 
