@@ -145,6 +145,11 @@ class IoEngine {
   // what is valid); kUnavailable when all requests_max handles are outstanding (back-pressure:
   // wait for one, then submit again).
   virtual Result<IoHandle> submit(const IoRequest& request) = 0;
+  // Queues `count` requests together, so that they reach the kernel in one submission (where
+  // adjacent ones can merge), and stores their handles. All or nothing: on an error (as for
+  // submit(), for any of them) none is queued.
+  virtual Status submit_batch(const IoRequest* requests, std::uint32_t count,
+                              IoHandle* handles) = 0;
   // Blocks until the request completes; consumes the handle.
   virtual IoCompletion wait(IoHandle handle) = 0;
   // The completion if the request is done (consuming the handle), else nullopt.

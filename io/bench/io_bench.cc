@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -74,8 +75,13 @@ struct Bench {
   std::uint64_t pass_bytes;
   Mapping staging;             // threads * queue_depth blocks
   Mapping destination;         // the copy path's target
-  std::vector<IoHandle> ring;  // outstanding requests, FIFO
+  std::vector<IoHandle> ring;  // the request in flight per staging slot, or invalid
   std::vector<std::uint64_t> latencies_ns;
+  // Scratch for refilling, sized once (threads * queue_depth).
+  std::vector<std::uint32_t> freed;
+  std::vector<std::uint32_t> batch_slots;
+  std::vector<IoRequest> batch_requests;
+  std::vector<IoHandle> batch_handles;
 
   // One sequential pass; `copy` memcpys each completed block to the destination.
   Result<PassResult> pass(Op op, bool copy, const char* name) {
@@ -89,35 +95,62 @@ struct Bench {
     std::uint64_t copied = 0;
     auto last_progress = Clock::now();
     const auto start = Clock::now();
-    auto submit = [&](std::uint32_t slot) -> Status {
-      std::uint8_t* buffer = staging.data() + std::uint64_t{slot} * block;
-      STRATA_ASSIGN_OR_RETURN(ring[slot], engine.submit({op, file, next * block, block, buffer}));
-      ++next;
+    // Refills the slots in freed[0, n) in one batch, as far as requests remain.
+    auto refill = [&](std::uint32_t n) -> Status {
+      std::uint32_t batch = 0;
+      for (std::uint32_t i = 0; i < n && next < requests; ++i, ++next) {
+        const std::uint32_t slot = freed[i];
+        batch_slots[batch] = slot;
+        batch_requests[batch++] = {op, file, next * block, block,
+                                   staging.data() + std::uint64_t{slot} * block};
+      }
+      STRATA_TRY(engine.submit_batch(batch_requests.data(), batch, batch_handles.data()));
+      for (std::uint32_t i = 0; i < batch; ++i)
+        ring[batch_slots[i]] = batch_handles[i];
       return Status::ok();
     };
-    for (std::uint32_t s = 0; s < slots && next < requests; ++s)
-      STRATA_TRY(submit(s));
-    // Whichever request completes first gets its slot refilled, as fio does.
-    while (done < requests) {
-      std::uint32_t s = 0;
-      IoCompletion c = engine.wait_any(ring.data(), slots, &s);
-      ring[s] = IoHandle{};
-      if (!c.status.is_ok()) {
-        // Consume the rest so the file can be closed (and removed) on the way out.
-        for (IoHandle& h : ring) {
-          if (h.valid()) (void)engine.wait(h);
-          h = IoHandle{};
-        }
-        return c.status;
+    auto drain = [&] {
+      for (IoHandle& h : ring) {
+        if (h.valid()) (void)engine.wait(h);
+        h = IoHandle{};
       }
+    };
+    // Ends the completed request of `slot`.
+    auto complete = [&](std::uint32_t slot, const IoCompletion& c) -> Status {
+      ring[slot] = IoHandle{};
+      STRATA_TRY(c.status);
       latencies_ns.push_back(c.latency_ns);
       ++done;
       if (copy) {
         const std::uint64_t at = copied % (destination.bytes() / block) * block;
-        std::memcpy(destination.data() + at, staging.data() + std::uint64_t{s} * block, block);
+        std::memcpy(destination.data() + at, staging.data() + std::uint64_t{slot} * block, block);
         ++copied;
       }
-      if (next < requests) STRATA_TRY(submit(s));
+      return Status::ok();
+    };
+    for (std::uint32_t s = 0; s < slots; ++s)
+      freed[s] = s;
+    STRATA_TRY(refill(slots));
+    // Like fio: wait for any request, take every other one that is done too, and refill all
+    // their slots in one submission.
+    while (done < requests) {
+      std::uint32_t n = 0;
+      std::uint32_t s = 0;
+      IoCompletion c = engine.wait_any(ring.data(), slots, &s);
+      Status ended = complete(s, c);
+      freed[n++] = s;
+      for (std::uint32_t i = 0; ended.is_ok() && i < slots; ++i) {
+        if (!ring[i].valid()) continue;
+        std::optional<IoCompletion> other = engine.poll(ring[i]);
+        if (!other.has_value()) continue;
+        ended = complete(i, *other);
+        freed[n++] = i;
+      }
+      if (ended.is_ok()) ended = refill(n);
+      if (!ended.is_ok()) {
+        drain();  // so the file can be closed (and removed) on the way out
+        return ended;
+      }
       if (config.progress && seconds_since(last_progress) > 0.1) {
         config.progress(name, static_cast<double>(done) / static_cast<double>(requests));
         last_progress = Clock::now();
@@ -194,7 +227,18 @@ Result<IoBenchResult> run_io_bench(const IoBenchConfig& config) {
     return Status(ErrorCode::kInvalidArgument, "the pass is shorter than one block");
   }
   const std::uint32_t slots = options.queue_depth * options.threads;
-  Bench bench{config, *engine, file, pass_bytes, {}, {}, std::vector<IoHandle>(slots), {}};
+  Bench bench{config,
+              *engine,
+              file,
+              pass_bytes,
+              {},
+              {},
+              std::vector<IoHandle>(slots),
+              {},
+              std::vector<std::uint32_t>(slots),
+              std::vector<std::uint32_t>(slots),
+              std::vector<IoRequest>(slots),
+              std::vector<IoHandle>(slots)};
   STRATA_TRY(bench.staging.map(std::uint64_t{slots} * block));
   // Staging is pinned by registering it (fixed-buffer I/O); without the privilege (ulimit -l)
   // the run goes on unregistered and says so.

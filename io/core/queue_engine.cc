@@ -280,33 +280,45 @@ Status QueueEngine::check_request(const IoRequest& request) const {
 
 Result<IoHandle> QueueEngine::submit(const IoRequest& request) {
   IoHandle handle;
+  STRATA_TRY(submit_batch(&request, 1, &handle));
+  return handle;
+}
+
+Status QueueEngine::submit_batch(const IoRequest* requests, std::uint32_t count,
+                                 IoHandle* handles) {
+  STRATA_ASSERT(count == 0 || (requests != nullptr && handles != nullptr));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    STRATA_TRY(check_request(request));
+    for (std::uint32_t i = 0; i < count; ++i)
+      STRATA_TRY(check_request(requests[i]));
     if (stopping_) return Status(ErrorCode::kUnavailable, "the I/O engine is shutting down");
-    if (free_slots_.empty()) {
-      return Status(ErrorCode::kUnavailable,
-                    fmt::format("busy: all {} request handles are outstanding (requests_max); "
-                                "wait for one before submitting more",
-                                options_.requests_max));
+    if (free_slots_.size() < count) {
+      return Status(
+          ErrorCode::kUnavailable,
+          fmt::format("busy: {} of {} request handles are outstanding (requests_max), "
+                      "{} more asked for; wait for some before submitting more",
+                      options_.requests_max - free_slots_.size(), options_.requests_max, count));
     }
-    const std::uint32_t index = free_slots_.back();
-    free_slots_.pop_back();
-    Slot& slot = slots_[index];
-    const std::uint32_t generation = slot.generation + 1;
-    slot = Slot{};
-    slot.generation = generation;
-    slot.live = true;
-    slot.request = request;
-    slot.next_offset = request.offset_bytes;
-    slot.submit_ns = now_ns();
-    slot.serial = ++submitted_;
-    files_[request.file.index].outstanding++;
-    enqueue(index);
-    handle = IoHandle{index, generation};
+    const std::uint64_t now = now_ns();
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const std::uint32_t index = free_slots_.back();
+      free_slots_.pop_back();
+      Slot& slot = slots_[index];
+      const std::uint32_t generation = slot.generation + 1;
+      slot = Slot{};
+      slot.generation = generation;
+      slot.live = true;
+      slot.request = requests[i];
+      slot.next_offset = requests[i].offset_bytes;
+      slot.submit_ns = now;
+      slot.serial = ++submitted_;
+      files_[requests[i].file.index].outstanding++;
+      enqueue(index);
+      handles[i] = IoHandle{index, generation};
+    }
   }
-  wake_workers();
-  return handle;
+  if (count != 0) wake_workers();
+  return Status::ok();
 }
 
 void QueueEngine::enqueue(std::uint32_t index) {

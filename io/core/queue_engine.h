@@ -61,6 +61,7 @@ class QueueEngine : public IoEngine {
   Status register_buffer(void* addr, std::uint64_t bytes) final;
   Status unregister_buffer(void* addr) final;
   Result<IoHandle> submit(const IoRequest& request) final;
+  Status submit_batch(const IoRequest* requests, std::uint32_t count, IoHandle* handles) final;
   IoCompletion wait(IoHandle handle) final;
   std::optional<IoCompletion> poll(IoHandle handle) final;
   std::optional<IoCompletion> wait_for(IoHandle handle, std::uint64_t timeout_us) final;

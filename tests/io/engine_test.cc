@@ -269,6 +269,35 @@ TEST_P(EngineTest, WaitAnyConsumesEachRequestOnceAndSkipsEmptyEntries) {
   EXPECT_EQ(engine_->outstanding(), 0u);
 }
 
+TEST_P(EngineTest, SubmitBatchIsAllOrNothing) {
+  FileId file = create("data", 4 * kMiB);
+  AlignedBuffer out(4 * kMiB), in(4 * kMiB);
+  stamp(out.data(), out.size(), 0, 13);
+  std::vector<IoRequest> requests;
+  for (std::uint64_t off = 0; off < 4 * kMiB; off += kMiB) {
+    requests.push_back({Op::kWrite, file, off, kMiB, out.data() + off});
+  }
+  std::vector<IoHandle> handles(4);
+  ASSERT_TRUE(engine_->submit_batch(requests.data(), 4, handles.data()).is_ok());
+  for (IoHandle h : handles)
+    ASSERT_TRUE(engine_->wait(h).status.is_ok());
+  // One bad request in the batch: none is queued.
+  requests[2].offset_bytes = 100;
+  Status bad = engine_->submit_batch(requests.data(), 4, handles.data());
+  EXPECT_EQ(bad.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine_->outstanding(), 0u);
+  for (IoRequest& r : requests)
+    r.op = Op::kRead;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    requests[i].offset_bytes = i * kMiB;
+    requests[i].buffer = in.data() + i * kMiB;
+  }
+  ASSERT_TRUE(engine_->submit_batch(requests.data(), 4, handles.data()).is_ok());
+  for (IoHandle h : handles)
+    ASSERT_TRUE(engine_->wait(h).status.is_ok());
+  EXPECT_EQ(first_unstamped(in.data(), in.size(), 0, 13), -1);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllEngines, EngineTest,
                          ::testing::Values(EngineKind::kUring, EngineKind::kPosix,
                                            EngineKind::kSim),
