@@ -62,7 +62,7 @@ def main(argv):
         fig.suptitle(f"strata bench io --sweep (best: block {size_label(best['block_size'])}, "
                      f"queue depth {best['queue_depth']}, threads {best['threads']})")
     fig.tight_layout()
-    fig.savefig(argv[2], dpi=110)
+    fig.savefig(argv[2], dpi=90)
     print(f"plot_io_sweep: wrote {argv[2]}", file=sys.stderr)
     return 0
 
