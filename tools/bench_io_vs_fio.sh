@@ -10,7 +10,11 @@
 #   REPS       repetitions per cell (default 5); odd ones run fio first, even ones Strata first
 #   FILE_SIZE  benchmark file size, fio syntax (default 2G)
 # Environment: STRATA=path/to/strata (default build/strata), BLOCKS="1M 8M", DEPTHS="8 32",
-#              RAW=file to keep the per-run figures (TSV) in.
+#              RAW=file to keep the per-run figures (TSV) in, FIO_EXTRA=more fio options.
+#              Strata's staging buffers are 2 MiB transparent huge pages; to give fio the same
+#              (physically contiguous buffers), reserve huge pages and pass
+#              FIO_EXTRA=--iomem=shmhuge, e.g. echo 160 > /proc/sys/vm/nr_hugepages (enough for
+#              queue depth x block size; set it back to 0 afterwards).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:?usage: tools/bench_io_vs_fio.sh DIR [REPS] [FILE_SIZE]}"
@@ -33,13 +37,13 @@ raw="${RAW:-$(mktemp)}"
 trap 'rm -f "$file"' EXIT
 bytes=$(python3 -c "import sys; u={'K':1<<10,'M':1<<20,'G':1<<30}; s=sys.argv[1]; print(int(s[:-1])*u[s[-1]] if s[-1] in u else int(s))" "$size")
 
-echo "bench_io_vs_fio: fio $(fio --version), kernel $(uname -r), file $file ($size)" >&2
+echo "bench_io_vs_fio: fio $(fio --version) ${FIO_EXTRA:-}, kernel $(uname -r), file $file ($size)" >&2
 # Lay the file out once with real data so neither tool measures unwritten extents.
 "$strata" bench io --file "$file" --file-size "$bytes" --mode write --no-copy-path --json >/dev/null
 
 run_fio() {  # mode bs qd -> GB/s
   fio --name=bench --filename="$file" --size="$bytes" --rw="$1" --bs="$2" --iodepth="$3" \
-    --ioengine=io_uring --direct=1 --numjobs=1 --output-format=json |
+    --ioengine=io_uring --direct=1 --numjobs=1 ${FIO_EXTRA:-} --output-format=json |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; print(j['$1']['bw_bytes']/1e9)"
 }
 run_strata() {  # mode bs qd -> GB/s
