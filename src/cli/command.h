@@ -42,7 +42,8 @@ void register_report(CLI::App& root, Registry& registry);
 void register_estimate(CLI::App& root, Registry& registry);
 void register_bench(CLI::App& root, Registry& registry);
 
-// Benchmarks under `strata bench`, registered by register_bench().
+// `strata bench` subcommands; register_bench calls each with the `bench` command.
+void register_bench_io(CLI::App* bench, Registry& registry);
 void register_bench_adam(CLI::App* bench, Registry& registry);
 
 }  // namespace strata::cli
