@@ -228,6 +228,23 @@ Result<DirectoryProbe> probe_directory(const std::string& dir) {
   return probe;
 }
 
+std::uint32_t direct_io_alignment(int fd) {
+  std::uint32_t align = 0;
+  struct statx stx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+      (stx.stx_mask & STATX_DIOALIGN) != 0 && stx.stx_dio_offset_align != 0) {
+    align = std::max(stx.stx_dio_mem_align, stx.stx_dio_offset_align);
+  } else {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0) {
+      DirectoryProbe probe;
+      probe_block_device(st.st_dev, &probe);
+      align = probe.logical_block_bytes;
+    }
+  }
+  return std::max<std::uint32_t>(align, 4096u);
+}
+
 std::uint32_t required_alignment(const DirectoryProbe& probe) {
   return std::max<std::uint32_t>({probe.mem_align_bytes, probe.offset_align_bytes, 4096u});
 }

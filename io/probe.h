@@ -41,6 +41,10 @@ struct DirectoryProbe {
 // or not writable.
 Result<DirectoryProbe> probe_directory(const std::string& dir);
 
+// Alignment (bytes) O_DIRECT needs on the open file `fd`: statx STATX_DIOALIGN where the kernel
+// reports it, else the backing device's logical block size, else 4096; never less than 4096.
+std::uint32_t direct_io_alignment(int fd);
+
 // Alignment (bytes) to use for O_DIRECT I/O in `dir`: the larger of the memory and offset
 // alignment the probe found, and at least 4096.
 std::uint32_t required_alignment(const DirectoryProbe& probe);

@@ -44,7 +44,8 @@ void register_bench(CLI::App& root, Registry& registry);
 void register_train(CLI::App& root, Registry& registry);
 void register_eval(CLI::App& root, Registry& registry);
 
-// Benchmarks under `strata bench`, registered by register_bench().
+// `strata bench` subcommands; register_bench calls each with the `bench` command.
+void register_bench_io(CLI::App* bench, Registry& registry);
 void register_bench_adam(CLI::App* bench, Registry& registry);
 void register_bench_step(CLI::App* bench, Registry& registry);
 
