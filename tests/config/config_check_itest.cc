@@ -13,17 +13,9 @@
 namespace strata {
 namespace {
 
+using testing::parse_json;
 using testing::run_strata;
 using testing::source_path;
-
-Json::Value parse_json(const std::string& text) {
-  Json::CharReaderBuilder builder;
-  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
-  Json::Value root;
-  std::string errors;
-  EXPECT_TRUE(reader->parse(text.data(), text.data() + text.size(), &root, &errors)) << errors;
-  return root;
-}
 
 std::vector<std::string> json_files_in(const std::string& dir) {
   std::vector<std::string> files;

@@ -15,19 +15,9 @@
 namespace strata {
 namespace {
 
+using testing::parse_json;
 using testing::run_strata;
 using testing::TempDir;
-
-Json::Value parse_json(const std::string& text) {
-  Json::CharReaderBuilder builder;
-  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
-  Json::Value root;
-  std::string errors;
-  EXPECT_TRUE(reader->parse(text.data(), text.data() + text.size(), &root, &errors))
-      << errors << "\n"
-      << text;
-  return root;
-}
 
 TEST(BenchIo, JsonReportsThroughputSettingsAndLatency) {
   TempDir dir;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <json/reader.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -143,6 +144,17 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+Json::Value parse_json(const std::string& text) {
+  Json::CharReaderBuilder builder;
+  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
+  Json::Value root;
+  std::string errors;
+  EXPECT_TRUE(reader->parse(text.data(), text.data() + text.size(), &root, &errors))
+      << errors << "\n"
+      << text;
+  return root;
 }
 
 }  // namespace strata::testing

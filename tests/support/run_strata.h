@@ -1,6 +1,8 @@
 // Runs the built `strata` program from a test and captures what it printed and its exit code.
 #pragma once
 
+#include <json/value.h>
+
 #include <string>
 #include <vector>
 
@@ -35,6 +37,10 @@ class TempDir {
 
 // The repository file at `relative` (e.g. "configs/demo.json"), as an absolute path.
 std::string source_path(const std::string& relative);
+
+// Parses JSON text (a command's output); fails the calling test, showing the text, if it is not
+// valid JSON.
+Json::Value parse_json(const std::string& text);
 
 // Reads a whole file; fails the calling test if it cannot.
 std::string read_file(const std::string& path);

@@ -1,31 +1,20 @@
 // `strata estimate` as users run it.
 #include <gtest/gtest.h>
-#include <json/reader.h>
-
-#include <sstream>
 
 #include "support/run_strata.h"
 
 namespace strata {
 namespace {
 
+using testing::parse_json;
 using testing::run_strata;
 using testing::source_path;
-
-Json::Value parse(const std::string& text) {
-  Json::Value root;
-  Json::CharReaderBuilder builder;
-  std::string errors;
-  std::istringstream in(text);
-  EXPECT_TRUE(Json::parseFromStream(builder, in, &root, &errors)) << errors << text;
-  return root;
-}
 
 TEST(EstimateCli, JsonHasBytesPerTier) {
   auto r = run_strata({"estimate", "--config", source_path("configs/zero3-nvme-bf16.json"),
                        "--model", source_path("tests/fixtures/hf/llama-2-7b"), "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  Json::Value v = parse(r.out);
+  Json::Value v = parse_json(r.out);
   EXPECT_EQ(v["params"].asInt64(), 6'738'415'616);
   // Params and optimizer state live on NVMe: 2 + 16 bytes per parameter.
   EXPECT_EQ(v["nvme_bytes"].asUInt64(), 18ull * 6'738'415'616);
@@ -41,10 +30,10 @@ TEST(EstimateCli, MoreGpusShrinkEachRanksShard) {
       run_strata({"estimate", "--config", config, "--params", "1B", "--gpus", "4", "--json"});
   ASSERT_EQ(one.exit_code, 0) << one.err;
   ASSERT_EQ(four.exit_code, 0) << four.err;
-  const auto host_one = parse(one.out)["host_bytes"].asUInt64();
-  const auto host_four = parse(four.out)["host_bytes"].asUInt64();
+  const auto host_one = parse_json(one.out)["host_bytes"].asUInt64();
+  const auto host_four = parse_json(four.out)["host_bytes"].asUInt64();
   EXPECT_LT(host_four * 3, host_one);
-  EXPECT_EQ(parse(four.out)["world_size"].asInt64(), 4);
+  EXPECT_EQ(parse_json(four.out)["world_size"].asInt64(), 4);
 }
 
 TEST(EstimateCli, TooSmallBudgetSaysDoesNotFitAndExitsOne) {
