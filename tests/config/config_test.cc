@@ -378,14 +378,24 @@ TEST(ConfigJson, EveryKeyPathIsPrintedInTheEffectiveConfig) {
 }
 
 TEST(ConfigEnvironment, WorldSizeComesFromLauncherVariables) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                           "PMIX_RANK", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    ::unsetenv(name);
+  }
+  ::setenv("RANK", "1", 1);
   ::setenv("WORLD_SIZE", "4", 1);
   EXPECT_EQ(world_size_from_environment(), 4);
+  ::unsetenv("RANK");
   ::setenv("WORLD_SIZE", "junk", 1);
-  ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  ::unsetenv("PMI_SIZE");
-  ::setenv("SLURM_NTASKS", "3", 1);
-  EXPECT_EQ(world_size_from_environment(), 3);
+  EXPECT_EQ(world_size_from_environment(), 1);  // inconsistent: the launch reports it
   ::unsetenv("WORLD_SIZE");
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_STEP_NUM_TASKS", "3", 1);
+  EXPECT_EQ(world_size_from_environment(), 3);
+  ::unsetenv("SLURM_STEP_NUM_TASKS");
+  ::setenv("SLURM_NTASKS", "3", 1);  // a batch script outside srun is one process
+  EXPECT_EQ(world_size_from_environment(), 1);
+  ::unsetenv("SLURM_PROCID");
   ::unsetenv("SLURM_NTASKS");
   EXPECT_EQ(world_size_from_environment(), 1);
 }
