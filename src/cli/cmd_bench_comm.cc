@@ -311,7 +311,7 @@ int run_bench_comm(const BenchCommOptions& o) {
   Status s = run(o, *world, &out);
   if (s.is_ok()) s = world->comm->wait_all();
   if (!s.is_ok()) {
-    const int code = report_error(s.with_context(fmt::format("rank {}", world->launch.rank)));
+    const int code = report_error(s);
     comm::abort_world_at_exit(code);
     return code;
   }

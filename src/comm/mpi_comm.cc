@@ -178,7 +178,11 @@ class MpiComm final : public Comm {
       bool done = false;
       Result<int> moved = exchange_.poll(&done);
       if (!moved.is_ok()) {
-        fail(moved.status().with_context(fmt::format("rank {}: {}", rank(), what)));
+        // A transport error (e.g. a lost TCP connection): say whose data was outstanding.
+        fail(Status(moved.status().code(),
+                    fmt::format("{} (while waiting for {})", moved.status().message(),
+                                exchange_.waiting_for()),
+                    fmt::format("comm mpi: rank {}: {}", rank(), what)));
         return false;
       }
       if (done) return true;

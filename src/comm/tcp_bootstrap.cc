@@ -156,9 +156,10 @@ Result<Fd> listen_on(int port) {
 }
 
 // Tells every connected rank why the rendezvous failed (best effort) and returns `error`.
-Status fail_all(std::vector<Fd>& clients, const Status& error, Clock::time_point deadline) {
+// The rendezvous's deadline may have passed (a timeout), so telling them gets its own 2 s.
+Status fail_all(std::vector<Fd>& clients, const Status& error) {
   const std::string text = error.to_string();
-  const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(2));
+  const auto soon = Clock::now() + std::chrono::seconds(2);
   for (Fd& fd : clients) {
     if (fd.get() >= 0) (void)send_reply(fd.get(), false, text.data(), text.size(), soon, "");
   }
@@ -183,13 +184,11 @@ Status serve(const RendezvousOptions& o, std::span<std::byte> blob, Clock::time_
       }
       if (missing_count > 16) missing += fmt::format(" and {} more", missing_count - 16);
       return fail_all(
-          clients,
-          Status(ErrorCode::kUnavailable,
-                 fmt::format("rank{} {} did not connect to port {} within {} s "
-                             "(strata.comm_timeout_s)",
-                             missing_count == 1 ? "" : "s", missing, o.port, o.timeout_s),
-                 "tcp bootstrap"),
-          deadline);
+          clients, Status(ErrorCode::kUnavailable,
+                          fmt::format("rank{} {} did not connect to port {} within {} s "
+                                      "(strata.comm_timeout_s)",
+                                      missing_count == 1 ? "" : "s", missing, o.port, o.timeout_s),
+                          "tcp bootstrap"));
     }
     Fd client(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (client.get() < 0) continue;
@@ -224,7 +223,7 @@ Status serve(const RendezvousOptions& o, std::span<std::byte> blob, Clock::time_
     }
     if (!problem.empty()) {
       clients[0] = std::move(client);  // slot 0 is free: tell the offender as well
-      return fail_all(clients, Status(ErrorCode::kConfig, problem, "tcp bootstrap"), deadline);
+      return fail_all(clients, Status(ErrorCode::kConfig, problem, "tcp bootstrap"));
     }
     clients[static_cast<std::size_t>(rank)] = std::move(client);
     ++arrived;

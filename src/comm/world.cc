@@ -170,8 +170,8 @@ Result<World> join_world(const WorldOptions& options, const EnvLookup& env) {
   } else {
     STRATA_ASSIGN_OR_RETURN(world.comm, join_nccl(options, launch, world.binding, env));
   }
-  STRATA_LOG_INFO("rank {}: {}; {}; {}", launch.rank, describe(launch), world.binding.summary,
-                  world.comm->description());
+  log_at(launch.world_size > 1 ? LogLevel::kInfo : LogLevel::kDebug, "rank {}: {}; {}; {}",
+         launch.rank, describe(launch), world.binding.summary, world.comm->description());
   return world;
 }
 

@@ -301,9 +301,9 @@ Result<Loaded> load_config_file(const std::string& path, const std::vector<std::
   return load_config_text(text.str(), path, overrides, options);
 }
 
-std::int64_t world_size_from_environment() {
-  Result<comm::LaunchInfo> launch = comm::launch_from_environment();
-  return launch.is_ok() ? launch->world_size : 1;
+Result<std::int64_t> world_size_from_environment() {
+  STRATA_ASSIGN_OR_RETURN(comm::LaunchInfo launch, comm::launch_from_environment());
+  return std::int64_t{launch.world_size};
 }
 
 }  // namespace strata::config

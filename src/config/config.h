@@ -252,8 +252,8 @@ std::string to_json(const Config& config);
 std::vector<std::string> all_key_paths();
 
 // The world size the launcher announced (comm/launch.h: OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// WORLD_SIZE, or Slurm's step), or 1 when there is none or its variables are inconsistent (the
-// launch itself then reports the inconsistency).
-std::int64_t world_size_from_environment();
+// WORLD_SIZE with RANK, or an srun step's size), or 1 when there is no launcher. Errors (kConfig)
+// for launcher variables that are inconsistent (WORLD_SIZE=2 without RANK, rank >= size, ...).
+Result<std::int64_t> world_size_from_environment();
 
 }  // namespace strata::config
