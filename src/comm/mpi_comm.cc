@@ -165,10 +165,13 @@ class MpiComm final : public Comm {
 
   // Runs one operation to completion or failure. Returns false when stopped or failed.
   bool run(const CollectiveOp& op, std::uint64_t sequence) {
-    const std::string what =
-        fmt::format("{} #{} ({} x {})", to_string(op.kind), sequence, op.count, to_string(op.type));
+    // The operation's name for errors, formatted only when one happens (no allocation per op).
+    auto what = [&] {
+      return fmt::format("comm mpi: rank {}: {} #{} ({} x {})", rank(), to_string(op.kind),
+                         sequence, op.count, to_string(op.type));
+    };
     if (Status s = exchange_.start(op, sequence); !s.is_ok()) {
-      fail(s.with_context(fmt::format("rank {}: {}", rank(), what)));
+      fail(s.with_context(what()));
       return false;
     }
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
@@ -182,7 +185,7 @@ class MpiComm final : public Comm {
         fail(Status(moved.status().code(),
                     fmt::format("{} (while waiting for {})", moved.status().message(),
                                 exchange_.waiting_for()),
-                    fmt::format("comm mpi: rank {}: {}", rank(), what)));
+                    what()));
         return false;
       }
       if (done) return true;
@@ -196,7 +199,7 @@ class MpiComm final : public Comm {
                     fmt::format("{} sent nothing for {} s (strata.comm_timeout_s): it died or "
                                 "hangs",
                                 exchange_.waiting_for(), options().timeout_s),
-                    fmt::format("comm mpi: rank {}: {}", rank(), what)));
+                    what()));
         return false;
       }
       if (stop_requested_.load()) return false;

@@ -102,10 +102,11 @@ Result<BindingPlan> bind(const WorldOptions& options, const LaunchInfo& launch, 
 Status cpu_needs_mpi(const LaunchInfo& launch) {
   return Status(
       ErrorCode::kConfig,
-      fmt::format("{} says this is rank {} of {}, but on the CPU backend ranks talk through MPI, "
-                  "which cannot join processes it did not start: launch with `mpirun -np {} "
-                  "strata ...` (or `srun --mpi=pmix strata ...` under Slurm)",
-                  launch.variables, launch.rank, launch.world_size, launch.world_size),
+      fmt::format("the {} ({}) says this is rank {} of {}, but on the CPU backend ranks talk "
+                  "through MPI, which cannot join processes it did not start: launch with "
+                  "`mpirun -np {} strata ...` (or `srun --mpi=pmix strata ...` under Slurm)",
+                  to_string(launch.launcher), launch.variables, launch.rank, launch.world_size,
+                  launch.world_size),
       "launch");
 }
 

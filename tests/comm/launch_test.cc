@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/world.h"
+#include "sys/gpu.h"
 
 namespace strata::comm {
 namespace {
@@ -242,6 +243,20 @@ TEST(JoinWorld, CpuBackendUnderTorchrunEnvironmentAsksForMpirun) {
   EXPECT_EQ(world.status().code(), ErrorCode::kConfig);
   EXPECT_CONTAINS(world.status().to_string(), "mpirun -np 2");
   EXPECT_CONTAINS(world.status().to_string(), "RANK, WORLD_SIZE");
+}
+
+TEST(JoinWorld, CudaBackendWithoutAGpuSaysSo) {
+  // On a machine with a GPU this would go on to the TCP rendezvous; the test is for machines
+  // without one (like CI), where the binding must refuse before any rank waits for another.
+  if (!sys::probe_cuda().gpus.empty()) GTEST_SKIP() << "a GPU is visible";
+  Env env{
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  WorldOptions options;
+  options.backend = config::Backend::kCuda;
+  options.comm.timeout_s = 1;
+  Result<World> world = join_world(options, lookup(env));
+  ASSERT_FALSE(world.is_ok());
+  EXPECT_CONTAINS(world.status().to_string(), "needs a GPU and none is visible");
 }
 
 TEST(JoinWorld, NoLauncherGivesTheSingleRankComm) {

@@ -28,10 +28,10 @@ std::string mpirun() {
   return !path.empty() && ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
-#define SKIP_WITHOUT_MPIRUN()                                                         \
-  if (mpirun().empty()) {                                                             \
-    GTEST_SKIP() << "mpirun not found at build time ('" << STRATA_MPIEXEC             \
-                 << "'); install openmpi-bin and libopenmpi-dev with tools/setup.sh"; \
+#define SKIP_WITHOUT_MPIRUN()                                                                \
+  if (mpirun().empty()) {                                                                    \
+    GTEST_SKIP() << "no mpirun: MPI was off or not found at build time ('" << STRATA_MPIEXEC \
+                 << "'); install openmpi-bin and libopenmpi-dev with tools/setup.sh";        \
   }
 
 RunOutput run_ranks(int ranks, const std::string& program, const std::vector<std::string>& args,
