@@ -12,7 +12,10 @@
 // (as with NCCL and MPI). At most in_flight_max() operations are queued or running; issuing one
 // more first waits for the oldest to complete. Errors are values: a failed operation (a rank lost
 // or silent for longer than the timeout, a transport error) fails every later call of that Comm
-// with the same Status, which names the rank(s) at fault where the transport can tell.
+// with the same Status, which names the rank(s) at fault where the transport can tell. A Comm is
+// used from one thread (the trainer's, or the scheduler's); its transport may run its own threads.
+// Destroy it after wait_all(): a Comm destroyed with operations outstanding makes the process end
+// MPI with MPI_Abort (the other ranks could not finish them).
 //
 // Summation order (the determinism contract): a sum over ranks is computed as a left fold in rank
 // order, ((x_0 + x_1) + x_2) + ... + x_{W-1}, element by element, in fp32 for fp32/bf16/fp16
