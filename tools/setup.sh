@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libjsoncpp-dev libcli11-dev libfmt-dev libxxhash-dev
   libopenblas-pthread-dev
+  libopenmpi-dev openmpi-bin
   clang-format
 )
 

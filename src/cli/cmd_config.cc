@@ -16,8 +16,13 @@ struct CheckOptions {
 
 int run_check(const CheckOptions& options) {
   config::LoadOptions load;
-  load.world_size =
-      options.world_size > 0 ? options.world_size : config::world_size_from_environment();
+  if (options.world_size > 0) {
+    load.world_size = options.world_size;
+  } else {
+    Result<std::int64_t> world_size = config::world_size_from_environment();
+    if (!world_size.is_ok()) return report_error(world_size.status());
+    load.world_size = *world_size;
+  }
   auto loaded = config::load_config_file(options.file, options.overrides, load);
   if (!loaded.is_ok()) return report_error(loaded.status());
   if (!options.quiet) {

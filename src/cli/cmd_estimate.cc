@@ -117,7 +117,10 @@ Status run(const EstimateOptions& o, bool* all_fit) {
     return usage("--params/--model", "give one of --params and --model, not both");
   }
   config::LoadOptions load;
-  const std::int64_t ranks_per_node = o.gpus > 0 ? o.gpus : config::world_size_from_environment();
+  std::int64_t ranks_per_node = o.gpus;
+  if (ranks_per_node <= 0) {
+    STRATA_ASSIGN_OR_RETURN(ranks_per_node, config::world_size_from_environment());
+  }
   load.world_size = ranks_per_node * o.nodes;
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
                           config::load_config_file(o.config_file, o.overrides, load));

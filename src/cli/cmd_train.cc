@@ -20,7 +20,9 @@ struct TrainOptions {
 
 int run_train(const TrainOptions& options) {
   config::LoadOptions load;
-  load.world_size = config::world_size_from_environment();
+  Result<std::int64_t> world_size = config::world_size_from_environment();
+  if (!world_size.is_ok()) return report_error(world_size.status());
+  load.world_size = *world_size;
   if (load.world_size != 1) {
     return report_error(Status(ErrorCode::kUnavailable,
                                fmt::format("world size {} from the launcher: multi-rank training "

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/launch.h"
 #include "config/json_source.h"
 #include "config/reader.h"
 #include "config/schema.h"
@@ -300,15 +301,9 @@ Result<Loaded> load_config_file(const std::string& path, const std::vector<std::
   return load_config_text(text.str(), path, overrides, options);
 }
 
-std::int64_t world_size_from_environment() {
-  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    char* end = nullptr;
-    long long n = std::strtoll(value, &end, 10);
-    if (*end == '\0' && n >= 1) return n;
-  }
-  return 1;
+Result<std::int64_t> world_size_from_environment() {
+  STRATA_ASSIGN_OR_RETURN(comm::LaunchInfo launch, comm::launch_from_environment());
+  return std::int64_t{launch.world_size};
 }
 
 }  // namespace strata::config

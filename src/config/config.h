@@ -180,6 +180,8 @@ struct StrataConfig {
   std::string trace_file;                   // Chrome/Perfetto trace; "" = none
   std::int64_t log_every_steps = 1;
   bool nvme_checksum = true;  // verify every NVMe tile with xxHash3 on read
+  // Seconds a collective may wait without progress before the run fails naming the silent rank.
+  double comm_timeout_s = 300.0;
   ModelConfig model;
   DataConfig data;
 };
@@ -249,8 +251,9 @@ std::string to_json(const Config& config);
 // schema order. Used by the documentation test and for suggestions.
 std::vector<std::string> all_key_paths();
 
-// The world size the launcher announced (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// SLURM_NTASKS), or 1.
-std::int64_t world_size_from_environment();
+// The world size the launcher announced (comm/launch.h: OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// WORLD_SIZE with RANK, or an srun step's size), or 1 when there is no launcher. Errors (kConfig)
+// for launcher variables that are inconsistent (WORLD_SIZE=2 without RANK, rank >= size, ...).
+Result<std::int64_t> world_size_from_environment();
 
 }  // namespace strata::config

@@ -58,9 +58,13 @@ TEST(ConfigCheck, WorldSizeOptionAndEnvironmentDeriveTheTriple) {
   auto r = run_strata({"config", "check", file, "--world-size", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(parse_json(r.out)["train_micro_batch_size_per_gpu"].asUInt64(), 8u);
-  r = run_strata({"config", "check", file}, {"WORLD_SIZE=2"});
+  r = run_strata({"config", "check", file}, {"RANK=0", "WORLD_SIZE=2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(parse_json(r.out)["train_micro_batch_size_per_gpu"].asUInt64(), 16u);
+  // A launcher sets both; one without the other is an error, not a silent world of 1.
+  r = run_strata({"config", "check", file}, {"WORLD_SIZE=2"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("WORLD_SIZE=2 is set but RANK is not"), std::string::npos) << r.err;
   r = run_strata({"config", "check", file, "--world-size", "3"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("not a whole multiple"), std::string::npos) << r.err;

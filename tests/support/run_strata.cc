@@ -22,6 +22,11 @@ namespace strata::testing {
 
 RunOutput run_strata(const std::vector<std::string>& args,
                      const std::vector<std::string>& extra_env, int timeout_s) {
+  return run_program(STRATA_BINARY, args, extra_env, timeout_s);
+}
+
+RunOutput run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& extra_env, int timeout_s) {
   RunOutput result;
   int out_pipe[2];
   int err_pipe[2];
@@ -35,7 +40,7 @@ RunOutput run_strata(const std::vector<std::string>& args,
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
 
-  std::vector<std::string> argv_storage{STRATA_BINARY};
+  std::vector<std::string> argv_storage{program};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_storage)
@@ -51,12 +56,12 @@ RunOutput run_strata(const std::vector<std::string>& args,
   envp.push_back(nullptr);
 
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, STRATA_BINARY, &actions, nullptr, argv.data(), envp.data());
+  int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(out_pipe[1]);
   close(err_pipe[1]);
   if (rc != 0) {
-    ADD_FAILURE() << "posix_spawn(" << STRATA_BINARY << ") failed: " << std::strerror(rc);
+    ADD_FAILURE() << "posix_spawn(" << program << ") failed: " << std::strerror(rc);
     close(out_pipe[0]);
     close(err_pipe[0]);
     return result;
@@ -92,7 +97,7 @@ RunOutput run_strata(const std::vector<std::string>& args,
   }
   if (timed_out) {
     kill(pid, SIGKILL);
-    ADD_FAILURE() << "strata timed out after " << timeout_s << " s";
+    ADD_FAILURE() << program << " timed out after " << timeout_s << " s";
   }
   for (pollfd& p : fds) {
     if (p.fd >= 0) close(p.fd);

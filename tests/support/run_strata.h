@@ -20,6 +20,10 @@ struct RunOutput {
 RunOutput run_strata(const std::vector<std::string>& args,
                      const std::vector<std::string>& extra_env = {}, int timeout_s = 120);
 
+// The same for any program (an absolute path), e.g. mpirun.
+RunOutput run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& extra_env = {}, int timeout_s = 120);
+
 // A fresh, empty temporary directory for one test, removed with its contents on destruction.
 class TempDir {
  public:
