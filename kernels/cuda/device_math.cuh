@@ -1,16 +1,54 @@
 // Device helpers shared by the kernels of kernels/cuda: 16-bit float conversions bit-exact with
 // the CPU's (kernels/cpu/float16.h: round to nearest even, no flush to zero, the same NaN
-// payloads), warp and block reductions, and grid-stride loops. Nothing here allocates or
-// synchronises beyond the block.
+// payloads), warp and block reductions, grid-stride loops, and the launcher.
+//
+// The kernels live in *_kernels.cuh, each with a launch function generic over a "launcher" that
+// computes nothing itself: on the GPU it is CudaLauncher below (kernel<<<...>>> on a stream);
+// the tests run the very same kernel source on the CPU through a SIMT emulator
+// (tests/support/simt_emulator.h, which defines STRATA_SIMT_EMULATION and CUDA's built-ins).
 #pragma once
 
+#if !defined(STRATA_SIMT_EMULATION)
 #include <cuda_runtime.h>
+// The block's dynamic shared memory as an array of `type`.
+#define STRATA_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+// Unroll the next loop completely (register arrays indexed by its variable stay in registers).
+#define STRATA_UNROLL _Pragma("unroll")
+#else
+#define STRATA_UNROLL
+#endif
 
+#include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/dtype_codes.h"
 
 namespace strata::cuda_kernels {
+
+#if !defined(STRATA_SIMT_EMULATION)
+// Launches a kernel on a stream; raises the kernel's dynamic shared-memory limit first when it
+// asks for more than the default 48 KiB. Returns the launch's error.
+struct CudaLauncher {
+  cudaStream_t stream;
+  template <typename Kernel, typename... Args>
+  cudaError_t operator()(Kernel kernel, dim3 grid, dim3 block, std::size_t smem,
+                         Args... args) const {
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return cudaGetLastError();
+  }
+};
+#endif
+
+// Whether a launcher's result means success (cudaSuccess and the emulator's 0 are both zero).
+template <typename E>
+bool launched(E result) {
+  return result == E{};
+}
 
 __device__ __forceinline__ float bf16_bits_to_float(std::uint16_t h) {
   return __uint_as_float(static_cast<std::uint32_t>(h) << 16);

@@ -86,6 +86,14 @@ Result<GemmEngine::Entry*> GemmEngine::lookup(const Key& key) {
   for (Entry& entry : cache_) {
     if (entry.used && entry.key == key) return &entry;
   }
+  Entry fresh;
+  fresh.used = true;
+  fresh.key = key;
+  const Status made = describe(key, &fresh);
+  if (!made.is_ok()) {
+    release(fresh);  // nothing half-made stays in the cache
+    return made;
+  }
   Entry* slot = nullptr;
   for (Entry& entry : cache_) {
     if (!entry.used) {
@@ -98,9 +106,12 @@ Result<GemmEngine::Entry*> GemmEngine::lookup(const Key& key) {
     next_victim_ = (next_victim_ + 1) % kCacheEntries;
     release(*slot);
   }
-  Entry& e = *slot;
-  e.used = true;
-  e.key = key;
+  *slot = fresh;
+  return slot;
+}
+
+Status GemmEngine::describe(const Key& key, Entry* out) {
+  Entry& e = *out;
   const CublasLtApi& api = *api_;
   const cublasComputeType_t compute =
       key.in_code == cuda_kernels::kCodeF32 && config_.precision == GemmPrecision::kTf32
@@ -122,6 +133,7 @@ Result<GemmEngine::Entry*> GemmEngine::lookup(const Key& key) {
                                                    u(key.trans_a ? key.k : key.m), key.lda)));
   STRATA_TRY(
       STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_c, CUDA_R_32F, u(key.n), u(key.m), key.ldc)));
+  // cuBLAS's A is our B, so the alignments swap too.
   const std::uint32_t align_a = static_cast<std::uint32_t>(key.align_b);
   const std::uint32_t align_b = static_cast<std::uint32_t>(key.align_a);
   const std::uint32_t align_c = static_cast<std::uint32_t>(key.align_c);
@@ -139,16 +151,16 @@ Result<GemmEngine::Entry*> GemmEngine::lookup(const Key& key) {
                                               e.layout_c, preference_, 1, &result, &count);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0)) {
     STRATA_LOG_DEBUG(
-        "cuBLASLt has no algorithm for m={} n={} k={} (trans {} {}, lds {} {} {}); "
-        "using the fallback kernel",
+        "cuBLASLt has no algorithm for m={} n={} k={} (trans {} {}, lds {} {} {}); using the "
+        "fallback kernel",
         key.m, key.n, key.k, key.trans_a, key.trans_b, key.lda, key.ldb, key.ldc);
     e.has_algo = false;
-    return &e;
+    return Status::ok();
   }
   STRATA_TRY(STRATA_CUBLAS_CHECK(status));
   e.algo = result.algo;
   e.has_algo = true;
-  return &e;
+  return Status::ok();
 }
 
 Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -76,7 +76,10 @@ class GemmEngine {
   Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
              float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
              float beta, float* c, std::int64_t ldc, int in_code);
+  // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
+  // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
+  Status describe(const Key& key, Entry* out);
   void release(Entry& entry);
   Status run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        float alpha, const float* a, std::int64_t lda, const float* b,

@@ -1,8 +1,9 @@
 // Host-callable launchers of the CUDA kernels, one per model operation (the contracts are those of
 // kernels/cpu/nn_ops.h and cast.h, on device pointers, fp32 compute). Each queues its kernels on
 // `stream` and returns the launch's cudaError_t (cudaSuccess for empty work, which launches
-// nothing); errors while the kernel runs surface at the next synchronisation. Shapes are checked
-// by the caller (CudaOps); launch configurations come from backend/cuda_plan.h.
+// nothing); errors while a kernel runs surface at the next synchronisation. Shapes are checked by
+// the caller (CudaOps); launch configurations come from backend/cuda_plan.h. The kernels
+// themselves are in *_kernels.cuh.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,21 +11,15 @@
 #include <cstdint>
 
 #include "backend/cuda_plan.h"
-#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/adam_constants.h"
+#include "kernels/cuda/dtype_codes.h"
 
 namespace strata::cuda_kernels {
 
 using kernels::AttentionShape;
 
-// Element types, numbered as kernels::DType numbers them.
-enum DTypeCode : int { kCodeF32 = 0, kCodeBF16 = 1, kCodeF16 = 2 };
-static_assert(kCodeF32 == static_cast<int>(kernels::DType::kF32) &&
-              kCodeBF16 == static_cast<int>(kernels::DType::kBF16) &&
-              kCodeF16 == static_cast<int>(kernels::DType::kF16));
-
-// ---- element-wise (elementwise.cu)
-// ---------------------------------------------------------------
+// ---- element-wise (elementwise.cu) ----
 cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
                               const float* wte, const float* wpe, std::int64_t rows,
                               std::int64_t seq_len, std::int64_t channels);
@@ -39,11 +34,11 @@ cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std:
 cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t rows,
                      std::int64_t channels);
 cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha);
-// direction +1: forward rotation; -1: its transpose (backward).
+// direction +1: the forward rotation; -1: its transpose (backward).
 cudaError_t rope(cudaStream_t s, float* x, std::int64_t rows, std::int64_t stride,
                  std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
                  const float* sin, float direction);
-// dst[i] = src[i] converted between kernels::DType codes (0 fp32, 1 bf16, 2 fp16).
+// dst[i] = src[i] converted between DTypeCode types.
 cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,
                  std::int64_t n);
 // dst (rows x cols, leading dimension dst_ld, 16-bit `dst_code`) = src (rows x cols of fp32,
@@ -52,7 +47,7 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
                              const float* src, std::int64_t src_ld, std::int64_t rows,
                              std::int64_t cols);
 
-// ---- normalisation and column reductions (norm.cu) ---------------------------------------------
+// ---- normalisation and column reductions (norm.cu) ----
 // `scratch` holds at least plan.chunks * arrays * channels doubles (cuda_plan.h).
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
@@ -75,10 +70,8 @@ cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const f
                                const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
                                std::int64_t channels);
 
-// ---- attention (attention.cu)
-// -------------------------------------------------------------------- Flash-style (online softmax
-// over 32-key tiles, never a T x T matrix), fp32 on CUDA cores. Configures the kernels' shared
-// memory on first use.
+// ---- attention (attention.cu) ----
+// Flash-style (online softmax over 32-key tiles, never a T x T matrix), fp32 on CUDA cores.
 cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                               const float* k, const float* v, const AttentionShape& shape,
                               const backend::cuda::AttentionLaunch& launch);
@@ -88,8 +81,7 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
                                const float* v, const AttentionShape& shape,
                                const backend::cuda::AttentionLaunch& launch);
 
-// ---- loss and reductions (loss.cu)
-// ---------------------------------------------------------------
+// ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
                                   const std::int32_t* targets, std::int64_t rows,
                                   std::int64_t vocab);
@@ -103,13 +95,7 @@ cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
 cudaError_t reduce_stats(cudaStream_t s, const void* x, int code, std::int64_t n, bool squares,
                          double* partials, double* result, bool accumulate);
 
-// ---- optimizer (adam.cu)
-// --------------------------------------------------------------------------- The per-step
-// constants of kernels/cpu/adam_internal.h's AdamConstants, computed on the host the same way.
-struct AdamDeviceConstants {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay, l2,
-      grad_scale;
-};
+// ---- optimizer (adam.cu) ----
 // The AdamW update of kernels/cpu/adam_internal.h's adam_element, element by element, with the
 // same fp32 operations. copy_code < 0: no copy-out. When skip_flag is non-null and
 // skip_flag[1] != 0 (reduce_stats's non-finite count), nothing is written.
@@ -117,10 +103,9 @@ cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* maste
                       float* exp_avg_sq, const void* grad, int grad_code, void* copy_out,
                       int copy_code, std::int64_t n, const double* skip_flag);
 
-// ---- GEMM fallback (gemm_fallback.cu)
-// -------------------------------------------------------------- Row-major C(m,n) = alpha op(A)
-// op(B) + beta C for any strides and alignment, fp32 accumulation; A and B are fp32 or 16-bit
-// (`in_code`). Used where cuBLASLt has no algorithm (and in tests).
+// ---- GEMM fallback (gemm_fallback.cu) ----
+// Row-major C(m,n) = alpha op(A) op(B) + beta C for any strides and alignment, fp32 accumulation;
+// A and B are fp32 or 16-bit (`in_code`). Used where cuBLASLt has no algorithm (and in tests).
 cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64_t m,
                           std::int64_t n, std::int64_t k, float alpha, const void* a,
                           std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,

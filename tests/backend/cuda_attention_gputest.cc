@@ -20,6 +20,11 @@ struct Buffers {
   Buffer qkv, out, lse, dout, dqkv;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "B" << s.batch << " T" << s.seq_len << " H" << s.heads << " KV" << s.kv_heads << " D"
+      << s.head_dim;
+}
+
 class CudaAttention : public ::testing::TestWithParam<Shape> {};
 
 AttentionShape attention_shape(const Shape& s) {
