@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_blocks.h"
 #include "kernels/cuda/launch.h"
 
 namespace strata::cuda {
@@ -199,54 +200,23 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
                                  std::int64_t ldc) {
-  namespace plan = backend::cuda;
-  const plan::GemmBlocking blocking =
-      plan::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
+  const backend::cuda::GemmBlocking blocking =
+      backend::cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
   const int code =
       config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::uint16_t* b_ws = a_ws + blocking.a_elements;
-  std::int64_t a_at[2] = {-1, -1};  // (m0, k0) of the block in the workspace
-  std::int64_t b_at[2] = {-1, -1};  // (k0, n0)
-  auto block = [&](std::int64_t m0, std::int64_t n0) -> Status {
-    const std::int64_t mb = std::min(blocking.m_block, m - m0);
-    const std::int64_t nb = std::min(blocking.n_block, n - n0);
-    for (std::int64_t k0 = 0; k0 < k; k0 += blocking.k_block) {
-      const std::int64_t kb = std::min(blocking.k_block, k - k0);
-      // op(A) rows m0.., columns k0..: as stored, rows of A (or columns when transposed).
-      const std::int64_t a_ld = trans_a ? plan::padded_ld(mb) : plan::padded_ld(kb);
-      if (a_at[0] != m0 || a_at[1] != k0) {
-        const float* src = trans_a ? a + k0 * lda + m0 : a + m0 * lda + k0;
-        STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
-            stream_, a_ws, code, a_ld, src, lda, trans_a ? kb : mb, trans_a ? mb : kb)));
-        a_at[0] = m0;
-        a_at[1] = k0;
-      }
-      const std::int64_t b_ld = trans_b ? plan::padded_ld(kb) : plan::padded_ld(nb);
-      if (b_at[0] != k0 || b_at[1] != n0) {
-        const float* src = trans_b ? b + n0 * ldb + k0 : b + k0 * ldb + n0;
-        STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
-            stream_, b_ws, code, b_ld, src, ldb, trans_b ? nb : kb, trans_b ? kb : nb)));
-        b_at[0] = k0;
-        b_at[1] = n0;
-      }
-      STRATA_TRY(run(trans_a, trans_b, mb, nb, kb, alpha, a_ws, a_ld, b_ws, b_ld,
-                     k0 == 0 ? beta : 1.0f, c + m0 * ldc + n0, ldc, code));
-    }
-    return Status::ok();
+  auto convert_to = [&](std::uint16_t* dst) {
+    return [this, dst, code](const BlockCopy& copy) {
+      return STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
+          stream_, dst, code, copy.dst_ld, copy.src, copy.src_ld, copy.rows, copy.cols));
+    };
   };
-  if (blocking.n_outer) {
-    for (std::int64_t n0 = 0; n0 < n; n0 += blocking.n_block) {
-      for (std::int64_t m0 = 0; m0 < m; m0 += blocking.m_block)
-        STRATA_TRY(block(m0, n0));
-    }
-  } else {
-    for (std::int64_t m0 = 0; m0 < m; m0 += blocking.m_block) {
-      for (std::int64_t n0 = 0; n0 < n; n0 += blocking.n_block)
-        STRATA_TRY(block(m0, n0));
-    }
-  }
-  return Status::ok();
+  return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
+                          convert_to(a_ws), convert_to(b_ws), [&](const BlockProduct& p) {
+                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_ws,
+                                       p.b_ld, p.beta, p.c, ldc, code);
+                          });
 }
 
 Status GemmEngine::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
