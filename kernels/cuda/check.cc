@@ -9,6 +9,9 @@ namespace strata::cuda {
 
 Status check_cuda(cudaError_t result, const char* call, const char* file, int line) {
   if (result == cudaSuccess) return Status::ok();
+  // The runtime also keeps this error as its "last error"; clear it, or the next kernel launch's
+  // cudaGetLastError() would report it as its own (a sticky error comes back regardless).
+  (void)cudaGetLastError();
   const std::string message = fmt::format("{}:{}: {} failed: {} ({})", file, line, call,
                                           cudaGetErrorName(result), cudaGetErrorString(result));
   STRATA_LOG_ERROR("CUDA: {}", message);

@@ -13,7 +13,8 @@
 
 namespace strata::cuda {
 
-// Ok for cudaSuccess; otherwise logs "file:line: call failed: name (message)" and returns it.
+// Ok for cudaSuccess; otherwise logs "file:line: call failed: name (message)", clears the
+// runtime's last-error slot (so a later launch check does not report it again) and returns it.
 Status check_cuda(cudaError_t result, const char* call, const char* file, int line);
 // The same for cuBLASLt statuses.
 Status check_cublas(cublasStatus_t result, const char* call, const char* file, int line);

@@ -176,7 +176,10 @@ class CudaBackend final : public Backend {
     EventSlot& slot = slot_of(event);
     if (!slot.recorded) return true;
     const cudaError_t result = cudaEventQuery(slot.event);
-    if (result == cudaErrorNotReady) return false;
+    if (result == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error for the next launch
+      return false;
+    }
     // An error is reported by the next Status-returning call; waiting on it would never end.
     sink_.add(STRATA_CUDA_CHECK(result));
     return true;
