@@ -28,6 +28,29 @@ struct AdamConstants {
   float grad_scale = 1;    // grad_scale_inv * clip_coef
 };
 
+// The constants of one step, computed in double and rounded to fp32 (every path, CPU and GPU,
+// starts from these).
+inline AdamConstants make_constants(const AdamParams& p, const AdamFusion& f) {
+  const double beta1 = p.beta1;
+  const double beta2 = p.beta2;
+  const double t = static_cast<double>(p.step);
+  const double bc1 = p.bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
+  const double bc2 = p.bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
+  AdamConstants c;
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.eps = p.eps;
+  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.decay =
+      p.adamw_mode ? static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay) : 1.0f;
+  c.l2 = p.adamw_mode ? 0.0f : p.weight_decay;
+  c.grad_scale = static_cast<float>(static_cast<double>(f.grad_scale_inv) * f.clip_coef);
+  return c;
+}
+
 // Copy-out variants, as template arguments.
 enum class CopyKind { kNone = 0, kBF16 = 1, kF16 = 2 };
 

@@ -7,7 +7,10 @@
 //     CUDA's semantics: work on one stream runs in order, an event completes when the work before
 //     its latest record has completed, a stream can wait for an event;
 //   - asynchronous copies on the copy streams;
-//   - op dispatch through Ops<T> (backend/ops.h), executed on the compute stream.
+//   - op dispatch through Ops<T> (backend/ops.h) and OptimizerOps (backend/optimizer_ops.h),
+//     executed on the compute stream.
+// Errors inside ops (which return nothing, like kernel launches) are sticky: the next call that
+// returns a Status (record, wait, synchronize, copy_async, launch_host_func) reports them.
 // All functions are called from one host thread (the trainer's), except where a contract says
 // otherwise.
 #pragma once
@@ -18,6 +21,7 @@
 #include <string_view>
 
 #include "backend/ops.h"
+#include "backend/optimizer_ops.h"
 #include "common/status.h"
 
 namespace strata::backend {
@@ -114,7 +118,9 @@ class Backend {
 
   // ---- copies ---------------------------------------------------------------------------------
   // Copies `bytes` from src to dst in order with `stream`'s other work; either side may be device
-  // or pinned host memory of this backend. Returns once queued (asynchronous).
+  // or pinned host memory of this backend. Returns once queued (asynchronous). On the compute
+  // stream a side may also be ordinary (pageable) host memory: that copy has completed when
+  // copy_async returns.
   virtual Status copy_async(StreamKind stream, void* dst, const void* src, std::uint64_t bytes) = 0;
 
   // ---- compute --------------------------------------------------------------------------------
@@ -122,7 +128,10 @@ class Backend {
   virtual Ops<float>& ops_f32() = 0;
   // Model ops in double, or nullptr when the backend has none (CUDA).
   virtual Ops<double>* ops_f64() = 0;
-  // The compute threads: the work the ops split in parallel runs on this many threads.
+  // Adam and gradient statistics on tiles kept in device memory, on the compute stream.
+  virtual OptimizerOps& optimizer_ops() = 0;
+  // Host threads for CPU work: the CPU backend's ops split over this many; on the CUDA backend
+  // they are the threads the host-side optimizer (CPU Adam) may use.
   virtual int compute_threads() const = 0;
 
   template <typename T>

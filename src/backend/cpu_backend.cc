@@ -20,6 +20,7 @@
 
 #include "backend/arena.h"
 #include "backend/cpu_ops.h"
+#include "backend/cpu_optimizer_ops.h"
 #include "common/units.h"
 #include "kernels/cpu/gemm.h"
 
@@ -100,7 +101,8 @@ class CopyStream {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(void* base, const CpuBackendOptions& options, std::uint64_t host_budget, int threads)
+  CpuBackend(void* base, const CpuBackendOptions& options, std::uint64_t host_budget, int threads,
+             kernels::AdamKernel adam)
       : base_(static_cast<std::uint8_t*>(base)),
         arena_(options.device_bytes_max, "device arena", options.device_budget_name),
         host_budget_name_(options.host_budget_name),
@@ -109,6 +111,7 @@ class CpuBackend final : public Backend {
         tbb_arena_(threads),
         ops_f32_(&tbb_arena_),
         ops_f64_(&tbb_arena_),
+        optimizer_ops_(&tbb_arena_, adam),
         h2d_(this, StreamKind::kHostToDevice),
         d2h_(this, StreamKind::kDeviceToHost),
         events_(kEventsMax) {
@@ -256,6 +259,7 @@ class CpuBackend final : public Backend {
 
   Ops<float>& ops_f32() override { return ops_f32_; }
   Ops<double>* ops_f64() override { return &ops_f64_; }
+  OptimizerOps& optimizer_ops() override { return optimizer_ops_; }
   int compute_threads() const override { return threads_; }
 
   // Called by the copy-stream threads.
@@ -302,6 +306,7 @@ class CpuBackend final : public Backend {
   tbb::task_arena tbb_arena_;
   CpuOps<float> ops_f32_;
   CpuOps<double> ops_f64_;
+  CpuOptimizerOps optimizer_ops_;
   CopyStream h2d_;
   CopyStream d2h_;
   std::vector<EventSlot> events_;
@@ -383,9 +388,14 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(const CpuBackendOptions& optio
                               std::strerror(errno)),
                   options.device_budget_name);
   }
+  auto adam = kernels::AdamKernel::create();
+  if (!adam.is_ok()) {
+    ::munmap(base, capacity);
+    return adam.status();
+  }
   CpuBackendOptions effective = options;
   effective.device_bytes_max = capacity;
-  return std::unique_ptr<Backend>(new CpuBackend(base, effective, host_budget, threads));
+  return std::unique_ptr<Backend>(new CpuBackend(base, effective, host_budget, threads, *adam));
 }
 
 }  // namespace strata::backend

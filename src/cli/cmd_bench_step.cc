@@ -2,8 +2,9 @@
 // Hugging Face config.json, or a Strata config whose strata.model it uses): tokens/s and achieved
 // GFLOP/s of full training steps (forward, backward, gradient transfer, Adam, parameter upload),
 // and in the same run the machine's GEMM peak (sgemm on square problems up to the largest size,
-// through the same oneTBB-tiled OpenBLAS path), so MFU = achieved / peak is a ratio measured on
-// one machine at one time. See docs/benchmarks.md ("Training step").
+// through the same oneTBB-tiled OpenBLAS path; on the CUDA backend, the backend's own GEMM in the
+// run's GEMM precision), so MFU = achieved / peak is a ratio measured on one machine at one time.
+// See docs/benchmarks.md ("Training step").
 #include <json/json.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
@@ -38,6 +39,7 @@ struct BenchStepOptions {
   std::string peak_sizes = "1024,2048,4096";
   int peak_repeats = 5;
   std::string device_bytes = "16GiB";
+  std::string backend = "auto";
   bool json = false;
 };
 
@@ -83,6 +85,33 @@ double gemm_gflops(std::int64_t n, int repeats, bool openblas_threads, int threa
   return 2.0 * static_cast<double>(n) * n * n / median(seconds) / 1e9;
 }
 
+// GFLOP/s of the backend's own GEMM, n x n x n on device memory (median of `repeats` after one
+// warm-up; each timed call waits for the compute stream).
+Result<double> device_gemm_gflops(backend::Backend& backend, std::int64_t n, int repeats) {
+  const std::uint64_t bytes = static_cast<std::uint64_t>(n * n) * sizeof(float);
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer a, backend.allocate_device(bytes, "GEMM peak A"));
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer b, backend.allocate_device(bytes, "GEMM peak B"));
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer c, backend.allocate_device(bytes, "GEMM peak C"));
+  std::vector<float> host(static_cast<std::size_t>(n * n));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& v : host)
+    v = dist(rng);
+  STRATA_TRY(backend.copy_async(backend::StreamKind::kCompute, a.data(), host.data(), bytes));
+  STRATA_TRY(backend.copy_async(backend::StreamKind::kCompute, b.data(), host.data(), bytes));
+  backend::Ops<float>& ops = backend.ops_f32();
+  std::vector<double> seconds;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ops.gemm(false, false, n, n, n, 1.0f, a.as<float>(), n, b.as<float>(), n, 0.0f, c.as<float>(),
+             n);
+    STRATA_TRY(backend.synchronize(backend::StreamKind::kCompute));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) seconds.push_back(s);
+  }
+  return 2.0 * static_cast<double>(n) * n * n / median(seconds) / 1e9;
+}
+
 Result<Json::Value> bench(const BenchStepOptions& o) {
   STRATA_ASSIGN_OR_RETURN(config::ModelConfig model_config, model_of(o.model));
   STRATA_ASSIGN_OR_RETURN(model::ModelShape shape, model::resolve_shape(model_config));
@@ -108,11 +137,11 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
       R"({{{} "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
           "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}},
           "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
-                      "device_bytes_max": "{}",
+                      "device_bytes_max": "{}", "backend": "{}",
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": 4}}}}}})",
-      precision_keys, o.batch, out_dir, o.steps + o.warmup, o.threads, o.device_bytes, o.seq_len,
-      std::min<std::int64_t>(shape.vocab_size, 1 << 20));
+      precision_keys, o.batch, out_dir, o.steps + o.warmup, o.threads, o.device_bytes, o.backend,
+      o.seq_len, std::min<std::int64_t>(shape.vocab_size, 1 << 20));
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_text(text, "bench step", {}));
   config::Config config = loaded.config;
   model_config.path.clear();
@@ -131,9 +160,26 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   trainer_options.quiet = true;
   std::vector<double> step_ms, compute_ms, optimizer_ms;
   std::int64_t threads = 0;
+  std::string backend_name;
+  std::string backend_description;
+  std::vector<std::int64_t> peak_sizes;
+  {
+    std::stringstream list(o.peak_sizes);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      const std::int64_t n = std::stoll(item);
+      if (n < 1) return Status(ErrorCode::kUsage, "sizes must be positive", "--peak-sizes");
+      peak_sizes.push_back(n);
+    }
+  }
+  // The CUDA backend's GEMM peak is measured while its trainer is alive (same device, same
+  // GEMM precision); the CPU's after, when its threads are free.
+  Json::Value device_sizes(Json::objectValue);
   {
     STRATA_ASSIGN_OR_RETURN(auto trainer, train::Trainer::create(config, trainer_options));
     threads = trainer->backend().compute_threads();
+    backend_name = trainer->backend().name();
+    backend_description = trainer->backend().description();
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(train::StepReport r, trainer->train_step());
       if (s < o.warmup) continue;
@@ -141,11 +187,20 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
       compute_ms.push_back(r.compute_ms);
       optimizer_ms.push_back(r.optimizer_ms);
     }
+    if (backend_name != "cpu") {
+      for (std::int64_t n : peak_sizes) {
+        STRATA_ASSIGN_OR_RETURN(double g,
+                                device_gemm_gflops(trainer->backend(), n, o.peak_repeats));
+        device_sizes[std::to_string(n)] = g;
+      }
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(out_dir, ec);
 
   Json::Value j(Json::objectValue);
+  j["backend"] = backend_name;
+  j["backend_description"] = backend_description;
   j["model"] = model::family_name(shape.family);
   j["parameters"] = Json::Int64(model::total_params(shape));
   j["layers"] = Json::Int64(shape.num_layers);
@@ -174,12 +229,10 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   Json::Value sizes(Json::objectValue);
   double peak = 0.0;
   std::int64_t largest = 0;
-  std::stringstream list(o.peak_sizes);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    const std::int64_t n = std::stoll(item);
-    if (n < 1) return Status(ErrorCode::kUsage, "sizes must be positive", "--peak-sizes");
-    const double g = gemm_gflops(n, o.peak_repeats, false, static_cast<int>(threads));
+  for (std::int64_t n : peak_sizes) {
+    const double g = backend_name != "cpu"
+                         ? device_sizes[std::to_string(n)].asDouble()
+                         : gemm_gflops(n, o.peak_repeats, false, static_cast<int>(threads));
     sizes[std::to_string(n)] = g;
     if (n >= largest) {
       largest = n;
@@ -189,10 +242,12 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   j["gemm_gflops"] = sizes;
   j["gemm_peak_n"] = Json::Int64(largest);
   j["gemm_peak_gflops"] = peak;
-  j["openblas_threads_gflops"] =
-      gemm_gflops(largest, o.peak_repeats, true, static_cast<int>(threads));
+  if (backend_name == "cpu") {
+    j["openblas_threads_gflops"] =
+        gemm_gflops(largest, o.peak_repeats, true, static_cast<int>(threads));
+  }
   j["mfu"] = (flops / (step / 1e3) / 1e9) / peak;
-  j["blas"] = kernels::blas_description();
+  j["blas"] = backend_name == "cpu" ? kernels::blas_description() : backend_description;
   return j;
 }
 
@@ -204,6 +259,7 @@ int run_bench_step(const BenchStepOptions& o) {
     std::printf("%s\n", train::MetricsLog::to_line(j).c_str());
     return 0;
   }
+  std::printf("backend      %s\n", j["backend_description"].asCString());
   std::printf("model        %s, %.1fM parameters, %lld layers, hidden %lld\n",
               j["model"].asCString(), j["parameters"].asDouble() / 1e6,
               static_cast<long long>(j["layers"].asInt64()),
@@ -219,11 +275,17 @@ int run_bench_step(const BenchStepOptions& o) {
   std::printf("throughput   %.1f tokens/s, %.2f GFLOP/s (model FLOPs %.3g per step)\n",
               j["tokens_per_s"].asDouble(), j["achieved_gflops"].asDouble(),
               j["model_flops_per_step"].asDouble());
-  std::printf(
-      "GEMM peak    %.2f GFLOP/s (sgemm %lld^3, oneTBB tiles); OpenBLAS's own threads: "
-      "%.2f GFLOP/s\n",
-      j["gemm_peak_gflops"].asDouble(), static_cast<long long>(j["gemm_peak_n"].asInt64()),
-      j["openblas_threads_gflops"].asDouble());
+  if (j.isMember("openblas_threads_gflops")) {
+    std::printf(
+        "GEMM peak    %.2f GFLOP/s (sgemm %lld^3, oneTBB tiles); OpenBLAS's own threads: "
+        "%.2f GFLOP/s\n",
+        j["gemm_peak_gflops"].asDouble(), static_cast<long long>(j["gemm_peak_n"].asInt64()),
+        j["openblas_threads_gflops"].asDouble());
+  } else {
+    std::printf("GEMM peak    %.2f GFLOP/s (%s backend GEMM %lld^3)\n",
+                j["gemm_peak_gflops"].asDouble(), j["backend"].asCString(),
+                static_cast<long long>(j["gemm_peak_n"].asInt64()));
+  }
   std::printf("MFU          %.3f\n", j["mfu"].asDouble());
   return 0;
 }
@@ -235,7 +297,7 @@ void register_bench_step(CLI::App* bench, Registry& registry) {
   CLI::App* step = bench->add_subcommand(
       "step",
       "Tokens/s and GFLOP/s of full training steps against the GEMM peak measured in the same "
-      "run (MFU on CPU)");
+      "run (MFU)");
   step->add_option("--model,-m", o->model,
                    "A Hugging Face config.json, or a Strata config (its strata.model)")
       ->required();
@@ -264,6 +326,9 @@ void register_bench_step(CLI::App* bench, Registry& registry) {
       ->capture_default_str();
   step->add_option("--device-bytes", o->device_bytes,
                    "Device arena budget (reserved, not committed)")
+      ->capture_default_str();
+  step->add_option("--backend", o->backend, "auto, cpu or cuda (strata.backend)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   step->add_flag("--json", o->json, "Print one JSON object instead of text");
   registry.add(step, [o] { return run_bench_step(*o); });

@@ -19,6 +19,8 @@ enum class OptimizerType { kAdam, kAdamW };
 enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
 enum class WarmupType { kLog, kLinear };
 enum class Backend { kAuto, kCpu, kCuda };
+// What the CUDA backend rounds GEMM inputs to (auto: follows fp16/bf16; fp32 runs keep fp32).
+enum class GemmPrecision { kAuto, kFp32, kTf32, kBf16, kFp16 };
 enum class ModelFamily { kGpt2, kLlama };
 enum class DataSource { kSynthetic, kTokens, kText };
 enum class Precision { kFp32, kFp16, kBf16 };
@@ -168,6 +170,7 @@ struct StrataConfig {
   std::int64_t train_steps = 100;
   std::uint64_t seed = 1234;
   Backend backend = Backend::kAuto;
+  GemmPrecision gemm_precision = GemmPrecision::kAuto;  // CUDA GEMM inputs; accumulation is fp32
   std::int64_t cpu_threads = 0;  // compute threads of the CPU backend; 0 = every core available
   std::uint64_t device_bytes_max = 0;  // 0 = auto: GPU memory (CUDA) or 4 GiB arena (CPU)
   std::uint64_t host_bytes_max = 0;    // 0 = auto: 80% of the memory available at start-up

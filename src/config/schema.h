@@ -59,6 +59,14 @@ inline const EnumNames<Backend>& backend_names() {
       {Backend::kAuto, "auto"}, {Backend::kCpu, "cpu"}, {Backend::kCuda, "cuda"}};
   return names;
 }
+inline const EnumNames<GemmPrecision>& gemm_precision_names() {
+  static const EnumNames<GemmPrecision> names = {{GemmPrecision::kAuto, "auto"},
+                                                 {GemmPrecision::kFp32, "fp32"},
+                                                 {GemmPrecision::kTf32, "tf32"},
+                                                 {GemmPrecision::kBf16, "bf16"},
+                                                 {GemmPrecision::kFp16, "fp16"}};
+  return names;
+}
 inline const EnumNames<ModelFamily>& model_family_names() {
   static const EnumNames<ModelFamily> names = {{ModelFamily::kGpt2, "gpt2"},
                                                {ModelFamily::kLlama, "llama"}};
@@ -237,6 +245,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.integer("train_steps", c.train_steps, 1, kIntMax);
   v.count("seed", c.seed, 0, std::numeric_limits<std::uint64_t>::max(), 1);
   v.choice("backend", c.backend, backend_names());
+  v.choice("gemm_precision", c.gemm_precision, gemm_precision_names());
   v.integer("cpu_threads", c.cpu_threads, 0, 4096);
   v.bytes("device_bytes_max", c.device_bytes_max);
   v.bytes("host_bytes_max", c.host_bytes_max);

@@ -16,6 +16,7 @@ TrainState::TrainState(backend::Backend& backend, const model::ModelLayout& layo
 
 TrainState::~TrainState() {
   if (copied_.valid()) backend_.destroy_event(copied_);
+  if (computed_.valid()) backend_.destroy_event(computed_);
 }
 
 Result<std::unique_ptr<TrainState>> TrainState::create(backend::Backend& backend,
@@ -57,6 +58,7 @@ Result<std::unique_ptr<TrainState>> TrainState::create(backend::Backend& backend
       backend.allocate_pinned(largest_bytes * std::max<std::uint64_t>(storage_bytes, 4),
                               "transfer staging"));
   STRATA_ASSIGN_OR_RETURN(s->copied_, backend.create_event());
+  STRATA_ASSIGN_OR_RETURN(s->computed_, backend.create_event());
   s->zero_moments();
   for (int u = 0; u < s->units(); ++u) {
     const std::int64_t n = layout.units[static_cast<std::size_t>(u)].padded_numel;
@@ -177,6 +179,10 @@ Status TrainState::grads_ready(int unit) {
     backend_.ops_f32().cast_to(device_staging_.data(), storage_, d.grad.as<float>(), n);
     device_src = device_staging_.data();
   }
+  // The copy stream must not start before the compute stream has finished the gradient (on a GPU
+  // the two run concurrently).
+  STRATA_TRY(backend_.record(computed_, backend::StreamKind::kCompute));
+  STRATA_TRY(backend_.wait(backend::StreamKind::kDeviceToHost, computed_));
   STRATA_TRY(copy_and_wait(backend::StreamKind::kDeviceToHost, host_staging_.data(), device_src,
                            unit_bytes(unit, kernels::dtype_bytes(storage_))));
   kernels::accumulate_from(grad_accumulator(unit), host_staging_.data(), storage_, n,

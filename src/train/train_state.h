@@ -99,6 +99,7 @@ class TrainState final : public model::UnitStore<float> {
   backend::Buffer device_staging_;  // a unit's gradient in the storage type
   backend::Buffer host_staging_;    // a unit's gradient or new parameters in the storage type
   backend::Event copied_;
+  backend::Event computed_;  // the gradient's compute-stream work, waited for by its copy
   bool first_micro_batch_ = true;
 };
 

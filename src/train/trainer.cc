@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <numeric>
 
-#include "backend/cpu_backend.h"
+#include "backend/backend_factory.h"
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
@@ -64,16 +64,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const config::Config& config,
 
 Status Trainer::setup() {
   const config::StrataConfig& s = config_.strata;
-  if (s.backend == config::Backend::kCuda) {
-    return Status(ErrorCode::kUnavailable,
-                  "the CUDA backend is not part of this build yet; use \"cpu\" or \"auto\"",
-                  "strata.backend");
-  }
-  backend::CpuBackendOptions backend_options;
-  backend_options.device_bytes_max = s.device_bytes_max > 0 ? s.device_bytes_max : 4ull << 30;
-  backend_options.host_bytes_max = s.host_bytes_max;
-  backend_options.threads = static_cast<int>(s.cpu_threads);
-  STRATA_ASSIGN_OR_RETURN(backend_, backend::make_cpu_backend(backend_options));
+  STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
+                          backend::make_backend(backend::backend_request(config_)));
+  backend_ = std::move(made.backend);
+  if (!made.note.empty()) note(made.note);
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   layout_ = model::build_layout(shape_);

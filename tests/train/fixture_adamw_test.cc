@@ -6,33 +6,18 @@
 
 #include "config/config.h"
 #include "tests/model/fixture_support.h"
+#include "tests/train/llmc_tokens.h"
 #include "train/trainer.h"
 
 namespace strata::train {
 namespace {
-
-std::string llmc_file(const std::vector<std::int32_t>& tokens) {
-  std::string bytes(1024, '\0');
-  auto put = [&](int at, std::uint32_t v) {
-    for (int i = 0; i < 4; ++i)
-      bytes[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  };
-  put(0, 20240520);
-  put(4, 1);
-  put(8, static_cast<std::uint32_t>(tokens.size()));
-  for (std::int32_t t : tokens) {
-    bytes += static_cast<char>(t & 0xff);
-    bytes += static_cast<char>((t >> 8) & 0xff);
-  }
-  return bytes;
-}
 
 class FixtureAdamW : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureAdamW, ThreeStepsMatchTorchAdamW) {
   const testing::Fixture fx = testing::load_fixture(GetParam());
   testing::TempDir dir;
-  const std::string tokens = dir.write_file("tokens.bin", llmc_file(fx.tokens));
+  const std::string tokens = dir.write_file("tokens.bin", testing::llmc_file(fx.tokens));
   const std::string text = fmt::format(
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [{}, {}], "eps": {},

@@ -349,10 +349,11 @@ TEST(BenchStep, ReportsThroughputGemmPeakAndMfu) {
   auto r = run_strata({"bench", "step", "--model",
                        testing::source_path("tests/fixtures/models/gpt2_tied/config.json"),
                        "--batch", "2", "--seq-len", "16", "--steps", "2", "--peak-sizes", "64,128",
-                       "--peak-repeats", "1", "--json"},
+                       "--peak-repeats", "1", "--backend", "cpu", "--json"},
                       {}, 300);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Json::Value j = parse(r.out);
+  EXPECT_EQ(j["backend"].asString(), "cpu");
   EXPECT_EQ(j["model"].asString(), "gpt2");
   EXPECT_EQ(j["step_ms"].size(), 2u);
   for (const char* key : {"tokens_per_s", "achieved_gflops", "gemm_peak_gflops",

@@ -1,0 +1,73 @@
+// Launchers of the element-wise kernels (elementwise_kernels.cuh) on a CUDA stream.
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace strata::cuda_kernels {
+
+cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
+                              const float* wte, const float* wpe, std::int64_t rows,
+                              std::int64_t seq_len, std::int64_t channels) {
+  if (rows * channels <= 0) return cudaSuccess;
+  return run_embedding_forward(CudaLauncher{s}, out, tokens, wte, wpe, rows, seq_len, channels);
+}
+
+cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return run_gelu_forward(CudaLauncher{s}, out, x, n);
+}
+
+cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
+                          std::int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return run_gelu_backward(CudaLauncher{s}, dx, x, dout, n);
+}
+
+cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
+                           std::int64_t inner) {
+  if (rows * inner <= 0) return cudaSuccess;
+  return run_swiglu_forward(CudaLauncher{s}, out, gate_up, rows, inner);
+}
+
+cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_up,
+                            const float* dout, std::int64_t rows, std::int64_t inner) {
+  if (rows * inner <= 0) return cudaSuccess;
+  return run_swiglu_backward(CudaLauncher{s}, dgate_up, gate_up, dout, rows, inner);
+}
+
+cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return run_add(CudaLauncher{s}, out, a, b, n);
+}
+
+cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t rows,
+                     std::int64_t channels) {
+  if (rows * channels <= 0) return cudaSuccess;
+  return run_add_bias(CudaLauncher{s}, x, bias, rows, channels);
+}
+
+cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha) {
+  if (n <= 0) return cudaSuccess;
+  return run_scale(CudaLauncher{s}, x, n, alpha);
+}
+
+cudaError_t rope(cudaStream_t s, float* x, std::int64_t rows, std::int64_t stride,
+                 std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+                 const float* sin, float direction) {
+  if (rows * heads * (head_dim / 2) <= 0) return cudaSuccess;
+  return run_rope(CudaLauncher{s}, x, rows, stride, seq_len, heads, head_dim, cos, sin, direction);
+}
+
+cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,
+                 std::int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return run_cast(CudaLauncher{s}, dst, dst_code, src, src_code, n);
+}
+
+cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64_t dst_ld,
+                             const float* src, std::int64_t src_ld, std::int64_t rows,
+                             std::int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  return run_cast_block_to_16(CudaLauncher{s}, dst, dst_code, dst_ld, src, src_ld, rows, cols);
+}
+
+}  // namespace strata::cuda_kernels

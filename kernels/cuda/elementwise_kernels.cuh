@@ -1,0 +1,221 @@
+// Element-wise kernels: embedding lookup, GELU, SwiGLU, residual add, bias, scale, rotary
+// embeddings and dtype conversions (contracts in launch.h / kernels/cpu/nn_ops.h), with their
+// launch functions (generic over the launcher, see device_math.cuh). Grid-stride loops over
+// 64-bit indices; precise expf/tanhf (no fast-math), so results track the CPU's to a few ulps.
+#pragma once
+
+#include "backend/cuda_plan.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace strata::cuda_kernels {
+namespace {
+
+using backend::cuda::elementwise_blocks;
+using backend::cuda::kElementwiseThreads;
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
+                                         const float* wpe, std::int64_t rows, std::int64_t seq_len,
+                                         std::int64_t channels) {
+  const std::int64_t total = rows * channels;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t r = i / channels;
+    const std::int64_t c = i - r * channels;
+    float v = wte[static_cast<std::int64_t>(tokens[r]) * channels + c];
+    if (wpe != nullptr) v += wpe[(r % seq_len) * channels + c];
+    out[i] = v;
+  }
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = x[i];
+    const float th = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    const float sech2 = 1.0f - th * th;
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+    dx[i] += grad * dout[i];
+  }
+}
+
+// gate_up(N, 2I) = [gate | up]; out(N, I).
+__global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int64_t rows,
+                                      std::int64_t inner) {
+  const std::int64_t total = rows * inner;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    const float g = gate_up[r * 2 * inner + j];
+    const float u = gate_up[r * 2 * inner + inner + j];
+    const float sig = 1.0f / (1.0f + expf(-g));
+    out[i] = g * sig * u;
+  }
+}
+
+__global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout,
+                                       std::int64_t rows, std::int64_t inner) {
+  const std::int64_t total = rows * inner;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    const float g = gate_up[r * 2 * inner + j];
+    const float u = gate_up[r * 2 * inner + inner + j];
+    const float d = dout[i];
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dgate_up[r * 2 * inner + j] = d * u * sig * (1.0f + g * (1.0f - sig));
+    dgate_up[r * 2 * inner + inner + j] = d * (g * sig);
+  }
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads())
+    out[i] = a[i] + b[i];
+}
+
+__global__ void add_bias_kernel(float* x, const float* bias, std::int64_t rows,
+                                std::int64_t channels) {
+  const std::int64_t total = rows * channels;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads())
+    x[i] += bias[i % channels];
+}
+
+__global__ void scale_kernel(float* x, std::int64_t n, float alpha) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads())
+    x[i] *= alpha;
+}
+
+// One thread per (row, head, d < D/2) pair (d, d + D/2): Hugging Face's rotate_half.
+__global__ void rope_kernel(float* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
+                            std::int64_t heads, std::int64_t head_dim, const float* cos,
+                            const float* sin, float direction) {
+  const std::int64_t half = head_dim / 2;
+  const std::int64_t total = rows * heads * half;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t d = i % half;
+    const std::int64_t h = (i / half) % heads;
+    const std::int64_t r = i / (half * heads);
+    const std::int64_t t = r % seq_len;
+    float* x1 = x + r * stride + h * head_dim + d;
+    float* x2 = x1 + half;
+    const float a = *x1;
+    const float b = *x2;
+    const float c = cos[t * half + d];
+    const float s = direction * sin[t * half + d];
+    *x1 = a * c - b * s;
+    *x2 = b * c + a * s;
+  }
+}
+
+__global__ void cast_kernel(void* dst, int dst_code, const void* src, int src_code,
+                            std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads())
+    store_from_float(dst, dst_code, i, load_as_float(src, src_code, i));
+}
+
+// Threads over columns (x), blocks over rows (y, grid-stride).
+__global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t dst_ld,
+                                  const float* src, std::int64_t src_ld, std::int64_t rows,
+                                  std::int64_t cols) {
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* in = src + r * src_ld;
+    std::uint16_t* out = dst + r * dst_ld;
+    for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      out[c] = dst_code == kCodeBF16 ? float_to_bf16_bits(in[c]) : float_to_fp16_bits(in[c]);
+    }
+  }
+}
+
+dim3 elementwise_grid(std::int64_t n) {
+  return dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(n)));
+}
+
+template <typename L>
+auto run_embedding_forward(const L& launch, float* out, const std::int32_t* tokens,
+                           const float* wte, const float* wpe, std::int64_t rows,
+                           std::int64_t seq_len, std::int64_t channels) {
+  return launch(embedding_forward_kernel, elementwise_grid(rows * channels),
+                dim3(kElementwiseThreads), 0, out, tokens, wte, wpe, rows, seq_len, channels);
+}
+
+template <typename L>
+auto run_gelu_forward(const L& launch, float* out, const float* x, std::int64_t n) {
+  return launch(gelu_forward_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, out, x, n);
+}
+
+template <typename L>
+auto run_gelu_backward(const L& launch, float* dx, const float* x, const float* dout,
+                       std::int64_t n) {
+  return launch(gelu_backward_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, dx, x,
+                dout, n);
+}
+
+template <typename L>
+auto run_swiglu_forward(const L& launch, float* out, const float* gate_up, std::int64_t rows,
+                        std::int64_t inner) {
+  return launch(swiglu_forward_kernel, elementwise_grid(rows * inner), dim3(kElementwiseThreads), 0,
+                out, gate_up, rows, inner);
+}
+
+template <typename L>
+auto run_swiglu_backward(const L& launch, float* dgate_up, const float* gate_up, const float* dout,
+                         std::int64_t rows, std::int64_t inner) {
+  return launch(swiglu_backward_kernel, elementwise_grid(rows * inner), dim3(kElementwiseThreads),
+                0, dgate_up, gate_up, dout, rows, inner);
+}
+
+template <typename L>
+auto run_add(const L& launch, float* out, const float* a, const float* b, std::int64_t n) {
+  return launch(add_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, out, a, b, n);
+}
+
+template <typename L>
+auto run_add_bias(const L& launch, float* x, const float* bias, std::int64_t rows,
+                  std::int64_t channels) {
+  return launch(add_bias_kernel, elementwise_grid(rows * channels), dim3(kElementwiseThreads), 0, x,
+                bias, rows, channels);
+}
+
+template <typename L>
+auto run_scale(const L& launch, float* x, std::int64_t n, float alpha) {
+  return launch(scale_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, x, n, alpha);
+}
+
+template <typename L>
+auto run_rope(const L& launch, float* x, std::int64_t rows, std::int64_t stride,
+              std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+              const float* sin, float direction) {
+  return launch(rope_kernel, elementwise_grid(rows * heads * (head_dim / 2)),
+                dim3(kElementwiseThreads), 0, x, rows, stride, seq_len, heads, head_dim, cos, sin,
+                direction);
+}
+
+template <typename L>
+auto run_cast(const L& launch, void* dst, int dst_code, const void* src, int src_code,
+              std::int64_t n) {
+  return launch(cast_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, dst, dst_code, src,
+                src_code, n);
+}
+
+template <typename L>
+auto run_cast_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t dst_ld,
+                          const float* src, std::int64_t src_ld, std::int64_t rows,
+                          std::int64_t cols) {
+  const std::int64_t x_blocks = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
+  const dim3 grid(static_cast<unsigned>(x_blocks < 64 ? x_blocks : 64),
+                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  return launch(cast_block_kernel, grid, dim3(kElementwiseThreads), 0,
+                static_cast<std::uint16_t*>(dst), dst_code, dst_ld, src, src_ld, rows, cols);
+}
+
+}  // namespace
+}  // namespace strata::cuda_kernels

@@ -1,0 +1,234 @@
+// The CUDA backend's GEMMs (see gemm.h).
+#include "kernels/cuda/gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_blocks.h"
+#include "kernels/cuda/launch.h"
+
+namespace strata::cuda {
+namespace {
+
+using backend::cuda::GemmPrecision;
+
+// The largest power of two (up to 256) that divides the address: what cuBLASLt may assume.
+std::uint32_t alignment_of(const void* p) {
+  const auto x = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 1;
+  while (a < 256 && x % (2 * a) == 0)
+    a *= 2;
+  return a;
+}
+
+cudaDataType_t data_type(int code) {
+  if (code == cuda_kernels::kCodeBF16) return CUDA_R_16BF;
+  if (code == cuda_kernels::kCodeF16) return CUDA_R_16F;
+  return CUDA_R_32F;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GemmEngine>> GemmEngine::create(const GemmEngineConfig& config,
+                                                       cudaStream_t stream) {
+  if (backend::cuda::converts_operands(config.precision) &&
+      (config.convert_workspace == nullptr ||
+       config.convert_elements < backend::cuda::kGemmWorkspaceMinElements)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("the {} GEMM conversion workspace holds {} elements; it needs at "
+                              "least {}",
+                              backend::cuda::to_string(config.precision), config.convert_elements,
+                              backend::cuda::kGemmWorkspaceMinElements));
+  }
+  std::unique_ptr<GemmEngine> engine(new GemmEngine(config, stream));
+  if (!config.use_cublaslt) return engine;
+  STRATA_ASSIGN_OR_RETURN(engine->api_, load_cublaslt());
+  const CublasLtApi& api = *engine->api_;
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.create(&engine->handle_)));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_create(&engine->preference_)));
+  const std::uint64_t bytes =
+      config.cublas_workspace == nullptr ? 0 : config.cublas_workspace_bytes;
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
+      engine->preference_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes))));
+  return engine;
+}
+
+GemmEngine::~GemmEngine() {
+  for (Entry& entry : cache_)
+    release(entry);
+  if (api_ != nullptr) {
+    if (preference_ != nullptr) (void)STRATA_CUBLAS_CHECK(api_->pref_destroy(preference_));
+    if (handle_ != nullptr) (void)STRATA_CUBLAS_CHECK(api_->destroy(handle_));
+  }
+}
+
+std::string GemmEngine::description() const {
+  const std::string inputs =
+      fmt::format("GEMM inputs {}, fp32 accumulation", backend::cuda::to_string(config_.precision));
+  if (api_ == nullptr) return fmt::format("Strata's fallback GEMM kernel only, {}", inputs);
+  return fmt::format("cuBLASLt {} ({}), {}", api_->get_version(), api_->path, inputs);
+}
+
+void GemmEngine::release(Entry& entry) {
+  if (!entry.used) return;
+  if (api_ != nullptr) {
+    if (entry.layout_a != nullptr) (void)STRATA_CUBLAS_CHECK(api_->layout_destroy(entry.layout_a));
+    if (entry.layout_b != nullptr) (void)STRATA_CUBLAS_CHECK(api_->layout_destroy(entry.layout_b));
+    if (entry.layout_c != nullptr) (void)STRATA_CUBLAS_CHECK(api_->layout_destroy(entry.layout_c));
+    if (entry.desc != nullptr) (void)STRATA_CUBLAS_CHECK(api_->desc_destroy(entry.desc));
+  }
+  entry = Entry{};
+}
+
+Result<GemmEngine::Entry*> GemmEngine::lookup(const Key& key) {
+  for (Entry& entry : cache_) {
+    if (entry.used && entry.key == key) return &entry;
+  }
+  Entry fresh;
+  fresh.used = true;
+  fresh.key = key;
+  const Status made = describe(key, &fresh);
+  if (!made.is_ok()) {
+    release(fresh);  // nothing half-made stays in the cache
+    return made;
+  }
+  Entry* slot = nullptr;
+  for (Entry& entry : cache_) {
+    if (!entry.used) {
+      slot = &entry;
+      break;
+    }
+  }
+  if (slot == nullptr) {
+    slot = &cache_[static_cast<std::size_t>(next_victim_)];
+    next_victim_ = (next_victim_ + 1) % kCacheEntries;
+    release(*slot);
+  }
+  *slot = fresh;
+  return slot;
+}
+
+Status GemmEngine::describe(const Key& key, Entry* out) {
+  Entry& e = *out;
+  const CublasLtApi& api = *api_;
+  const cublasComputeType_t compute =
+      key.in_code == cuda_kernels::kCodeF32 && config_.precision == GemmPrecision::kTf32
+          ? CUBLAS_COMPUTE_32F_FAST_TF32
+          : CUBLAS_COMPUTE_32F;
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.desc_create(&e.desc, compute, CUDA_R_32F)));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
+  const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_TRY(
+      STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a))));
+  STRATA_TRY(
+      STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b))));
+  const cudaDataType_t in = data_type(key.in_code);
+  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_a, in, u(key.trans_b ? key.k : key.n),
+                                                   u(key.trans_b ? key.n : key.k), key.ldb)));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_b, in, u(key.trans_a ? key.m : key.k),
+                                                   u(key.trans_a ? key.k : key.m), key.lda)));
+  STRATA_TRY(
+      STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_c, CUDA_R_32F, u(key.n), u(key.m), key.ldc)));
+  // cuBLAS's A is our B, so the alignments swap too.
+  const std::uint32_t align_a = static_cast<std::uint32_t>(key.align_b);
+  const std::uint32_t align_b = static_cast<std::uint32_t>(key.align_a);
+  const std::uint32_t align_c = static_cast<std::uint32_t>(key.align_c);
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
+      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a))));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
+      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b))));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
+      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c))));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
+      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c))));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status = api.heuristic(handle_, e.desc, e.layout_a, e.layout_b, e.layout_c,
+                                              e.layout_c, preference_, 1, &result, &count);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0)) {
+    STRATA_LOG_DEBUG(
+        "cuBLASLt has no algorithm for m={} n={} k={} (trans {} {}, lds {} {} {}); using the "
+        "fallback kernel",
+        key.m, key.n, key.k, key.trans_a, key.trans_b, key.lda, key.ldb, key.ldc);
+    e.has_algo = false;
+    return Status::ok();
+  }
+  STRATA_TRY(STRATA_CUBLAS_CHECK(status));
+  e.algo = result.algo;
+  e.has_algo = true;
+  return Status::ok();
+}
+
+Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                       float alpha, const void* a, std::int64_t lda, const void* b,
+                       std::int64_t ldb, float beta, float* c, std::int64_t ldc, int in_code) {
+  if (api_ != nullptr && k > 0) {
+    Key key;
+    key.trans_a = trans_a;
+    key.trans_b = trans_b;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.in_code = in_code;
+    key.align_a = static_cast<int>(alignment_of(a));
+    key.align_b = static_cast<int>(alignment_of(b));
+    key.align_c = static_cast<int>(alignment_of(c));
+    STRATA_ASSIGN_OR_RETURN(Entry * entry, lookup(key));
+    if (entry->has_algo) {
+      const cublasStatus_t status =
+          api_->matmul(handle_, entry->desc, &alpha, b, entry->layout_a, a, entry->layout_b, &beta,
+                       c, entry->layout_c, c, entry->layout_c, &entry->algo,
+                       config_.cublas_workspace, config_.cublas_workspace_bytes, stream_);
+      if (status != CUBLAS_STATUS_NOT_SUPPORTED) return STRATA_CUBLAS_CHECK(status);
+      entry->has_algo = false;  // remember, and run the fallback from now on
+    }
+  }
+  ++fallback_calls_;
+  return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(stream_, trans_a, trans_b, m, n, k, alpha, a,
+                                                       lda, b, ldb, beta, c, ldc, in_code));
+}
+
+Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                 std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                                 const float* b, std::int64_t ldb, float beta, float* c,
+                                 std::int64_t ldc) {
+  const backend::cuda::GemmBlocking blocking =
+      backend::cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
+  const int code =
+      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
+  auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
+  std::uint16_t* b_ws = a_ws + blocking.a_elements;
+  auto convert_to = [&](std::uint16_t* dst) {
+    return [this, dst, code](const BlockCopy& copy) {
+      return STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
+          stream_, dst, code, copy.dst_ld, copy.src, copy.src_ld, copy.rows, copy.cols));
+    };
+  };
+  return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
+                          convert_to(a_ws), convert_to(b_ws), [&](const BlockProduct& p) {
+                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_ws,
+                                       p.b_ld, p.beta, p.c, ldc, code);
+                          });
+}
+
+Status GemmEngine::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                        float alpha, const float* a, std::int64_t lda, const float* b,
+                        std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
+  if (m == 0 || n == 0) return Status::ok();
+  if (k > 0 && backend::cuda::converts_operands(config_.precision)) {
+    return run_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+             cuda_kernels::kCodeF32);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,98 @@
+// GEMMs of the CUDA backend: row-major C(m,n) = alpha op(A) op(B) + beta C on fp32 device arrays,
+// through cuBLASLt with fp32 accumulation. With GemmPrecision bf16/fp16 the operands are first
+// rounded into a fixed 16-bit workspace, in blocks when they do not fit (cuda_plan.h); fp32/tf32
+// multiply the fp32 arrays directly. Algorithms come from cuBLASLt's heuristic once per shape and
+// alignment and are kept in a fixed-size cache (no allocation once the shapes have been seen);
+// where cuBLASLt has none, Strata's own tiled kernel runs (gemm_fallback.cu).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/cuda_plan.h"
+#include "common/status.h"
+#include "kernels/cuda/cublaslt_api.h"
+
+namespace strata::cuda {
+
+struct GemmEngineConfig {
+  backend::cuda::GemmPrecision precision = backend::cuda::GemmPrecision::kFp32;
+  bool use_cublaslt = true;          // false: only the fallback kernel (tests)
+  void* cublas_workspace = nullptr;  // device memory for cuBLASLt
+  std::uint64_t cublas_workspace_bytes = 0;
+  void* convert_workspace = nullptr;  // device memory for 16-bit operands (bf16/fp16)
+  std::int64_t convert_elements = 0;  // its size in 16-bit elements
+};
+
+class GemmEngine {
+ public:
+  // Creates the cuBLASLt handle (when used) for work on `stream`. kUnavailable when cuBLASLt
+  // cannot be loaded; kInvalidArgument for a conversion workspace below
+  // kGemmWorkspaceMinElements with bf16/fp16.
+  static Result<std::unique_ptr<GemmEngine>> create(const GemmEngineConfig& config,
+                                                    cudaStream_t stream);
+  ~GemmEngine();
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+
+  // Queues the product on the stream (contract of kernels::gemm, row-major, any strides).
+  Status gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+              float beta, float* c, std::int64_t ldc);
+
+  // "cuBLASLt 130001 (libcublasLt.so.13), GEMM inputs bf16, fp32 accumulation".
+  std::string description() const;
+  // Calls that ran the fallback kernel instead of cuBLASLt.
+  std::int64_t fallback_calls() const { return fallback_calls_; }
+
+ private:
+  struct Key {
+    bool trans_a = false, trans_b = false;
+    std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    int in_code = 0;
+    int align_a = 0, align_b = 0, align_c = 0;
+    bool operator==(const Key&) const = default;
+  };
+  struct Entry {
+    bool used = false;
+    Key key;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t layout_a = nullptr;  // cuBLAS's A = our B
+    cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLAS's B = our A
+    cublasLtMatrixLayout_t layout_c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;
+  };
+  static constexpr int kCacheEntries = 256;
+
+  GemmEngine(const GemmEngineConfig& config, cudaStream_t stream)
+      : config_(config), stream_(stream) {}
+  // One call on operands of element type in_code (fp32, bf16 or fp16): cuBLASLt, or the fallback.
+  Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+             float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
+             float beta, float* c, std::int64_t ldc, int in_code);
+  // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
+  Result<Entry*> lookup(const Key& key);
+  // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
+  Status describe(const Key& key, Entry* out);
+  void release(Entry& entry);
+  Status run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                       float alpha, const float* a, std::int64_t lda, const float* b,
+                       std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+  GemmEngineConfig config_;
+  cudaStream_t stream_;
+  const CublasLtApi* api_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulPreference_t preference_ = nullptr;
+  std::array<Entry, kCacheEntries> cache_{};
+  int next_victim_ = 0;
+  std::int64_t fallback_calls_ = 0;
+};
+
+}  // namespace strata::cuda

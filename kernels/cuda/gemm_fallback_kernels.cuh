@@ -1,0 +1,62 @@
+// A plain shared-memory tiled GEMM (16 x 16 tiles, fp32 accumulation) for any strides, alignment
+// and transposition, with its launch function (generic over the launcher, see device_math.cuh):
+// the fallback when cuBLASLt offers no algorithm for a shape, and a second implementation the
+// GEMM tests can compare against.
+#pragma once
+
+#include "kernels/cuda/device_math.cuh"
+
+namespace strata::cuda_kernels {
+namespace {
+
+constexpr int kTileSide = 16;
+
+__global__ void gemm_fallback_kernel(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, float alpha, const void* a, std::int64_t lda,
+                                     const void* b, std::int64_t ldb, float beta, float* c,
+                                     std::int64_t ldc, int code) {
+  __shared__ float as[kTileSide][kTileSide + 1];
+  __shared__ float bs[kTileSide][kTileSide + 1];
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kTileSide + tx;
+  for (std::int64_t row_base = static_cast<std::int64_t>(blockIdx.y) * kTileSide; row_base < m;
+       row_base += static_cast<std::int64_t>(gridDim.y) * kTileSide) {
+    const std::int64_t row = row_base + ty;
+    float acc = 0.0f;
+    for (std::int64_t k0 = 0; k0 < k; k0 += kTileSide) {
+      const std::int64_t ka = k0 + tx;  // op(A)(row, ka)
+      as[ty][tx] = (row < m && ka < k)
+                       ? load_as_float(a, code, trans_a ? ka * lda + row : row * lda + ka)
+                       : 0.0f;
+      const std::int64_t kb = k0 + ty;  // op(B)(kb, col)
+      bs[ty][tx] = (kb < k && col < n)
+                       ? load_as_float(b, code, trans_b ? col * ldb + kb : kb * ldb + col)
+                       : 0.0f;
+      __syncthreads();
+      STRATA_UNROLL
+      for (int t = 0; t < kTileSide; ++t)
+        acc += as[ty][t] * bs[t][tx];
+      __syncthreads();
+    }
+    if (row < m && col < n) {
+      float* out = c + row * ldc + col;
+      *out = beta == 0.0f ? alpha * acc : alpha * acc + beta * *out;
+    }
+  }
+}
+
+template <typename L>
+auto run_gemm_fallback(const L& launch, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                       std::int64_t k, float alpha, const void* a, std::int64_t lda, const void* b,
+                       std::int64_t ldb, float beta, float* c, std::int64_t ldc, int in_code) {
+  const std::int64_t x_blocks = (n + kTileSide - 1) / kTileSide;
+  const std::int64_t y_blocks = (m + kTileSide - 1) / kTileSide;
+  const dim3 grid(static_cast<unsigned>(x_blocks),
+                  static_cast<unsigned>(y_blocks < 65535 ? y_blocks : 65535));
+  return launch(gemm_fallback_kernel, grid, dim3(kTileSide, kTileSide), 0, trans_a, trans_b, m, n,
+                k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
+}
+
+}  // namespace
+}  // namespace strata::cuda_kernels

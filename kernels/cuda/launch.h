@@ -1,0 +1,114 @@
+// Host-callable launchers of the CUDA kernels, one per model operation (the contracts are those of
+// kernels/cpu/nn_ops.h and cast.h, on device pointers, fp32 compute). Each queues its kernels on
+// `stream` and returns the launch's cudaError_t (cudaSuccess for empty work, which launches
+// nothing); errors while a kernel runs surface at the next synchronisation. Shapes are checked by
+// the caller (CudaOps); launch configurations come from backend/cuda_plan.h. The kernels
+// themselves are in *_kernels.cuh.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda_plan.h"
+#include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/adam_constants.h"
+#include "kernels/cuda/dtype_codes.h"
+
+namespace strata::cuda_kernels {
+
+using kernels::AttentionShape;
+
+// ---- element-wise (elementwise.cu) ----
+cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
+                              const float* wte, const float* wpe, std::int64_t rows,
+                              std::int64_t seq_len, std::int64_t channels);
+cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n);
+cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
+                          std::int64_t n);
+cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
+                           std::int64_t inner);
+cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_up,
+                            const float* dout, std::int64_t rows, std::int64_t inner);
+cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n);
+cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t rows,
+                     std::int64_t channels);
+cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha);
+// direction +1: the forward rotation; -1: its transpose (backward).
+cudaError_t rope(cudaStream_t s, float* x, std::int64_t rows, std::int64_t stride,
+                 std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+                 const float* sin, float direction);
+// dst[i] = src[i] converted between DTypeCode types.
+cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,
+                 std::int64_t n);
+// dst (rows x cols, leading dimension dst_ld, 16-bit `dst_code`) = src (rows x cols of fp32,
+// leading dimension src_ld), rounding to nearest even: one GEMM operand block.
+cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64_t dst_ld,
+                             const float* src, std::int64_t src_ld, std::int64_t rows,
+                             std::int64_t cols);
+
+// ---- normalisation and column reductions (norm.cu) ----
+// `scratch` holds at least plan.chunks * arrays * channels doubles (cuda_plan.h).
+cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
+                              const float* w, const float* b, std::int64_t rows,
+                              std::int64_t channels, double eps);
+cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
+                               const float* x, const float* w, const float* mean, const float* rstd,
+                               std::int64_t rows, std::int64_t channels,
+                               const backend::cuda::ColumnReducePlan& plan, double* scratch);
+cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
+                            std::int64_t rows, std::int64_t channels, double eps);
+cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
+                             const float* x, const float* w, const float* rstd, std::int64_t rows,
+                             std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                             double* scratch);
+cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
+                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          double* scratch);
+// Deterministic without atomics: each (token, column) gradient adds its rows in row order.
+cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
+                               const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
+                               std::int64_t channels);
+
+// ---- attention (attention.cu) ----
+// Flash-style (online softmax over 32-key tiles, never a T x T matrix), fp32 on CUDA cores.
+cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
+                              const float* k, const float* v, const AttentionShape& shape,
+                              const backend::cuda::AttentionLaunch& launch);
+// WRITES dq, dk, dv; deterministic (dq and dk/dv come from separate kernels, no atomics).
+cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, const float* dout,
+                               const float* out, const float* lse, const float* q, const float* k,
+                               const float* v, const AttentionShape& shape,
+                               const backend::cuda::AttentionLaunch& launch);
+
+// ---- loss and reductions (loss.cu) ----
+cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
+                                  const std::int32_t* targets, std::int64_t rows,
+                                  std::int64_t vocab);
+cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
+                                const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                                float grad_scale);
+// Statistics of n elements in double: result[0] = sum (or sum of squares when `squares`),
+// result[1] = count of non-finite elements (as a double). With `accumulate` the statistics are
+// added to result[], else they overwrite it. `partials` holds 2 * kReduceBlocks doubles. Fixed
+// grid and order: the same bits on every run and every GPU.
+cudaError_t reduce_stats(cudaStream_t s, const void* x, int code, std::int64_t n, bool squares,
+                         double* partials, double* result, bool accumulate);
+
+// ---- optimizer (adam.cu) ----
+// The AdamW update of kernels/cpu/adam_internal.h's adam_element, element by element, with the
+// same fp32 operations. copy_code < 0: no copy-out. When skip_flag is non-null and
+// skip_flag[1] != 0 (reduce_stats's non-finite count), nothing is written.
+cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* master, float* exp_avg,
+                      float* exp_avg_sq, const void* grad, int grad_code, void* copy_out,
+                      int copy_code, std::int64_t n, const double* skip_flag);
+
+// ---- GEMM fallback (gemm_fallback.cu) ----
+// Row-major C(m,n) = alpha op(A) op(B) + beta C for any strides and alignment, fp32 accumulation;
+// A and B are fp32 or 16-bit (`in_code`). Used where cuBLASLt has no algorithm (and in tests).
+cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64_t m,
+                          std::int64_t n, std::int64_t k, float alpha, const void* a,
+                          std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,
+                          std::int64_t ldc, int in_code);
+
+}  // namespace strata::cuda_kernels

@@ -1,0 +1,113 @@
+// Softmax + cross-entropy (plain, and fused with its gradient in place) and the deterministic
+// reductions behind sum(), sum_squares() and the gradient statistics (contracts in launch.h),
+// with their launch functions (generic over the launcher, see device_math.cuh).
+#pragma once
+
+#include "backend/cuda_plan.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace strata::cuda_kernels {
+namespace {
+
+constexpr int kLossThreads = 256;
+using backend::cuda::kReduceBlocks;
+using backend::cuda::kReduceThreads;
+
+// One block per row: the row's max, then the sum of exp in double, then the loss (and, fused,
+// the gradient written over the logits).
+template <bool kFused>
+__global__ void __launch_bounds__(kLossThreads)
+    cross_entropy_kernel(float* logits, float* losses, const std::int32_t* targets,
+                         std::int64_t vocab, float grad_scale) {
+  __shared__ float max_shared[32];
+  __shared__ double sum_shared[32];
+  const std::int64_t row = blockIdx.x;
+  float* x = logits + row * vocab;
+  float m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    m = fmaxf(m, x[j]);
+  m = block_max(m, max_shared);
+  double sum = 0.0;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    sum += static_cast<double>(expf(x[j] - m));
+  sum = block_sum(sum, sum_shared);
+  const float lse = m + static_cast<float>(log(sum));
+  const std::int32_t target = targets[row];
+  if (threadIdx.x == 0) losses[row] = lse - x[target];
+  if constexpr (kFused) {
+    __syncthreads();  // x[target] is read before anyone overwrites it
+    for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      float g = expf(x[j] - lse) * grad_scale;
+      if (j == target) g -= grad_scale;
+      x[j] = g;
+    }
+  }
+}
+
+// Pass 1 of reduce_stats: block b adds elements b*threads + tid + k*(blocks*threads) in order,
+// then the block's tree; partials[b] = sum, partials[blocks + b] = non-finite count.
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_partials_kernel(const void* x, int code, std::int64_t n, bool squares,
+                           double* partials) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  double nonfinite = 0.0;
+  const std::int64_t stride = static_cast<std::int64_t>(kReduceBlocks) * kReduceThreads;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x; i < n;
+       i += stride) {
+    const float v = load_as_float(x, code, i);
+    if (!isfinite(v)) nonfinite += 1.0;
+    const double d = static_cast<double>(v);
+    acc += squares ? d * d : d;
+  }
+  acc = block_sum(acc, shared);
+  nonfinite = block_sum(nonfinite, shared);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = acc;
+    partials[kReduceBlocks + blockIdx.x] = nonfinite;
+  }
+}
+
+// Pass 2: one block adds the partials in a fixed tree.
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_finish_kernel(const double* partials, double* result, bool accumulate) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  double nonfinite = 0.0;
+  for (int i = threadIdx.x; i < kReduceBlocks; i += kReduceThreads) {
+    acc += partials[i];
+    nonfinite += partials[kReduceBlocks + i];
+  }
+  acc = block_sum(acc, shared);
+  nonfinite = block_sum(nonfinite, shared);
+  if (threadIdx.x == 0) {
+    result[0] = accumulate ? result[0] + acc : acc;
+    result[1] = accumulate ? result[1] + nonfinite : nonfinite;
+  }
+}
+
+template <typename L>
+auto run_cross_entropy(const L& launch, bool fused, float* logits, float* losses,
+                       const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                       float grad_scale) {
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (fused) {
+    return launch(cross_entropy_kernel<true>, grid, dim3(kLossThreads), 0, logits, losses, targets,
+                  vocab, grad_scale);
+  }
+  return launch(cross_entropy_kernel<false>, grid, dim3(kLossThreads), 0, logits, losses, targets,
+                vocab, grad_scale);
+}
+
+template <typename L>
+auto run_reduce_stats(const L& launch, const void* x, int code, std::int64_t n, bool squares,
+                      double* partials, double* result, bool accumulate) {
+  auto err = launch(reduce_partials_kernel, dim3(kReduceBlocks), dim3(kReduceThreads), 0, x, code,
+                    n, squares, partials);
+  if (!launched(err)) return err;
+  return launch(reduce_finish_kernel, dim3(1), dim3(kReduceThreads), 0,
+                static_cast<const double*>(partials), result, accumulate);
+}
+
+}  // namespace
+}  // namespace strata::cuda_kernels

@@ -1,0 +1,313 @@
+// LayerNorm, RMSNorm, bias gradients and the embedding backward (contracts in launch.h), with
+// their launch functions (generic over the launcher, see device_math.cuh). Row statistics
+// accumulate in double, as on the CPU. Parameter gradients are column reductions over rows done
+// deterministically in two passes: fixed chunks of rows write double partials to the scratch,
+// then one thread per column adds them in chunk order (cuda_plan.h). The embedding backward adds
+// each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
+#pragma once
+
+#include "backend/cuda_plan.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace strata::cuda_kernels {
+namespace {
+
+constexpr int kRowWarps = 4;  // rows per block of the row kernels (a warp per row)
+constexpr int kColumnThreads = 256;
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x,
+                                         const float* w, const float* b, std::int64_t rows,
+                                         std::int64_t channels, double eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float* xr = x + row * channels;
+  double s = 0.0;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    s += static_cast<double>(xr[c]);
+  const double m = warp_sum(s) / static_cast<double>(channels);
+  double v = 0.0;
+  for (std::int64_t c = lane; c < channels; c += 32) {
+    const double d = static_cast<double>(xr[c]) - m;
+    v += d * d;
+  }
+  v = warp_sum(v) / static_cast<double>(channels);
+  const float mr = static_cast<float>(m);
+  const float rs = static_cast<float>(1.0 / sqrt(v + eps));
+  float* o = out + row * channels;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    o[c] = (xr[c] - mr) * rs * w[c] + b[c];
+  if (lane == 0) {
+    mean[row] = mr;
+    rstd[row] = rs;
+  }
+}
+
+__global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
+                                    const float* mean, const float* rstd, std::int64_t rows,
+                                    std::int64_t channels) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float* xr = x + row * channels;
+  const float* dr = dout + row * channels;
+  const float m = mean[row];
+  const float rs = rstd[row];
+  double dnorm_mean = 0.0;
+  double dnorm_xhat_mean = 0.0;
+  for (std::int64_t c = lane; c < channels; c += 32) {
+    const double xhat = static_cast<double>((xr[c] - m) * rs);
+    const double dnorm = static_cast<double>(dr[c] * w[c]);
+    dnorm_mean += dnorm;
+    dnorm_xhat_mean += dnorm * xhat;
+  }
+  const float a = static_cast<float>(warp_sum(dnorm_mean) / static_cast<double>(channels));
+  const float bb = static_cast<float>(warp_sum(dnorm_xhat_mean) / static_cast<double>(channels));
+  float* dxr = dx + row * channels;
+  for (std::int64_t c = lane; c < channels; c += 32) {
+    const float xhat = (xr[c] - m) * rs;
+    dxr[c] += (dr[c] * w[c] - a - xhat * bb) * rs;
+  }
+}
+
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w,
+                                       std::int64_t rows, std::int64_t channels, double eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float* xr = x + row * channels;
+  double s = 0.0;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    s += static_cast<double>(xr[c]) * static_cast<double>(xr[c]);
+  s = warp_sum(s);
+  const float rs = static_cast<float>(1.0 / sqrt(s / static_cast<double>(channels) + eps));
+  float* o = out + row * channels;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    o[c] = w[c] * (xr[c] * rs);
+  if (lane == 0) rstd[row] = rs;
+}
+
+__global__ void rmsnorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
+                                  const float* rstd, std::int64_t rows, std::int64_t channels) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float* xr = x + row * channels;
+  const float* dr = dout + row * channels;
+  const float rs = rstd[row];
+  double dot = 0.0;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    dot += static_cast<double>(dr[c] * w[c]) * static_cast<double>(xr[c] * rs);
+  const float mdot = static_cast<float>(warp_sum(dot) / static_cast<double>(channels));
+  float* dxr = dx + row * channels;
+  for (std::int64_t c = lane; c < channels; c += 32)
+    dxr[c] += rs * (dr[c] * w[c] - (xr[c] * rs) * mdot);
+}
+
+// What a column reduction adds per (row, column), for up to two arrays.
+enum class ColumnTerm { kLayerNorm, kRmsNorm, kBias };
+
+struct ColumnInputs {
+  const float* dout;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+};
+
+// Pass 1: blockIdx.y is the chunk; each thread owns one column and walks the chunk's rows in order.
+template <ColumnTerm kTerm>
+__global__ void column_partials_kernel(ColumnInputs in, std::int64_t rows, std::int64_t channels,
+                                       std::int64_t rows_per_chunk, double* scratch) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const std::int64_t chunk = blockIdx.y;
+  const std::int64_t r0 = chunk * rows_per_chunk;
+  const std::int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  double acc0 = 0.0;
+  double acc1 = 0.0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float d = in.dout[r * channels + c];
+    if constexpr (kTerm == ColumnTerm::kLayerNorm) {
+      const float xhat = (in.x[r * channels + c] - in.mean[r]) * in.rstd[r];
+      acc0 += static_cast<double>(d * xhat);
+      acc1 += static_cast<double>(d);
+    } else if constexpr (kTerm == ColumnTerm::kRmsNorm) {
+      acc0 += static_cast<double>(d * (in.x[r * channels + c] * in.rstd[r]));
+    } else {
+      acc0 += static_cast<double>(d);
+    }
+  }
+  constexpr int kArrays = kTerm == ColumnTerm::kLayerNorm ? 2 : 1;
+  scratch[(chunk * kArrays) * channels + c] = acc0;
+  if constexpr (kArrays == 2) scratch[(chunk * kArrays + 1) * channels + c] = acc1;
+}
+
+// Pass 2: out_a[c] += sum of the chunks' partials, in chunk order (and out_b for two arrays).
+__global__ void column_finish_kernel(float* out_a, float* out_b, const double* scratch,
+                                     std::int64_t chunks, std::int64_t channels, int arrays) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  double a = 0.0;
+  double b = 0.0;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    a += scratch[(k * arrays) * channels + c];
+    if (arrays == 2) b += scratch[(k * arrays + 1) * channels + c];
+  }
+  out_a[c] += static_cast<float>(a);
+  if (arrays == 2) out_b[c] += static_cast<float>(b);
+}
+
+// dwpe[t] += dout rows r with r % T == t, in row order.
+__global__ void embedding_wpe_backward_kernel(float* dwpe, const float* dout, std::int64_t rows,
+                                              std::int64_t seq_len, std::int64_t channels) {
+  const std::int64_t total = seq_len * channels;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t t = i / channels;
+    const std::int64_t c = i - t * channels;
+    float acc = dwpe[i];
+    for (std::int64_t r = t; r < rows; r += seq_len)
+      acc += dout[r * channels + c];
+    dwpe[i] = acc;
+  }
+}
+
+constexpr int kEmbedThreads = 256;
+constexpr int kEmbedColumnsPerThread = 4;
+constexpr int kEmbedColumnsPerBlock = kEmbedThreads * kEmbedColumnsPerThread;
+
+// Block (r, column chunk): if row r holds the first occurrence of its token, it adds every row
+// with that token, in row order, into dwte[token] for its columns; other blocks exit.
+__global__ void embedding_wte_backward_kernel(float* dwte, const float* dout,
+                                              const std::int32_t* tokens, std::int64_t rows,
+                                              std::int64_t channels) {
+  __shared__ int list[kEmbedThreads];
+  __shared__ int warp_counts[kEmbedThreads / 32];
+  const std::int64_t r = blockIdx.x;
+  const std::int32_t token = tokens[r];
+  for (std::int64_t base = 0; base < r; base += kEmbedThreads) {
+    const std::int64_t i = base + threadIdx.x;
+    const int hit = (i < r && tokens[i] == token) ? 1 : 0;
+    if (__syncthreads_or(hit)) return;  // an earlier row owns this token (uniform exit)
+  }
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const std::int64_t c0 =
+      static_cast<std::int64_t>(blockIdx.y) * kEmbedColumnsPerBlock + threadIdx.x;
+  float* e = dwte + static_cast<std::int64_t>(token) * channels;
+  float acc[kEmbedColumnsPerThread];
+  for (int u = 0; u < kEmbedColumnsPerThread; ++u) {
+    const std::int64_t c = c0 + u * kEmbedThreads;
+    acc[u] = c < channels ? e[c] : 0.0f;
+  }
+  for (std::int64_t base = r; base < rows; base += kEmbedThreads) {
+    const std::int64_t i = base + threadIdx.x;
+    const bool hit = i < rows && tokens[i] == token;
+    const unsigned ballot = __ballot_sync(kFullMask, hit);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int offset = 0;
+    int total = 0;
+    for (int w2 = 0; w2 < kEmbedThreads / 32; ++w2) {
+      if (w2 < warp) offset += warp_counts[w2];
+      total += warp_counts[w2];
+    }
+    if (hit) list[offset + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int>(i - base);
+    __syncthreads();
+    for (int k = 0; k < total; ++k) {
+      const float* d = dout + (base + list[k]) * channels;
+      for (int u = 0; u < kEmbedColumnsPerThread; ++u) {
+        const std::int64_t c = c0 + u * kEmbedThreads;
+        if (c < channels) acc[u] += d[c];
+      }
+    }
+    __syncthreads();  // list and warp_counts are rewritten next round
+  }
+  for (int u = 0; u < kEmbedColumnsPerThread; ++u) {
+    const std::int64_t c = c0 + u * kEmbedThreads;
+    if (c < channels) e[c] = acc[u];
+  }
+}
+
+dim3 row_grid(std::int64_t rows) {
+  return dim3(static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps));
+}
+
+template <ColumnTerm kTerm, typename L>
+auto run_column_reduce(const L& launch, float* out_a, float* out_b, const ColumnInputs& in,
+                       std::int64_t rows, std::int64_t channels,
+                       const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+  constexpr int kArrays = kTerm == ColumnTerm::kLayerNorm ? 2 : 1;
+  const unsigned col_blocks =
+      static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
+  auto err =
+      launch(column_partials_kernel<kTerm>, dim3(col_blocks, static_cast<unsigned>(plan.chunks)),
+             dim3(kColumnThreads), 0, in, rows, channels, plan.rows_per_chunk, scratch);
+  if (!launched(err)) return err;
+  return launch(column_finish_kernel, dim3(col_blocks), dim3(kColumnThreads), 0, out_a, out_b,
+                static_cast<const double*>(scratch), plan.chunks, channels, kArrays);
+}
+
+template <typename L>
+auto run_layernorm_forward(const L& launch, float* out, float* mean, float* rstd, const float* x,
+                           const float* w, const float* b, std::int64_t rows, std::int64_t channels,
+                           double eps) {
+  return launch(layernorm_forward_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean, rstd,
+                x, w, b, rows, channels, eps);
+}
+
+template <typename L>
+auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, const float* dout,
+                            const float* x, const float* w, const float* mean, const float* rstd,
+                            std::int64_t rows, std::int64_t channels,
+                            const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+  auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
+                    mean, rstd, rows, channels);
+  if (!launched(err)) return err;
+  return run_column_reduce<ColumnTerm::kLayerNorm>(
+      launch, dw, db, ColumnInputs{dout, x, mean, rstd}, rows, channels, plan, scratch);
+}
+
+template <typename L>
+auto run_rmsnorm_forward(const L& launch, float* out, float* rstd, const float* x, const float* w,
+                         std::int64_t rows, std::int64_t channels, double eps) {
+  return launch(rmsnorm_forward_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd, x, w,
+                rows, channels, eps);
+}
+
+template <typename L>
+auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* dout, const float* x,
+                          const float* w, const float* rstd, std::int64_t rows,
+                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          double* scratch) {
+  auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
+                    rstd, rows, channels);
+  if (!launched(err)) return err;
+  return run_column_reduce<ColumnTerm::kRmsNorm>(
+      launch, dw, nullptr, ColumnInputs{dout, x, nullptr, rstd}, rows, channels, plan, scratch);
+}
+
+template <typename L>
+auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
+                       std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                       double* scratch) {
+  return run_column_reduce<ColumnTerm::kBias>(launch, dbias, nullptr,
+                                              ColumnInputs{dout, nullptr, nullptr, nullptr}, rows,
+                                              channels, plan, scratch);
+}
+
+template <typename L>
+auto run_embedding_backward(const L& launch, float* dwte, float* dwpe, const float* dout,
+                            const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
+                            std::int64_t channels) {
+  const unsigned col_chunks =
+      static_cast<unsigned>((channels + kEmbedColumnsPerBlock - 1) / kEmbedColumnsPerBlock);
+  auto err = launch(embedding_wte_backward_kernel, dim3(static_cast<unsigned>(rows), col_chunks),
+                    dim3(kEmbedThreads), 0, dwte, dout, tokens, rows, channels);
+  if (!launched(err) || dwpe == nullptr) return err;
+  return launch(embedding_wpe_backward_kernel,
+                dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(seq_len * channels))),
+                dim3(backend::cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);
+}
+
+}  // namespace
+}  // namespace strata::cuda_kernels

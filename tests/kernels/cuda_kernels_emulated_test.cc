@@ -1,0 +1,355 @@
+// The CUDA kernels' own source (kernels/cuda/*_kernels.cuh), run on the CPU by the SIMT emulator
+// (tests/support/simt_emulator.h) and compared with the CPU kernels: indexing, masking, tiling,
+// block and warp reductions, the embedding backward's ordered compaction, the attention kernels
+// for every per-lane variant, the deterministic reductions and the device AdamW. This runs on
+// every machine; tests/*/..._gputest.cc run the compiled kernels on a GPU.
+#include "support/simt_emulator.h"
+// The kernel headers after the emulator (they pick up its built-ins).
+#include "kernels/cuda/adam_kernels.cuh"
+#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/gemm_fallback_kernels.cuh"
+#include "kernels/cuda/loss_kernels.cuh"
+#include "kernels/cuda/norm_kernels.cuh"
+//
+#include <limits>
+
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/adam_internal.h"
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/float16.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nn_ops.h"
+#include "support/gpu_support.h"
+
+namespace strata::cuda_kernels {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer does not follow the emulator's fiber stacks (ucontext) reliably.
+TEST(EmulatedKernels, SkippedUnderAddressSanitizer) {
+  GTEST_SKIP() << "the SIMT emulator's fibers are not supported under AddressSanitizer";
+}
+#else
+
+using testing::expect_all_close;
+using testing::expect_bitwise_equal;
+using testing::random_floats;
+using testing::Tolerance;
+
+constexpr Tolerance kClose{1e-6, 1e-5};
+const simt::Launcher kEmulator;
+
+TEST(EmulatedKernels, ElementwiseOpsMatchTheCpu) {
+  const std::int64_t rows = 7, c = 300;
+  const std::vector<float> x = random_floats(rows * c, 1, -5.0f, 5.0f);
+  const std::vector<float> dout = random_floats(rows * c, 2);
+  std::vector<float> got(x.size()), want(x.size());
+  ASSERT_EQ(run_gelu_forward(kEmulator, got.data(), x.data(), rows * c), 0);
+  kernels::gelu_forward(want.data(), x.data(), rows * c);
+  expect_all_close("gelu", got, want, kClose);
+
+  std::vector<float> dgot = dout, dwant = dout;
+  ASSERT_EQ(run_gelu_backward(kEmulator, dgot.data(), x.data(), dout.data(), rows * c), 0);
+  kernels::gelu_backward(dwant.data(), x.data(), dout.data(), rows * c);
+  expect_all_close("gelu backward", dgot, dwant, kClose);
+
+  std::vector<float> s_got(rows * c / 2), s_want(rows * c / 2);
+  ASSERT_EQ(run_swiglu_forward(kEmulator, s_got.data(), x.data(), rows, c / 2), 0);
+  kernels::swiglu_forward(s_want.data(), x.data(), rows, c / 2);
+  expect_all_close("swiglu", s_got, s_want, kClose);
+  std::vector<float> sg(x.size()), sw(x.size());
+  ASSERT_EQ(run_swiglu_backward(kEmulator, sg.data(), x.data(), dout.data(), rows, c / 2), 0);
+  kernels::swiglu_backward(sw.data(), x.data(), dout.data(), rows, c / 2);
+  expect_all_close("swiglu backward", sg, sw, kClose);
+
+  std::vector<float> a_got = x, a_want = x;
+  const std::vector<float> bias = random_floats(c, 3);
+  ASSERT_EQ(run_add(kEmulator, a_got.data(), a_got.data(), dout.data(), rows * c), 0);
+  ASSERT_EQ(run_add_bias(kEmulator, a_got.data(), bias.data(), rows, c), 0);
+  ASSERT_EQ(run_scale(kEmulator, a_got.data(), rows * c, 0.25f), 0);
+  kernels::add(a_want.data(), a_want.data(), dout.data(), rows * c);
+  kernels::add_bias(a_want.data(), bias.data(), rows, c);
+  kernels::scale(a_want.data(), rows * c, 0.25);
+  expect_bitwise_equal("add, bias, scale", a_got, a_want);
+}
+
+TEST(EmulatedKernels, EmbeddingForwardAndBackwardAreTheCpusBits) {
+  // 600 rows over 7 tokens: every token repeats, rows span several 256-row scan rounds, and the
+  // 1100 columns span two column blocks of the backward.
+  const std::int64_t b = 4, t = 150, c = 1100, vocab = 7;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(b * t));
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int32_t>((i * i + 3) % vocab);
+  const std::vector<float> wte = random_floats(vocab * c, 4), wpe = random_floats(t * c, 5);
+  std::vector<float> got(static_cast<std::size_t>(b * t * c)), want(got.size());
+  ASSERT_EQ(run_embedding_forward(kEmulator, got.data(), tokens.data(), wte.data(), wpe.data(),
+                                  b * t, t, c),
+            0);
+  kernels::embedding_forward(want.data(), tokens.data(), wte.data(), wpe.data(), b * t, t, c);
+  expect_bitwise_equal("embedding", got, want);
+
+  const std::vector<float> dout = random_floats(got.size(), 6);
+  std::vector<float> dwte_got = wte, dwte_want = wte, dwpe_got = wpe, dwpe_want = wpe;
+  ASSERT_EQ(run_embedding_backward(kEmulator, dwte_got.data(), dwpe_got.data(), dout.data(),
+                                   tokens.data(), b * t, t, c),
+            0);
+  kernels::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tokens.data(), b * t,
+                              t, c);
+  expect_bitwise_equal("dwte", dwte_got, dwte_want);
+  expect_bitwise_equal("dwpe", dwpe_got, dwpe_want);
+}
+
+TEST(EmulatedKernels, NormsAndColumnReductionsMatchTheCpu) {
+  const std::int64_t n = 50, c = 300;
+  const std::vector<float> x = random_floats(n * c, 7, -2.0f, 3.0f), w = random_floats(c, 8);
+  const std::vector<float> bias = random_floats(c, 9), dout = random_floats(n * c, 10);
+  // A scratch that forces several chunks of rows.
+  const backend::cuda::ColumnReducePlan plan = backend::cuda::plan_column_reduce(n, c, 2, 1 << 20);
+  ASSERT_GT(plan.chunks, 1);
+  std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * 2 * c));
+
+  std::vector<float> out(x.size()), mean(n), rstd(n), out_w(x.size()), mean_w(n), rstd_w(n);
+  ASSERT_EQ(run_layernorm_forward(kEmulator, out.data(), mean.data(), rstd.data(), x.data(),
+                                  w.data(), bias.data(), n, c, 1e-5),
+            0);
+  kernels::layernorm_forward(out_w.data(), mean_w.data(), rstd_w.data(), x.data(), w.data(),
+                             bias.data(), n, c, 1e-5);
+  expect_all_close("layernorm", out, out_w, kClose);
+  expect_all_close("rstd", rstd, rstd_w, kClose);
+  std::vector<float> dx = dout, dw = w, db = bias, dx_w = dout, dw_w = w, db_w = bias;
+  ASSERT_EQ(
+      run_layernorm_backward(kEmulator, dx.data(), dw.data(), db.data(), dout.data(), x.data(),
+                             w.data(), mean.data(), rstd.data(), n, c, plan, scratch.data()),
+      0);
+  kernels::layernorm_backward(dx_w.data(), dw_w.data(), db_w.data(), dout.data(), x.data(),
+                              w.data(), mean.data(), rstd.data(), n, c);
+  expect_all_close("layernorm dx", dx, dx_w, Tolerance{1e-5, 1e-4});
+  expect_all_close("layernorm dw", dw, dw_w, Tolerance{1e-5, 1e-4});
+  expect_all_close("layernorm db", db, db_w, Tolerance{1e-5, 1e-4});
+
+  ASSERT_EQ(run_rmsnorm_forward(kEmulator, out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6),
+            0);
+  kernels::rmsnorm_forward(out_w.data(), rstd_w.data(), x.data(), w.data(), n, c, 1e-6);
+  expect_all_close("rmsnorm", out, out_w, kClose);
+  dx = dx_w = dout;
+  dw = dw_w = w;
+  ASSERT_EQ(run_rmsnorm_backward(kEmulator, dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                                 rstd.data(), n, c, plan, scratch.data()),
+            0);
+  kernels::rmsnorm_backward(dx_w.data(), dw_w.data(), dout.data(), x.data(), w.data(), rstd.data(),
+                            n, c);
+  expect_all_close("rmsnorm dx", dx, dx_w, Tolerance{1e-5, 1e-4});
+  expect_all_close("rmsnorm dw", dw, dw_w, Tolerance{1e-5, 1e-4});
+
+  db = db_w = bias;
+  ASSERT_EQ(run_bias_backward(kEmulator, db.data(), dout.data(), n, c, plan, scratch.data()), 0);
+  kernels::bias_backward(db_w.data(), dout.data(), n, c);
+  expect_all_close("bias backward", db, db_w, Tolerance{1e-6, 1e-6});
+}
+
+TEST(EmulatedKernels, RotaryEmbeddingOnStridedHeads) {
+  const std::int64_t t = 9, rows = 2 * t, heads = 3, d = 16, stride = heads * d + 7;
+  std::vector<float> cos(static_cast<std::size_t>(t * d / 2)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), t, d, 10000.0);
+  std::vector<float> got = random_floats(rows * stride, 11), want = got;
+  ASSERT_EQ(
+      run_rope(kEmulator, got.data(), rows, stride, t, heads, d, cos.data(), sin.data(), 1.0f), 0);
+  kernels::rope_forward(want.data(), rows, stride, t, heads, d, cos.data(), sin.data());
+  expect_all_close("rope", got, want, kClose);
+  ASSERT_EQ(
+      run_rope(kEmulator, got.data(), rows, stride, t, heads, d, cos.data(), sin.data(), -1.0f), 0);
+  kernels::rope_backward(want.data(), rows, stride, t, heads, d, cos.data(), sin.data());
+  expect_all_close("rope backward", got, want, kClose);
+}
+
+struct AttentionCase {
+  std::int64_t batch, seq_len, heads, kv_heads, head_dim;
+};
+
+void PrintTo(const AttentionCase& c, std::ostream* os) {
+  *os << "B" << c.batch << " T" << c.seq_len << " H" << c.heads << " KV" << c.kv_heads << " D"
+      << c.head_dim;
+}
+
+class EmulatedAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(EmulatedAttention, ForwardAndBackwardMatchTheCpu) {
+  const AttentionCase& p = GetParam();
+  kernels::AttentionShape a;
+  a.batch = p.batch;
+  a.seq_len = p.seq_len;
+  a.heads = p.heads;
+  a.kv_heads = p.kv_heads;
+  a.head_dim = p.head_dim;
+  a.q_stride = a.kv_stride = (p.heads + 2 * p.kv_heads) * p.head_dim + 3;
+  a.out_stride = p.heads * p.head_dim + 1;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  const backend::cuda::AttentionLaunch launch = backend::cuda::plan_attention(p.head_dim);
+  ASSERT_GT(launch.per_lane, 0);
+  const std::int64_t rows = p.batch * p.seq_len;
+  const std::int64_t hd = p.heads * p.head_dim, kvd = p.kv_heads * p.head_dim;
+  const std::vector<float> qkv = random_floats(rows * a.q_stride, 12, -2.0f, 2.0f);
+  const float* q = qkv.data();
+  std::vector<float> out(static_cast<std::size_t>(rows * a.out_stride), 0.0f), out_w = out;
+  std::vector<float> lse(static_cast<std::size_t>(p.batch * p.heads * p.seq_len)), lse_w = lse;
+  ASSERT_EQ(
+      run_attention_forward(kEmulator, out.data(), lse.data(), q, q + hd, q + hd + kvd, a, launch),
+      0);
+  kernels::attention_forward(out_w.data(), lse_w.data(), q, q + hd, q + hd + kvd, a);
+  expect_all_close("out", out, out_w, Tolerance{1e-5, 1e-4});
+  expect_all_close("lse", lse, lse_w, Tolerance{1e-5, 1e-4});
+
+  const std::vector<float> dout = random_floats(out.size(), 13);
+  std::vector<float> d(qkv.size(), 0.0f), d_w(qkv.size(), 0.0f);
+  ASSERT_EQ(
+      run_attention_backward(kEmulator, d.data(), d.data() + hd, d.data() + hd + kvd, dout.data(),
+                             out_w.data(), lse_w.data(), q, q + hd, q + hd + kvd, a, launch),
+      0);
+  kernels::attention_backward(d_w.data(), d_w.data() + hd, d_w.data() + hd + kvd, dout.data(),
+                              out_w.data(), lse_w.data(), q, q + hd, q + hd + kvd, a);
+  expect_all_close("dq|dk|dv", d, d_w, Tolerance{1e-5, 2e-4});
+}
+
+INSTANTIATE_TEST_SUITE_P(PerLane, EmulatedAttention,
+                         ::testing::Values(AttentionCase{2, 70, 2, 1, 8},    // per lane 1, 2 blocks
+                                           AttentionCase{1, 40, 4, 2, 40},   // per lane 2, GQA
+                                           AttentionCase{1, 21, 2, 2, 72},   // per lane 4
+                                           AttentionCase{1, 11, 2, 1, 130},  // per lane 8
+                                           AttentionCase{1, 1, 1, 1, 32}),   // one position
+                         [](const auto& info) {
+                           const AttentionCase& c = info.param;
+                           return "T" + std::to_string(c.seq_len) + "D" +
+                                  std::to_string(c.head_dim) + "H" + std::to_string(c.heads) +
+                                  "KV" + std::to_string(c.kv_heads);
+                         });
+
+TEST(EmulatedKernels, CrossEntropyMatchesTheCpu) {
+  const std::int64_t rows = 3, vocab = 1000;
+  std::vector<std::int32_t> targets = {5, 999, 0};
+  std::vector<float> logits = random_floats(rows * vocab, 14, -6.0f, 6.0f), want = logits;
+  std::vector<float> losses(rows), losses_w(rows);
+  ASSERT_EQ(run_cross_entropy(kEmulator, false, logits.data(), losses.data(), targets.data(), rows,
+                              vocab, 0.0f),
+            0);
+  kernels::cross_entropy_forward(losses_w.data(), want.data(), targets.data(), rows, vocab);
+  expect_all_close("losses", losses, losses_w, kClose);
+  ASSERT_EQ(run_cross_entropy(kEmulator, true, logits.data(), losses.data(), targets.data(), rows,
+                              vocab, 0.5f),
+            0);
+  kernels::cross_entropy_fused(want.data(), losses_w.data(), targets.data(), rows, vocab, 0.5);
+  expect_all_close("fused losses", losses, losses_w, kClose);
+  expect_all_close("gradient", logits, want, Tolerance{1e-7, 2e-5});
+}
+
+TEST(EmulatedKernels, ReductionsAccumulateInDoubleAndCountNonFinite) {
+  std::vector<float> x = random_floats(5000, 15);
+  std::vector<double> partials(2 * backend::cuda::kReduceBlocks), result(2, -1.0);
+  ASSERT_EQ(run_reduce_stats(kEmulator, x.data(), kCodeF32, 5000, true, partials.data(),
+                             result.data(), false),
+            0);
+  EXPECT_NEAR(result[0], kernels::sum_squares(x.data(), 5000), 1e-9);
+  EXPECT_EQ(result[1], 0.0);
+  x[17] = std::numeric_limits<float>::infinity();
+  ASSERT_EQ(run_reduce_stats(kEmulator, x.data(), kCodeF32, 5000, false, partials.data(),
+                             result.data(), true),
+            0);
+  EXPECT_TRUE(std::isinf(result[0]));
+  EXPECT_EQ(result[1], 1.0);
+}
+
+TEST(EmulatedKernels, CastsAreTheCpusBits) {
+  std::vector<float> values = random_floats(3000, 16, -70000.0f, 70000.0f);
+  values[0] = std::numeric_limits<float>::quiet_NaN();
+  values[1] = 1e-40f;
+  values[2] = 65520.0f;
+  for (DTypeCode code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    std::vector<std::uint16_t> got(values.size()), want(values.size());
+    ASSERT_EQ(run_cast(kEmulator, got.data(), code, values.data(), kCodeF32, 3000), 0);
+    kernels::cast_array(want.data(), type, values.data(), kernels::DType::kF32, 3000);
+    expect_bitwise_equal("narrow", got, want);
+    std::vector<float> wide(values.size()), wide_w(values.size());
+    ASSERT_EQ(run_cast(kEmulator, wide.data(), kCodeF32, got.data(), code, 3000), 0);
+    kernels::cast_array(wide_w.data(), kernels::DType::kF32, want.data(), type, 3000);
+    expect_bitwise_equal("widen", wide, wide_w);
+    // A GEMM operand block: 5 rows of 7 from a matrix with leading dimension 11, into ld 8.
+    std::vector<std::uint16_t> block(5 * 8, 0);
+    ASSERT_EQ(run_cast_block_to_16(kEmulator, block.data(), code, 8, values.data() + 3, 11, 5, 7),
+              0);
+    for (int r = 0; r < 5; ++r) {
+      for (int col = 0; col < 7; ++col)
+        EXPECT_EQ(block[static_cast<std::size_t>(r * 8 + col)],
+                  want[static_cast<std::size_t>(3 + r * 11 + col)]);
+    }
+  }
+}
+
+TEST(EmulatedKernels, FallbackGemmMatchesTheCpu) {
+  const std::int64_t m = 37, n = 29, k = 45;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::int64_t lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+      const std::vector<float> a = random_floats((ta ? k : m) * lda, 17);
+      const std::vector<float> b = random_floats((tb ? n : k) * ldb, 18);
+      std::vector<float> c = random_floats(m * ldc, 19), want = c;
+      ASSERT_EQ(run_gemm_fallback(kEmulator, ta, tb, m, n, k, 1.5f, a.data(), lda, b.data(), ldb,
+                                  0.5f, c.data(), ldc, kCodeF32),
+                0);
+      kernels::gemm<float>(ta, tb, m, n, k, 1.5f, a.data(), lda, b.data(), ldb, 0.5f, want.data(),
+                           ldc);
+      expect_all_close("gemm", c, want, Tolerance{1e-5, 1e-5});
+    }
+  }
+}
+
+TEST(EmulatedKernels, AdamIsTheCpusBitsAndSkipsNonFiniteTiles) {
+  const std::size_t n = 3000;
+  std::vector<float> p = random_floats(n, 20), m = random_floats(n, 21, -0.01f, 0.01f);
+  std::vector<float> v = random_floats(n, 22, 0.0f, 1e-4f);
+  std::vector<std::uint16_t> g(n), copy(n), copy_w(n);
+  for (std::size_t i = 0; i < n; ++i)
+    g[i] = kernels::float_to_fp16(random_floats(1, 23 + i)[0]);
+  std::vector<float> pw = p, mw = m, vw = v;
+  kernels::AdamParams params;
+  params.lr = 1e-3f;
+  params.weight_decay = 0.05f;
+  params.step = 4;
+  kernels::AdamFusion fusion;
+  fusion.grad_scale_inv = 0.125f;
+  const kernels::detail::AdamConstants k = kernels::detail::make_constants(params, fusion);
+  const AdamDeviceConstants c{k.beta1, k.one_minus_beta1, k.beta2,        k.one_minus_beta2,
+                              k.eps,   k.step_size,       k.inv_sqrt_bc2, k.decay,
+                              k.l2,    k.grad_scale};
+  ASSERT_EQ(run_adam_step(kEmulator, c, p.data(), m.data(), v.data(), g.data(), kCodeF16,
+                          copy.data(), kCodeBF16, static_cast<std::int64_t>(n), nullptr),
+            0);
+  auto kernel = kernels::AdamKernel::create();
+  ASSERT_TRUE(kernel.is_ok());
+  kernels::AdamTile tile;
+  tile.master = pw.data();
+  tile.exp_avg = mw.data();
+  tile.exp_avg_sq = vw.data();
+  tile.grad = g.data();
+  tile.grad_dtype = kernels::DType::kF16;
+  tile.copy_out = copy_w.data();
+  tile.copy_dtype = kernels::DType::kBF16;
+  tile.n = n;
+  kernel->step(params, fusion, tile);
+  expect_bitwise_equal("master", p, pw);
+  expect_bitwise_equal("exp_avg", m, mw);
+  expect_bitwise_equal("exp_avg_sq", v, vw);
+  expect_bitwise_equal("copy", copy, copy_w);
+
+  const std::vector<double> skip = {0.0, 1.0};  // one non-finite element
+  const std::vector<float> before = p;
+  ASSERT_EQ(run_adam_step(kEmulator, c, p.data(), m.data(), v.data(), g.data(), kCodeF16,
+                          copy.data(), kCodeBF16, static_cast<std::int64_t>(n), skip.data()),
+            0);
+  expect_bitwise_equal("skipped", p, before);
+}
+
+#endif  // __SANITIZE_ADDRESS__
+
+}  // namespace
+}  // namespace strata::cuda_kernels
