@@ -24,7 +24,7 @@ struct FixtureRun {
 
 // Loads the fixture's weights into a CUDA ResidentStore and runs logits and one train step.
 FixtureRun run_fixture(backend::Backend& gpu, const std::string& name, const testing::Fixture& fx,
-                const ModelShape& shape, const ModelLayout& layout) {
+                       const ModelShape& shape, const ModelLayout& layout) {
   FixtureRun run;
   auto store = ResidentStore<float>::create(gpu, layout);
   EXPECT_TRUE(store.is_ok()) << store.status().to_string();
