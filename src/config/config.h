@@ -149,6 +149,9 @@ struct ModelConfig {
   std::int64_t intermediate_size = 0;  // 0 = 4 * hidden (gpt2) or the Llama rule
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;  // llama
+  // Mistral's sliding_window from config.json: how many tokens back a query may attend; 0 = no
+  // limit. Strata's attention is full causal, which equals it for sequences up to this length.
+  std::int64_t attention_window = 0;
   bool tie_word_embeddings = true;
   bool activation_checkpointing = false;
   bool activation_offload = false;  // keep activation checkpoints in host memory

@@ -109,6 +109,7 @@ Result<ModelShape> resolve_shape(const config::ModelConfig& m) {
   s.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
   s.norm_eps = m.norm_eps;
   s.rope_theta = m.rope_theta;
+  s.attention_window = m.attention_window;
   s.tie_word_embeddings = m.tie_word_embeddings;
   if (m.hidden_size % m.num_heads != 0) {
     return shape_error("num_heads", fmt::format("{} heads do not divide hidden_size {}",
@@ -205,6 +206,14 @@ Result<config::ModelConfig> read_hf_config(const std::string& path) {
         if (!rr.status().is_ok()) {
           r.fail("rope_parameters." + rr.status().message(), "");
         }
+      }
+    }
+    if (root.isMember("sliding_window") && !root["sliding_window"].isNull()) {
+      const Json::Value& w = root["sliding_window"];
+      if (!w.isIntegral() || w.asInt64() < 1) {
+        r.fail("sliding_window", "must be a positive integer or null");
+      } else {
+        m.attention_window = w.asInt64();
       }
     }
     r.require_absent_or("attention_bias", false, "is not supported: Llama without biases only");

@@ -27,6 +27,7 @@ struct ModelShape {
   std::int64_t intermediate_size = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  std::int64_t attention_window = 0;  // 0 = none; else seq_len may not exceed it (Mistral)
   bool tie_word_embeddings = true;
 };
 

@@ -36,6 +36,13 @@ Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend&
                   fmt::format("seq_len {} exceeds the model's max_seq_len {}", options.seq_len,
                               spec.max_seq_len));
   }
+  if (spec.attention_window > 0 && options.seq_len > spec.attention_window) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("seq_len {} exceeds the model's sliding_window {} (config.json): "
+                              "Strata's attention is full causal, which equals sliding-window "
+                              "attention only for sequences of at most {} tokens",
+                              options.seq_len, spec.attention_window, spec.attention_window));
+  }
   std::unique_ptr<ModelRunner> runner(new ModelRunner(backend, spec, layout, options));
   STRATA_TRY(runner->allocate());
   return runner;

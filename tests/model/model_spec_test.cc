@@ -93,6 +93,15 @@ TEST(ModelSpec, HfConfigErrorsNameFileAndKey) {
   ASSERT_FALSE(broken.is_ok());
   EXPECT_NE(broken.status().message().find("malformed JSON"), std::string::npos);
 
+  auto window = read_hf_config(
+      dir.write_file("e.json", R"({"model_type": "mistral", "sliding_window": "wide"})"));
+  ASSERT_FALSE(window.is_ok());
+  EXPECT_NE(window.status().message().find("sliding_window"), std::string::npos);
+  auto windowed = read_hf_config(
+      dir.write_file("f.json", R"({"model_type": "mistral", "sliding_window": 4096})"));
+  ASSERT_TRUE(windowed.is_ok()) << windowed.status().to_string();
+  EXPECT_EQ(windowed.value().attention_window, 4096);
+
   auto missing = read_hf_config(dir.path() + "/nope");
   ASSERT_FALSE(missing.is_ok());
   EXPECT_EQ(missing.status().code(), ErrorCode::kConfig);

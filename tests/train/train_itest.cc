@@ -317,6 +317,33 @@ TEST(Train, AConfigJsonAloneTrainsFromRandomInitialisation) {
   EXPECT_NEAR(step_losses(dir.path() + "/out").at(1), std::log(67.0), 0.1);
 }
 
+// Mistral's sliding window: Strata's full causal attention equals it up to the window's length,
+// so a longer sequence is refused by name instead of silently training a different model.
+TEST(Train, MistralSlidingWindowBoundsTheSequenceLength) {
+  TempDir dir;
+  std::string hf =
+      read_file(testing::source_path("tests/fixtures/models/llama_gqa_tied/config.json"));
+  const std::string type = R"("model_type": "llama")";
+  ASSERT_NE(hf.find(type), std::string::npos);
+  hf.replace(hf.find(type), type.size(), R"("model_type": "mistral", "sliding_window": 8)");
+  const std::string model = dir.write_file("mistral.json", hf);
+  RunConfig c;
+  c.steps = 2;
+  auto too_long = run_strata(
+      {"train", "--config", dir.write_file("long.json", config_text(c, dir.path() + "/long")),
+       "--set", "strata.model.path=" + model},
+      {}, 300);
+  EXPECT_EQ(too_long.exit_code, 2) << too_long.err;
+  EXPECT_NE(too_long.err.find("strata.data.seq_len"), std::string::npos) << too_long.err;
+  EXPECT_NE(too_long.err.find("sliding_window (8)"), std::string::npos) << too_long.err;
+
+  auto within = run_strata(
+      {"train", "--config", dir.write_file("short.json", config_text(c, dir.path() + "/short")),
+       "--set", "strata.model.path=" + model, "--set", "strata.data.seq_len=8"},
+      {}, 300);
+  EXPECT_EQ(within.exit_code, 0) << within.err;
+}
+
 TEST(Train, ClearErrorsForMissingDataTinyBudgetsAndBadResume) {
   TempDir dir;
   RunConfig c;
