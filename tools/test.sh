@@ -11,7 +11,10 @@ build_type=Release
 if [ -n "${STRATA_SANITIZE:-}" ]; then
   build_dir="$root/build-asan"
   build_type=RelWithDebInfo
-  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+  # Full unwinding at malloc, so that leaks inside third-party libraries are matched by library
+  # (tools/lsan.supp); frame-pointer unwinding stops in their frames.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0}"
+  export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/tools/lsan.supp:print_suppressions=0}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 fi
 bash "$root/tools/build.sh" "$build_dir" "$build_type"

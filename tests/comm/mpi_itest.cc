@@ -36,9 +36,14 @@ std::string mpirun() {
 
 RunOutput run_ranks(int ranks, const std::string& program, const std::vector<std::string>& args,
                     int timeout_s = 120) {
+  // A session directory of its own: two mpiruns started at once (ctest --parallel) race to
+  // create the same /tmp/ompi.<host>.<uid>, and the loser fails in orte_init.
+  testing::TempDir session;
+  std::vector<std::string> env = kMpiEnv;
+  env.push_back("OMPI_MCA_orte_tmpdir_base=" + session.path());
   std::vector<std::string> all = {"--oversubscribe", "-np", std::to_string(ranks), program};
   all.insert(all.end(), args.begin(), args.end());
-  return testing::run_program(mpirun(), all, kMpiEnv, timeout_s);
+  return testing::run_program(mpirun(), all, env, timeout_s);
 }
 
 std::string helper() {

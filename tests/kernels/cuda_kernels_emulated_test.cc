@@ -3,6 +3,11 @@
 // block and warp reductions, the embedding backward's ordered compaction, the attention kernels
 // for every per-lane variant, the deterministic reductions and the device AdamW. This runs on
 // every machine; tests/*/..._gputest.cc run the compiled kernels on a GPU.
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer the tests below are compiled out (see there); the kernels they would run
+// are then defined but unused.
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
 #include "support/simt_emulator.h"
 // The kernel headers after the emulator (they pick up its built-ins).
 #include "kernels/cuda/adam_kernels.cuh"
