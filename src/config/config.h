@@ -180,6 +180,9 @@ struct StrataConfig {
   std::string trace_file;                   // Chrome/Perfetto trace; "" = none
   std::int64_t log_every_steps = 1;
   bool nvme_checksum = true;  // verify every NVMe tile with xxHash3 on read
+  // Let the optimizer step stream its tiles while the next step's forward runs (each unit's
+  // forward waits for its own update); false finishes the optimizer before the step returns.
+  bool overlap_optimizer = true;
   ModelConfig model;
   DataConfig data;
 };

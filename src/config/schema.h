@@ -249,6 +249,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.text("trace_file", c.trace_file);
   v.integer("log_every_steps", c.log_every_steps, 1, kIntMax);
   v.boolean("nvme_checksum", c.nvme_checksum);
+  v.boolean("overlap_optimizer", c.overlap_optimizer);
   v.section("model", c.model);
   v.section("data", c.data);
 }
