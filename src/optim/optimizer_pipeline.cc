@@ -96,6 +96,7 @@ Status OptimizerPipeline::issue_reads(Slot& slot, std::int64_t tile) {
       slot.state = SlotState::kFree;
       return h.status();
     }
+    slot.read_done[slot.read_count] = 0;
     slot.reads[slot.read_count++] = *h;
   }
   return Status::ok();

@@ -173,6 +173,17 @@ Status GradPath::finish_oldest_write() {
                                 tiers_.layout().units[static_cast<std::size_t>(w.unit)].name));
 }
 
+Status GradPath::finish_writes_of(int unit, std::int64_t tile) {
+  for (std::size_t i = writes_.size(); i-- > 0;) {
+    if (writes_[i].unit != unit || writes_[i].tile != tile) continue;
+    // Writes complete in order of submission here: finish everything up to this one.
+    for (std::size_t j = 0; j <= i; ++j)
+      STRATA_TRY(finish_oldest_write());
+    return Status::ok();
+  }
+  return Status::ok();
+}
+
 Status GradPath::accumulate(const Job& job) {
   const int u = job.unit;
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(u)];
@@ -195,6 +206,7 @@ Status GradPath::accumulate(const Job& job) {
       STRATA_ASSIGN_OR_RETURN(buffer, free_write_buffer());
       acc = tiers_.grad_write_buffer(buffer);
       if (!job.first) {
+        STRATA_TRY(finish_writes_of(u, t));
         STRATA_ASSIGN_OR_RETURN(
             io::SwapHandle h, tiers_.read_tile(SlotKind::kGrad, u, t, acc, io::Priority::kDemand));
         STRATA_TRY(tiers_.wait(SlotKind::kGrad, h));
@@ -206,7 +218,7 @@ Status GradPath::accumulate(const Job& job) {
       STRATA_ASSIGN_OR_RETURN(
           io::SwapHandle h, tiers_.write_tile(SlotKind::kGrad, u, t, acc, io::Priority::kPrefetch));
       write_busy_[static_cast<std::size_t>(buffer)] = 1;
-      writes_.push_back(Write{buffer, u, h});
+      writes_.push_back(Write{buffer, u, t, h});
     }
   }
   return Status::ok();

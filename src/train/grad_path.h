@@ -62,6 +62,7 @@ class GradPath {
   struct Write {
     int buffer = -1;
     int unit = -1;
+    std::int64_t tile = 0;
     io::SwapHandle handle;
   };
 
@@ -70,6 +71,8 @@ class GradPath {
   Result<int> free_write_buffer();
   Status finish_oldest_job();
   Status finish_oldest_write();
+  // Waits for a write of (unit, tile) still in flight, so that a read sees it.
+  Status finish_writes_of(int unit, std::int64_t tile);
   Frame* frame_of(int unit);
 
   tier::TierManager& tiers_;

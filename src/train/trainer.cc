@@ -101,7 +101,9 @@ Status Trainer::setup() {
   plan_input.layout = &layout_;
   plan_input.activation_device_bytes = activations.device_bytes;
   plan_input.activation_host_bytes = activations.host_bytes;
-  plan_input.device_budget_bytes = backend_->device_memory().bytes_max;
+  // The budget the user set (the arena itself is rounded up to whole pages).
+  plan_input.device_budget_bytes =
+      s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
   STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(plan_input));
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(trace_, Trace::open(s.trace_file));
