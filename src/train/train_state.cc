@@ -21,6 +21,18 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 
 TrainState::TrainState(std::unique_ptr<tier::TierManager> tiers) : tiers_(std::move(tiers)) {}
 
+Status TrainState::guard(Status s) {
+  if (!failure_.is_ok()) return failure_;
+  if (!s.is_ok()) {
+    failure_ = Status(s.code(),
+                      s.message() +
+                          " (training state is inconsistent from here on: resume from "
+                          "the last checkpoint)",
+                      s.context());
+  }
+  return s;
+}
+
 TrainState::~TrainState() {
   // Engines go before the memory and files they use.
   pipeline_.reset();
@@ -58,18 +70,20 @@ float* TrainState::fill_buffer(SlotKind kind, int unit) {
 }
 
 Status TrainState::store(SlotKind kind, int unit, const float* src) {
+  if (!failure_.is_ok()) return failure_;
   const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   if (up.optim_home == Tier::kNvme && src != tiers_->unit_scratch()) {
     std::memcpy(tiers_->unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
     src = tiers_->unit_scratch();
   }
-  return tiers_->write_slot(kind, unit, src);
+  return guard(tiers_->write_slot(kind, unit, src));
 }
 
 Result<const float*> TrainState::view(SlotKind kind, int unit) {
   if (tier::home_of(tiers_->plan(), unit, kind) == Tier::kHost)
     return tiers_->host_state(unit, kind);
-  STRATA_TRY(tiers_->read_slot(kind, unit, tiers_->unit_scratch()));
+  if (!failure_.is_ok()) return failure_;
+  STRATA_TRY(guard(tiers_->read_slot(kind, unit, tiers_->unit_scratch())));
   return static_cast<const float*>(tiers_->unit_scratch());
 }
 
@@ -103,16 +117,16 @@ void TrainState::begin_micro_batch(bool first, bool last) {
 
 Status TrainState::end_micro_batch() {
   scheduler_->end_pass();
-  return grads_->pump();
+  return guard(grads_->pump());
 }
 
 Status TrainState::finish_backward() {
-  STRATA_TRY(grads_->drain());
-  return scheduler_->drain();
+  STRATA_TRY(guard(grads_->drain()));
+  return guard(scheduler_->drain());
 }
 
 Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
-  STRATA_TRY(scheduler_->drain());
+  STRATA_TRY(guard(scheduler_->drain()));
   // Every parameter is about to change: device copies are stale from here on, and the
   // prefetcher waits for each unit's update (the fetchable gate).
   for (int u = 0; u < units(); ++u)
@@ -124,7 +138,7 @@ Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
     }
   }
   pipeline_->start(step);
-  STRATA_TRY(pipeline_->pump());
+  STRATA_TRY(guard(pipeline_->pump()));
   return wait ? finish_optimizer() : Status::ok();
 }
 
@@ -132,7 +146,7 @@ Status TrainState::finish_optimizer() {
   const auto start = std::chrono::steady_clock::now();
   Status s = pipeline_->finish();
   counters_.compute_wait_ms += ms_since(start);
-  return s;
+  return guard(s);
 }
 
 void TrainState::begin_eval_batch() {
@@ -144,7 +158,7 @@ void TrainState::end_eval_batch() {
 }
 
 Status TrainState::wait_for_update(int unit) {
-  if (pipeline_->unit_done(unit)) return pipeline_->pump();
+  if (pipeline_->unit_done(unit)) return guard(pipeline_->pump());
   const auto start = std::chrono::steady_clock::now();
   Trace* trace = tiers_->trace();
   const std::uint64_t begin_us = trace ? trace->now_us() : 0;
@@ -153,14 +167,16 @@ Status TrainState::wait_for_update(int unit) {
   if (trace) {
     trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
   }
-  return s;
+  return guard(s);
 }
 
 Result<const float*> TrainState::acquire_params(int unit) {
   STRATA_TRY(wait_for_update(unit));
-  STRATA_TRY(grads_->pump());
+  STRATA_TRY(guard(grads_->pump()));
   const double before = scheduler_->stats().wait_ms;
-  STRATA_ASSIGN_OR_RETURN(const void* stored, scheduler_->acquire(unit));
+  Result<const void*> fetched = scheduler_->acquire(unit);
+  if (!fetched.is_ok()) return guard(fetched.status());
+  const void* stored = *fetched;
   counters_.compute_wait_ms += scheduler_->stats().wait_ms - before;
   const tier::TierPlan& p = tiers_->plan();
   if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
@@ -209,6 +225,7 @@ Result<float*> TrainState::acquire_grads(int unit) {
   const double before = grads_->wait_ms();
   Result<float*> r = grads_->acquire(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;
+  if (!r.is_ok()) return guard(r.status());
   return r;
 }
 
@@ -216,7 +233,7 @@ Status TrainState::grads_ready(int unit) {
   const double before = grads_->wait_ms();
   Status s = grads_->ready(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;
-  return s;
+  return guard(s);
 }
 
 }  // namespace strata::train

@@ -82,6 +82,10 @@ class TrainState final : public model::UnitStore<float> {
   void end_eval_batch();
 
   StateCounters& counters() { return counters_; }
+  // The first I/O or engine error of the run. After one, the state may be half updated (an
+  // optimizer step stopped midway), so every later step, view or checkpoint returns it: training
+  // stops and resumes from the last checkpoint.
+  const Status& failure() const { return failure_; }
 
   // UnitStore.
   Result<const float*> acquire_params(int unit) override;
@@ -97,6 +101,8 @@ class TrainState final : public model::UnitStore<float> {
   };
   explicit TrainState(std::unique_ptr<tier::TierManager> tiers);
   Status wait_for_update(int unit);
+  // Records the first failure; returns `s`, or the recorded failure when there is one.
+  Status guard(Status s);
 
   std::unique_ptr<tier::TierManager> tiers_;
   std::unique_ptr<schedule::ParamScheduler> scheduler_;
@@ -104,6 +110,7 @@ class TrainState final : public model::UnitStore<float> {
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   StateCounters counters_;
+  Status failure_;
 };
 
 }  // namespace strata::train
