@@ -7,6 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+
+#include <json/json.h>
 
 #include "support/run_strata.h"
 #include "tier/estimate.h"
@@ -204,6 +207,68 @@ TEST(Offload, PrefetchLeavesNoDemandFetchesAfterTheFirstStep) {
   EXPECT_GT(later.prefetches, first.prefetches);
   EXPECT_EQ(later.evictions >= first.evictions, true);
   EXPECT_EQ((*trainer)->state().scheduler().order().divergences(), 0u);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+Json::Value parse_json(const std::string& text) {
+  Json::CharReaderBuilder builder;
+  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
+  Json::Value v;
+  std::string errors;
+  EXPECT_TRUE(reader->parse(text.data(), text.data() + text.size(), &v, &errors)) << errors;
+  return v;
+}
+
+TEST(OffloadCli, TraceHasALanePerEngineAndStepLinesSayWaitAndPeaks) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/nvme");
+  const Tiers t{"both_nvme", 3, "nvme", "nvme", "", ""};
+  const std::string config = dir.write_file(
+      "c.json",
+      testing::tiny_config("gpt2", "bf16", t, dir.path() + "/out", dir.path() + "/nvme", 3));
+  auto r =
+      testing::run_strata({"train", "--config", config, "--trace", dir.path() + "/trace.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("where the bytes lived"), std::string::npos) << r.err;
+  const Json::Value trace = parse_json(testing::read_file(dir.path() + "/trace.json"));
+  ASSERT_TRUE(trace.isArray());
+  std::set<std::string> lanes, events;
+  for (const Json::Value& e : trace) {
+    if (e["ph"].asString() == "M" && e["name"].asString() == "thread_name") {
+      lanes.insert(e["args"]["name"].asString());
+    }
+    if (e["ph"].asString() == "X") {
+      events.insert(e["name"].asString());
+      EXPECT_GE(e["dur"].asInt64(), 0);
+    }
+  }
+  for (const char* lane :
+       {"compute", "host->device", "device->host", "nvme read", "nvme write", "adam"}) {
+    EXPECT_TRUE(lanes.count(lane)) << lane;
+  }
+  for (const char* event : {"forward + backward", "param read", "param to device", "grad to host",
+                            "optimizer read", "optimizer write", "adam"}) {
+    EXPECT_TRUE(events.count(event)) << event;
+  }
+  int steps = 0;
+  std::ifstream metrics(dir.path() + "/out/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const Json::Value v = parse_json(line);
+    if (!v.isMember("loss")) continue;
+    ++steps;
+    EXPECT_TRUE(v["compute_wait_ms"].isDouble()) << line;
+    for (const char* key : {"device_bytes_peak", "host_bytes_peak", "nvme_bytes_peak"})
+      EXPECT_GT(v[key].asUInt64(), 0u) << key;
+  }
+  EXPECT_EQ(steps, 3);
+  const Json::Value summary = parse_json(r.out);
+  EXPECT_LE(summary["device_bytes_peak"].asUInt64(), summary["device_bytes_max"].asUInt64());
+  EXPECT_LE(summary["host_bytes_peak"].asUInt64(), summary["host_bytes_max"].asUInt64());
 }
 
 }  // namespace
