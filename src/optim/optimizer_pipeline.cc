@@ -30,7 +30,11 @@ OptimizerPipeline::OptimizerPipeline(tier::TierManager& tiers, AdamOptimizer& ad
     : tiers_(tiers), backend_(tiers.backend()), plan_(tiers.plan()), adam_(adam) {}
 
 OptimizerPipeline::~OptimizerPipeline() {
-  (void)finish();
+  if (active_) {
+    (void)finish();
+  } else {
+    (void)cancel_preload();
+  }
   for (Slot& s : slots_) {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
   }
@@ -43,10 +47,10 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(tier::TierM
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     for (std::int64_t t = 0; t < plan.units[u].tiles; ++t)
       p->tiles_.push_back(Tile{static_cast<int>(u), t});
-    p->last_tile_of_unit_.push_back(static_cast<std::int64_t>(p->tiles_.size()) - 1);
   }
+  p->params_tiles_.assign(plan.units.size(), 0);
   p->done_tiles_.assign(plan.units.size(), 0);
-  p->unit_done_.assign(plan.units.size(), 1);
+  p->depth_ = plan.pipeline_depth;
   p->slots_.resize(static_cast<std::size_t>(plan.pipeline_depth));
   for (Slot& s : p->slots_) {
     STRATA_ASSIGN_OR_RETURN(s.copied, tiers.backend().create_event());
@@ -58,100 +62,73 @@ float* OptimizerPipeline::stage(int slot, int array) const {
   return reinterpret_cast<float*>(tiers_.pipeline_area() + plan_.pipeline_offset(slot, array));
 }
 
-void OptimizerPipeline::start(const PipelineStep& step) {
-  STRATA_ASSERT_MSG(!active_, "optimizer step started while the previous one runs");
-  step_ = step;
-  active_ = true;
-  next_read_ = next_compute_ = done_ = 0;
-  next_done_unit_ = 0;
-  std::fill(done_tiles_.begin(), done_tiles_.end(), 0);
-  std::fill(unit_done_.begin(), unit_done_.end(), 0);
-  Trace* trace = tiers_.trace();
-  start_us_ = trace ? static_cast<std::int64_t>(trace->now_us()) : 0;
+bool OptimizerPipeline::nvme_state(std::int64_t tile) const {
+  const Tile& t = tiles_[static_cast<std::size_t>(tile)];
+  return plan_.units[static_cast<std::size_t>(t.unit)].optim_home == Tier::kNvme;
+}
+
+bool OptimizerPipeline::params_ready(int unit) const {
+  return !active_ || params_tiles_[static_cast<std::size_t>(unit)] ==
+                         plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
 
 bool OptimizerPipeline::unit_done(int unit) const {
-  return !active_ || unit_done_[static_cast<std::size_t>(unit)] != 0;
+  return !active_ || done_tiles_[static_cast<std::size_t>(unit)] ==
+                         plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
 
-Status OptimizerPipeline::issue_reads(Slot& slot, std::int64_t tile) {
-  const Tile& t = tiles_[static_cast<std::size_t>(tile)];
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(t.unit)];
-  slot.tile = tile;
-  slot.read_count = 0;
-  slot.write_count = 0;
-  slot.copy_pending = false;
-  slot.state = SlotState::kReading;
-  Trace* trace = tiers_.trace();
-  slot.read_begin_us = trace ? trace->now_us() : 0;
-  if (up.optim_home != Tier::kNvme) return Status::ok();
+Status OptimizerPipeline::issue_read(Slot& slot, int array) {
+  const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
   const int s = static_cast<int>(&slot - slots_.data());
-  for (int a = 0; a < 4; ++a) {
-    auto h =
-        tiers_.read_tile(kStateKinds[a], t.unit, t.index, stage(s, a), io::Priority::kPrefetch);
-    if (!h.is_ok()) {
-      for (int r = 0; r < slot.read_count; ++r)
-        (void)tiers_.wait(kStateKinds[r], slot.reads[r]);
-      slot.read_count = 0;
-      slot.state = SlotState::kFree;
-      return h.status();
-    }
-    slot.read_done[slot.read_count] = 0;
-    slot.reads[slot.read_count++] = *h;
-  }
+  STRATA_ASSIGN_OR_RETURN(slot.reads[array],
+                          tiers_.read_tile(kStateKinds[array], t.unit, t.index, stage(s, array),
+                                           io::Priority::kPrefetch));
+  slot.read_issued[array] = true;
+  slot.read_done[array] = false;
   return Status::ok();
 }
 
-Status OptimizerPipeline::wait_reads(Slot& slot, bool block, bool* done) {
+Status OptimizerPipeline::issue_reads(Slot& slot, std::int64_t tile, bool with_grad) {
+  STRATA_ASSERT(slot.state == SlotState::kFree);
+  slot.tile = tile;
+  slot.state = SlotState::kReading;
+  for (int a = 0; a < 4; ++a)
+    slot.read_issued[a] = slot.read_done[a] = false;
+  Trace* trace = tiers_.trace();
+  slot.read_begin_us = trace ? trace->now_us() : 0;
+  if (!nvme_state(tile)) return Status::ok();
+  for (int a = 0; a < (with_grad ? 4 : 3); ++a)
+    STRATA_TRY(issue_read(slot, a));
+  return Status::ok();
+}
+
+Status OptimizerPipeline::poll_reads(Slot& slot, bool block, bool* done) {
   *done = false;
   Status first;
-  for (int a = 0; a < slot.read_count; ++a) {
-    if (slot.read_done[a]) continue;
-    std::optional<Status> r;
-    if (block || !first.is_ok()) {
-      r = tiers_.wait(kStateKinds[a], slot.reads[a]);
-    } else {
-      r = tiers_.poll(kStateKinds[a], slot.reads[a]);
-    }
+  for (int a = 0; a < 4; ++a) {
+    if (!slot.read_issued[a] || slot.read_done[a]) continue;
+    std::optional<Status> r =
+        (block || !first.is_ok())
+            ? std::optional<Status>(tiers_.wait(kStateKinds[a], slot.reads[a]))
+            : tiers_.poll(kStateKinds[a], slot.reads[a]);
     if (!r.has_value()) continue;
-    slot.read_done[a] = 1;
+    slot.read_done[a] = true;
     if (!r->is_ok() && first.is_ok()) {
       first = *r;
       a = -1;  // wait for the tile's other reads before reporting
     }
   }
-  for (int a = 0; a < slot.read_count; ++a) {
-    if (!slot.read_done[a]) return Status::ok();
-  }
   if (!first.is_ok()) {
-    slot.read_count = 0;
-    slot.state = SlotState::kFree;
     const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
     return first.with_context(
         fmt::format("optimizer step, {} tile {}",
                     tiers_.layout().units[static_cast<std::size_t>(t.unit)].name, t.index));
   }
+  for (int a = 0; a < 4; ++a) {
+    if (slot.read_issued[a] && !slot.read_done[a]) return Status::ok();
+  }
   *done = true;
   return Status::ok();
-}
-
-void OptimizerPipeline::abort() {
-  for (Slot& slot : slots_) {
-    if (slot.state == SlotState::kReading) {
-      for (int a = 0; a < slot.read_count; ++a) {
-        if (!slot.read_done[a]) (void)tiers_.wait(kStateKinds[a], slot.reads[a]);
-      }
-    } else if (slot.state == SlotState::kWriting) {
-      for (int w = 0; w < slot.write_count; ++w)
-        (void)tiers_.wait(slot.write_kinds[w], slot.writes[w]);
-      if (slot.copy_pending) (void)backend_.synchronize(slot.copied);
-    }
-    slot.read_count = slot.write_count = 0;
-    slot.copy_pending = false;
-    slot.state = SlotState::kFree;
-  }
-  active_ = false;
-  failed_ = true;
 }
 
 Status OptimizerPipeline::compute(Slot& slot) {
@@ -161,16 +138,15 @@ Status OptimizerPipeline::compute(Slot& slot) {
   const std::int64_t begin = plan_.tile_begin(t.unit, t.index);
   const std::int64_t n = plan_.tile_numel(t.unit, t.index);
   const std::uint64_t c = plan_.storage_bytes;
+  const bool nvme = up.optim_home == Tier::kNvme;
   Trace* trace = tiers_.trace();
-  if (trace && up.optim_home == Tier::kNvme) {
+  if (trace && nvme) {
     trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(), t.unit,
                u64(n) * 16);
   }
   float* arrays[4];
-  for (int a = 0; a < 4; ++a) {
-    arrays[a] = up.optim_home == Tier::kNvme ? stage(s, a)
-                                             : tiers_.host_state(t.unit, kStateKinds[a]) + begin;
-  }
+  for (int a = 0; a < 4; ++a)
+    arrays[a] = nvme ? stage(s, a) : tiers_.host_state(t.unit, kStateKinds[a]) + begin;
   void* param_out = up.param_home == Tier::kHost
                         ? static_cast<char*>(tiers_.host_param(t.unit)) + u64(begin) * c
                         : static_cast<void*>(stage(s, 4));
@@ -194,134 +170,142 @@ Status OptimizerPipeline::compute(Slot& slot) {
     }
     times_.adam_ms += ms_since(start);
   }
-  // Writes: the state back to NVMe, the parameters to their home.
-  slot.write_count = 0;
-  slot.write_begin_us = trace ? trace->now_us() : 0;
+  // The new parameters to their home first (the next forward waits for them), then the state.
   slot.state = SlotState::kWriting;
-  auto fail = [&](const Status& st) {
-    for (int w = 0; w < slot.write_count; ++w)
-      (void)tiers_.wait(slot.write_kinds[w], slot.writes[w]);
-    slot.write_count = 0;
-    slot.state = SlotState::kFree;
-    return st;
-  };
-  if (up.optim_home == Tier::kNvme) {
-    for (int a = 0; a < 3; ++a) {
-      auto h =
-          tiers_.write_tile(kStateKinds[a], t.unit, t.index, arrays[a], io::Priority::kPrefetch);
-      if (!h.is_ok()) return fail(h.status());
-      slot.write_kinds[slot.write_count] = kStateKinds[a];
-      slot.writes[slot.write_count++] = *h;
-    }
-  }
+  slot.write_begin_us = trace ? trace->now_us() : 0;
+  slot.write_count = 0;
+  slot.param_delivered = true;
+  slot.param_write = false;
   if (up.param_home == Tier::kNvme) {
-    auto h =
-        tiers_.write_tile(SlotKind::kParam, t.unit, t.index, param_out, io::Priority::kPrefetch);
-    if (!h.is_ok()) return fail(h.status());
-    slot.write_kinds[slot.write_count] = SlotKind::kParam;
-    slot.writes[slot.write_count++] = *h;
+    STRATA_ASSIGN_OR_RETURN(slot.param_handle, tiers_.write_tile(SlotKind::kParam, t.unit, t.index,
+                                                                 param_out, io::Priority::kDemand));
+    slot.param_delivered = false;
+    slot.param_write = true;
   } else if (up.param_home == Tier::kDevice) {
     STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice,
                                    static_cast<char*>(tiers_.device_param(t.unit)) + u64(begin) * c,
                                    param_out, u64(n) * c));
     STRATA_TRY(backend_.record(slot.copied, backend::StreamKind::kHostToDevice));
-    slot.copy_pending = true;
+    slot.param_delivered = false;
+  }
+  if (slot.param_delivered) param_delivered(t);
+  if (nvme) {
+    for (int a = 0; a < 3; ++a) {
+      STRATA_ASSIGN_OR_RETURN(
+          slot.writes[a],
+          tiers_.write_tile(kStateKinds[a], t.unit, t.index, arrays[a], io::Priority::kPrefetch));
+      slot.write_done[a] = false;
+      slot.write_count = a + 1;
+    }
   }
   return Status::ok();
 }
 
-Status OptimizerPipeline::reap_writes(Slot& slot, bool block, bool* done) {
-  *done = false;
-  Status first;
-  while (slot.write_count > 0) {
-    const int w = slot.write_count - 1;
-    std::optional<Status> r;
-    if (block) {
-      r = tiers_.wait(slot.write_kinds[w], slot.writes[w]);
-    } else {
-      r = tiers_.poll(slot.write_kinds[w], slot.writes[w]);
-    }
-    if (!r.has_value()) return Status::ok();
-    --slot.write_count;
-    if (!r->is_ok() && first.is_ok()) first = *r;
-    if (!first.is_ok()) {
-      while (slot.write_count > 0) {
-        --slot.write_count;
-        (void)tiers_.wait(slot.write_kinds[slot.write_count], slot.writes[slot.write_count]);
-      }
-    }
-  }
-  if (slot.copy_pending) {
-    if (block) {
-      STRATA_TRY(backend_.synchronize(slot.copied));
-    } else if (!backend_.query(slot.copied)) {
-      return Status::ok();
-    }
-    slot.copy_pending = false;
-  }
+void OptimizerPipeline::param_delivered(const Tile& tile) {
+  ++params_tiles_[static_cast<std::size_t>(tile.unit)];
+}
+
+Status OptimizerPipeline::reap(Slot& slot, bool block_param, bool block_all, bool* freed) {
+  *freed = false;
   const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
-  Trace* trace = tiers_.trace();
-  if (trace && plan_.units[static_cast<std::size_t>(t.unit)].optim_home == Tier::kNvme) {
-    trace->add(TraceLane::kNvmeWrite, "optimizer write", slot.write_begin_us, trace->now_us(),
-               t.unit, u64(plan_.tile_numel(t.unit, t.index)) * 12);
+  Status first;
+  if (!slot.param_delivered) {
+    const bool block = block_param || block_all;
+    if (slot.param_write) {
+      std::optional<Status> r =
+          block ? std::optional<Status>(tiers_.wait(SlotKind::kParam, slot.param_handle))
+                : tiers_.poll(SlotKind::kParam, slot.param_handle);
+      if (r.has_value()) {
+        slot.param_delivered = true;
+        first = *r;
+      }
+    } else if (block) {
+      first = backend_.synchronize(slot.copied);
+      slot.param_delivered = true;
+    } else if (backend_.query(slot.copied)) {
+      slot.param_delivered = true;
+    }
+    if (slot.param_delivered && first.is_ok()) param_delivered(t);
   }
-  slot.state = SlotState::kFree;
-  *done = true;
+  for (int w = 0; w < slot.write_count; ++w) {
+    if (slot.write_done[w]) continue;
+    std::optional<Status> r =
+        (block_all || !first.is_ok())
+            ? std::optional<Status>(tiers_.wait(kStateKinds[w], slot.writes[w]))
+            : tiers_.poll(kStateKinds[w], slot.writes[w]);
+    if (!r.has_value()) continue;
+    slot.write_done[w] = true;
+    if (!r->is_ok() && first.is_ok()) first = *r;
+  }
   if (!first.is_ok()) {
+    // Let nothing of this tile stay in flight, then report.
+    if (!slot.param_delivered && slot.param_write) {
+      (void)tiers_.wait(SlotKind::kParam, slot.param_handle);
+    }
+    slot.param_delivered = true;
+    for (int w = 0; w < slot.write_count; ++w) {
+      if (!slot.write_done[w]) (void)tiers_.wait(kStateKinds[w], slot.writes[w]);
+      slot.write_done[w] = true;
+    }
     return first.with_context(
         fmt::format("optimizer step, {} tile {}",
                     tiers_.layout().units[static_cast<std::size_t>(t.unit)].name, t.index));
   }
+  if (!slot.param_delivered) return Status::ok();
+  for (int w = 0; w < slot.write_count; ++w) {
+    if (!slot.write_done[w]) return Status::ok();
+  }
+  Trace* trace = tiers_.trace();
+  if (trace && slot.write_count > 0) {
+    trace->add(TraceLane::kNvmeWrite, "optimizer write", slot.write_begin_us, trace->now_us(),
+               t.unit, u64(plan_.tile_numel(t.unit, t.index)) * 12);
+  }
+  slot.state = SlotState::kFree;
+  *freed = true;
   ++done_;
   ++done_tiles_[static_cast<std::size_t>(t.unit)];
-  while (next_done_unit_ < static_cast<int>(done_tiles_.size()) &&
-         done_tiles_[static_cast<std::size_t>(next_done_unit_)] ==
-             plan_.units[static_cast<std::size_t>(next_done_unit_)].tiles) {
-    unit_done_[static_cast<std::size_t>(next_done_unit_)] = 1;
-    if (on_unit_done_) on_unit_done_(next_done_unit_);
-    ++next_done_unit_;
-  }
-  if (done_ == static_cast<std::int64_t>(tiles_.size())) {
-    active_ = false;
-    if (trace) {
-      times_.active_ms +=
-          static_cast<double>(static_cast<std::int64_t>(trace->now_us()) - start_us_) / 1e3;
-    }
-  }
+  if (done_ == static_cast<std::int64_t>(tiles_.size())) active_ = false;
   return Status::ok();
 }
 
-Status OptimizerPipeline::step(bool block, int until_unit) {
+bool OptimizerPipeline::reached(Target target, int unit) const {
+  switch (target) {
+    case Target::kNone:
+      return !active_;
+    case Target::kParams:
+      return params_ready(unit);
+    case Target::kDone:
+      return unit_done(unit);
+    case Target::kAll:
+      return !active_;
+  }
+  return true;
+}
+
+Status OptimizerPipeline::step(bool block, Target target, int unit) {
   const auto ntiles = static_cast<std::int64_t>(tiles_.size());
-  const auto depth = static_cast<std::int64_t>(slots_.size());
-  auto reached = [&] {
-    if (!active_) return true;
-    return until_unit >= 0 && unit_done_[static_cast<std::size_t>(until_unit)] != 0;
-  };
-  while (!reached()) {
+  while (!reached(target, unit)) {
     bool progress = false;
-    // 1. Writes finished, oldest first.
-    for (std::int64_t i = done_; i < next_compute_; ++i) {
-      Slot& slot = slots_[static_cast<std::size_t>(i % depth)];
-      if (slot.state != SlotState::kWriting || slot.tile != i) break;
-      bool done = false;
-      STRATA_TRY(reap_writes(slot, false, &done));
-      if (!done) break;
-      progress = true;
+    // 1. Deliveries and writes that finished.
+    for (Slot& slot : slots_) {
+      if (slot.state != SlotState::kWriting) continue;
+      const bool delivered = slot.param_delivered;
+      bool freed = false;
+      STRATA_TRY(reap(slot, false, false, &freed));
+      progress = progress || freed || delivered != slot.param_delivered;
     }
-    if (reached()) break;
+    if (reached(target, unit)) break;
     // 2. Reads into free stages, up to `depth` tiles ahead.
-    while (next_read_ < ntiles &&
-           slots_[static_cast<std::size_t>(next_read_ % depth)].state == SlotState::kFree) {
-      STRATA_TRY(issue_reads(slots_[static_cast<std::size_t>(next_read_ % depth)], next_read_));
+    while (next_read_ < ntiles && slot_of(next_read_).state == SlotState::kFree) {
+      STRATA_TRY(issue_reads(slot_of(next_read_), next_read_, true));
       ++next_read_;
       progress = true;
     }
     // 3. Adam on the next tile whose reads are done.
     if (next_compute_ < next_read_) {
-      Slot& slot = slots_[static_cast<std::size_t>(next_compute_ % depth)];
+      Slot& slot = slot_of(next_compute_);
       bool done = false;
-      STRATA_TRY(wait_reads(slot, false, &done));
+      STRATA_TRY(poll_reads(slot, false, &done));
       if (done) {
         STRATA_TRY(compute(slot));
         ++next_compute_;
@@ -330,40 +314,139 @@ Status OptimizerPipeline::step(bool block, int until_unit) {
     }
     if (progress) continue;
     if (!block) break;
-    // Nothing moved: block on the oldest outstanding thing.
+    // Nothing moved: block on what the target waits for first.
     const auto start = std::chrono::steady_clock::now();
-    if (next_compute_ < next_read_ &&
-        slots_[static_cast<std::size_t>(next_compute_ % depth)].state == SlotState::kReading) {
+    Slot* oldest = nullptr;       // the oldest tile still writing
+    Slot* undelivered = nullptr;  // the oldest whose parameters are not home yet
+    for (Slot& slot : slots_) {
+      if (slot.state != SlotState::kWriting) continue;
+      if (oldest == nullptr || slot.tile < oldest->tile) oldest = &slot;
+      if (!slot.param_delivered && (undelivered == nullptr || slot.tile < undelivered->tile)) {
+        undelivered = &slot;
+      }
+    }
+    if (target == Target::kParams && undelivered != nullptr &&
+        tiles_[static_cast<std::size_t>(undelivered->tile)].unit <= unit) {
+      bool freed = false;
+      STRATA_TRY(reap(*undelivered, true, false, &freed));
+    } else if (next_compute_ < next_read_) {
       bool done = false;
-      STRATA_TRY(wait_reads(slots_[static_cast<std::size_t>(next_compute_ % depth)], true, &done));
-    } else if (done_ < next_compute_) {
-      bool done = false;
-      STRATA_TRY(reap_writes(slots_[static_cast<std::size_t>(done_ % depth)], true, &done));
+      STRATA_TRY(poll_reads(slot_of(next_compute_), true, &done));
+    } else if (oldest != nullptr) {
+      bool freed = false;
+      STRATA_TRY(reap(*oldest, true, true, &freed));
+    } else {
+      STRATA_ASSERT_MSG(false, "optimizer pipeline: nothing in flight but the step is not done");
     }
     times_.wait_ms += ms_since(start);
   }
   return Status::ok();
 }
 
-Status OptimizerPipeline::run(bool block, int until_unit) {
-  Status s = step(block, until_unit);
+void OptimizerPipeline::abort() {
+  for (Slot& slot : slots_) {
+    for (int a = 0; a < 4; ++a) {
+      if (slot.read_issued[a] && !slot.read_done[a])
+        (void)tiers_.wait(kStateKinds[a], slot.reads[a]);
+      slot.read_issued[a] = slot.read_done[a] = false;
+    }
+    if (slot.state == SlotState::kWriting) {
+      if (!slot.param_delivered) {
+        if (slot.param_write) {
+          (void)tiers_.wait(SlotKind::kParam, slot.param_handle);
+        } else {
+          (void)backend_.synchronize(slot.copied);
+        }
+      }
+      for (int w = 0; w < slot.write_count; ++w) {
+        if (!slot.write_done[w]) (void)tiers_.wait(kStateKinds[w], slot.writes[w]);
+      }
+    }
+    slot.param_delivered = true;
+    slot.write_count = 0;
+    slot.state = SlotState::kFree;
+  }
+  active_ = false;
+  failed_ = true;
+  preloaded_ = 0;
+}
+
+Status OptimizerPipeline::run(bool block, Target target, int unit) {
+  Status s = step(block, target, unit);
   if (!s.is_ok()) abort();
   return s;
 }
 
+Status OptimizerPipeline::preload() {
+  if (active_ || preloaded_ > 0 || failed_) return Status::ok();
+  const auto ntiles = static_cast<std::int64_t>(tiles_.size());
+  for (std::int64_t t = 0; t < std::min(depth_, ntiles) && nvme_state(t); ++t) {
+    Status s = issue_reads(slot_of(t), t, false);
+    ++preloaded_;
+    if (!s.is_ok()) {
+      (void)cancel_preload();
+      failed_ = true;
+      return s;
+    }
+  }
+  return Status::ok();
+}
+
+Status OptimizerPipeline::cancel_preload() {
+  Status first;
+  for (std::int64_t t = 0; t < preloaded_; ++t) {
+    Slot& slot = slot_of(t);
+    for (int a = 0; a < 4; ++a) {
+      if (!slot.read_issued[a] || slot.read_done[a]) continue;
+      Status s = tiers_.wait(kStateKinds[a], slot.reads[a]);
+      if (!s.is_ok() && first.is_ok()) first = s;
+      slot.read_done[a] = true;
+    }
+    slot.state = SlotState::kFree;
+  }
+  preloaded_ = 0;
+  return first;
+}
+
+Status OptimizerPipeline::start(const PipelineStep& step) {
+  STRATA_ASSERT_MSG(!active_, "optimizer step started while the previous one runs");
+  if (failed_) return Status(ErrorCode::kIo, "an earlier optimizer step failed");
+  step_ = step;
+  active_ = true;
+  next_compute_ = done_ = 0;
+  std::fill(params_tiles_.begin(), params_tiles_.end(), 0);
+  std::fill(done_tiles_.begin(), done_tiles_.end(), 0);
+  // Preloaded tiles only miss their gradient (final now).
+  next_read_ = preloaded_;
+  preloaded_ = 0;
+  for (std::int64_t t = 0; t < next_read_; ++t) {
+    Status s = issue_read(slot_of(t), 3);
+    if (!s.is_ok()) {
+      abort();
+      return s;
+    }
+  }
+  return pump();
+}
+
 Status OptimizerPipeline::pump() {
   if (!active_) return Status::ok();
-  return run(false, -1);
+  return run(false, Target::kNone, -1);
+}
+
+Status OptimizerPipeline::wait_params(int unit) {
+  if (params_ready(unit)) return Status::ok();
+  return run(true, Target::kParams, unit);
 }
 
 Status OptimizerPipeline::wait_unit(int unit) {
-  if (!active_ || unit_done_[static_cast<std::size_t>(unit)]) return Status::ok();
-  return run(true, unit);
+  if (unit_done(unit)) return Status::ok();
+  return run(true, Target::kDone, unit);
 }
 
 Status OptimizerPipeline::finish() {
   if (!active_) return Status::ok();
-  return run(true, -1);
+  return run(true, Target::kAll, -1);
 }
 
 }  // namespace strata::optim

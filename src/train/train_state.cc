@@ -53,7 +53,7 @@ Result<std::unique_ptr<TrainState>> TrainState::create(
   STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_));
   STRATA_ASSIGN_OR_RETURN(s->pipeline_, optim::OptimizerPipeline::create(*s->tiers_, adam));
   optim::OptimizerPipeline* pipeline = s->pipeline_.get();
-  s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->unit_done(unit); });
+  s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
   const tier::TierPlan& p = s->tiers_->plan();
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
@@ -111,6 +111,8 @@ Status TrainState::refresh(bool zero_moments) {
 }
 
 void TrainState::begin_micro_batch(bool first, bool last) {
+  last_micro_batch_ = last;
+  preloaded_ = false;
   grads_->begin_micro_batch(first, last);
   scheduler_->begin_pass(schedule::Pass::kTrain);
 }
@@ -137,9 +139,12 @@ Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
       slot.unit = -1;
     }
   }
-  pipeline_->start(step);
-  STRATA_TRY(guard(pipeline_->pump()));
+  STRATA_TRY(guard(pipeline_->start(step)));
   return wait ? finish_optimizer() : Status::ok();
+}
+
+Status TrainState::skip_optimizer() {
+  return guard(pipeline_->cancel_preload());
 }
 
 Status TrainState::finish_optimizer() {
@@ -157,21 +162,25 @@ void TrainState::end_eval_batch() {
   scheduler_->end_pass();
 }
 
-Status TrainState::wait_for_update(int unit) {
-  if (pipeline_->unit_done(unit)) return guard(pipeline_->pump());
+Status TrainState::wait_for_update(int unit, bool whole) {
+  if (whole ? pipeline_->unit_done(unit) : pipeline_->params_ready(unit)) {
+    return guard(pipeline_->pump());
+  }
   const auto start = std::chrono::steady_clock::now();
   Trace* trace = tiers_->trace();
   const std::uint64_t begin_us = trace ? trace->now_us() : 0;
-  Status s = pipeline_->wait_unit(unit);
+  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_params(unit);
   counters_.compute_wait_ms += ms_since(start);
   if (trace) {
     trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
   }
+  // Let the next tiles move (their Adam runs now, their writes during this unit's compute).
+  if (s.is_ok()) s = pipeline_->pump();
   return guard(s);
 }
 
 Result<const float*> TrainState::acquire_params(int unit) {
-  STRATA_TRY(wait_for_update(unit));
+  STRATA_TRY(wait_for_update(unit, false));
   STRATA_TRY(guard(grads_->pump()));
   const double before = scheduler_->stats().wait_ms;
   Result<const void*> fetched = scheduler_->acquire(unit);
@@ -221,7 +230,14 @@ void TrainState::release_params(int unit) {
 }
 
 Result<float*> TrainState::acquire_grads(int unit) {
-  STRATA_TRY(wait_for_update(unit));
+  STRATA_TRY(wait_for_update(unit, true));
+  if (last_micro_batch_ && !preloaded_) {
+    // The backward of the step's last micro-batch has begun: read the first optimizer tiles'
+    // state ahead (the step itself must wait for the global norm).
+    preloaded_ = true;
+    STRATA_TRY(finish_optimizer());
+    STRATA_TRY(guard(pipeline_->preload()));
+  }
   const double before = grads_->wait_ms();
   Result<float*> r = grads_->acquire(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;

@@ -77,6 +77,8 @@ class TrainState final : public model::UnitStore<float> {
   double grad_sum_squares() const { return grads_->sum_squares(); }
   // Starts the optimizer step; with `wait`, also finishes it.
   Status start_optimizer(const optim::PipelineStep& step, bool wait);
+  // The step is skipped (gradient not finite): drops what was read ahead for it.
+  Status skip_optimizer();
   Status finish_optimizer();
   void begin_eval_batch();
   void end_eval_batch();
@@ -100,7 +102,9 @@ class TrainState final : public model::UnitStore<float> {
     int users = 0;
   };
   explicit TrainState(std::unique_ptr<tier::TierManager> tiers);
-  Status wait_for_update(int unit);
+  // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
+  // in flight.
+  Status wait_for_update(int unit, bool whole);
   // Records the first failure; returns `s`, or the recorded failure when there is one.
   Status guard(Status s);
 
@@ -111,6 +115,8 @@ class TrainState final : public model::UnitStore<float> {
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   StateCounters counters_;
   Status failure_;
+  bool last_micro_batch_ = true;
+  bool preloaded_ = false;
 };
 
 }  // namespace strata::train

@@ -220,6 +220,7 @@ Result<StepReport> Trainer::train_step() {
     report.skipped = true;
     report.grad_norm = scaled_norm;
     ++counters_.skipped_steps;
+    STRATA_TRY(state_->skip_optimizer());
     STRATA_TRY(scaler_->update(true).with_context(fmt::format("step {}", counters_.step + 1)));
   } else {
     const double multiplier =
