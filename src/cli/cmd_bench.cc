@@ -9,6 +9,7 @@ void register_bench(CLI::App& root, Registry& registry) {
   register_bench_io(bench, registry);
   register_bench_adam(bench, registry);
   register_bench_step(bench, registry);
+  register_bench_offload(bench, registry);
 }
 
 }  // namespace strata::cli

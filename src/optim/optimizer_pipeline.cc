@@ -23,6 +23,9 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 
 constexpr SlotKind kStateKinds[4] = {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq,
                                      SlotKind::kGrad};
+// How long the worker sleeps between looks at a device copy it handed over (the trainer's thread
+// completes those when it comes by).
+constexpr auto kDeliveryPoll = std::chrono::microseconds(200);
 
 }  // namespace
 
@@ -30,11 +33,17 @@ OptimizerPipeline::OptimizerPipeline(tier::TierManager& tiers, AdamOptimizer& ad
     : tiers_(tiers), backend_(tiers.backend()), plan_(tiers.plan()), adam_(adam) {}
 
 OptimizerPipeline::~OptimizerPipeline() {
-  if (active_) {
+  if (active_.load()) {
     (void)finish();
   } else {
     (void)cancel_preload();
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
   for (Slot& s : slots_) {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
   }
@@ -48,13 +57,14 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(tier::TierM
     for (std::int64_t t = 0; t < plan.units[u].tiles; ++t)
       p->tiles_.push_back(Tile{static_cast<int>(u), t});
   }
-  p->params_tiles_.assign(plan.units.size(), 0);
-  p->done_tiles_.assign(plan.units.size(), 0);
+  p->params_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
+  p->done_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
   p->depth_ = plan.pipeline_depth;
-  p->slots_.resize(static_cast<std::size_t>(plan.pipeline_depth));
+  p->slots_ = std::vector<Slot>(static_cast<std::size_t>(plan.pipeline_depth));
   for (Slot& s : p->slots_) {
     STRATA_ASSIGN_OR_RETURN(s.copied, tiers.backend().create_event());
   }
+  p->worker_ = std::thread([raw = p.get()] { raw->worker_main(); });
   return p;
 }
 
@@ -68,14 +78,20 @@ bool OptimizerPipeline::nvme_state(std::int64_t tile) const {
 }
 
 bool OptimizerPipeline::params_ready(int unit) const {
-  return !active_ || params_tiles_[static_cast<std::size_t>(unit)] ==
-                         plan_.units[static_cast<std::size_t>(unit)].tiles;
+  return !active_.load() || params_tiles_[static_cast<std::size_t>(unit)].load() ==
+                                plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
 
 bool OptimizerPipeline::unit_done(int unit) const {
-  return !active_ || done_tiles_[static_cast<std::size_t>(unit)] ==
-                         plan_.units[static_cast<std::size_t>(unit)].tiles;
+  return !active_.load() || done_tiles_[static_cast<std::size_t>(unit)].load() ==
+                                plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
+
+PipelineTimes OptimizerPipeline::times() const {
+  return times_;
+}
+
+// ---- reads, Adam and writes (the worker, or the trainer's thread while the worker is idle) ---
 
 Status OptimizerPipeline::issue_read(Slot& slot, int array) {
   const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
@@ -107,10 +123,9 @@ Status OptimizerPipeline::poll_reads(Slot& slot, bool block, bool* done) {
   Status first;
   for (int a = 0; a < 4; ++a) {
     if (!slot.read_issued[a] || slot.read_done[a]) continue;
-    std::optional<Status> r =
-        (block || !first.is_ok())
-            ? std::optional<Status>(tiers_.wait(kStateKinds[a], slot.reads[a]))
-            : tiers_.poll(kStateKinds[a], slot.reads[a]);
+    std::optional<Status> r = (block || !first.is_ok())
+                                  ? std::optional<Status>(tiers_.wait(kStateKinds[a], slot.reads[a]))
+                                  : tiers_.poll(kStateKinds[a], slot.reads[a]);
     if (!r.has_value()) continue;
     slot.read_done[a] = true;
     if (!r->is_ok() && first.is_ok()) {
@@ -141,8 +156,8 @@ Status OptimizerPipeline::compute(Slot& slot) {
   const bool nvme = up.optim_home == Tier::kNvme;
   Trace* trace = tiers_.trace();
   if (trace && nvme) {
-    trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(), t.unit,
-               u64(n) * 16);
+    trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(),
+               t.unit, u64(n) * 16);
   }
   float* arrays[4];
   for (int a = 0; a < 4; ++a)
@@ -182,18 +197,17 @@ Status OptimizerPipeline::compute(Slot& slot) {
     slot.param_delivered = false;
     slot.param_write = true;
   } else if (up.param_home == Tier::kDevice) {
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice,
-                                   static_cast<char*>(tiers_.device_param(t.unit)) + u64(begin) * c,
-                                   param_out, u64(n) * c));
-    STRATA_TRY(backend_.record(slot.copied, backend::StreamKind::kHostToDevice));
+    slot.copy_dst = static_cast<char*>(tiers_.device_param(t.unit)) + u64(begin) * c;
+    slot.copy_src = param_out;
+    slot.copy_bytes = u64(n) * c;
     slot.param_delivered = false;
+    slot.delivery.store(static_cast<int>(Delivery::kRequested));
   }
-  if (slot.param_delivered) param_delivered(t);
+  if (slot.param_delivered) ++params_tiles_[static_cast<std::size_t>(t.unit)];
   if (nvme) {
     for (int a = 0; a < 3; ++a) {
-      STRATA_ASSIGN_OR_RETURN(
-          slot.writes[a],
-          tiers_.write_tile(kStateKinds[a], t.unit, t.index, arrays[a], io::Priority::kPrefetch));
+      STRATA_ASSIGN_OR_RETURN(slot.writes[a], tiers_.write_tile(kStateKinds[a], t.unit, t.index,
+                                                                arrays[a], io::Priority::kPrefetch));
       slot.write_done[a] = false;
       slot.write_count = a + 1;
     }
@@ -201,52 +215,38 @@ Status OptimizerPipeline::compute(Slot& slot) {
   return Status::ok();
 }
 
-void OptimizerPipeline::param_delivered(const Tile& tile) {
-  ++params_tiles_[static_cast<std::size_t>(tile.unit)];
-}
-
-Status OptimizerPipeline::reap(Slot& slot, bool block_param, bool block_all, bool* freed) {
+Status OptimizerPipeline::reap(Slot& slot, bool block, bool* freed) {
   *freed = false;
   const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
   Status first;
   if (!slot.param_delivered) {
-    const bool block = block_param || block_all;
     if (slot.param_write) {
-      std::optional<Status> r =
-          block ? std::optional<Status>(tiers_.wait(SlotKind::kParam, slot.param_handle))
-                : tiers_.poll(SlotKind::kParam, slot.param_handle);
+      std::optional<Status> r = block ? std::optional<Status>(
+                                            tiers_.wait(SlotKind::kParam, slot.param_handle))
+                                      : tiers_.poll(SlotKind::kParam, slot.param_handle);
       if (r.has_value()) {
         slot.param_delivered = true;
         first = *r;
       }
-    } else if (block) {
-      first = backend_.synchronize(slot.copied);
-      slot.param_delivered = true;
-    } else if (backend_.query(slot.copied)) {
+    } else if (slot.delivery.load() == static_cast<int>(Delivery::kDone)) {
+      slot.delivery.store(static_cast<int>(Delivery::kNone));
       slot.param_delivered = true;
     }
-    if (slot.param_delivered && first.is_ok()) param_delivered(t);
+    if (slot.param_delivered && first.is_ok()) {
+      ++params_tiles_[static_cast<std::size_t>(t.unit)];
+      cv_.notify_all();
+    }
   }
   for (int w = 0; w < slot.write_count; ++w) {
     if (slot.write_done[w]) continue;
     std::optional<Status> r =
-        (block_all || !first.is_ok())
-            ? std::optional<Status>(tiers_.wait(kStateKinds[w], slot.writes[w]))
-            : tiers_.poll(kStateKinds[w], slot.writes[w]);
+        (block || !first.is_ok()) ? std::optional<Status>(tiers_.wait(kStateKinds[w], slot.writes[w]))
+                                  : tiers_.poll(kStateKinds[w], slot.writes[w]);
     if (!r.has_value()) continue;
     slot.write_done[w] = true;
     if (!r->is_ok() && first.is_ok()) first = *r;
   }
   if (!first.is_ok()) {
-    // Let nothing of this tile stay in flight, then report.
-    if (!slot.param_delivered && slot.param_write) {
-      (void)tiers_.wait(SlotKind::kParam, slot.param_handle);
-    }
-    slot.param_delivered = true;
-    for (int w = 0; w < slot.write_count; ++w) {
-      if (!slot.write_done[w]) (void)tiers_.wait(kStateKinds[w], slot.writes[w]);
-      slot.write_done[w] = true;
-    }
     return first.with_context(
         fmt::format("optimizer step, {} tile {}",
                     tiers_.layout().units[static_cast<std::size_t>(t.unit)].name, t.index));
@@ -264,37 +264,45 @@ Status OptimizerPipeline::reap(Slot& slot, bool block_param, bool block_all, boo
   *freed = true;
   ++done_;
   ++done_tiles_[static_cast<std::size_t>(t.unit)];
-  if (done_ == static_cast<std::int64_t>(tiles_.size())) active_ = false;
+  cv_.notify_all();
   return Status::ok();
 }
 
-bool OptimizerPipeline::reached(Target target, int unit) const {
-  switch (target) {
-    case Target::kNone:
-      return !active_;
-    case Target::kParams:
-      return params_ready(unit);
-    case Target::kDone:
-      return unit_done(unit);
-    case Target::kAll:
-      return !active_;
+// Waits for everything of the step still in flight (after an error).
+void OptimizerPipeline::abort_io() {
+  for (Slot& slot : slots_) {
+    for (int a = 0; a < 4; ++a) {
+      if (slot.read_issued[a] && !slot.read_done[a]) {
+        (void)tiers_.wait(kStateKinds[a], slot.reads[a]);
+      }
+      slot.read_issued[a] = slot.read_done[a] = false;
+    }
+    if (slot.state == SlotState::kWriting) {
+      if (!slot.param_delivered && slot.param_write) {
+        (void)tiers_.wait(SlotKind::kParam, slot.param_handle);
+      }
+      for (int w = 0; w < slot.write_count; ++w) {
+        if (!slot.write_done[w]) (void)tiers_.wait(kStateKinds[w], slot.writes[w]);
+      }
+    }
+    slot.param_delivered = true;
+    slot.write_count = 0;
+    slot.state = SlotState::kFree;
   }
-  return true;
 }
 
-Status OptimizerPipeline::step(bool block, Target target, int unit) {
+Status OptimizerPipeline::run_step() {
   const auto ntiles = static_cast<std::int64_t>(tiles_.size());
-  while (!reached(target, unit)) {
+  while (done_ < ntiles) {
     bool progress = false;
     // 1. Deliveries and writes that finished.
     for (Slot& slot : slots_) {
       if (slot.state != SlotState::kWriting) continue;
       const bool delivered = slot.param_delivered;
       bool freed = false;
-      STRATA_TRY(reap(slot, false, false, &freed));
+      STRATA_TRY(reap(slot, false, &freed));
       progress = progress || freed || delivered != slot.param_delivered;
     }
-    if (reached(target, unit)) break;
     // 2. Reads into free stages, up to `depth` tiles ahead.
     while (next_read_ < ntiles && slot_of(next_read_).state == SlotState::kFree) {
       STRATA_TRY(issue_reads(slot_of(next_read_), next_read_, true));
@@ -313,28 +321,23 @@ Status OptimizerPipeline::step(bool block, Target target, int unit) {
       }
     }
     if (progress) continue;
-    if (!block) break;
-    // Nothing moved: block on what the target waits for first.
+    // Nothing moved: block on the next tile's reads, else on the oldest tile's writes.
     const auto start = std::chrono::steady_clock::now();
-    Slot* oldest = nullptr;       // the oldest tile still writing
-    Slot* undelivered = nullptr;  // the oldest whose parameters are not home yet
+    Slot* oldest = nullptr;
     for (Slot& slot : slots_) {
-      if (slot.state != SlotState::kWriting) continue;
-      if (oldest == nullptr || slot.tile < oldest->tile) oldest = &slot;
-      if (!slot.param_delivered && (undelivered == nullptr || slot.tile < undelivered->tile)) {
-        undelivered = &slot;
-      }
+      if (slot.state == SlotState::kWriting && (oldest == nullptr || slot.tile < oldest->tile))
+        oldest = &slot;
     }
-    if (target == Target::kParams && undelivered != nullptr &&
-        tiles_[static_cast<std::size_t>(undelivered->tile)].unit <= unit) {
-      bool freed = false;
-      STRATA_TRY(reap(*undelivered, true, false, &freed));
-    } else if (next_compute_ < next_read_) {
+    if (next_compute_ < next_read_) {
       bool done = false;
       STRATA_TRY(poll_reads(slot_of(next_compute_), true, &done));
-    } else if (oldest != nullptr) {
+    } else if (oldest != nullptr && (oldest->param_delivered || oldest->param_write)) {
       bool freed = false;
-      STRATA_TRY(reap(*oldest, true, true, &freed));
+      STRATA_TRY(reap(*oldest, true, &freed));
+    } else if (oldest != nullptr) {
+      // A device copy the trainer's thread has yet to make.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, kDeliveryPoll);
     } else {
       STRATA_ASSERT_MSG(false, "optimizer pipeline: nothing in flight but the step is not done");
     }
@@ -343,49 +346,39 @@ Status OptimizerPipeline::step(bool block, Target target, int unit) {
   return Status::ok();
 }
 
-void OptimizerPipeline::abort() {
-  for (Slot& slot : slots_) {
-    for (int a = 0; a < 4; ++a) {
-      if (slot.read_issued[a] && !slot.read_done[a])
-        (void)tiers_.wait(kStateKinds[a], slot.reads[a]);
-      slot.read_issued[a] = slot.read_done[a] = false;
+void OptimizerPipeline::worker_main() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return run_requested_ || stop_; });
+      if (stop_ && !run_requested_) return;
+      run_requested_ = false;
     }
-    if (slot.state == SlotState::kWriting) {
-      if (!slot.param_delivered) {
-        if (slot.param_write) {
-          (void)tiers_.wait(SlotKind::kParam, slot.param_handle);
-        } else {
-          (void)backend_.synchronize(slot.copied);
-        }
+    Status s = run_step();
+    if (!s.is_ok()) abort_io();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.is_ok()) {
+        error_ = s;
+        failed_.store(true);
       }
-      for (int w = 0; w < slot.write_count; ++w) {
-        if (!slot.write_done[w]) (void)tiers_.wait(kStateKinds[w], slot.writes[w]);
-      }
+      active_.store(false);
     }
-    slot.param_delivered = true;
-    slot.write_count = 0;
-    slot.state = SlotState::kFree;
+    cv_.notify_all();
   }
-  active_ = false;
-  failed_ = true;
-  preloaded_ = 0;
 }
 
-Status OptimizerPipeline::run(bool block, Target target, int unit) {
-  Status s = step(block, target, unit);
-  if (!s.is_ok()) abort();
-  return s;
-}
+// ---- the trainer's thread ------------------------------------------------------------------
 
 Status OptimizerPipeline::preload() {
-  if (active_ || preloaded_ > 0 || failed_) return Status::ok();
+  if (active_.load() || preloaded_ > 0 || failed_.load()) return Status::ok();
   const auto ntiles = static_cast<std::int64_t>(tiles_.size());
   for (std::int64_t t = 0; t < std::min(depth_, ntiles) && nvme_state(t); ++t) {
     Status s = issue_reads(slot_of(t), t, false);
     ++preloaded_;
     if (!s.is_ok()) {
       (void)cancel_preload();
-      failed_ = true;
+      failed_.store(true);
       return s;
     }
   }
@@ -393,6 +386,7 @@ Status OptimizerPipeline::preload() {
 }
 
 Status OptimizerPipeline::cancel_preload() {
+  STRATA_ASSERT(!active_.load());
   Status first;
   for (std::int64_t t = 0; t < preloaded_; ++t) {
     Slot& slot = slot_of(t);
@@ -409,44 +403,83 @@ Status OptimizerPipeline::cancel_preload() {
 }
 
 Status OptimizerPipeline::start(const PipelineStep& step) {
-  STRATA_ASSERT_MSG(!active_, "optimizer step started while the previous one runs");
-  if (failed_) return Status(ErrorCode::kIo, "an earlier optimizer step failed");
+  STRATA_ASSERT_MSG(!active_.load(), "optimizer step started while the previous one runs");
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
   step_ = step;
-  active_ = true;
   next_compute_ = done_ = 0;
-  std::fill(params_tiles_.begin(), params_tiles_.end(), 0);
-  std::fill(done_tiles_.begin(), done_tiles_.end(), 0);
+  for (auto& n : params_tiles_)
+    n.store(0);
+  for (auto& n : done_tiles_)
+    n.store(0);
   // Preloaded tiles only miss their gradient (final now).
   next_read_ = preloaded_;
   preloaded_ = 0;
   for (std::int64_t t = 0; t < next_read_; ++t) {
     Status s = issue_read(slot_of(t), 3);
     if (!s.is_ok()) {
-      abort();
+      abort_io();
+      failed_.store(true);
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = s;
       return s;
     }
   }
-  return pump();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.store(true);
+    run_requested_ = true;
+  }
+  cv_.notify_all();
+  return Status::ok();
+}
+
+Status OptimizerPipeline::deliver() {
+  for (Slot& slot : slots_) {
+    const int d = slot.delivery.load();
+    if (d == static_cast<int>(Delivery::kRequested)) {
+      STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, slot.copy_dst,
+                                     slot.copy_src, slot.copy_bytes));
+      STRATA_TRY(backend_.record(slot.copied, backend::StreamKind::kHostToDevice));
+      slot.delivery.store(static_cast<int>(Delivery::kIssued));
+    } else if (d == static_cast<int>(Delivery::kIssued) && backend_.query(slot.copied)) {
+      slot.delivery.store(static_cast<int>(Delivery::kDone));
+      cv_.notify_all();
+    }
+  }
+  return Status::ok();
+}
+
+template <typename Ready>
+Status OptimizerPipeline::wait_until(Ready ready) {
+  for (;;) {
+    STRATA_TRY(deliver());
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!error_.is_ok()) return error_;
+    if (ready()) return Status::ok();
+    // Woken by the worker's milestones; the timeout keeps device copies moving.
+    cv_.wait_for(lock, kDeliveryPoll);
+  }
 }
 
 Status OptimizerPipeline::pump() {
-  if (!active_) return Status::ok();
-  return run(false, Target::kNone, -1);
+  STRATA_TRY(deliver());
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
 }
 
 Status OptimizerPipeline::wait_params(int unit) {
-  if (params_ready(unit)) return Status::ok();
-  return run(true, Target::kParams, unit);
+  return wait_until([&] { return params_ready(unit); });
 }
 
 Status OptimizerPipeline::wait_unit(int unit) {
-  if (unit_done(unit)) return Status::ok();
-  return run(true, Target::kDone, unit);
+  return wait_until([&] { return unit_done(unit); });
 }
 
 Status OptimizerPipeline::finish() {
-  if (!active_) return Status::ok();
-  return run(true, Target::kAll, -1);
+  return wait_until([&] { return !active_.load(); });
 }
 
 }  // namespace strata::optim

@@ -354,16 +354,16 @@ void* TierManager::device_param(int unit) const {
 Result<io::SwapHandle> TierManager::read_tile(SlotKind kind, int unit, std::int64_t tile,
                                               void* buffer, io::Priority priority) {
   const io::Extent& e = extents_[extent_index(kind, unit, tile)];
-  counters_.read_bytes[static_cast<int>(kind)] += e.length_bytes;
-  ++counters_.reads;
+  read_bytes_[static_cast<int>(kind)] += e.length_bytes;
+  ++reads_;
   return space_of(kind).read(e, buffer, priority);
 }
 
 Result<io::SwapHandle> TierManager::write_tile(SlotKind kind, int unit, std::int64_t tile,
                                                const void* buffer, io::Priority priority) {
   const io::Extent& e = extents_[extent_index(kind, unit, tile)];
-  counters_.write_bytes[static_cast<int>(kind)] += e.length_bytes;
-  ++counters_.writes;
+  write_bytes_[static_cast<int>(kind)] += e.length_bytes;
+  ++writes_;
   return space_of(kind).write(e, buffer, priority);
 }
 
@@ -487,6 +487,17 @@ void* TierManager::grad_frame_copy(int size_class, int i) const {
   float* f = grad_frame(size_class, i);
   if (plan_.storage_bytes == 4) return f;
   return f + plan_.classes[static_cast<std::size_t>(size_class)].numel;
+}
+
+IoCounters TierManager::io_counters() const {
+  IoCounters c;
+  for (int k = 0; k < kSlotKinds; ++k) {
+    c.read_bytes[k] = read_bytes_[k].load();
+    c.write_bytes[k] = write_bytes_[k].load();
+  }
+  c.reads = reads_.load();
+  c.writes = writes_.load();
+  return c;
 }
 
 TierUsage TierManager::usage() const {

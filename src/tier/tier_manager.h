@@ -13,9 +13,12 @@
 // the backend, the NVMe budget here). Before anything is created, each nvme_path is checked:
 // it must exist, be a writable directory and have room for the swap files (errors name the key).
 //
-// Called from the trainer's thread only, like the backend.
+// Called from the trainer's thread, except read_tile / write_tile / wait / poll and the host
+// pointers, which the optimizer pipeline's worker thread uses too (the I/O engine and the swap
+// space are thread-safe; each operation belongs to the thread that started it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -123,7 +126,8 @@ class TierManager {
 
   // ---- accounting -----------------------------------------------------------------------------
   TierUsage usage() const;
-  const IoCounters& io_counters() const { return counters_; }
+  // Bytes moved so far (a snapshot; the optimizer's worker thread adds to them).
+  IoCounters io_counters() const;
   io::IoEngine* engine() const { return engine_.get(); }
   // The nvme_path folders in use (empty without NVMe).
   std::vector<std::string> swap_dirs() const;
@@ -160,7 +164,10 @@ class TierManager {
   int space_of_kind_[kSlotKinds] = {0, 1, 1, 1, 1};
   std::vector<io::Extent> extents_;       // [kind][unit][tile], flattened
   std::vector<std::size_t> extent_base_;  // per kind * units + unit: first tile's index
-  IoCounters counters_;
+  std::atomic<std::uint64_t> read_bytes_[kSlotKinds] = {};
+  std::atomic<std::uint64_t> write_bytes_[kSlotKinds] = {};
+  std::atomic<std::uint64_t> reads_{0};
+  std::atomic<std::uint64_t> writes_{0};
 };
 
 }  // namespace strata::tier

@@ -75,6 +75,7 @@ class Trainer {
   const model::ModelLayout& layout() const { return layout_; }
   const TrainerCounters& counters() const { return counters_; }
   TrainState& state() { return *state_; }
+  optim::AdamOptimizer& adam() { return *adam_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
   // The JSON summary line `run` writes at the end.
