@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/thread_priority.h"
+
 namespace strata::optim {
 namespace {
 
@@ -26,6 +28,8 @@ constexpr SlotKind kStateKinds[4] = {SlotKind::kMaster, SlotKind::kExpAvg, SlotK
 // How long the worker sleeps between looks at a device copy it handed over (the trainer's thread
 // completes those when it comes by).
 constexpr auto kDeliveryPoll = std::chrono::microseconds(200);
+// How long the worker waits before it looks again at several reads and writes in flight.
+constexpr auto kIoPoll = std::chrono::microseconds(100);
 
 }  // namespace
 
@@ -64,6 +68,7 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(tier::TierM
   for (Slot& s : p->slots_) {
     STRATA_ASSIGN_OR_RETURN(s.copied, tiers.backend().create_event());
   }
+  ServiceThreadPriority service;  // above busy compute threads under chrt
   p->worker_ = std::thread([raw = p.get()] { raw->worker_main(); });
   return p;
 }
@@ -123,9 +128,10 @@ Status OptimizerPipeline::poll_reads(Slot& slot, bool block, bool* done) {
   Status first;
   for (int a = 0; a < 4; ++a) {
     if (!slot.read_issued[a] || slot.read_done[a]) continue;
-    std::optional<Status> r = (block || !first.is_ok())
-                                  ? std::optional<Status>(tiers_.wait(kStateKinds[a], slot.reads[a]))
-                                  : tiers_.poll(kStateKinds[a], slot.reads[a]);
+    std::optional<Status> r =
+        (block || !first.is_ok())
+            ? std::optional<Status>(tiers_.wait(kStateKinds[a], slot.reads[a]))
+            : tiers_.poll(kStateKinds[a], slot.reads[a]);
     if (!r.has_value()) continue;
     slot.read_done[a] = true;
     if (!r->is_ok() && first.is_ok()) {
@@ -156,8 +162,8 @@ Status OptimizerPipeline::compute(Slot& slot) {
   const bool nvme = up.optim_home == Tier::kNvme;
   Trace* trace = tiers_.trace();
   if (trace && nvme) {
-    trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(),
-               t.unit, u64(n) * 16);
+    trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(), t.unit,
+               u64(n) * 16);
   }
   float* arrays[4];
   for (int a = 0; a < 4; ++a)
@@ -206,8 +212,9 @@ Status OptimizerPipeline::compute(Slot& slot) {
   if (slot.param_delivered) ++params_tiles_[static_cast<std::size_t>(t.unit)];
   if (nvme) {
     for (int a = 0; a < 3; ++a) {
-      STRATA_ASSIGN_OR_RETURN(slot.writes[a], tiers_.write_tile(kStateKinds[a], t.unit, t.index,
-                                                                arrays[a], io::Priority::kPrefetch));
+      STRATA_ASSIGN_OR_RETURN(
+          slot.writes[a],
+          tiers_.write_tile(kStateKinds[a], t.unit, t.index, arrays[a], io::Priority::kPrefetch));
       slot.write_done[a] = false;
       slot.write_count = a + 1;
     }
@@ -221,9 +228,9 @@ Status OptimizerPipeline::reap(Slot& slot, bool block, bool* freed) {
   Status first;
   if (!slot.param_delivered) {
     if (slot.param_write) {
-      std::optional<Status> r = block ? std::optional<Status>(
-                                            tiers_.wait(SlotKind::kParam, slot.param_handle))
-                                      : tiers_.poll(SlotKind::kParam, slot.param_handle);
+      std::optional<Status> r =
+          block ? std::optional<Status>(tiers_.wait(SlotKind::kParam, slot.param_handle))
+                : tiers_.poll(SlotKind::kParam, slot.param_handle);
       if (r.has_value()) {
         slot.param_delivered = true;
         first = *r;
@@ -240,8 +247,9 @@ Status OptimizerPipeline::reap(Slot& slot, bool block, bool* freed) {
   for (int w = 0; w < slot.write_count; ++w) {
     if (slot.write_done[w]) continue;
     std::optional<Status> r =
-        (block || !first.is_ok()) ? std::optional<Status>(tiers_.wait(kStateKinds[w], slot.writes[w]))
-                                  : tiers_.poll(kStateKinds[w], slot.writes[w]);
+        (block || !first.is_ok())
+            ? std::optional<Status>(tiers_.wait(kStateKinds[w], slot.writes[w]))
+            : tiers_.poll(kStateKinds[w], slot.writes[w]);
     if (!r.has_value()) continue;
     slot.write_done[w] = true;
     if (!r->is_ok() && first.is_ok()) first = *r;
@@ -321,25 +329,32 @@ Status OptimizerPipeline::run_step() {
       }
     }
     if (progress) continue;
-    // Nothing moved: block on the next tile's reads, else on the oldest tile's writes.
+    // Nothing moved. With one thing in flight, block on it. With several (the next tile's
+    // reads and earlier tiles' writes), any of them may finish first, and each matters at once:
+    // a finished parameter write is a milestone the next forward waits for, a freed stage lets
+    // the next read start. So look again shortly instead of blocking on one of them.
     const auto start = std::chrono::steady_clock::now();
     Slot* oldest = nullptr;
+    int writing = 0;
     for (Slot& slot : slots_) {
-      if (slot.state == SlotState::kWriting && (oldest == nullptr || slot.tile < oldest->tile))
-        oldest = &slot;
+      if (slot.state != SlotState::kWriting) continue;
+      ++writing;
+      if (oldest == nullptr || slot.tile < oldest->tile) oldest = &slot;
     }
-    if (next_compute_ < next_read_) {
+    const bool reading = next_compute_ < next_read_;
+    STRATA_ASSERT_MSG(reading || writing > 0,
+                      "optimizer pipeline: nothing in flight but the step is not done");
+    if (reading && writing == 0) {
       bool done = false;
       STRATA_TRY(poll_reads(slot_of(next_compute_), true, &done));
-    } else if (oldest != nullptr && (oldest->param_delivered || oldest->param_write)) {
+    } else if (!reading && writing == 1 && (oldest->param_delivered || oldest->param_write)) {
       bool freed = false;
       STRATA_TRY(reap(*oldest, true, &freed));
-    } else if (oldest != nullptr) {
-      // A device copy the trainer's thread has yet to make.
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, kDeliveryPoll);
     } else {
-      STRATA_ASSERT_MSG(false, "optimizer pipeline: nothing in flight but the step is not done");
+      // Several operations in flight, or a device copy the trainer's thread has yet to make
+      // (its completion notifies cv_).
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, kIoPoll);
     }
     times_.wait_ms += ms_since(start);
   }

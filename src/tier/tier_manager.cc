@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/thread_priority.h"
 #include "common/units.h"
 #include "io/probe.h"
 #include "kernels/cpu/cast.h"
@@ -241,10 +242,14 @@ Status TierManager::create_swap(const config::Config& config, const TierOptions&
   const config::ZeroConfig& z = config.zero_optimization;
   io::EngineOptions eo = io::engine_options_from_config(config.aio);
   eo.requests_max = 4 * kSwapOperationsMax + 64;
-  if (options.engine_factory) {
-    STRATA_ASSIGN_OR_RETURN(engine_, options.engine_factory(eo));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(engine_, io::make_engine(eo));
+  {
+    // The engine's threads reap completions: above busy compute threads under chrt.
+    ServiceThreadPriority service;
+    if (options.engine_factory) {
+      STRATA_ASSIGN_OR_RETURN(engine_, options.engine_factory(eo));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(engine_, io::make_engine(eo));
+    }
   }
   const bool shared = z.offload_param.nvme_path == z.offload_optimizer.nvme_path;
   if (shared) space_of_kind_[0] = 1;
