@@ -41,6 +41,7 @@ struct BenchOffloadOptions {
   std::string precision = "bf16";
   int threads = 0;
   std::uint64_t sub_group_size = 0;
+  double lr = 1e-4;
   std::string device_bytes = "16GiB";
   std::string host_bytes;
   bool checkpointing = false;
@@ -89,7 +90,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
   }
   const std::string text = fmt::format(
       R"({{{} "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
-          "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}},
+          "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": {}}}}},
           "zero_optimization": {{"stage": 3{},
             "offload_param": {{"device": "{}", "nvme_path": "{}", "max_in_cpu": 0}},
             "offload_optimizer": {{"device": "{}", "nvme_path": "{}"}}}},
@@ -97,7 +98,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
                       "device_bytes_max": "{}"{},
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": 4}}}}}})",
-      precision_keys, o.batch,
+      precision_keys, o.batch, o.lr,
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
@@ -177,7 +178,7 @@ Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffl
   train::TrainState& state = trainer->state();
   tier::TierManager& tiers = state.tiers();
   optim::PipelineStep step;
-  step.lr = 1e-4;
+  step.lr = o.lr;
   step.step = 2;
   OptimizerRun run;
   for (int r = 0; r < o.repeat; ++r) {
@@ -224,6 +225,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
   j["batch"] = Json::Int64(o.batch);
   j["seq_len"] = Json::Int64(o.seq_len);
   j["precision"] = o.precision;
+  j["lr"] = o.lr;
   j["steps"] = o.steps;
   j["repeat"] = o.repeat;
 
@@ -365,6 +367,9 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sub-group-size", o->sub_group_size,
                   "Optimizer tile in elements (0 = the config default)");
+  cmd->add_option("--lr", o->lr, "AdamW learning rate (constant)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--device-bytes", o->device_bytes, "Device budget")->capture_default_str();
   cmd->add_option("--host-bytes", o->host_bytes, "Host budget (default: 80% of free memory)");
   cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");

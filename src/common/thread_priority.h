@@ -7,7 +7,7 @@
 // the calling thread runs one real-time priority level higher, so threads it creates then start
 // there (threads inherit their creator's policy; io_uring's kernel io-wq workers inherit from the
 // thread that first submits). Its destructor restores the caller's level. With an ordinary policy,
-// at the highest level, or without permission it does nothing. Measured effect: docs/tier.md.
+// at the highest level, or without permission it does nothing. Measured effect: docs/tiers.md.
 #pragma once
 
 namespace strata {
