@@ -42,6 +42,7 @@ struct BenchOffloadOptions {
   int threads = 0;
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
+  std::int64_t data_vocab = 0;
   std::string device_bytes = "16GiB";
   std::string host_bytes;
   bool checkpointing = false;
@@ -102,7 +103,9 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
-      o.seq_len, std::min<std::int64_t>(shape.vocab_size, 1 << 20));
+      o.seq_len,
+      o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
+                       : std::min<std::int64_t>(shape.vocab_size, 1 << 20));
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
                           config::load_config_text(text, "bench offload", {}));
   config::Config config = loaded.config;
@@ -226,6 +229,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
   j["seq_len"] = Json::Int64(o.seq_len);
   j["precision"] = o.precision;
   j["lr"] = o.lr;
+  j["data_vocab"] = Json::Int64(o.data_vocab);
   j["steps"] = o.steps;
   j["repeat"] = o.repeat;
 
@@ -370,6 +374,9 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
   cmd->add_option("--lr", o->lr, "AdamW learning rate (constant)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--data-vocab", o->data_vocab,
+                  "Tokens the synthetic source uses (0 = the model's vocabulary, at most 2^20)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device-bytes", o->device_bytes, "Device budget")->capture_default_str();
   cmd->add_option("--host-bytes", o->host_bytes, "Host budget (default: 80% of free memory)");
   cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");
