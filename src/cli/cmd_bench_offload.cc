@@ -43,6 +43,7 @@ struct BenchOffloadOptions {
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
   std::int64_t data_vocab = 0;
+  std::int64_t data_branching = 4;
   std::string device_bytes = "16GiB";
   std::string host_bytes;
   bool checkpointing = false;
@@ -98,14 +99,15 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
           "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
                       "device_bytes_max": "{}"{},
                       "data": {{"source": "synthetic", "seq_len": {},
-                                "synthetic_vocab_size": {}, "synthetic_branching": 4}}}}}})",
+                                "synthetic_vocab_size": {}, "synthetic_branching": {}}}}}}})",
       precision_keys, o.batch, o.lr,
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
       o.seq_len,
       o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
-                       : std::min<std::int64_t>(shape.vocab_size, 1 << 20));
+                       : std::min<std::int64_t>(shape.vocab_size, 1 << 20),
+      std::min(o.data_branching, o.data_vocab > 0 ? o.data_vocab : shape.vocab_size));
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
                           config::load_config_text(text, "bench offload", {}));
   config::Config config = loaded.config;
@@ -230,6 +232,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
   j["precision"] = o.precision;
   j["lr"] = o.lr;
   j["data_vocab"] = Json::Int64(o.data_vocab);
+  j["data_branching"] = Json::Int64(o.data_branching);
   j["steps"] = o.steps;
   j["repeat"] = o.repeat;
 
@@ -377,6 +380,10 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
   cmd->add_option("--data-vocab", o->data_vocab,
                   "Tokens the synthetic source uses (0 = the model's vocabulary, at most 2^20)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--data-branching", o->data_branching,
+                  "Successors per token of the synthetic source (at most --data-vocab)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--device-bytes", o->device_bytes, "Device budget")->capture_default_str();
   cmd->add_option("--host-bytes", o->host_bytes, "Host budget (default: 80% of free memory)");
   cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");
