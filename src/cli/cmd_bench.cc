@@ -10,6 +10,7 @@ void register_bench(CLI::App& root, Registry& registry) {
   register_bench_adam(bench, registry);
   register_bench_step(bench, registry);
   register_bench_comm(bench, registry);
+  register_bench_offload(bench, registry);
 }
 
 }  // namespace strata::cli

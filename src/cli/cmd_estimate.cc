@@ -148,11 +148,12 @@ Status run(const EstimateOptions& o, bool* all_fit) {
     STRATA_ASSIGN_OR_RETURN(input.shape, model::shape_of(model));
     input.params = model::total_params(input.shape);
   }
-  tier::Estimate estimate = tier::estimate(c, input);
 
   std::vector<tier::Budget> budgets;
   STRATA_ASSIGN_OR_RETURN(std::uint64_t device,
                           budget_of("--device-bytes", o.device_bytes, c.strata.device_bytes_max));
+  input.device_budget_bytes = device;
+  tier::Estimate estimate = tier::estimate(c, input);
   STRATA_ASSIGN_OR_RETURN(std::uint64_t host,
                           budget_of("--host-bytes", o.host_bytes, c.strata.host_bytes_max));
   STRATA_ASSIGN_OR_RETURN(std::uint64_t nvme,

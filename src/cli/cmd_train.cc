@@ -1,5 +1,6 @@
-// `strata train --config FILE [--set KEY.PATH=VALUE ...]`: trains a model as the config says and
-// prints the summary as one JSON line on stdout (start-up notes and progress go to stderr).
+// `strata train --config FILE [--set KEY.PATH=VALUE ...] [--trace FILE]`: trains a model as the
+// config says and prints the summary as one JSON line on stdout (start-up notes and progress go to
+// stderr).
 #include <unistd.h>
 
 #include <cstdio>
@@ -16,6 +17,7 @@ struct TrainOptions {
   std::string config;
   std::vector<std::string> overrides;
   bool quiet = false;
+  std::string trace;
 };
 
 int run_train(const TrainOptions& options) {
@@ -29,7 +31,9 @@ int run_train(const TrainOptions& options) {
                                            "is not built yet; run one process",
                                            load.world_size)));
   }
-  auto loaded = config::load_config_file(options.config, options.overrides, load);
+  std::vector<std::string> overrides = options.overrides;
+  if (!options.trace.empty()) overrides.push_back("strata.trace_file=" + options.trace);
+  auto loaded = config::load_config_file(options.config, overrides, load);
   if (!loaded.is_ok()) return report_error(loaded.status());
   if (!options.quiet) {
     for (const config::Note& note : loaded->notes) {
@@ -66,6 +70,9 @@ void register_train(CLI::App& root, Registry& registry) {
       ->required();
   add_set_option(train, &options->overrides);
   train->add_flag("--quiet,-q", options->quiet, "No start-up notes or progress on stderr");
+  train->add_option("--trace", options->trace,
+                    "Write a Chrome/Perfetto trace (compute, copies, NVMe, Adam) to this file "
+                    "(same as --set strata.trace_file=FILE)");
   registry.add(train, [options] { return run_train(*options); });
 }
 

@@ -49,5 +49,6 @@ void register_bench_io(CLI::App* bench, Registry& registry);
 void register_bench_adam(CLI::App* bench, Registry& registry);
 void register_bench_step(CLI::App* bench, Registry& registry);
 void register_bench_comm(CLI::App* bench, Registry& registry);
+void register_bench_offload(CLI::App* bench, Registry& registry);
 
 }  // namespace strata::cli

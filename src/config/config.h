@@ -188,6 +188,9 @@ struct StrataConfig {
   bool nvme_checksum = true;  // verify every NVMe tile with xxHash3 on read
   // Seconds a collective may wait without progress before the run fails naming the silent rank.
   double comm_timeout_s = 300.0;
+  // Let the optimizer step stream its tiles while the next step's forward runs (each unit's
+  // forward waits for its own update); false finishes the optimizer before the step returns.
+  bool overlap_optimizer = true;
   ModelConfig model;
   DataConfig data;
 };

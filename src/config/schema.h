@@ -259,6 +259,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.integer("log_every_steps", c.log_every_steps, 1, kIntMax);
   v.boolean("nvme_checksum", c.nvme_checksum);
   v.real("comm_timeout_s", c.comm_timeout_s, 0.0, 86400.0, true);
+  v.boolean("overlap_optimizer", c.overlap_optimizer);
   v.section("model", c.model);
   v.section("data", c.data);
 }

@@ -102,6 +102,14 @@ Result<ModelShape> read_hf_spec(const std::string& path) {
 Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
                        const std::vector<float*>& units) {
   STRATA_ASSERT(units.size() == layout.units.size());
+  return load_hf_weights(
+      dir, layout, [&units](int u) { return units[static_cast<std::size_t>(u)]; },
+      [](int) { return Status::ok(); });
+}
+
+Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
+                       const std::function<float*(int unit)>& target,
+                       const std::function<Status(int unit)>& done) {
   std::map<std::string, int> owner;
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> paths, shard_files(dir, &owner));
   std::vector<SafetensorsFile> files;
@@ -124,7 +132,8 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
   std::set<std::string> used;
   for (std::size_t u = 0; u < layout.units.size(); ++u) {
     const UnitLayout& unit = layout.units[u];
-    std::fill(units[u], units[u] + unit.padded_numel, 0.0f);
+    float* dst = target(static_cast<int>(u));
+    std::fill(dst, dst + unit.padded_numel, 0.0f);
     for (const TensorSlot& slot : unit.tensors) {
       const std::string name = alias_in(where, slot.name);
       auto it = where.find(name);
@@ -134,9 +143,10 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
             fmt::format("the model has no tensor '{}' (needed by unit {})", slot.name, unit.name),
             dir);
       }
-      STRATA_TRY(files[it->second].read_f32(name, slot.shape, units[u] + slot.offset));
+      STRATA_TRY(files[it->second].read_f32(name, slot.shape, dst + slot.offset));
       used.insert(name);
     }
+    STRATA_TRY(done(static_cast<int>(u)));
   }
   for (const auto& [name, file] : where) {
     if (!used.count(name) && !ignorable(name, layout)) {
@@ -153,6 +163,15 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
 Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
                      const std::vector<const float*>& units, kernels::DType dtype) {
   STRATA_ASSERT(units.size() == layout.units.size());
+  return save_hf_model(
+      dir, spec, layout,
+      [&units](int u) -> Result<const float*> { return units[static_cast<std::size_t>(u)]; },
+      dtype);
+}
+
+Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
+                     const std::function<Result<const float*>(int unit)>& unit_data,
+                     kernels::DType dtype) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status(ErrorCode::kIo, "cannot create the directory: " + ec.message(), dir);
@@ -167,21 +186,29 @@ Status save_hf_model(const std::string& dir, const ModelShape& spec, const Model
   } else {
     STRATA_ASSERT(dtype == kernels::DType::kF32);
   }
-  std::vector<std::vector<std::uint16_t>> converted;
+  // Each tensor is streamed from its unit (converted in chunks for 16-bit files), so the model
+  // never has to be in memory all at once.
+  constexpr std::int64_t kChunk = 1 << 20;
+  std::vector<std::uint16_t> chunk(st == StDType::kF32 ? 0 : static_cast<std::size_t>(kChunk));
   std::vector<StTensorToWrite> tensors;
+  std::vector<StProduceFn> producers;
   for (std::size_t u = 0; u < layout.units.size(); ++u) {
     for (const TensorSlot& slot : layout.units[u].tensors) {
-      const float* src = units[u] + slot.offset;
-      StTensorToWrite t{slot.name, st, slot.shape, src};
-      if (st != StDType::kF32) {
-        converted.emplace_back(static_cast<std::size_t>(slot.numel));
-        kernels::cast_array(converted.back().data(), dtype, src, kernels::DType::kF32, slot.numel);
-        t.data = converted.back().data();
-      }
-      tensors.push_back(std::move(t));
+      tensors.push_back(StTensorToWrite{slot.name, st, slot.shape, nullptr});
+      producers.push_back([&, u, slot](const StWriteFn& write) -> Status {
+        STRATA_ASSIGN_OR_RETURN(const float* data, unit_data(static_cast<int>(u)));
+        const float* src = data + slot.offset;
+        if (st == StDType::kF32) return write(src, static_cast<std::uint64_t>(slot.numel) * 4);
+        for (std::int64_t at = 0; at < slot.numel; at += kChunk) {
+          const std::int64_t n = std::min(kChunk, slot.numel - at);
+          kernels::cast_array(chunk.data(), dtype, src + at, kernels::DType::kF32, n);
+          STRATA_TRY(write(chunk.data(), static_cast<std::uint64_t>(n) * 2));
+        }
+        return Status::ok();
+      });
     }
   }
-  STRATA_TRY(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  STRATA_TRY(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}, producers));
   const std::string config = hf_config_json(spec, torch_dtype);
   const std::string tmp = dir + "/config.json.tmp";
   {

@@ -3,6 +3,7 @@
 // (model/layout.h); saving writes a directory that `transformers` loads unchanged.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,21 @@ Result<ModelShape> read_hf_spec(const std::string& path);
 Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
                        const std::vector<float*>& units);
 
+// The same, one unit at a time (for state that is not all in memory): `target(u)` gives where
+// unit u's padded_numel floats go, `done(u)` is called once they are there.
+Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
+                       const std::function<float*(int unit)>& target,
+                       const std::function<Status(int unit)>& done);
+
 // Writes `dir`/config.json and `dir`/model.safetensors (tensors in `dtype`: f32, bf16 or f16),
 // creating `dir` if needed.
 Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
                      const std::vector<const float*>& units, kernels::DType dtype);
+
+// The same, reading each unit's fp32 parameters through `unit_data(u)` when its tensors are
+// written (units in order; the pointer is used before the next call).
+Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
+                     const std::function<Result<const float*>(int unit)>& unit_data,
+                     kernels::DType dtype);
 
 }  // namespace strata::model

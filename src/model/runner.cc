@@ -10,12 +10,52 @@
 namespace strata::model {
 
 template <typename T>
-ModelRunner<T>::ModelRunner(backend::Backend& backend, const ModelShape& spec,
+ModelRunner<T>::ModelRunner(backend::Backend* backend, const ModelShape& spec,
                             const ModelLayout& layout, const RunnerOptions& options)
-    : backend_(backend), ops_(*backend.ops<T>()), spec_(spec), layout_(layout), options_(options) {}
+    : backend_(backend),
+      ops_(backend != nullptr ? backend->ops<T>() : nullptr),
+      spec_(spec),
+      layout_(layout),
+      options_(options) {}
 
 template <typename T>
-ModelRunner<T>::~ModelRunner() = default;
+ModelRunner<T>::~ModelRunner() {
+  for (backend::Event& e : events_) {
+    if (e.valid()) backend_->destroy_event(e);
+  }
+}
+
+template <typename T>
+T* ModelRunner<T>::block_input(int layer) {
+  return options_.activation_offload ? residual_[static_cast<std::size_t>(layer % 2)]
+                                     : residual_[static_cast<std::size_t>(layer)];
+}
+
+template <typename T>
+Status ModelRunner<T>::save_checkpoint(int layer) {
+  // The block's output buffer held the input of block layer - 1: its trip to the host must be
+  // over before this block overwrites it.
+  const std::uint64_t bytes = static_cast<std::uint64_t>(rows_ * spec_.hidden_size) * sizeof(T);
+  if (layer >= 1) STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, saved(1 - layer % 2)));
+  STRATA_TRY(backend_->record(computed(), backend::StreamKind::kCompute));
+  STRATA_TRY(backend_->wait(backend::StreamKind::kDeviceToHost, computed()));
+  STRATA_TRY(backend_->copy_async(backend::StreamKind::kDeviceToHost,
+                                  host_checkpoints_[static_cast<std::size_t>(layer)],
+                                  block_input(layer), bytes));
+  return backend_->record(saved(layer % 2), backend::StreamKind::kDeviceToHost);
+}
+
+template <typename T>
+Status ModelRunner<T>::load_checkpoint(int layer) {
+  // Into the buffer that held the input of block layer + 2, which backward no longer needs.
+  const std::uint64_t bytes = static_cast<std::uint64_t>(rows_ * spec_.hidden_size) * sizeof(T);
+  STRATA_TRY(backend_->record(computed(), backend::StreamKind::kCompute));
+  STRATA_TRY(backend_->wait(backend::StreamKind::kHostToDevice, computed()));
+  STRATA_TRY(backend_->wait(backend::StreamKind::kHostToDevice, saved(layer % 2)));
+  STRATA_TRY(backend_->copy_async(backend::StreamKind::kHostToDevice, block_input(layer),
+                                  host_checkpoints_[static_cast<std::size_t>(layer)], bytes));
+  return backend_->record(loaded(layer % 2), backend::StreamKind::kHostToDevice);
+}
 
 template <typename T>
 Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend& backend,
@@ -43,17 +83,45 @@ Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend&
                               "attention only for sequences of at most {} tokens",
                               options.seq_len, spec.attention_window, spec.attention_window));
   }
-  std::unique_ptr<ModelRunner> runner(new ModelRunner(backend, spec, layout, options));
+  if (options.activation_offload && !options.activation_checkpointing) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "activation_offload keeps activation checkpoints on the host, so it needs "
+                  "activation_checkpointing");
+  }
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(&backend, spec, layout, options));
   STRATA_TRY(runner->allocate());
   return runner;
+}
+
+template <typename T>
+RunnerMemory ModelRunner<T>::memory_needed(const ModelShape& spec, const RunnerOptions& options) {
+  ModelRunner sizing(nullptr, spec, ModelLayout{}, options);
+  sizing.sizing_ = true;
+  Status s = sizing.allocate();
+  STRATA_ASSERT(s.is_ok());
+  return RunnerMemory{sizing.device_bytes_, sizing.host_bytes_};
+}
+
+template <typename T>
+Result<T*> ModelRunner<T>::alloc_host(std::int64_t elements, const char* purpose) {
+  const std::uint64_t bytes =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(elements, 1)) * sizeof(T);
+  host_bytes_ += align_up(bytes, 4096);
+  if (sizing_) return reinterpret_cast<T*>(alignof(T));
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer buffer, backend_->allocate_pinned(bytes, purpose));
+  T* p = buffer.template as<T>();
+  buffers_.push_back(std::move(buffer));
+  return p;
 }
 
 template <typename T>
 Result<T*> ModelRunner<T>::alloc(std::int64_t elements, const char* purpose) {
   const std::uint64_t bytes =
       static_cast<std::uint64_t>(std::max<std::int64_t>(elements, 1)) * sizeof(T);
-  STRATA_ASSIGN_OR_RETURN(backend::Buffer buffer, backend_.allocate_device(bytes, purpose, 256));
-  device_bytes_ += bytes;
+  // What the arena counts: 256-byte granules.
+  device_bytes_ += align_up(bytes, 256);
+  if (sizing_) return reinterpret_cast<T*>(alignof(T));
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer buffer, backend_->allocate_device(bytes, purpose, 256));
   T* p = buffer.template as<T>();
   buffers_.push_back(std::move(buffer));
   return p;
@@ -66,7 +134,7 @@ Status ModelRunner<T>::allocate() {
   const std::int64_t hd = spec_.num_heads * spec_.head_dim;
   const std::int64_t layers = spec_.num_layers;
   rows_ = n;
-  ctx_.ops = &ops_;
+  ctx_.ops = ops_;
   ctx_.spec = &spec_;
   ctx_.rows = n;
   ctx_.batch = b;
@@ -78,9 +146,18 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(T * tokens, alloc((2 * n * 4 + sizeof(T) - 1) / sizeof(T), "token ids"));
   inputs_ = reinterpret_cast<std::int32_t*>(tokens);
   targets_ = inputs_ + n;
-  for (std::int64_t l = 0; l <= layers; ++l) {
+  // The residual stream: every block's input on the device (they are the activation
+  // checkpoints), or, with activation_offload, two device buffers that blocks alternate between
+  // and every block's input in pinned host memory.
+  const std::int64_t device_residuals = options_.activation_offload ? 2 : layers + 1;
+  for (std::int64_t l = 0; l < device_residuals; ++l) {
     STRATA_ASSIGN_OR_RETURN(T * r, alloc(n * c, "residual stream"));
     residual_.push_back(r);
+  }
+  if (options_.activation_offload) {
+    STRATA_ASSIGN_OR_RETURN(T * h, alloc_host(layers * n * c, "activation checkpoints (host)"));
+    for (std::int64_t l = 0; l < layers; ++l)
+      host_checkpoints_.push_back(h + l * n * c);
   }
   const std::int64_t saved_sets = options_.activation_checkpointing ? 1 : layers;
   for (std::int64_t l = 0; l < saved_sets; ++l) {
@@ -115,16 +192,23 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(losses_, alloc(n, "token losses"));
   if (spec_.family == Family::kLlama) {
     const std::int64_t half = spec_.head_dim / 2;
-    std::vector<T> cos(static_cast<std::size_t>(t * half)), sin(cos.size());
-    kernels::rope_tables(cos.data(), sin.data(), t, spec_.head_dim, spec_.rope_theta);
+    std::vector<T> cos(sizing_ ? 0 : static_cast<std::size_t>(t * half)), sin(cos.size());
+    if (!sizing_) kernels::rope_tables(cos.data(), sin.data(), t, spec_.head_dim, spec_.rope_theta);
     STRATA_ASSIGN_OR_RETURN(T * dcos, alloc(t * half, "rotary tables"));
     STRATA_ASSIGN_OR_RETURN(T * dsin, alloc(t * half, "rotary tables"));
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, dcos, cos.data(),
-                                   cos.size() * sizeof(T)));
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, dsin, sin.data(),
-                                   sin.size() * sizeof(T)));
+    if (!sizing_) {
+      STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, dcos, cos.data(),
+                                      cos.size() * sizeof(T)));
+      STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, dsin, sin.data(),
+                                      cos.size() * sizeof(T)));
+    }
     ctx_.rope_cos = dcos;
     ctx_.rope_sin = dsin;
+  }
+  if (options_.activation_offload && !sizing_) {
+    for (backend::Event& e : events_) {
+      STRATA_ASSIGN_OR_RETURN(e, backend_->create_event());
+    }
   }
   return Status::ok();
 }
@@ -147,27 +231,33 @@ Status ModelRunner<T>::set_batch(const std::int32_t* inputs, const std::int32_t*
       }
     }
   }
-  STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, inputs_, inputs,
-                                 static_cast<std::uint64_t>(rows_) * 4));
-  return backend_.copy_async(backend::StreamKind::kCompute, targets_, targets,
-                             static_cast<std::uint64_t>(rows_) * 4);
+  STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, inputs_, inputs,
+                                  static_cast<std::uint64_t>(rows_) * 4));
+  return backend_->copy_async(backend::StreamKind::kCompute, targets_, targets,
+                              static_cast<std::uint64_t>(rows_) * 4);
 }
 
 template <typename T>
-Status ModelRunner<T>::forward_blocks(UnitStore<T>& store) {
+Status ModelRunner<T>::forward_blocks(UnitStore<T>& store, bool training) {
   const std::int64_t n = rows_, c = spec_.hidden_size;
   const int emb = layout_.embedding_unit();
   STRATA_ASSIGN_OR_RETURN(const T* ew, store.acquire_params(emb));
   const UnitLayout& eu = layout_.units[static_cast<std::size_t>(emb)];
   const T* wpe = spec_.family == Family::kGpt2 ? ew + eu.tensors[gpt2::kWpe].offset : nullptr;
-  ops_.embedding_forward(residual_[0], inputs_, ew + eu.tensors[0].offset, wpe, n, options_.seq_len,
-                         c);
+  if (options_.activation_offload && !training) {
+    // An evaluation after training: the output buffer may still be on its way to the host.
+    STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, saved(0)));
+    STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, saved(1)));
+  }
+  ops_->embedding_forward(block_input(0), inputs_, ew + eu.tensors[0].offset, wpe, n,
+                          options_.seq_len, c);
   store.release_params(emb);
   for (int l = 0; l < spec_.num_layers; ++l) {
     const int u = layout_.block_unit(l);
     STRATA_ASSIGN_OR_RETURN(const T* w, store.acquire_params(u));
-    block_forward(ctx_, layout_.units[static_cast<std::size_t>(u)], w, residual_[l],
-                  residual_[l + 1], acts_for(l));
+    if (options_.activation_offload && training) STRATA_TRY(save_checkpoint(l));
+    block_forward(ctx_, layout_.units[static_cast<std::size_t>(u)], w, block_input(l),
+                  block_input(l + 1), acts_for(l));
     store.release_params(u);
   }
   return Status::ok();
@@ -176,14 +266,14 @@ Status ModelRunner<T>::forward_blocks(UnitStore<T>& store) {
 template <typename T>
 Status ModelRunner<T>::head_norm(const T* hw) {
   const UnitLayout& hu = layout_.units[static_cast<std::size_t>(layout_.head_unit())];
-  const T* x = residual_[static_cast<std::size_t>(spec_.num_layers)];
+  const T* x = block_input(static_cast<int>(spec_.num_layers));
   if (spec_.family == Family::kGpt2) {
-    ops_.layernorm_forward(lnf_, meanf_, rstdf_, x, hw + hu.tensors[gpt2::kLnfW].offset,
-                           hw + hu.tensors[gpt2::kLnfB].offset, rows_, spec_.hidden_size,
-                           spec_.norm_eps);
+    ops_->layernorm_forward(lnf_, meanf_, rstdf_, x, hw + hu.tensors[gpt2::kLnfW].offset,
+                            hw + hu.tensors[gpt2::kLnfB].offset, rows_, spec_.hidden_size,
+                            spec_.norm_eps);
   } else {
-    ops_.rmsnorm_forward(lnf_, rstdf_, x, hw + hu.tensors[llama::kNorm].offset, rows_,
-                         spec_.hidden_size, spec_.norm_eps);
+    ops_->rmsnorm_forward(lnf_, rstdf_, x, hw + hu.tensors[llama::kNorm].offset, rows_,
+                          spec_.hidden_size, spec_.norm_eps);
   }
   return Status::ok();
 }
@@ -201,7 +291,7 @@ template <typename T>
 Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  STRATA_TRY(forward_blocks(store));
+  STRATA_TRY(forward_blocks(store, true));
 
   // Head: final norm, then logits chunk by chunk with the loss and its gradient fused.
   STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
@@ -220,24 +310,24 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   T* dlnf = scratch_.dln;
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
-    ops_.cross_entropy_fused(logits_, losses_ + r0, targets_ + r0, rows, v, grad_scale);
-    ops_.gemm(false, false, rows, c, v, T(1), logits_, v, weight, c, T(0), dlnf + r0 * c, c);
-    ops_.gemm(true, false, v, c, rows, T(1), logits_, v, lnf_ + r0 * c, c, T(1), weight_grad, c);
+    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    ops_->cross_entropy_fused(logits_, losses_ + r0, targets_ + r0, rows, v, grad_scale);
+    ops_->gemm(false, false, rows, c, v, T(1), logits_, v, weight, c, T(0), dlnf + r0 * c, c);
+    ops_->gemm(true, false, v, c, rows, T(1), logits_, v, lnf_ + r0 * c, c, T(1), weight_grad, c);
   }
   T* dres = dres_[0];
-  ops_.zero(dres, n * c);
+  ops_->zero(dres, n * c);
   const UnitLayout& hu = layout_.units[static_cast<std::size_t>(head)];
-  const T* x = residual_[static_cast<std::size_t>(spec_.num_layers)];
+  const T* x = block_input(static_cast<int>(spec_.num_layers));
   if (spec_.family == Family::kGpt2) {
-    ops_.layernorm_backward(dres, hg + hu.tensors[gpt2::kLnfW].offset,
-                            hg + hu.tensors[gpt2::kLnfB].offset, dlnf, x,
-                            hw + hu.tensors[gpt2::kLnfW].offset, meanf_, rstdf_, n, c);
+    ops_->layernorm_backward(dres, hg + hu.tensors[gpt2::kLnfW].offset,
+                             hg + hu.tensors[gpt2::kLnfB].offset, dlnf, x,
+                             hw + hu.tensors[gpt2::kLnfW].offset, meanf_, rstdf_, n, c);
   } else {
-    ops_.rmsnorm_backward(dres, hg + hu.tensors[llama::kNorm].offset, dlnf, x,
-                          hw + hu.tensors[llama::kNorm].offset, rstdf_, n, c);
+    ops_->rmsnorm_backward(dres, hg + hu.tensors[llama::kNorm].offset, dlnf, x,
+                           hw + hu.tensors[llama::kNorm].offset, rstdf_, n, c);
   }
-  const double loss_sum = ops_.sum(losses_, n);
+  const double loss_sum = ops_->sum(losses_, n);
   STRATA_TRY(store.grads_ready(head));
   store.release_params(head);
   if (layout_.tied) store.release_params(emb);
@@ -249,11 +339,18 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
     const UnitLayout& unit = layout_.units[static_cast<std::size_t>(u)];
     STRATA_ASSIGN_OR_RETURN(const T* w, store.acquire_params(u));
     STRATA_ASSIGN_OR_RETURN(T * g, store.acquire_grads(u));
+    if (options_.activation_offload) {
+      // This block's input is on the device (the last block's never left; the others were
+      // loaded one block ahead); start loading the next one's.
+      if (l < spec_.num_layers - 1)
+        STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, loaded(l % 2)));
+      if (l >= 1) STRATA_TRY(load_checkpoint(l - 1));
+    }
     if (options_.activation_checkpointing) {
       // Recompute this block's activations from its saved input; its output is not needed.
-      block_forward(ctx_, unit, w, residual_[l], scratch_.dln, acts_for(l));
+      block_forward(ctx_, unit, w, block_input(l), scratch_.dln, acts_for(l));
     }
-    block_backward(ctx_, unit, w, g, residual_[l], acts_for(l), scratch_, dres_[current],
+    block_backward(ctx_, unit, w, g, block_input(l), acts_for(l), scratch_, dres_[current],
                    dres_[1 - current]);
     current = 1 - current;
     STRATA_TRY(store.grads_ready(u));
@@ -264,8 +361,8 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   STRATA_ASSIGN_OR_RETURN(T * g0, store.acquire_grads(emb));
   const UnitLayout& eu = layout_.units[static_cast<std::size_t>(emb)];
   T* dwpe = spec_.family == Family::kGpt2 ? g0 + eu.tensors[gpt2::kWpe].offset : nullptr;
-  ops_.embedding_backward(g0 + eu.tensors[0].offset, dwpe, dres_[current], inputs_, n,
-                          options_.seq_len, c);
+  ops_->embedding_backward(g0 + eu.tensors[0].offset, dwpe, dres_[current], inputs_, n,
+                           options_.seq_len, c);
   STRATA_TRY(store.grads_ready(emb));
   return loss_sum / static_cast<double>(n);
 }
@@ -274,7 +371,7 @@ template <typename T>
 Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  STRATA_TRY(forward_blocks(store));
+  STRATA_TRY(forward_blocks(store, false));
   STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
   const T* ew = nullptr;
   if (layout_.tied) {
@@ -284,10 +381,10 @@ Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
   const T* weight = head_weight(hw, ew);
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
-    ops_.cross_entropy_forward(losses_ + r0, logits_, targets_ + r0, rows, v);
+    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    ops_->cross_entropy_forward(losses_ + r0, logits_, targets_ + r0, rows, v);
   }
-  const double loss_sum = ops_.sum(losses_, n);
+  const double loss_sum = ops_->sum(losses_, n);
   store.release_params(head);
   if (layout_.tied) store.release_params(emb);
   return loss_sum / static_cast<double>(n);
@@ -297,7 +394,7 @@ template <typename T>
 Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  STRATA_TRY(forward_blocks(store));
+  STRATA_TRY(forward_blocks(store, false));
   STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
   const T* ew = nullptr;
   if (layout_.tied) {
@@ -307,9 +404,9 @@ Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
   const T* weight = head_weight(hw, ew);
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    ops_.gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kCompute, out + r0 * v, logits_,
-                                   static_cast<std::uint64_t>(rows * v) * sizeof(T)));
+    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+    STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, out + r0 * v, logits_,
+                                    static_cast<std::uint64_t>(rows * v) * sizeof(T)));
   }
   store.release_params(head);
   if (layout_.tied) store.release_params(emb);

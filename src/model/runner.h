@@ -41,7 +41,18 @@ struct RunnerOptions {
   std::int64_t batch = 1;
   std::int64_t seq_len = 1;
   bool activation_checkpointing = false;
+  // Activation checkpoints (every block's input) in pinned host memory instead of the device:
+  // each leaves in forward (device->host, overlapping the block) and comes back one block ahead
+  // in backward. Needs activation_checkpointing.
+  bool activation_offload = false;
   std::uint64_t logits_chunk_bytes = 32ull << 20;  // logits rows computed at once in the head
+};
+
+// What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
+// host bytes (4 KiB pages).
+struct RunnerMemory {
+  std::uint64_t device_bytes = 0;
+  std::uint64_t host_bytes = 0;
 };
 
 template <typename T>
@@ -54,6 +65,10 @@ class ModelRunner {
                                                      const ModelLayout& layout,
                                                      const RunnerOptions& options);
   ~ModelRunner();
+
+  // Exactly what create() would allocate, without a backend (the tier plan and `strata
+  // estimate` count it).
+  static RunnerMemory memory_needed(const ModelShape& spec, const RunnerOptions& options);
 
   // Copies a micro-batch to the device: inputs and targets are (B, T) host arrays of token ids,
   // each in [0, vocab_size) (checked: kInvalidArgument naming the position).
@@ -69,23 +84,32 @@ class ModelRunner {
   // Forward, then every logit, (B*T, V) row-major, copied to host memory at `logits`.
   Status logits(UnitStore<T>& store, T* logits);
 
-  // Device bytes this runner allocated.
+  // Device bytes this runner allocated (as the arena counts them), and pinned host bytes.
   std::uint64_t device_bytes() const { return device_bytes_; }
+  std::uint64_t host_bytes() const { return host_bytes_; }
   const RunnerOptions& options() const { return options_; }
 
  private:
-  ModelRunner(backend::Backend& backend, const ModelShape& spec, const ModelLayout& layout,
+  ModelRunner(backend::Backend* backend, const ModelShape& spec, const ModelLayout& layout,
               const RunnerOptions& options);
   Status allocate();
   Result<T*> alloc(std::int64_t elements, const char* purpose);
+  Result<T*> alloc_host(std::int64_t elements, const char* purpose);
   BlockActs<T>& acts_for(int layer);
-  Status forward_blocks(UnitStore<T>& store);
+  // Block `layer`'s input (layer == num_layers: the head's input).
+  T* block_input(int layer);
+  Status save_checkpoint(int layer);
+  Status load_checkpoint(int layer);
+  backend::Event saved(int parity) const { return events_[parity]; }
+  backend::Event loaded(int parity) const { return events_[2 + parity]; }
+  backend::Event computed() const { return events_[4]; }
+  Status forward_blocks(UnitStore<T>& store, bool training);
   // Final norm into lnf_; returns the head's parameters and the logits weight.
   Status head_norm(const T* head_params);
   const T* head_weight(const T* head_params, const T* embedding_params) const;
 
-  backend::Backend& backend_;
-  backend::Ops<T>& ops_;
+  backend::Backend* backend_;  // null only while sizing
+  backend::Ops<T>* ops_;
   ModelShape spec_;
   ModelLayout layout_;
   RunnerOptions options_;
@@ -93,11 +117,14 @@ class ModelRunner {
   std::int64_t rows_ = 0;
   std::int64_t chunk_rows_ = 0;
   std::uint64_t device_bytes_ = 0;
-
+  std::uint64_t host_bytes_ = 0;
+  bool sizing_ = false;
+  backend::Event events_[5];
+  std::vector<T*> host_checkpoints_;  // activation_offload: per block, (N,C) pinned
   std::vector<backend::Buffer> buffers_;
   std::int32_t* inputs_ = nullptr;
   std::int32_t* targets_ = nullptr;
-  std::vector<T*> residual_;  // L+1 of (N,C)
+  std::vector<T*> residual_;  // L+1 of (N,C); 2 with activation_offload
   std::vector<BlockActs<T>> acts_;
   BlockScratch<T> scratch_;
   T* dres_[2] = {nullptr, nullptr};

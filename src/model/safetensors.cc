@@ -295,7 +295,8 @@ Status SafetensorsFile::read_f32(const std::string& name, const std::vector<std:
 }
 
 Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata,
+                         const std::vector<StProduceFn>& producers) {
   std::string header = "{";
   bool first = true;
   if (!metadata.empty()) {
@@ -338,13 +339,36 @@ Status write_safetensors(const std::string& path, const std::vector<StTensorToWr
     length[i] = static_cast<std::uint8_t>(n >> (8 * i));
   bool ok = std::fwrite(length, 1, 8, f) == 8 &&
             std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  Status produced;
   for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
-    if (sizes[i] > 0) ok = std::fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
+    if (i >= producers.size() || !producers[i]) {
+      if (sizes[i] > 0) ok = std::fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
+      continue;
+    }
+    std::uint64_t written = 0;
+    produced = producers[i]([&](const void* data, std::uint64_t bytes) -> Status {
+      if (written + bytes > sizes[i]) {
+        return Status(
+            ErrorCode::kInternal,
+            fmt::format("tensor '{}' produced more than its {} bytes", tensors[i].name, sizes[i]));
+      }
+      if (bytes > 0 && std::fwrite(data, 1, bytes, f) != bytes) {
+        return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(errno)), tmp);
+      }
+      written += bytes;
+      return Status::ok();
+    });
+    if (produced.is_ok() && written != sizes[i]) {
+      produced = Status(ErrorCode::kInternal, fmt::format("tensor '{}' produced {} of its {} bytes",
+                                                          tensors[i].name, written, sizes[i]));
+    }
+    ok = produced.is_ok();
   }
   const int write_err = errno;
   if (std::fclose(f) != 0) ok = false;
   if (!ok) {
     std::remove(tmp.c_str());
+    if (!produced.is_ok()) return produced;
     return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(write_err)), tmp);
   }
   std::error_code ec;

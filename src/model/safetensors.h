@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -89,15 +90,23 @@ Result<std::vector<StTensor>> parse_safetensors_header(
     const std::string& header, std::uint64_t data_bytes, const std::string& source,
     std::map<std::string, std::string>* metadata);
 
+// Hands a tensor's bytes to the writer in pieces, in order: `write(data, bytes)` may be called
+// any number of times; the pieces must add up to the tensor's size.
+using StWriteFn = std::function<Status(const void* data, std::uint64_t bytes)>;
+using StProduceFn = std::function<Status(const StWriteFn& write)>;
+
 struct StTensorToWrite {
   std::string name;
   StDType dtype = StDType::kF32;
   std::vector<std::int64_t> shape;
-  const void* data = nullptr;  // numel * dtype bytes
+  const void* data = nullptr;  // numel * dtype bytes (null when a producer streams them)
 };
 
-// Writes the tensors, in order, to `path` (via path + ".tmp" and rename).
+// Writes the tensors, in order, to `path` (via path + ".tmp" and rename). Tensor i's bytes come
+// from `producers[i]` when that is given and set (state that is not in memory all at once),
+// else from its `data`.
 Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
-                         const std::map<std::string, std::string>& metadata);
+                         const std::map<std::string, std::string>& metadata,
+                         const std::vector<StProduceFn>& producers = {});
 
 }  // namespace strata::model

@@ -46,14 +46,15 @@ struct EstimateInput {
   std::int64_t params = 0;     // total; may differ from the shape's count when given by the user
   bool shape_assumed = false;  // the shape was guessed from the count (printed as an assumption)
   std::int64_t ranks_per_node = 1;
+  std::uint64_t device_budget_bytes = 0;  // decides how many prefetch frames fit (0: no limit)
 };
 
 // A Llama-like shape with about `params` parameters (vocabulary 32000, depth ~ hidden/128), for
 // estimates made from a bare parameter count.
 model::ModelShape assumed_shape(std::int64_t params);
 
-// Bytes per tier per rank for `input` under `config` (whose world_size is used). Every item and
-// assumption follows the data flow of docs/estimate.md.
+// Bytes per tier per rank for `input` under `config` (whose world_size is used): the items of
+// the tier plan (tier/plan.h) the trainer allocates, so the two agree (docs/estimate.md).
 Estimate estimate(const config::Config& config, const EstimateInput& input);
 
 struct Budget {

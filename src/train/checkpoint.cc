@@ -17,10 +17,8 @@ namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
 const char* const kKinds[3] = {"master", "exp_avg", "exp_avg_sq"};
-
-float* kind_buffer(TrainState& state, int unit, int kind) {
-  return kind == 0 ? state.master(unit) : kind == 1 ? state.exp_avg(unit) : state.exp_avg_sq(unit);
-}
+const tier::SlotKind kSlotKinds[3] = {tier::SlotKind::kMaster, tier::SlotKind::kExpAvg,
+                                      tier::SlotKind::kExpAvgSq};
 
 Status write_text(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -68,19 +66,24 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
     return Status(ErrorCode::kIo, "cannot create the checkpoint directory: " + ec.message(),
                   tmp_dir);
 
+  // State homed on NVMe is streamed through the unit scratch, one unit and kind at a time.
+  STRATA_TRY(state.finish_optimizer());
   std::vector<model::StTensorToWrite> tensors;
+  std::vector<model::StProduceFn> producers;
   const model::ModelLayout& layout = state.layout();
   for (int u = 0; u < state.units(); ++u) {
     const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
     for (int kind = 0; kind < 3; ++kind) {
-      tensors.push_back({unit.name + "." + kKinds[kind],
-                         model::StDType::kF32,
-                         {unit.padded_numel},
-                         kind_buffer(state, u, kind)});
+      tensors.push_back(model::StTensorToWrite{
+          unit.name + "." + kKinds[kind], model::StDType::kF32, {unit.padded_numel}, nullptr});
+      producers.push_back([&state, u, kind, n = unit.padded_numel](const model::StWriteFn& write) {
+        STRATA_ASSIGN_OR_RETURN(const float* data, state.view(kSlotKinds[kind], u));
+        return write(data, static_cast<std::uint64_t>(n) * 4);
+      });
     }
   }
-  STRATA_TRY(
-      model::write_safetensors(tmp_dir + "/state.safetensors", tensors, {{"format", kFormat}}));
+  STRATA_TRY(model::write_safetensors(tmp_dir + "/state.safetensors", tensors,
+                                      {{"format", kFormat}}, producers));
 
   Json::Value j(Json::objectValue);
   j["format"] = kFormat;
@@ -165,8 +168,9 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& stat
   for (int u = 0; u < state.units(); ++u) {
     const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
     for (int kind = 0; kind < 3; ++kind) {
-      STRATA_TRY(file.read_f32(unit.name + "." + kKinds[kind], {unit.padded_numel},
-                               kind_buffer(state, u, kind)));
+      float* buffer = state.fill_buffer(kSlotKinds[kind], u);
+      STRATA_TRY(file.read_f32(unit.name + "." + kKinds[kind], {unit.padded_numel}, buffer));
+      STRATA_TRY(state.store(kSlotKinds[kind], u, buffer));
     }
   }
   TrainerCounters c;

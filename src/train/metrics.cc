@@ -42,9 +42,11 @@ Status MetricsLog::write(const Json::Value& line) {
 Progress::Progress(std::int64_t total_steps, bool tty, std::int64_t print_every)
     : total_(total_steps), tty_(tty), print_every_(std::max<std::int64_t>(print_every, 1)) {}
 
-void Progress::step(std::int64_t step, double loss, double lr, double tokens_per_s, bool skipped) {
-  const std::string tail = fmt::format("loss {:.4f}  lr {:.3e}  {:.0f} tok/s{}", loss, lr,
-                                       tokens_per_s, skipped ? "  (skipped: overflow)" : "");
+void Progress::step(std::int64_t step, double loss, double lr, double tokens_per_s, bool skipped,
+                    const std::string& extra) {
+  const std::string tail =
+      fmt::format("loss {:.4f}  lr {:.3e}  {:.0f} tok/s{}{}{}", loss, lr, tokens_per_s,
+                  skipped ? "  (skipped: overflow)" : "", extra.empty() ? "" : "  ", extra);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : 0;

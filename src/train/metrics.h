@@ -37,7 +37,9 @@ class Progress {
  public:
   // `tty` true draws a bar that redraws in place; false prints a line every `print_every` steps.
   Progress(std::int64_t total_steps, bool tty, std::int64_t print_every);
-  void step(std::int64_t step, double loss, double lr, double tokens_per_s, bool skipped);
+  // `extra` is appended to the line (e.g. compute wait and peak bytes per tier).
+  void step(std::int64_t step, double loss, double lr, double tokens_per_s, bool skipped,
+            const std::string& extra = {});
   // A message on its own line (the bar is redrawn after it).
   void note(const std::string& message);
   void finish();

@@ -1,194 +1,255 @@
-// The in-memory trainer's state (see train_state.h).
+// All training state behind the UnitStore seam (see train_state.h).
 #include "train/train_state.h"
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
-#include "kernels/cpu/cast.h"
-#include "kernels/cpu/nn_ops.h"
+#include <chrono>
+#include <cstring>
 
 namespace strata::train {
+namespace {
 
-TrainState::TrainState(backend::Backend& backend, const model::ModelLayout& layout,
-                       kernels::DType storage)
-    : backend_(backend), layout_(layout), storage_(storage) {}
+using tier::SlotKind;
+using tier::Tier;
 
-TrainState::~TrainState() {
-  if (copied_.valid()) backend_.destroy_event(copied_);
-  if (computed_.valid()) backend_.destroy_event(computed_);
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
-Result<std::unique_ptr<TrainState>> TrainState::create(backend::Backend& backend,
-                                                       const model::ModelLayout& layout,
-                                                       kernels::DType storage) {
-  std::unique_ptr<TrainState> s(new TrainState(backend, layout, storage));
-  const std::uint64_t storage_bytes = kernels::dtype_bytes(storage);
-  std::int64_t largest = 0;
-  for (int u = 0; u < s->units(); ++u) {
-    largest = std::max(largest, layout.units[static_cast<std::size_t>(u)].padded_numel);
-    DeviceUnit d;
-    STRATA_ASSIGN_OR_RETURN(d.params,
-                            backend.allocate_device(s->unit_bytes(u, storage_bytes), "parameters"));
-    STRATA_ASSIGN_OR_RETURN(d.grad, backend.allocate_device(s->unit_bytes(u, 4), "gradients"));
-    backend.ops_f32().zero(d.grad.as<float>(),
-                           layout.units[static_cast<std::size_t>(u)].padded_numel);
-    s->device_.push_back(std::move(d));
-    HostUnit h;
-    const std::uint64_t stride = s->unit_bytes(u, 4) + 4096;
-    STRATA_ASSIGN_OR_RETURN(h.block,
-                            backend.allocate_pinned(4 * stride, "master weights and Adam state"));
-    for (int k = 0; k < 4; ++k) {
-      h.arrays[k] =
-          reinterpret_cast<float*>(h.block.as<char>() + static_cast<std::uint64_t>(k) * stride);
-    }
-    s->host_.push_back(std::move(h));
-  }
-  const std::uint64_t largest_bytes = static_cast<std::uint64_t>(largest);
-  if (storage != kernels::DType::kF32) {
-    for (ComputeSlot& slot : s->slots_) {
-      STRATA_ASSIGN_OR_RETURN(slot.buffer,
-                              backend.allocate_device(largest_bytes * 4, "fp32 parameter copies"));
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(s->device_staging_, backend.allocate_device(largest_bytes * storage_bytes,
-                                                                      "gradient staging"));
-  STRATA_ASSIGN_OR_RETURN(
-      s->host_staging_,
-      backend.allocate_pinned(largest_bytes * std::max<std::uint64_t>(storage_bytes, 4),
-                              "transfer staging"));
-  STRATA_ASSIGN_OR_RETURN(s->copied_, backend.create_event());
-  STRATA_ASSIGN_OR_RETURN(s->computed_, backend.create_event());
-  s->zero_moments();
-  for (int u = 0; u < s->units(); ++u) {
-    const std::int64_t n = layout.units[static_cast<std::size_t>(u)].padded_numel;
-    std::fill(s->master(u), s->master(u) + n, 0.0f);
-    std::fill(s->grad_accumulator(u), s->grad_accumulator(u) + n, 0.0f);
+}  // namespace
+
+TrainState::TrainState(std::unique_ptr<tier::TierManager> tiers) : tiers_(std::move(tiers)) {}
+
+Status TrainState::guard(Status s) {
+  if (!failure_.is_ok()) return failure_;
+  if (!s.is_ok()) {
+    failure_ = Status(s.code(),
+                      s.message() +
+                          " (training state is inconsistent from here on: resume from "
+                          "the last checkpoint)",
+                      s.context());
   }
   return s;
 }
 
-void TrainState::zero_moments() {
-  for (int u = 0; u < units(); ++u) {
-    const std::int64_t n = layout_.units[idx(u)].padded_numel;
-    std::fill(exp_avg(u), exp_avg(u) + n, 0.0f);
-    std::fill(exp_avg_sq(u), exp_avg_sq(u) + n, 0.0f);
+TrainState::~TrainState() {
+  // Engines go before the memory and files they use.
+  pipeline_.reset();
+  grads_.reset();
+  scheduler_.reset();
+  tiers_.reset();
+}
+
+Result<std::unique_ptr<TrainState>> TrainState::create(
+    backend::Backend& backend, const config::Config& config, const model::ModelLayout& layout,
+    tier::TierPlan plan, optim::AdamOptimizer& adam, const tier::TierOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<tier::TierManager> tiers,
+      tier::TierManager::create(backend, config, layout, std::move(plan), options));
+  std::unique_ptr<TrainState> s(new TrainState(std::move(tiers)));
+  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
+                          schedule::ParamScheduler::create(*s->tiers_, config.zero_optimization));
+  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_));
+  STRATA_ASSIGN_OR_RETURN(s->pipeline_, optim::OptimizerPipeline::create(*s->tiers_, adam));
+  optim::OptimizerPipeline* pipeline = s->pipeline_.get();
+  s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
+  const tier::TierPlan& p = s->tiers_->plan();
+  s->compute_.resize(p.classes.size());
+  for (std::size_t k = 0; k < p.classes.size(); ++k) {
+    for (int i = 0; i < p.classes[k].compute_slots; ++i)
+      s->compute_[k].push_back(ComputeSlot{s->tiers_->compute_slot(static_cast<int>(k), i), -1, 0});
   }
+  return s;
 }
 
-Status TrainState::copy_and_wait(backend::StreamKind stream, void* dst, const void* src,
-                                 std::uint64_t bytes) {
-  STRATA_TRY(backend_.copy_async(stream, dst, src, bytes));
-  STRATA_TRY(backend_.record(copied_, stream));
-  return backend_.synchronize(copied_);
+float* TrainState::fill_buffer(SlotKind kind, int unit) {
+  if (tier::home_of(tiers_->plan(), unit, kind) == Tier::kHost)
+    return tiers_->host_state(unit, kind);
+  return tiers_->unit_scratch();
 }
 
-Status TrainState::upload_params() {
-  for (ComputeSlot& slot : slots_)
-    slot.unit = -1;
+Status TrainState::store(SlotKind kind, int unit, const float* src) {
+  if (!failure_.is_ok()) return failure_;
+  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  if (up.optim_home == Tier::kNvme && src != tiers_->unit_scratch()) {
+    std::memcpy(tiers_->unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
+    src = tiers_->unit_scratch();
+  }
+  return guard(tiers_->write_slot(kind, unit, src));
+}
+
+Result<const float*> TrainState::view(SlotKind kind, int unit) {
+  if (tier::home_of(tiers_->plan(), unit, kind) == Tier::kHost)
+    return tiers_->host_state(unit, kind);
+  if (!failure_.is_ok()) return failure_;
+  STRATA_TRY(guard(tiers_->read_slot(kind, unit, tiers_->unit_scratch())));
+  return static_cast<const float*>(tiers_->unit_scratch());
+}
+
+Status TrainState::refresh(bool zero_moments) {
+  STRATA_TRY(finish_optimizer());
+  STRATA_TRY(scheduler_->drain());
+  const tier::TierPlan& p = tiers_->plan();
   for (int u = 0; u < units(); ++u) {
-    const std::int64_t n = layout_.units[idx(u)].padded_numel;
-    const void* src = master(u);
-    if (storage_ != kernels::DType::kF32) {
-      kernels::cast_array(host_staging_.data(), storage_, master(u), kernels::DType::kF32, n);
-      src = host_staging_.data();
+    const tier::UnitPlan& up = p.units[static_cast<std::size_t>(u)];
+    if (zero_moments) {
+      for (SlotKind kind : {SlotKind::kExpAvg, SlotKind::kExpAvgSq}) {
+        float* buffer = fill_buffer(kind, u);
+        std::memset(buffer, 0, static_cast<std::size_t>(up.shard_numel) * 4);
+        STRATA_TRY(store(kind, u, buffer));
+      }
     }
-    STRATA_TRY(copy_and_wait(backend::StreamKind::kHostToDevice, device_[idx(u)].params.data(), src,
-                             unit_bytes(u, kernels::dtype_bytes(storage_))));
+    STRATA_TRY(tiers_->refresh_params(u));
+    scheduler_->invalidate(u);
+  }
+  for (auto& pool : compute_) {
+    for (ComputeSlot& slot : pool)
+      slot.unit = -1;
   }
   return Status::ok();
 }
 
-double TrainState::grad_sum_squares() const {
-  double total = 0.0;
-  for (int u = 0; u < units(); ++u) {
-    total += kernels::sum_squares(host_[idx(u)].arrays[3], layout_.units[idx(u)].padded_numel);
-  }
-  return total;
+void TrainState::begin_micro_batch(bool first, bool last) {
+  last_micro_batch_ = last;
+  preloaded_ = false;
+  grads_->begin_micro_batch(first, last);
+  scheduler_->begin_pass(schedule::Pass::kTrain);
 }
 
-Status TrainState::optimizer_step(optim::AdamOptimizer& adam, double lr, double grad_multiplier,
-                                  std::int64_t step) {
-  for (ComputeSlot& slot : slots_)
-    slot.unit = -1;
-  const bool copy = storage_ != kernels::DType::kF32;
-  for (int u = 0; u < units(); ++u) {
-    optim::AdamUpdate update;
-    update.master = master(u);
-    update.exp_avg = exp_avg(u);
-    update.exp_avg_sq = exp_avg_sq(u);
-    update.grad = grad_accumulator(u);
-    update.n = layout_.units[idx(u)].padded_numel;
-    update.lr = lr;
-    update.grad_multiplier = grad_multiplier;
-    update.step = step;
-    update.copy_out = copy ? host_staging_.data() : nullptr;
-    update.copy_dtype = storage_;
-    adam.update(update);
-    STRATA_TRY(copy_and_wait(backend::StreamKind::kHostToDevice, device_[idx(u)].params.data(),
-                             copy ? host_staging_.data() : static_cast<const void*>(master(u)),
-                             unit_bytes(u, kernels::dtype_bytes(storage_))));
+Status TrainState::end_micro_batch() {
+  scheduler_->end_pass();
+  return guard(grads_->pump());
+}
+
+Status TrainState::finish_backward() {
+  STRATA_TRY(guard(grads_->drain()));
+  return guard(scheduler_->drain());
+}
+
+Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
+  STRATA_TRY(guard(scheduler_->drain()));
+  // Every parameter is about to change: device copies are stale from here on, and the
+  // prefetcher waits for each unit's update (the fetchable gate).
+  for (int u = 0; u < units(); ++u)
+    scheduler_->invalidate(u);
+  for (auto& pool : compute_) {
+    for (ComputeSlot& slot : pool) {
+      STRATA_ASSERT(slot.users == 0);
+      slot.unit = -1;
+    }
   }
-  return Status::ok();
+  STRATA_TRY(guard(pipeline_->start(step)));
+  return wait ? finish_optimizer() : Status::ok();
+}
+
+Status TrainState::skip_optimizer() {
+  return guard(pipeline_->cancel_preload());
+}
+
+Status TrainState::finish_optimizer() {
+  const auto start = std::chrono::steady_clock::now();
+  Status s = pipeline_->finish();
+  counters_.compute_wait_ms += ms_since(start);
+  return guard(s);
+}
+
+void TrainState::begin_eval_batch() {
+  scheduler_->begin_pass(schedule::Pass::kEval);
+}
+
+void TrainState::end_eval_batch() {
+  scheduler_->end_pass();
+}
+
+Status TrainState::wait_for_update(int unit, bool whole) {
+  if (whole ? pipeline_->unit_done(unit) : pipeline_->params_ready(unit)) {
+    return guard(pipeline_->pump());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Trace* trace = tiers_->trace();
+  const std::uint64_t begin_us = trace ? trace->now_us() : 0;
+  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_params(unit);
+  counters_.compute_wait_ms += ms_since(start);
+  if (trace) {
+    trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
+  }
+  // Let the next tiles move (their Adam runs now, their writes during this unit's compute).
+  if (s.is_ok()) s = pipeline_->pump();
+  return guard(s);
 }
 
 Result<const float*> TrainState::acquire_params(int unit) {
-  DeviceUnit& d = device_[idx(unit)];
-  if (storage_ == kernels::DType::kF32) return d.params.as<const float>();
-  for (ComputeSlot& slot : slots_) {
+  STRATA_TRY(wait_for_update(unit, false));
+  STRATA_TRY(guard(grads_->pump()));
+  const double before = scheduler_->stats().wait_ms;
+  Result<const void*> fetched = scheduler_->acquire(unit);
+  if (!fetched.is_ok()) return guard(fetched.status());
+  const void* stored = *fetched;
+  counters_.compute_wait_ms += scheduler_->stats().wait_ms - before;
+  const tier::TierPlan& p = tiers_->plan();
+  if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
+  const tier::UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
+  std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
+  for (ComputeSlot& slot : pool) {
     if (slot.unit == unit) {
       ++slot.users;
-      return slot.buffer.as<const float>();
+      return static_cast<const float*>(slot.data);
     }
   }
-  for (ComputeSlot& slot : slots_) {
+  for (ComputeSlot& slot : pool) {
     if (slot.users == 0) {
-      backend_.ops_f32().cast_from(slot.buffer.as<float>(), d.params.data(), storage_,
-                                   layout_.units[idx(unit)].padded_numel);
+      tiers_->backend().ops_f32().cast_from(slot.data, stored, p.storage, up.padded_numel);
       slot.unit = unit;
       slot.users = 1;
-      return slot.buffer.as<const float>();
+      return static_cast<const float*>(slot.data);
     }
   }
-  return Status(ErrorCode::kInternal,
-                fmt::format("unit {} needs an fp32 parameter copy but both slots are in use",
-                            layout_.units[idx(unit)].name));
+  scheduler_->release(unit);
+  return Status(
+      ErrorCode::kInternal,
+      fmt::format("unit {} needs an fp32 parameter copy but all {} of its size are in use",
+                  layout().units[static_cast<std::size_t>(unit)].name, pool.size()));
 }
 
 void TrainState::release_params(int unit) {
-  if (storage_ == kernels::DType::kF32) return;
-  for (ComputeSlot& slot : slots_) {
-    if (slot.unit == unit && slot.users > 0) {
-      --slot.users;
-      return;
+  const tier::TierPlan& p = tiers_->plan();
+  if (p.storage != kernels::DType::kF32) {
+    bool found = false;
+    for (ComputeSlot& slot :
+         compute_[static_cast<std::size_t>(p.units[static_cast<std::size_t>(unit)].size_class)]) {
+      if (slot.unit == unit && slot.users > 0) {
+        --slot.users;
+        found = true;
+        break;
+      }
     }
+    STRATA_ASSERT_MSG(found, "release_params of a unit that was not acquired");
   }
-  STRATA_ASSERT_MSG(false, "release_params of a unit that was not acquired");
+  scheduler_->release(unit);
 }
 
 Result<float*> TrainState::acquire_grads(int unit) {
-  return device_[idx(unit)].grad.as<float>();
+  STRATA_TRY(wait_for_update(unit, true));
+  if (last_micro_batch_ && !preloaded_) {
+    // The backward of the step's last micro-batch has begun: read the first optimizer tiles'
+    // state ahead (the step itself must wait for the global norm).
+    preloaded_ = true;
+    STRATA_TRY(finish_optimizer());
+    STRATA_TRY(guard(pipeline_->preload()));
+  }
+  const double before = grads_->wait_ms();
+  Result<float*> r = grads_->acquire(unit);
+  counters_.compute_wait_ms += grads_->wait_ms() - before;
+  if (!r.is_ok()) return guard(r.status());
+  return r;
 }
 
 Status TrainState::grads_ready(int unit) {
-  DeviceUnit& d = device_[idx(unit)];
-  const std::int64_t n = layout_.units[idx(unit)].padded_numel;
-  const void* device_src = d.grad.data();
-  if (storage_ != kernels::DType::kF32) {
-    // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
-    backend_.ops_f32().cast_to(device_staging_.data(), storage_, d.grad.as<float>(), n);
-    device_src = device_staging_.data();
-  }
-  // The copy stream must not start before the compute stream has finished the gradient (on a GPU
-  // the two run concurrently).
-  STRATA_TRY(backend_.record(computed_, backend::StreamKind::kCompute));
-  STRATA_TRY(backend_.wait(backend::StreamKind::kDeviceToHost, computed_));
-  STRATA_TRY(copy_and_wait(backend::StreamKind::kDeviceToHost, host_staging_.data(), device_src,
-                           unit_bytes(unit, kernels::dtype_bytes(storage_))));
-  kernels::accumulate_from(grad_accumulator(unit), host_staging_.data(), storage_, n,
-                           first_micro_batch_);
-  backend_.ops_f32().zero(d.grad.as<float>(), n);
-  return Status::ok();
+  const double before = grads_->wait_ms();
+  Status s = grads_->ready(unit);
+  counters_.compute_wait_ms += grads_->wait_ms() - before;
+  return guard(s);
 }
 
 }  // namespace strata::train

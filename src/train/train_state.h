@@ -1,59 +1,93 @@
-// All training state of the in-memory trainer (ZeRO stage 0, one rank), unit by unit:
-//   device (backend arena): the parameters in their storage type (fp32, bf16 or fp16), an fp32
-//     gradient buffer per unit, fp32 compute copies of 16-bit parameters (two slots: a block, or
-//     the head plus the tied embedding) and a staging buffer for the gradient's trip to the host;
-//   host (pinned): fp32 master weights, Adam's exp_avg and exp_avg_sq, the fp32 gradient
-//     accumulator, and a staging buffer for the parameters' trip back.
-// It is the runner's UnitStore: when a unit's gradient is complete, it leaves the device once, in
-// the parameters' storage type (so fp16 gradients overflow as DeepSpeed's do), through the
-// device->host stream, and is accumulated in fp32 on the host. The optimizer then updates the
-// masters and sends the new 16-bit parameters back through the host->device stream.
-// Everything is allocated at creation; the step loop allocates nothing.
+// All training state of one rank, wherever it lives, behind the runner's UnitStore seam. It ties
+// together the tier manager (tier/: every byte and its home), the prefetch scheduler (schedule/:
+// parameters to the device ahead of use), the gradient path (grad_path.h: gradients leave the
+// device once and accumulate in fp32 in their home, with each tile's sum of squares) and the
+// optimizer pipeline (optim/: tiles three deep through CPU Adam, new parameters straight home).
+// The in-memory run is the special case where every home is the device or the host: the same
+// kernels run on the same tiles in the same order whatever the tiers, so offloading does not
+// change a single bit of the result.
+//
+// A step, as the trainer drives it:
+//   for each micro-batch: begin_micro_batch(first, last); runner.train_step(*this);
+//   end_micro_batch() finish_backward()                 every gradient is home; grad_sum_squares()
+//   is final start_optimizer(step)             (unless the step is skipped) Adam starts streaming
+//   tiles
+// The next step's forward waits per unit (acquire_params) for that unit's update, so the
+// optimizer's I/O overlaps the next forward; finish_optimizer() waits for all of it (before
+// checkpoints and at the end).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "backend/backend.h"
-#include "kernels/cpu/dtype.h"
 #include "model/layout.h"
 #include "model/runner.h"
 #include "optim/adam_optimizer.h"
+#include "optim/optimizer_pipeline.h"
+#include "schedule/param_scheduler.h"
+#include "tier/tier_manager.h"
+#include "train/grad_path.h"
 
 namespace strata::train {
 
+struct StateCounters {
+  double compute_wait_ms = 0.0;  // compute blocked on parameters, updates or gradient buffers
+};
+
 class TrainState final : public model::UnitStore<float> {
  public:
-  // Allocates every buffer; kOutOfMemory naming the budget when something does not fit.
+  // Builds the tier manager for `plan` and the engines over it. Errors as TierManager::create.
   static Result<std::unique_ptr<TrainState>> create(backend::Backend& backend,
+                                                    const config::Config& config,
                                                     const model::ModelLayout& layout,
-                                                    kernels::DType storage);
+                                                    tier::TierPlan plan, optim::AdamOptimizer& adam,
+                                                    const tier::TierOptions& options);
   ~TrainState() override;
 
-  const model::ModelLayout& layout() const { return layout_; }
-  kernels::DType storage() const { return storage_; }
-  int units() const { return static_cast<int>(layout_.units.size()); }
+  const model::ModelLayout& layout() const { return tiers_->layout(); }
+  kernels::DType storage() const { return tiers_->plan().storage; }
+  int units() const { return tiers_->units(); }
+  tier::TierManager& tiers() { return *tiers_; }
+  schedule::ParamScheduler& scheduler() { return *scheduler_; }
+  optim::OptimizerPipeline& pipeline() { return *pipeline_; }
+  GradPath& grad_path() { return *grads_; }
 
-  // Host state of unit u (padded_numel floats each).
-  float* master(int unit) { return host_[idx(unit)].arrays[0]; }
-  float* exp_avg(int unit) { return host_[idx(unit)].arrays[1]; }
-  float* exp_avg_sq(int unit) { return host_[idx(unit)].arrays[2]; }
-  float* grad_accumulator(int unit) { return host_[idx(unit)].arrays[3]; }
+  // ---- whole units (initialisation, checkpoints; not the step's hot path) --------------------
+  // A buffer for unit u's fp32 `kind` shard to be filled and then passed to store(): the host
+  // home itself, or the unit scratch.
+  float* fill_buffer(tier::SlotKind kind, int unit);
+  // Stores unit u's fp32 `kind` shard from `src` (any memory) into its home.
+  Status store(tier::SlotKind kind, int unit, const float* src);
+  // Unit u's fp32 `kind` shard: the host home itself, or a copy in the unit scratch (valid until
+  // the next view / store / fill_buffer).
+  Result<const float*> view(tier::SlotKind kind, int unit);
+  // After the masters changed (initialisation, resume): zeroes the moments when `zero_moments`,
+  // and rounds every master into the parameters' home.
+  Status refresh(bool zero_moments);
 
-  // Rounds every master to the storage type and copies it to the device parameters.
-  Status upload_params();
-  // Zeroes the moments (a fresh optimizer).
-  void zero_moments();
-  // The next micro-batch's gradients overwrite the accumulators instead of adding to them.
-  void begin_accumulation() { first_micro_batch_ = true; }
-  // Called after the last micro-batch of a step.
-  void end_micro_batch() { first_micro_batch_ = false; }
-  // Sum of squares of every accumulated gradient, units in order (inf/NaN when any is).
-  double grad_sum_squares() const;
-  // One optimizer step over every unit, then the new parameters to the device.
-  Status optimizer_step(optim::AdamOptimizer& adam, double lr, double grad_multiplier,
-                        std::int64_t step);
+  // ---- the step -------------------------------------------------------------------------------
+  void begin_micro_batch(bool first, bool last);
+  Status end_micro_batch();
+  // Every gradient of the step is in its home.
+  Status finish_backward();
+  // Sum of squares of the accumulated gradients (tiles in order; inf/NaN when any is).
+  double grad_sum_squares() const { return grads_->sum_squares(); }
+  // Starts the optimizer step; with `wait`, also finishes it.
+  Status start_optimizer(const optim::PipelineStep& step, bool wait);
+  // The step is skipped (gradient not finite): drops what was read ahead for it.
+  Status skip_optimizer();
+  Status finish_optimizer();
+  void begin_eval_batch();
+  void end_eval_batch();
+
+  StateCounters& counters() { return counters_; }
+  // The first I/O or engine error of the run. After one, the state may be half updated (an
+  // optimizer step stopped midway), so every later step, view or checkpoint returns it: training
+  // stops and resumes from the last checkpoint.
+  const Status& failure() const { return failure_; }
 
   // UnitStore.
   Result<const float*> acquire_params(int unit) override;
@@ -62,45 +96,27 @@ class TrainState final : public model::UnitStore<float> {
   Status grads_ready(int unit) override;
 
  private:
-  // A unit's four host arrays (master, exp_avg, exp_avg_sq, gradient) share one pinned
-  // mapping; array k starts at k * (unit bytes + 4 KiB), so no two are a multiple of 128 MiB
-  // apart (Adam runs 2-6x slower on such arrays on AMD Zen, docs/adam.md) and each stays 4 KiB
-  // aligned for direct I/O.
-  struct HostUnit {
-    backend::Buffer block;
-    float* arrays[4] = {nullptr, nullptr, nullptr, nullptr};
-  };
-  struct DeviceUnit {
-    backend::Buffer params;  // storage type
-    backend::Buffer grad;    // fp32
-  };
   struct ComputeSlot {
-    backend::Buffer buffer;
+    float* data = nullptr;
     int unit = -1;
     int users = 0;
   };
+  explicit TrainState(std::unique_ptr<tier::TierManager> tiers);
+  // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
+  // in flight.
+  Status wait_for_update(int unit, bool whole);
+  // Records the first failure; returns `s`, or the recorded failure when there is one.
+  Status guard(Status s);
 
-  TrainState(backend::Backend& backend, const model::ModelLayout& layout, kernels::DType storage);
-  std::size_t idx(int unit) const {
-    STRATA_ASSERT(unit >= 0 && unit < units());
-    return static_cast<std::size_t>(unit);
-  }
-  std::uint64_t unit_bytes(int unit, std::uint64_t element_bytes) const {
-    return static_cast<std::uint64_t>(layout_.units[idx(unit)].padded_numel) * element_bytes;
-  }
-  Status copy_and_wait(backend::StreamKind stream, void* dst, const void* src, std::uint64_t bytes);
-
-  backend::Backend& backend_;
-  model::ModelLayout layout_;
-  kernels::DType storage_;
-  std::vector<HostUnit> host_;
-  std::vector<DeviceUnit> device_;
-  ComputeSlot slots_[2];
-  backend::Buffer device_staging_;  // a unit's gradient in the storage type
-  backend::Buffer host_staging_;    // a unit's gradient or new parameters in the storage type
-  backend::Event copied_;
-  backend::Event computed_;  // the gradient's compute-stream work, waited for by its copy
-  bool first_micro_batch_ = true;
+  std::unique_ptr<tier::TierManager> tiers_;
+  std::unique_ptr<schedule::ParamScheduler> scheduler_;
+  std::unique_ptr<GradPath> grads_;
+  std::unique_ptr<optim::OptimizerPipeline> pipeline_;
+  std::vector<std::vector<ComputeSlot>> compute_;  // per size class
+  StateCounters counters_;
+  Status failure_;
+  bool last_micro_batch_ = true;
+  bool preloaded_ = false;
 };
 
 }  // namespace strata::train

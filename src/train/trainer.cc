@@ -1,4 +1,4 @@
-// The in-memory trainer (see trainer.h).
+// The trainer (see trainer.h).
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -94,39 +94,38 @@ Status Trainer::setup() {
   runner_options.batch = batch;
   runner_options.seq_len = s.data.seq_len;
   runner_options.activation_checkpointing = s.model.activation_checkpointing;
-  STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, layout_, storage_));
-  STRATA_ASSIGN_OR_RETURN(
-      runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
+  runner_options.activation_offload = s.model.activation_offload;
+
+  // Where every byte lives: the plan, checked against the budgets before anything is allocated.
+  const model::RunnerMemory activations =
+      model::ModelRunner<float>::memory_needed(shape_, runner_options);
+  tier::PlanInput plan_input;
+  plan_input.config = &config_;
+  plan_input.layout = &layout_;
+  plan_input.activation_device_bytes = activations.device_bytes;
+  plan_input.activation_host_bytes = activations.host_bytes;
+  // The budget the user set (the arena itself is rounded up to whole pages).
+  plan_input.device_budget_bytes =
+      s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
+  STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(plan_input));
+  if (!s.trace_file.empty()) {
+    STRATA_ASSIGN_OR_RETURN(trace_, Trace::open(s.trace_file));
+  }
   STRATA_ASSIGN_OR_RETURN(
       adam_, optim::AdamOptimizer::create(config_.optimizer, backend_->compute_threads()));
+  tier::TierOptions tier_options;
+  tier_options.engine_factory = options_.engine_factory;
+  tier_options.trace = trace_.get();
+  STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, config_, layout_, std::move(plan),
+                                                     *adam_, tier_options));
+  STRATA_ASSIGN_OR_RETURN(
+      runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
   inputs_.assign(static_cast<std::size_t>(batch * s.data.seq_len), 0);
   targets_.assign(inputs_.size(), 0);
-
-  if (!s.resume_from.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
-    STRATA_ASSIGN_OR_RETURN(counters_,
-                            read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
-    scaler_->restore(counters_.scaler);
-    schedule_->restore(counters_.scheduler_iteration);
-    STRATA_TRY(dataset_->seek(counters_.data));
-    resumed_ = true;
-    note(fmt::format("resumed from {} at step {}", dir, counters_.step));
-  } else if (!s.model.path.empty() && model::has_hf_weights(s.model.path)) {
-    std::vector<float*> masters;
-    for (int u = 0; u < state_->units(); ++u)
-      masters.push_back(state_->master(u));
-    STRATA_TRY(model::load_hf_weights(s.model.path, layout_, masters));
-    note(fmt::format("loaded weights from {}", s.model.path));
-  } else {
-    for (int u = 0; u < state_->units(); ++u) {
-      model::init_unit(shape_, layout_.units[static_cast<std::size_t>(u)], s.seed,
-                       state_->master(u));
-    }
-  }
+  STRATA_TRY(initialise_weights());
   counters_.scaler = scaler_->state();
-  STRATA_TRY(state_->upload_params());
 
   std::error_code ec;
   fs::create_directories(s.output_dir, ec);
@@ -139,32 +138,57 @@ Status Trainer::setup() {
   note(backend_->description());
   note(
       fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
-                  "KV heads, {} embeddings), {} parameters, activation checkpointing {}",
+                  "KV heads, {} embeddings), {} parameters, activation checkpointing {}{}",
                   model::family_name(shape_.family), model::total_params(shape_),
                   layout_.units.size(), shape_.num_layers, shape_.hidden_size, shape_.num_heads,
                   shape_.num_kv_heads, shape_.tie_word_embeddings ? "tied" : "untied",
-                  precision_name(config_), s.model.activation_checkpointing ? "on" : "off"));
+                  precision_name(config_), s.model.activation_checkpointing ? "on" : "off",
+                  s.model.activation_offload ? " (checkpoints on the host)" : ""));
   note(fmt::format("data: {}", dataset_->describe()));
   note(fmt::format("optimizer: {}; micro-batch {} x {} tokens, {} accumulation steps; seed {}",
                    adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
                    s.seed));
-  const backend::MemoryStats device = backend_->device_memory();
-  const backend::MemoryStats host = backend_->pinned_memory();
-  note(fmt::format("memory: device {} of {} (activations {}), host {} of {}, nvme 0",
-                   format_bytes(device.bytes_in_use), format_bytes(device.bytes_max),
-                   format_bytes(runner_->device_bytes()), format_bytes(host.bytes_in_use),
-                   format_bytes(host.bytes_max)));
-  const config::ZeroConfig& z = config_.zero_optimization;
-  if (z.offload_param.device != config::OffloadDevice::kNone ||
-      z.offload_optimizer.device != config::OffloadDevice::kNone || s.model.activation_offload) {
-    note(
-        "offload settings are accepted but this trainer keeps all state in device and host "
-        "memory (the tier manager is not built yet)");
-  }
-  if (!s.trace_file.empty()) {
-    note("strata.trace_file is accepted but this trainer writes no trace yet");
-  }
+  for (const std::string& line :
+       tier::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
+    note(line);
+  const tier::TierUsage usage = state_->tiers().usage();
+  note(fmt::format("memory: device {} of {} (activations {}), host {} of {}, nvme {}",
+                   format_bytes(usage.bytes_in_use[0]), format_bytes(usage.bytes_max[0]),
+                   format_bytes(runner_->device_bytes()), format_bytes(usage.bytes_in_use[1]),
+                   format_bytes(usage.bytes_max[1]), format_bytes(usage.bytes_in_use[2])));
+  if (trace_) note(fmt::format("trace: {}", trace_->path()));
   return Status::ok();
+}
+
+Status Trainer::initialise_weights() {
+  const config::StrataConfig& s = config_.strata;
+  const tier::SlotKind master = tier::SlotKind::kMaster;
+  if (!s.resume_from.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
+    STRATA_ASSIGN_OR_RETURN(counters_,
+                            read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
+    scaler_->restore(counters_.scaler);
+    schedule_->restore(counters_.scheduler_iteration);
+    STRATA_TRY(dataset_->seek(counters_.data));
+    resumed_ = true;
+    note(fmt::format("resumed from {} at step {}", dir, counters_.step));
+    return state_->refresh(false);
+  }
+  if (!s.model.path.empty() && model::has_hf_weights(s.model.path)) {
+    STRATA_TRY(model::load_hf_weights(
+        s.model.path, layout_, [this, master](int u) { return state_->fill_buffer(master, u); },
+        [this, master](int u) {
+          return state_->store(master, u, state_->fill_buffer(master, u));
+        }));
+    note(fmt::format("loaded weights from {}", s.model.path));
+  } else {
+    for (int u = 0; u < state_->units(); ++u) {
+      float* buffer = state_->fill_buffer(master, u);
+      model::init_unit(shape_, layout_.units[static_cast<std::size_t>(u)], s.seed, buffer);
+      STRATA_TRY(state_->store(master, u, buffer));
+    }
+  }
+  return state_->refresh(true);
 }
 
 Result<StepReport> Trainer::train_step() {
@@ -176,16 +200,22 @@ Result<StepReport> Trainer::train_step() {
   StepReport report;
   report.loss_scale = scaler_->scale();
   const double grad_scale = report.loss_scale / static_cast<double>(tokens);
+  const double wait_before = state_->counters().compute_wait_ms;
 
   double loss_sum = 0.0;
-  state_->begin_accumulation();
   for (std::int64_t m = 0; m < accumulation; ++m) {
     STRATA_TRY(dataset_->next_train(batch, inputs_.data(), targets_.data()));
     STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
-    STRATA_ASSIGN_OR_RETURN(double loss, runner_->train_step(*state_, grad_scale));
+    state_->begin_micro_batch(m == 0, m == accumulation - 1);
+    double loss = 0.0;
+    {
+      TraceScope scope(trace_.get(), TraceLane::kCompute, "forward + backward");
+      STRATA_ASSIGN_OR_RETURN(loss, runner_->train_step(*state_, grad_scale));
+    }
     loss_sum += loss;
-    state_->end_micro_batch();
+    STRATA_TRY(state_->end_micro_batch());
   }
+  STRATA_TRY(state_->finish_backward());
   report.loss = loss_sum / static_cast<double>(accumulation);
   report.compute_ms = seconds_since(start) * 1e3;
   const double scaled_norm = std::sqrt(state_->grad_sum_squares());
@@ -193,6 +223,7 @@ Result<StepReport> Trainer::train_step() {
     report.skipped = true;
     report.grad_norm = scaled_norm;
     ++counters_.skipped_steps;
+    STRATA_TRY(state_->skip_optimizer());
     STRATA_TRY(scaler_->update(true).with_context(fmt::format("step {}", counters_.step + 1)));
   } else {
     const double multiplier =
@@ -200,7 +231,11 @@ Result<StepReport> Trainer::train_step() {
     report.lr = schedule_->lr();
     report.grad_norm = scaled_norm / report.loss_scale;
     ++counters_.adam_step;
-    STRATA_TRY(state_->optimizer_step(*adam_, report.lr, multiplier, counters_.adam_step));
+    optim::PipelineStep step;
+    step.lr = report.lr;
+    step.grad_multiplier = multiplier;
+    step.step = counters_.adam_step;
+    STRATA_TRY(state_->start_optimizer(step, !config_.strata.overlap_optimizer));
     STRATA_TRY(scaler_->update(false));
     schedule_->step();
   }
@@ -217,7 +252,13 @@ Result<StepReport> Trainer::train_step() {
   report.tokens = tokens;
   report.step_ms = seconds_since(start) * 1e3;
   report.optimizer_ms = report.step_ms - report.compute_ms;
+  report.compute_wait_ms = state_->counters().compute_wait_ms - wait_before;
+  if (trace_) STRATA_TRY(trace_->flush());
   return report;
+}
+
+Status Trainer::finish_step() {
+  return state_->finish_optimizer();
 }
 
 Result<double> Trainer::evaluate(std::int64_t batches) {
@@ -226,7 +267,9 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
   for (std::int64_t i = 0; i < batches; ++i) {
     STRATA_TRY(dataset_->val_batch(i, batch, inputs_.data(), targets_.data()));
     STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
+    state_->begin_eval_batch();
     STRATA_ASSIGN_OR_RETURN(double loss, runner_->evaluate(*state_));
+    state_->end_eval_batch();
     total += loss;
   }
   return total / static_cast<double>(std::max<std::int64_t>(batches, 1));
@@ -241,19 +284,30 @@ Result<std::string> Trainer::save_checkpoint() {
 }
 
 Status Trainer::save_model(const std::string& dir) {
-  std::vector<const float*> masters;
-  for (int u = 0; u < state_->units(); ++u)
-    masters.push_back(state_->master(u));
-  return model::save_hf_model(dir, shape_, layout_, masters, kernels::DType::kF32);
+  STRATA_TRY(state_->finish_optimizer());
+  int cached = -1;
+  const float* data = nullptr;
+  return model::save_hf_model(
+      dir, shape_, layout_,
+      [&](int u) -> Result<const float*> {
+        if (u != cached) {
+          STRATA_ASSIGN_OR_RETURN(data, state_->view(tier::SlotKind::kMaster, u));
+          cached = u;
+        }
+        return data;
+      },
+      kernels::DType::kF32);
 }
 
 Json::Value Trainer::memory_json() const {
   Json::Value j(Json::objectValue);
-  const backend::MemoryStats device = backend_->device_memory();
-  const backend::MemoryStats host = backend_->pinned_memory();
-  j["device_bytes"] = Json::UInt64(device.bytes_in_use);
-  j["host_bytes"] = Json::UInt64(host.bytes_in_use);
-  j["nvme_bytes"] = Json::UInt64(0);
+  const tier::TierUsage u = state_->tiers().usage();
+  j["device_bytes"] = Json::UInt64(u.bytes_in_use[0]);
+  j["host_bytes"] = Json::UInt64(u.bytes_in_use[1]);
+  j["nvme_bytes"] = Json::UInt64(u.bytes_in_use[2]);
+  j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
+  j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
+  j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
   return j;
 }
 
@@ -272,9 +326,14 @@ Json::Value Trainer::summary() const {
   j["tokens"] = Json::Int64(counters_.tokens_seen);
   j["skipped_steps"] = Json::Int64(counters_.skipped_steps);
   j["elapsed_s"] = elapsed_s_;
-  j["device_bytes_peak"] = Json::UInt64(backend_->device_memory().bytes_peak);
-  j["host_bytes_peak"] = Json::UInt64(backend_->pinned_memory().bytes_peak);
-  j["nvme_bytes_peak"] = Json::UInt64(0);
+  const tier::TierUsage u = state_->tiers().usage();
+  j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
+  j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
+  j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
+  j["device_bytes_max"] = Json::UInt64(u.bytes_max[0]);
+  j["host_bytes_max"] = Json::UInt64(u.bytes_max[1]);
+  j["nvme_bytes_max"] = Json::UInt64(u.bytes_max[2]);
+  j["compute_wait_ms"] = state_->counters().compute_wait_ms;
   j["final_model"] = config_.strata.output_dir + "/final";
   return j;
 }
@@ -303,9 +362,16 @@ Status Trainer::run() {
       line["tokens"] = Json::Int64(r.tokens);
       line["tokens_per_s"] = tokens_per_s;
       line["step_ms"] = r.step_ms;
+      line["compute_wait_ms"] = r.compute_wait_ms;
       STRATA_TRY(metrics_.write(line));
     }
-    if (progress_) progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped);
+    if (progress_) {
+      const tier::TierUsage u = state_->tiers().usage();
+      progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped,
+                      fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
+                                  r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
+                                  format_bytes(u.bytes_peak[1]), format_bytes(u.bytes_peak[2])));
+    }
     const bool last = r.step == s.train_steps;
     if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {
       STRATA_ASSIGN_OR_RETURN(double eval_loss, evaluate(s.eval_batches));
@@ -326,10 +392,18 @@ Status Trainer::run() {
     STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
     note(fmt::format("checkpoint: {}", dir));
   }
+  STRATA_TRY(finish_step());
   if (progress_) progress_->finish();
   STRATA_TRY(save_model(s.output_dir + "/final"));
   elapsed_s_ = seconds_since(start);
   note(fmt::format("final model: {}/final", s.output_dir));
+  const tier::TierUsage u = state_->tiers().usage();
+  note(fmt::format(
+      "where the bytes lived (peaks): device {} of {}, host {} of {}, nvme {}{}",
+      format_bytes(u.bytes_peak[0]), format_bytes(u.bytes_max[0]), format_bytes(u.bytes_peak[1]),
+      format_bytes(u.bytes_max[1]), format_bytes(u.bytes_peak[2]),
+      state_->tiers().swap_dirs().empty() ? "" : " (" + state_->tiers().swap_dirs()[0] + ")"));
+  if (trace_) STRATA_TRY(trace_->close());
   return metrics_.write(summary());
 }
 

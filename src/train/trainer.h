@@ -1,10 +1,12 @@
-// The in-memory trainer (`strata train`): ZeRO stage 0 on one rank, every byte of state in
-// device or pinned host memory of one backend. A step runs gradient_accumulation_steps
-// micro-batches through the ModelRunner (gradients leave the device per unit, in the parameters'
-// type, into fp32 host accumulators), computes the global gradient norm, skips the step when it is
-// not finite (fp16 loss scaling backs off), else unscales and clips and runs Adam/AdamW on the
-// host with the lr schedule, and sends the new parameters back. Evaluation, checkpoints, metrics
-// and the final Hugging Face directory follow strata.* settings (docs/trainer.md).
+// The trainer (`strata train`) on one rank: the tier plan (tier/plan.h) decides where every byte
+// of state lives — device, pinned host or NVMe, as offload_param / offload_optimizer say — and
+// TrainState (train_state.h) moves it. A step runs gradient_accumulation_steps micro-batches
+// through the ModelRunner (parameters prefetched ahead of use, gradients leaving the device once
+// per unit into fp32 accumulators in their home), computes the global gradient norm, skips the
+// step when it is not finite (fp16 loss scaling backs off), else starts the optimizer pipeline
+// (CPU Adam over tiles, new parameters straight to their home), which the next step's forward
+// overlaps. Evaluation, checkpoints (offloaded state included), metrics, the trace and the final
+// Hugging Face directory follow strata.* settings (docs/trainer.md, docs/tiers.md).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/trace.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "model/layout.h"
@@ -36,13 +39,15 @@ struct StepReport {
   bool skipped = false;     // gradient not finite: no update
   std::int64_t tokens = 0;  // tokens in the step
   double step_ms = 0.0;
-  double compute_ms = 0.0;    // forward, backward and the gradients' trip to the host
-  double optimizer_ms = 0.0;  // norm, Adam and the parameters' trip back
+  double compute_ms = 0.0;       // forward, backward and the gradients' trip home
+  double optimizer_ms = 0.0;     // the rest: norm, and the optimizer unless it overlaps
+  double compute_wait_ms = 0.0;  // compute blocked on parameters, updates or gradient buffers
 };
 
 struct TrainerOptions {
-  bool progress_tty = false;  // draw a progress bar (stderr is a terminal)
-  bool quiet = false;         // no start-up lines or progress on stderr
+  bool progress_tty = false;           // draw a progress bar (stderr is a terminal)
+  bool quiet = false;                  // no start-up lines or progress on stderr
+  tier::EngineFactory engine_factory;  // the NVMe I/O engine (tests: the fault twin)
 };
 
 class Trainer {
@@ -63,11 +68,14 @@ class Trainer {
   Result<std::string> save_checkpoint();
   // Writes config.json + model.safetensors (fp32 masters) to `dir`.
   Status save_model(const std::string& dir);
+  // Waits for the optimizer step in flight (it overlaps the next step's forward otherwise).
+  Status finish_step();
 
   const model::ModelShape& shape() const { return shape_; }
   const model::ModelLayout& layout() const { return layout_; }
   const TrainerCounters& counters() const { return counters_; }
   TrainState& state() { return *state_; }
+  optim::AdamOptimizer& adam() { return *adam_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
   // The JSON summary line `run` writes at the end.
@@ -78,6 +86,7 @@ class Trainer {
   Status setup();
   void note(const std::string& message);
   Json::Value memory_json() const;
+  Status initialise_weights();
 
   config::Config config_;
   TrainerOptions options_;
@@ -86,9 +95,10 @@ class Trainer {
   model::ModelLayout layout_;
   kernels::DType storage_ = kernels::DType::kF32;
   std::unique_ptr<data::Dataset> dataset_;
-  std::unique_ptr<model::ModelRunner<float>> runner_;
-  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<Trace> trace_;
   std::unique_ptr<optim::AdamOptimizer> adam_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<model::ModelRunner<float>> runner_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   TrainerCounters counters_;

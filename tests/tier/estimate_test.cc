@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "model/layout.h"
+
 namespace strata::tier {
 namespace {
 
@@ -26,6 +30,7 @@ config::Config bf16_config(int stage, int world_size) {
   c.world_size = world_size;
   c.train_micro_batch_size_per_gpu = 2;
   c.strata.data.seq_len = 32;
+  c.zero_optimization.stage3_param_persistence_threshold = 0;  // every unit is small here
   return c;
 }
 
@@ -37,73 +42,115 @@ std::uint64_t item_bytes(const Estimate& e, Tier tier, const std::string& prefix
   return sum;
 }
 
-TEST(Estimate, StageZeroKeepsSixteenBytesPerParameterOnTheDevice) {
+// Units are padded to 2048 elements; the estimate counts what is allocated.
+std::uint64_t padded(const EstimateInput& in) {
+  return static_cast<std::uint64_t>(model::build_layout(in.shape).padded_numel());
+}
+std::uint64_t units(const EstimateInput& in) {
+  return model::build_layout(in.shape).units.size();
+}
+// Sum over units of this rank's shard (rank 0 of `world`), 2048-element aligned.
+std::uint64_t sharded(const EstimateInput& in, std::uint64_t world) {
+  std::uint64_t sum = 0;
+  for (const model::UnitLayout& u : model::build_layout(in.shape).units) {
+    const std::uint64_t n = static_cast<std::uint64_t>(u.padded_numel);
+    const std::uint64_t shard = (n + world - 1) / world;
+    sum += std::min(n, (shard + 2047) / 2048 * 2048);
+  }
+  return sum;
+}
+
+TEST(Estimate, WithoutOffloadParametersStayOnTheDeviceAndAdamStateOnTheHost) {
+  // Strata's optimizer runs on the CPU: without offload the fp32 master, moments and gradient
+  // accumulator live in host memory (each array 4 KiB-staggered), the parameters on the device.
   EstimateInput in = small_model();
-  const std::uint64_t p = in.params;
+  const std::uint64_t p = padded(in), n = units(in);
   Estimate e = estimate(bf16_config(0, 1), in);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "bf16 parameters"), 2 * p);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 master"), 4 * p);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "Adam exp_avg"), 8 * p);  // exp_avg + exp_avg_sq
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 accumulated"), 4 * p);
-  EXPECT_EQ(e.bytes(Tier::kHost), 0u);
+  EXPECT_EQ(item_bytes(e, Tier::kDevice, "bf16 parameters (device home)"), 2 * p);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 master"), 4 * p + 4096 * n);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "Adam exp_avg"), 8 * p + 2 * 4096 * n);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 accumulated"), 4 * p + 4096 * n);
+  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 master"), 0u);
   EXPECT_EQ(e.bytes(Tier::kNvme), 0u);
+  EXPECT_GT(item_bytes(e, Tier::kDevice, "gradient frames"), 0u);
+  EXPECT_GT(item_bytes(e, Tier::kDevice, "activations"), 0u);
 }
 
 TEST(Estimate, ZeroStagesPartitionStateAcrossRanks) {
   EstimateInput in = small_model();
-  const std::uint64_t p = in.params;
-  const std::uint64_t shard = (p + 3) / 4;
+  const std::uint64_t p = padded(in), n = units(in);
+  const std::uint64_t shard = sharded(in, 4);
   Estimate s1 = estimate(bf16_config(1, 4), in);
-  EXPECT_EQ(item_bytes(s1, Tier::kDevice, "fp32 master"), 4 * shard);
-  EXPECT_EQ(item_bytes(s1, Tier::kDevice, "fp32 accumulated"), 4 * p);
+  EXPECT_EQ(item_bytes(s1, Tier::kHost, "fp32 master"), 4 * shard + 4096 * n);
+  EXPECT_EQ(item_bytes(s1, Tier::kHost, "fp32 accumulated"), 4 * p + 4096 * n);
   EXPECT_EQ(item_bytes(s1, Tier::kDevice, "bf16 parameters"), 2 * p);
   Estimate s2 = estimate(bf16_config(2, 4), in);
-  EXPECT_EQ(item_bytes(s2, Tier::kDevice, "fp32 accumulated"), 4 * shard);
+  EXPECT_EQ(item_bytes(s2, Tier::kHost, "fp32 accumulated"), 4 * shard + 4096 * n);
   EXPECT_EQ(item_bytes(s2, Tier::kDevice, "bf16 parameters"), 2 * p);
   Estimate s3 = estimate(bf16_config(3, 4), in);
   EXPECT_EQ(item_bytes(s3, Tier::kDevice, "bf16 parameters"), 2 * shard);
-  EXPECT_GT(item_bytes(s3, Tier::kDevice, "gathered units"), 0u);
+  // Each rank holds its shard; whole units are gathered into frames.
+  EXPECT_GT(item_bytes(s3, Tier::kDevice, "parameter frames"), 0u);
 }
 
 TEST(Estimate, OffloadMovesStateToItsHomeTier) {
   EstimateInput in = small_model();
-  const std::uint64_t p = in.params;
+  const std::uint64_t p = padded(in), n = units(in);
   config::Config c = bf16_config(3, 1);
   c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kCpu;
   c.zero_optimization.offload_param.device = config::OffloadDevice::kNvme;
+  c.zero_optimization.offload_param.max_in_cpu = 0;
   Estimate e = estimate(c, in);
-  EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 master"), 4 * p);
-  EXPECT_EQ(item_bytes(e, Tier::kHost, "Adam"), 8 * p);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 master"), 4 * p + 4096 * n);
   EXPECT_EQ(item_bytes(e, Tier::kNvme, "bf16 parameters"), 2 * p);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 master"), 0u);
+  EXPECT_EQ(item_bytes(e, Tier::kDevice, "bf16 parameters"), 0u);
   EXPECT_GT(item_bytes(e, Tier::kHost, "parameter staging"), 0u);
+  EXPECT_GT(item_bytes(e, Tier::kDevice, "parameter frames"), 0u);
 
-  c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNvme;
+  // With the default max_in_cpu (1e9 elements) DeepSpeed keeps parameters in host memory.
+  c.zero_optimization.offload_param.max_in_cpu = 1'000'000'000;
   e = estimate(c, in);
-  EXPECT_EQ(e.bytes(Tier::kNvme), 2 * p + 16 * p);
-  // The optimizer pipeline holds 3 stages of 4 fp32 arrays of one tile (here the whole shard).
-  EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"), 3 * 4 * 4 * p);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "bf16 parameters (host home)"), 2 * p);
+  EXPECT_EQ(item_bytes(e, Tier::kNvme, "bf16 parameters"), 0u);
+
+  c.zero_optimization.offload_param.max_in_cpu = 0;
+  c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNvme;
+  c.zero_optimization.sub_group_size = 1 << 20;  // more than any unit: one tile per unit
+  e = estimate(c, in);
+  // Data, plus one 4 KiB checksum block per tile and slot (five slots per unit).
+  EXPECT_EQ(e.bytes(Tier::kNvme), 2 * p + 16 * p + 5 * 4096 * n);
+  // 3 stages x (4 fp32 arrays + a bf16 copy-out) of the largest tile (here the largest unit),
+  // each followed by a 4 KiB stagger, on a 2 MiB boundary.
+  std::uint64_t largest = 0;
+  for (const model::UnitLayout& u : model::build_layout(in.shape).units)
+    largest = std::max<std::uint64_t>(largest, u.padded_numel);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"),
+            3 * (4 * (4 * largest + 4096) + (2 * largest + 4096)) + (2u << 20) - 4096);
 }
 
-TEST(Estimate, OffloadRatioKeepsTheRestOnTheDevice) {
+TEST(Estimate, OffloadRatioKeepsTheFirstUnitsOnTheHost) {
   EstimateInput in = small_model();
   config::Config c = bf16_config(2, 1);
-  c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kCpu;
-  c.zero_optimization.offload_optimizer.ratio = 0.25;
+  c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNvme;
+  c.zero_optimization.offload_optimizer.ratio = 0.5;
   Estimate e = estimate(c, in);
+  const std::uint64_t nvme = item_bytes(e, Tier::kNvme, "Adam exp_avg_sq");
   const std::uint64_t host = item_bytes(e, Tier::kHost, "Adam exp_avg_sq");
-  const std::uint64_t device = item_bytes(e, Tier::kDevice, "Adam exp_avg_sq");
-  EXPECT_EQ(host + device, 4u * in.params);
-  EXPECT_NEAR(static_cast<double>(host) / (host + device), 0.25, 1e-6);
+  EXPECT_GT(nvme, 0u);
+  EXPECT_GT(host, 0u);
+  // Whole units move: the split is at a unit boundary near the ratio.
+  const double p = static_cast<double>(padded(in)) * 4;
+  EXPECT_NEAR(static_cast<double>(nvme) / p, 0.5, 0.35);
 }
 
-TEST(Estimate, Fp32TrainingHasNoSeparateMasterCopy) {
+TEST(Estimate, Fp32TrainingKeepsAMasterCopyBesideTheParameters) {
   EstimateInput in = small_model();
   config::Config c = bf16_config(0, 1);
   c.bf16.enabled = false;
   Estimate e = estimate(c, in);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 master"), 0u);
-  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 parameters"), 4u * in.params);
+  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 parameters (device home)"), 4u * padded(in));
+  EXPECT_GT(item_bytes(e, Tier::kHost, "fp32 master"), 0u);
+  EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 compute copies"), 0u);  // nothing to widen
 }
 
 TEST(Estimate, CheckpointingShrinksActivationsAndOffloadMovesThemToTheHost) {
@@ -116,8 +163,20 @@ TEST(Estimate, CheckpointingShrinksActivationsAndOffloadMovesThemToTheHost) {
   c.strata.model.activation_offload = true;
   Estimate offloaded = estimate(c, in);
   EXPECT_LT(offloaded.bytes(Tier::kDevice), checkpointed);
+  // blocks x batch x sequence x hidden x fp32, in whole pages
   EXPECT_EQ(item_bytes(offloaded, Tier::kHost, "activation checkpoints"),
-            4u * 2 * 32 * 64 * 2);  // blocks x batch x sequence x hidden x bf16
+            (4u * 2 * 32 * 64 * 4 + 4095) / 4096 * 4096);
+}
+
+TEST(Estimate, MorePrefetchFramesWhenTheDeviceBudgetAllows) {
+  EstimateInput in = small_model();
+  config::Config c = bf16_config(3, 1);
+  c.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
+  const std::uint64_t unlimited = item_bytes(estimate(c, in), Tier::kDevice, "parameter frames");
+  in.device_budget_bytes = estimate(c, in).bytes(Tier::kDevice) - unlimited / 2;
+  const std::uint64_t limited = item_bytes(estimate(c, in), Tier::kDevice, "parameter frames");
+  EXPECT_LT(limited, unlimited);
+  EXPECT_LE(estimate(c, in).bytes(Tier::kDevice), in.device_budget_bytes);
 }
 
 TEST(Estimate, AssumedShapeMatchesTheCount) {

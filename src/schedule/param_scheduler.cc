@@ -1,0 +1,395 @@
+// The prefetch scheduler (see param_scheduler.h).
+#include "schedule/param_scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+namespace strata::schedule {
+namespace {
+
+using tier::Tier;
+
+constexpr int kReadsInFlightMax = 64;  // NVMe tile reads the prefetcher keeps in flight
+
+std::uint64_t u64(std::int64_t v) {
+  return static_cast<std::uint64_t>(v);
+}
+
+}  // namespace
+
+ParamScheduler::ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero)
+    : tiers_(tiers),
+      backend_(tiers.backend()),
+      plan_(tiers.plan()),
+      zero_(zero),
+      order_(tiers.units(), 4 * tiers.units() + 16) {}
+
+ParamScheduler::~ParamScheduler() {
+  (void)drain();
+  for (UnitState& s : states_) {
+    if (s.copied.valid()) backend_.destroy_event(s.copied);
+  }
+}
+
+Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(tier::TierManager& tiers,
+                                                               const config::ZeroConfig& zero) {
+  std::unique_ptr<ParamScheduler> s(new ParamScheduler(tiers, zero));
+  const tier::TierPlan& p = tiers.plan();
+  s->states_.resize(p.units.size());
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    if (!p.units[u].framed) continue;
+    UnitState& st = s->states_[u];
+    STRATA_ASSIGN_OR_RETURN(st.copied, tiers.backend().create_event());
+    if (p.units[u].param_home == Tier::kNvme) {
+      st.reads.resize(static_cast<std::size_t>(p.units[u].tiles));
+      st.read_done.resize(static_cast<std::size_t>(p.units[u].tiles), 0);
+    }
+  }
+  s->frames_.resize(p.classes.size());
+  for (std::size_t k = 0; k < p.classes.size(); ++k) {
+    for (int i = 0; i < p.classes[k].param_frames; ++i)
+      s->frames_[k].push_back(Frame{tiers.param_frame(static_cast<int>(k), i), -1});
+  }
+  s->staging_busy_.assign(static_cast<std::size_t>(p.param_staging_buffers), 0);
+  s->in_flight_.reserve(p.units.size());
+  return s;
+}
+
+std::int64_t ParamScheduler::numel(int unit) const {
+  return plan_.units[static_cast<std::size_t>(unit)].padded_numel;
+}
+
+void* ParamScheduler::frame_data(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (up.persistent) return tiers_.persistent_frame(unit);
+  const UnitState& st = state(unit);
+  STRATA_ASSERT(st.frame >= 0);
+  return frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)].data;
+}
+
+bool ParamScheduler::resident(int unit) const {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  return !up.framed || states_[static_cast<std::size_t>(unit)].stage == Stage::kResident;
+}
+
+int ParamScheduler::next_use(int unit) const {
+  if (!order_.planned()) return -1;
+  return order_.next_use(unit, order_.cursor());
+}
+
+void ParamScheduler::begin_pass(Pass kind) {
+  order_.begin(kind);
+  (void)prefetch();
+}
+
+void ParamScheduler::end_pass() {
+  order_.end();
+}
+
+void ParamScheduler::evict(int unit) {
+  UnitState& st = state(unit);
+  STRATA_ASSERT(st.users == 0 && (st.stage == Stage::kResident || st.stage == Stage::kAbsent));
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (st.frame >= 0) {
+    frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)].unit = -1;
+    st.frame = -1;
+    ++stats_.evictions;
+  }
+  st.stage = Stage::kAbsent;
+}
+
+void ParamScheduler::invalidate(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (!up.framed) return;
+  UnitState& st = state(unit);
+  STRATA_ASSERT_MSG(st.users == 0 && st.stage != Stage::kReading && st.stage != Stage::kCopying,
+                    "invalidate of a unit in use or in flight");
+  if (up.persistent) {
+    st.stage = Stage::kAbsent;
+    return;
+  }
+  evict(unit);
+}
+
+Result<int> ParamScheduler::find_frame(int unit, bool demand) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  std::vector<Frame>& pool = frames_[static_cast<std::size_t>(up.size_class)];
+  for (std::size_t i = 0; i < pool.size(); ++i) {
+    if (pool[i].unit < 0) return static_cast<int>(i);
+  }
+  // Evict the cached unit used farthest in the future (never used again this pass = farthest);
+  // a prefetch only evicts units needed after the one it fetches.
+  constexpr int kNever = std::numeric_limits<int>::max();
+  const int mine = demand ? -1 : (next_use(unit) < 0 ? kNever : next_use(unit));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    int best = -1, best_next = -1;
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      const int w = pool[i].unit;
+      const UnitState& ws = state(w);
+      if (ws.users > 0) continue;
+      const bool settled = ws.stage == Stage::kResident;
+      if (!settled && (attempt == 0 || !demand)) continue;
+      int next = next_use(w);
+      if (next < 0) next = kNever;
+      if (!demand && next <= mine) continue;
+      if (next > best_next) {
+        best = static_cast<int>(i);
+        best_next = next;
+      }
+    }
+    if (best >= 0) {
+      const int w = pool[static_cast<std::size_t>(best)].unit;
+      if (state(w).stage != Stage::kResident) STRATA_TRY(advance(w, true));
+      evict(w);
+      return best;
+    }
+    if (!demand) return -1;
+  }
+  return Status(
+      ErrorCode::kInternal,
+      fmt::format("no parameter frame for unit {}: all {} frames of its size are in use",
+                  tiers_.layout().units[static_cast<std::size_t>(unit)].name, pool.size()));
+}
+
+Result<int> ParamScheduler::find_staging(bool demand) {
+  for (;;) {
+    for (std::size_t i = 0; i < staging_busy_.size(); ++i) {
+      if (!staging_busy_[i]) return static_cast<int>(i);
+    }
+    if (!demand) return -1;
+    // Finish the oldest fetch that holds a staging buffer.
+    int oldest = -1;
+    for (int u : in_flight_) {
+      if (state(u).staging >= 0) {
+        oldest = u;
+        break;
+      }
+    }
+    if (oldest < 0) return Status(ErrorCode::kInternal, "no parameter staging buffer is free");
+    STRATA_TRY(advance(oldest, true));
+  }
+}
+
+Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  UnitState& st = state(unit);
+  STRATA_ASSERT(up.framed && st.stage == Stage::kAbsent);
+  int staging = -1;
+  if (up.param_home == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(staging, find_staging(demand));
+    if (staging < 0) return false;
+  }
+  if (!up.persistent) {
+    STRATA_ASSIGN_OR_RETURN(int frame, find_frame(unit, demand));
+    if (frame < 0) return false;
+    st.frame = frame;
+    frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = unit;
+  }
+  Trace* trace = tiers_.trace();
+  st.begin_us = trace ? trace->now_us() : 0;
+  in_flight_.push_back(unit);
+  if (up.param_home == Tier::kHost) {
+    const std::uint64_t bytes = u64(up.shard_numel) * plan_.storage_bytes;
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, frame_data(unit),
+                                   tiers_.host_param(unit), bytes));
+    STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
+    stats_.bytes_to_device += bytes;
+    st.stage = Stage::kCopying;
+  } else {
+    staging_busy_[static_cast<std::size_t>(staging)] = 1;
+    st.staging = staging;
+    st.next_tile = 0;
+    st.done_tiles = 0;
+    std::fill(st.read_done.begin(), st.read_done.end(), 0);
+    st.stage = Stage::kReading;
+    STRATA_TRY(issue_reads(unit, demand));
+  }
+  return true;
+}
+
+Status ParamScheduler::issue_reads(int unit, bool demand) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  UnitState& st = state(unit);
+  auto* staging = static_cast<char*>(tiers_.param_staging(st.staging));
+  while (st.next_tile < up.tiles && (reads_in_flight_ < kReadsInFlightMax || demand)) {
+    const std::int64_t t = st.next_tile;
+    STRATA_ASSIGN_OR_RETURN(
+        st.reads[static_cast<std::size_t>(t)],
+        tiers_.read_tile(tier::SlotKind::kParam, unit, t,
+                         staging + u64(plan_.tile_begin(unit, t)) * plan_.storage_bytes,
+                         demand ? io::Priority::kDemand : io::Priority::kPrefetch));
+    ++st.next_tile;
+    ++reads_in_flight_;
+  }
+  return Status::ok();
+}
+
+// Moves one fetch along: reads done -> host->device copy -> resident. With `block`, until it is
+// resident.
+Status ParamScheduler::advance(int unit, bool block) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  UnitState& st = state(unit);
+  Trace* trace = tiers_.trace();
+  while (st.stage == Stage::kReading) {
+    for (std::int64_t t = 0; t < st.next_tile; ++t) {
+      if (st.read_done[static_cast<std::size_t>(t)]) continue;
+      std::optional<Status> done;
+      if (block) {
+        done = tiers_.wait(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
+      } else {
+        done = tiers_.poll(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
+      }
+      if (!done.has_value()) continue;
+      st.read_done[static_cast<std::size_t>(t)] = 1;
+      ++st.done_tiles;
+      --reads_in_flight_;
+      if (!done->is_ok()) {
+        // Leave nothing in flight behind: wait for this unit's other reads, then report.
+        for (std::int64_t r = 0; r < st.next_tile; ++r) {
+          if (st.read_done[static_cast<std::size_t>(r)]) continue;
+          (void)tiers_.wait(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(r)]);
+          st.read_done[static_cast<std::size_t>(r)] = 1;
+          --reads_in_flight_;
+        }
+        return done->with_context(
+            fmt::format("reading the parameters of {}",
+                        tiers_.layout().units[static_cast<std::size_t>(unit)].name));
+      }
+    }
+    if (st.next_tile < up.tiles) STRATA_TRY(issue_reads(unit, block));
+    if (st.done_tiles < up.tiles) {
+      if (!block) return Status::ok();
+      continue;
+    }
+    if (trace) {
+      trace->add(TraceLane::kNvmeRead, "param read", st.begin_us, trace->now_us(), unit,
+                 u64(up.shard_numel) * plan_.storage_bytes);
+    }
+    const std::uint64_t bytes = u64(up.shard_numel) * plan_.storage_bytes;
+    st.begin_us = trace ? trace->now_us() : 0;
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, frame_data(unit),
+                                   tiers_.param_staging(st.staging), bytes));
+    STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
+    stats_.bytes_to_device += bytes;
+    st.stage = Stage::kCopying;
+  }
+  if (st.stage == Stage::kCopying) {
+    if (block) {
+      STRATA_TRY(backend_.synchronize(st.copied));
+    } else if (!backend_.query(st.copied)) {
+      return Status::ok();
+    }
+    if (trace) {
+      trace->add(TraceLane::kHostToDevice, "param to device", st.begin_us, trace->now_us(), unit,
+                 u64(up.shard_numel) * plan_.storage_bytes);
+    }
+    STRATA_TRY(complete(unit));
+  }
+  return Status::ok();
+}
+
+Status ParamScheduler::complete(int unit) {
+  UnitState& st = state(unit);
+  if (st.staging >= 0) {
+    staging_busy_[static_cast<std::size_t>(st.staging)] = 0;
+    st.staging = -1;
+  }
+  st.stage = Stage::kResident;
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), unit));
+  return Status::ok();
+}
+
+Status ParamScheduler::pump() {
+  for (std::size_t i = 0; i < in_flight_.size();) {
+    const int u = in_flight_[i];
+    STRATA_TRY(advance(u, false));
+    if (i < in_flight_.size() && in_flight_[i] == u) ++i;
+  }
+  return prefetch();
+}
+
+Status ParamScheduler::drain() {
+  while (!in_flight_.empty())
+    STRATA_TRY(advance(in_flight_.front(), true));
+  return Status::ok();
+}
+
+Status ParamScheduler::prefetch() {
+  if (!order_.planned() || zero_.stage3_prefetch_bucket_size == 0) return Status::ok();
+  std::uint64_t ahead = 0, live = 0;
+  for (std::size_t u = 0; u < states_.size(); ++u) {
+    if (states_[u].stage != Stage::kAbsent) live += u64(numel(static_cast<int>(u)));
+  }
+  const std::uint64_t bucket = zero_.stage3_prefetch_bucket_size;
+  for (int pos = order_.cursor(); pos < order_.size(); ++pos) {
+    const int v = order_.at(pos);
+    const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
+    if (!up.framed) continue;
+    if (order_.next_use(v, order_.cursor()) != pos) continue;  // counted at its first use
+    UnitState& st = state(v);
+    if (st.users > 0) continue;
+    if (ahead + u64(up.padded_numel) > bucket) break;
+    ahead += u64(up.padded_numel);
+    if (st.stage != Stage::kAbsent) continue;
+    if (fetchable_ && !fetchable_(v)) break;
+    if (live + u64(up.padded_numel) > zero_.stage3_max_live_parameters) break;
+    STRATA_ASSIGN_OR_RETURN(bool started, start_fetch(v, false));
+    if (!started) break;
+    live += u64(up.padded_numel);
+    ++stats_.prefetches;
+  }
+  return Status::ok();
+}
+
+Result<const void*> ParamScheduler::acquire(int unit) {
+  order_.use(unit);
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (!up.framed) return static_cast<const void*>(tiers_.device_param(unit));
+  UnitState& st = state(unit);
+  if (st.stage == Stage::kResident) {
+    ++stats_.hits;
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    Trace* trace = tiers_.trace();
+    const std::uint64_t begin_us = trace ? trace->now_us() : 0;
+    if (st.stage == Stage::kAbsent) {
+      ++stats_.demand_fetches;
+      STRATA_ASSIGN_OR_RETURN(bool started, start_fetch(unit, true));
+      STRATA_ASSERT(started);
+    } else {
+      ++stats_.late;
+    }
+    STRATA_TRY(advance(unit, true));
+    stats_.wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (trace)
+      trace->add(TraceLane::kComputeWait, "wait for parameters", begin_us, trace->now_us(), unit);
+  }
+  ++st.users;
+  STRATA_TRY(pump());
+  return static_cast<const void*>(frame_data(unit));
+}
+
+void ParamScheduler::release(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (!up.framed) return;
+  UnitState& st = state(unit);
+  STRATA_ASSERT_MSG(st.users > 0, "release of a unit that was not acquired");
+  if (--st.users > 0 || up.persistent) return;
+  // Keep it cached if it comes back soon; else give the frame up now.
+  const int next = next_use(unit);
+  bool keep = next >= 0;
+  if (keep) {
+    std::uint64_t distance = 0;
+    for (int pos = order_.cursor(); pos < next && keep; ++pos) {
+      distance += u64(numel(order_.at(pos)));
+      keep = distance <= zero_.stage3_max_reuse_distance;
+    }
+  }
+  if (!keep) evict(unit);
+}
+
+}  // namespace strata::schedule

@@ -1,0 +1,123 @@
+// The prefetch scheduler: brings units' parameters to the device ahead of their use.
+//
+// A unit whose parameters are not homed on the device ("framed", tier/plan.h) is fetched into a
+// device frame of its size class: from NVMe into a pinned staging buffer (tile by tile), then
+// host->device; from a host home, host->device directly. After the first pass has recorded the
+// order of uses (UseOrder), every acquire also starts fetches for the units planned next, in
+// order, as long as
+//   - the units fetched ahead and not yet used total at most stage3_prefetch_bucket_size
+//     elements,
+//   - the units on the device (in use, cached, in flight) total at most
+//     stage3_max_live_parameters elements,
+//   - a frame of the unit's class is free, or holds a unit whose next use comes later
+//     (eviction by next use: the farthest goes first), and a staging buffer is free.
+// A released unit stays cached in its frame when its next planned use is within
+// stage3_max_reuse_distance elements of parameters; units below
+// stage3_param_persistence_threshold have frames of their own and stay resident.
+// An acquire of a unit that is not resident fetches it on demand (demand I/O priority) and waits:
+// frames never exceed the plan, so the device budget holds for demand fetches too. The time the
+// compute thread waits is counted (compute_wait).
+//
+// The optimizer changes parameters in their homes: invalidate() drops a unit's device copy, and
+// the optional `fetchable` gate keeps the prefetcher away from units whose update is pending.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "schedule/use_order.h"
+#include "tier/tier_manager.h"
+
+namespace strata::schedule {
+
+struct SchedulerStats {
+  std::uint64_t demand_fetches = 0;  // acquires that found the unit absent
+  std::uint64_t prefetches = 0;      // fetches started ahead of use
+  std::uint64_t late = 0;            // acquires that found a prefetch still in flight
+  std::uint64_t hits = 0;            // acquires that found the unit resident
+  std::uint64_t evictions = 0;
+  std::uint64_t bytes_to_device = 0;  // host->device bytes
+  double wait_ms = 0.0;               // compute thread blocked in acquire
+};
+
+class ParamScheduler {
+ public:
+  static Result<std::unique_ptr<ParamScheduler>> create(tier::TierManager& tiers,
+                                                        const config::ZeroConfig& zero);
+  ~ParamScheduler();
+  ParamScheduler(const ParamScheduler&) = delete;
+  ParamScheduler& operator=(const ParamScheduler&) = delete;
+
+  // Starts / ends a pass (a training step's micro-batches are one pass each).
+  void begin_pass(Pass kind);
+  void end_pass();
+  // Unit u's parameters in the storage type on the device, valid until release(u).
+  Result<const void*> acquire(int unit);
+  void release(int unit);
+  // Unit u's parameters changed in their home: its device copy is dropped. The unit must not be
+  // in use or in flight.
+  void invalidate(int unit);
+  // Units for which `gate(u)` is false are not prefetched (their update is pending).
+  void set_fetchable(std::function<bool(int)> gate) { fetchable_ = std::move(gate); }
+  // Moves fetches along without blocking and starts planned prefetches.
+  Status pump();
+  // Completes every fetch in flight.
+  Status drain();
+
+  const SchedulerStats& stats() const { return stats_; }
+  const UseOrder& order() const { return order_; }
+  // Whether unit u is on the device now (resident, not in flight).
+  bool resident(int unit) const;
+
+ private:
+  enum class Stage : std::uint8_t { kAbsent, kReading, kCopying, kResident };
+  struct UnitState {
+    Stage stage = Stage::kAbsent;
+    int frame = -1;  // index in its class's pool; -1 with a persistent frame
+    int users = 0;
+    int staging = -1;  // param staging buffer while reading / copying from NVMe
+    std::int64_t next_tile = 0;
+    std::int64_t done_tiles = 0;
+    std::vector<io::SwapHandle> reads;  // per tile
+    std::vector<std::uint8_t> read_done;
+    backend::Event copied;
+    std::uint64_t begin_us = 0;
+  };
+  struct Frame {
+    void* data = nullptr;
+    int unit = -1;
+  };
+
+  ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero);
+  UnitState& state(int unit) { return states_[static_cast<std::size_t>(unit)]; }
+  void* frame_data(int unit);
+  std::int64_t numel(int unit) const;
+  // Starts fetching `unit`; false when no frame or staging buffer is available (prefetch only:
+  // a demand fetch waits for one).
+  Result<bool> start_fetch(int unit, bool demand);
+  Result<int> find_frame(int unit, bool demand);
+  Result<int> find_staging(bool demand);
+  Status issue_reads(int unit, bool demand);
+  Status advance(int unit, bool block);
+  Status complete(int unit);
+  void evict(int unit);
+  Status prefetch();
+  int next_use(int unit) const;
+
+  tier::TierManager& tiers_;
+  backend::Backend& backend_;
+  const tier::TierPlan& plan_;
+  config::ZeroConfig zero_;
+  UseOrder order_;
+  std::vector<UnitState> states_;
+  std::vector<std::vector<Frame>> frames_;  // per size class
+  std::vector<std::uint8_t> staging_busy_;
+  std::vector<int> in_flight_;  // units reading or copying, in start order
+  int reads_in_flight_ = 0;
+  std::function<bool(int)> fetchable_;
+  SchedulerStats stats_;
+};
+
+}  // namespace strata::schedule
