@@ -141,7 +141,7 @@ class OptimizerPipeline {
   const tier::TierPlan& plan_;
   AdamOptimizer& adam_;
   std::int64_t depth_ = 3;
-  std::vector<Tile> tiles_;  // every tile, units in order
+  std::vector<Tile> tiles_;                              // every tile, units in order
   std::vector<std::atomic<std::int64_t>> params_tiles_;  // per unit: tiles whose params are home
   std::vector<std::atomic<std::int64_t>> done_tiles_;    // per unit: tiles fully written
   std::vector<Slot> slots_;                              // depth_
