@@ -17,18 +17,6 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-kernels::DType storage_of(const config::Config& c) {
-  switch (c.precision()) {
-    case config::Precision::kBf16:
-      return kernels::DType::kBF16;
-    case config::Precision::kFp16:
-      return kernels::DType::kF16;
-    case config::Precision::kFp32:
-      break;
-  }
-  return kernels::DType::kF32;
-}
-
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
 }
@@ -183,6 +171,18 @@ void add_items(TierPlan& p, const PlanInput& in) {
 }
 
 }  // namespace
+
+kernels::DType storage_of(const config::Config& c) {
+  switch (c.precision()) {
+    case config::Precision::kBf16:
+      return kernels::DType::kBF16;
+    case config::Precision::kFp16:
+      return kernels::DType::kF16;
+    case config::Precision::kFp32:
+      break;
+  }
+  return kernels::DType::kF32;
+}
 
 const char* to_string(SlotKind kind) {
   switch (kind) {

@@ -132,6 +132,9 @@ std::vector<std::string> describe_plan(const TierPlan& plan,
 
 // The plan for `input`. kOutOfMemory naming strata.device_bytes_max when the device budget is
 // below the minimum working set (the message names the minimum and what it is made of).
+// The parameters' storage type for the config's precision (bf16, fp16 or fp32).
+kernels::DType storage_of(const config::Config& c);
+
 Result<TierPlan> make_plan(const PlanInput& input);
 
 // The same plan without the budget check (for `strata estimate`, which reports verdicts).

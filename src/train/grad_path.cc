@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "common/clock.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
 
@@ -16,11 +17,6 @@ using tier::Tier;
 
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
-}
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
 }
 
 }  // namespace

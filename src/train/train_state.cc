@@ -6,16 +6,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
+
 namespace strata::train {
 namespace {
 
 using tier::SlotKind;
 using tier::Tier;
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
+#include "tier/plan.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;
@@ -21,18 +22,6 @@ constexpr std::size_t kRecentLosses = 10;  // the summary's final_loss averages 
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-kernels::DType storage_of(const config::Config& c) {
-  switch (c.precision()) {
-    case config::Precision::kBf16:
-      return kernels::DType::kBF16;
-    case config::Precision::kFp16:
-      return kernels::DType::kF16;
-    case config::Precision::kFp32:
-      break;
-  }
-  return kernels::DType::kF32;
 }
 
 }  // namespace
@@ -71,7 +60,7 @@ Status Trainer::setup() {
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   layout_ = model::build_layout(shape_);
-  storage_ = storage_of(config_);
+  storage_ = tier::storage_of(config_);
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
                   fmt::format("{} is longer than the model's max_seq_len ({})", s.data.seq_len,
