@@ -10,7 +10,7 @@ bash "$root/tools/setup.sh"
 bash "$root/tools/build.sh" "$root/build" Release >/dev/null
 strata="$root/build/strata"
 cd "$root"
-mkdir -p strata_out
+mkdir -p strata_out/nvme  # the NVMe tier of configs/demo.json: swap files live here while it trains
 
 echo "== strata report"
 "$strata" report --path strata_out
