@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "tests/model/fixture_support.h"
+#include "tests/train/fixture_config.h"
 #include "tests/train/llmc_tokens.h"
 #include "tier/plan.h"
 #include "train/trainer.h"
@@ -41,18 +42,9 @@ TEST_P(FixtureAdamWCuda, ThreeStepsMatchTorchAdamW) {
   const testing::Fixture fx = testing::load_fixture(GetParam());
   testing::TempDir dir;
   const std::string tokens = dir.write_file("tokens.bin", testing::llmc_file(fx.tokens));
-  const std::string text = fmt::format(
-      R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
-          "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [{}, {}], "eps": {},
-                                                   "weight_decay": {}}}}},
-          "strata": {{"output_dir": "{}/out", "train_steps": 3, "backend": "cuda",
-                      "device_bytes_max": "512MiB", "host_bytes_max": "256MiB",
-                      "model": {{"path": "{}"}},
-                      "data": {{"source": "tokens", "path": "{}", "seq_len": {},
-                                "val_fraction": 0, "shuffle": false}}}}}})",
-      fx.batch, fx.metadata("lr"), fx.metadata("beta1"), fx.metadata("beta2"), fx.metadata("eps"),
-      fx.metadata("weight_decay"), dir.path(), testing::fixture_dir(GetParam()), tokens,
-      fx.seq_len);
+  const std::string text = testing::fixture_train_config(
+      fx, GetParam(), dir.path(), tokens,
+      R"("backend": "cuda", "device_bytes_max": "512MiB", "host_bytes_max": "256MiB",)");
   std::string skip;
   auto trainer = make_trainer(text, &skip);
   if (!skip.empty()) GTEST_SKIP() << "no GPU: " << skip;
