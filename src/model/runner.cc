@@ -288,6 +288,24 @@ const T* ModelRunner<T>::head_weight(const T* hw, const T* ew) const {
 }
 
 template <typename T>
+Result<const T*> ModelRunner<T>::forward_to_head(UnitStore<T>& store) {
+  STRATA_TRY(forward_blocks(store, false));
+  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(layout_.head_unit()));
+  const T* ew = nullptr;
+  if (layout_.tied) {
+    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(layout_.embedding_unit()));
+  }
+  STRATA_TRY(head_norm(hw));
+  return head_weight(hw, ew);
+}
+
+template <typename T>
+void ModelRunner<T>::release_head(UnitStore<T>& store) {
+  store.release_params(layout_.head_unit());
+  if (layout_.tied) store.release_params(layout_.embedding_unit());
+}
+
+template <typename T>
 Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
@@ -370,46 +388,28 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
 template <typename T>
 Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
-  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  STRATA_TRY(forward_blocks(store, false));
-  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
-  const T* ew = nullptr;
-  if (layout_.tied) {
-    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(emb));
-  }
-  STRATA_TRY(head_norm(hw));
-  const T* weight = head_weight(hw, ew);
+  STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
     ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
     ops_->cross_entropy_forward(losses_ + r0, logits_, targets_ + r0, rows, v);
   }
   const double loss_sum = ops_->sum(losses_, n);
-  store.release_params(head);
-  if (layout_.tied) store.release_params(emb);
+  release_head(store);
   return loss_sum / static_cast<double>(n);
 }
 
 template <typename T>
 Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
-  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  STRATA_TRY(forward_blocks(store, false));
-  STRATA_ASSIGN_OR_RETURN(const T* hw, store.acquire_params(head));
-  const T* ew = nullptr;
-  if (layout_.tied) {
-    STRATA_ASSIGN_OR_RETURN(ew, store.acquire_params(emb));
-  }
-  STRATA_TRY(head_norm(hw));
-  const T* weight = head_weight(hw, ew);
+  STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
     ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
     STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, out + r0 * v, logits_,
                                     static_cast<std::uint64_t>(rows * v) * sizeof(T)));
   }
-  store.release_params(head);
-  if (layout_.tied) store.release_params(emb);
+  release_head(store);
   return Status::ok();
 }
 

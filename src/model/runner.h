@@ -107,6 +107,10 @@ class ModelRunner {
   // Final norm into lnf_; returns the head's parameters and the logits weight.
   Status head_norm(const T* head_params);
   const T* head_weight(const T* head_params, const T* embedding_params) const;
+  // Inference up to the head: the blocks forward, the head's (and a tied embedding's) parameters
+  // acquired, the final norm into lnf_; returns the logits weight, held until release_head().
+  Result<const T*> forward_to_head(UnitStore<T>& store);
+  void release_head(UnitStore<T>& store);
 
   backend::Backend* backend_;  // null only while sizing
   backend::Ops<T>* ops_;
