@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "common/assert.h"
 #include "common/units.h"
 
 namespace strata::model {
@@ -50,7 +51,8 @@ std::int64_t ModelLayout::padded_numel() const {
   return total;
 }
 
-ModelLayout build_layout(const ModelShape& s) {
+ModelLayout build_layout(const ModelShape& s, int shards) {
+  STRATA_ASSERT(shards >= 1);
   ModelLayout layout;
   layout.tied = s.tie_word_embeddings;
   const std::int64_t c = s.hidden_size, v = s.vocab_size, inner = s.intermediate_size;
@@ -104,6 +106,14 @@ ModelLayout build_layout(const ModelShape& s) {
     head.add("model.norm.weight", {c});
     if (!s.tie_word_embeddings) head.add("lm_head.weight", {v, c});
     layout.units.push_back(head.finish());
+  }
+  if (shards > 1) {
+    const auto pad =
+        static_cast<std::uint64_t>(kUnitPadElements) * static_cast<std::uint64_t>(shards);
+    for (UnitLayout& u : layout.units) {
+      u.padded_numel = static_cast<std::int64_t>(
+          align_up(static_cast<std::uint64_t>(std::max<std::int64_t>(u.numel, 1)), pad));
+    }
   }
   return layout;
 }

@@ -79,6 +79,8 @@ enum BlockTensor { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
 enum HeadTensor { kNorm = 0, kLmHead = 1 };  // kLmHead only when untied
 }  // namespace llama
 
-ModelLayout build_layout(const ModelShape& spec);
+// `shards` > 1 (ZeRO across that many ranks) pads every unit to a multiple of shards x
+// kUnitPadElements instead, so each rank's shard is an equal, whole number of pages.
+ModelLayout build_layout(const ModelShape& spec, int shards = 1);
 
 }  // namespace strata::model
