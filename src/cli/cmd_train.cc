@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "cli/command.h"
+#include "comm/world.h"
 #include "config/config.h"
 #include "train/trainer.h"
 
@@ -25,12 +26,6 @@ int run_train(const TrainOptions& options) {
   Result<std::int64_t> world_size = config::world_size_from_environment();
   if (!world_size.is_ok()) return report_error(world_size.status());
   load.world_size = *world_size;
-  if (load.world_size != 1) {
-    return report_error(Status(ErrorCode::kUnavailable,
-                               fmt::format("world size {} from the launcher: multi-rank training "
-                                           "is not built yet; run one process",
-                                           load.world_size)));
-  }
   std::vector<std::string> overrides = options.overrides;
   if (!options.trace.empty()) overrides.push_back("strata.trace_file=" + options.trace);
   auto loaded = config::load_config_file(options.config, overrides, load);
@@ -43,16 +38,24 @@ int run_train(const TrainOptions& options) {
   train::TrainerOptions trainer_options;
   trainer_options.progress_tty = ::isatty(STDERR_FILENO) == 1;
   trainer_options.quiet = options.quiet;
+  // On several ranks, a rank that fails ends the others at once (MPI_Abort) instead of leaving
+  // them to strata.comm_timeout_s.
+  auto fail = [](const Status& status) {
+    const int code = report_error(status);
+    comm::abort_world_at_exit(code);
+    return code;
+  };
   auto trainer = train::Trainer::create(loaded->config, trainer_options);
-  if (!trainer.is_ok()) return report_error(trainer.status());
-  {
+  if (!trainer.is_ok()) return fail(trainer.status());
+  const bool first_rank = (*trainer)->rank() == 0;
+  if (first_rank) {
     // The values in effect, next to the metrics they produced.
     std::ofstream out(loaded->config.strata.output_dir + "/effective_config.json");
     out << config::to_json(loaded->config);
   }
   Status status = (*trainer)->run();
-  if (!status.is_ok()) return report_error(status);
-  std::printf("%s\n", train::MetricsLog::to_line((*trainer)->summary()).c_str());
+  if (!status.is_ok()) return fail(status);
+  if (first_rank) std::printf("%s\n", train::MetricsLog::to_line((*trainer)->summary()).c_str());
   return 0;
 }
 

@@ -164,9 +164,9 @@ Status OptimizerPipeline::compute(Slot& slot) {
   float* arrays[4];
   for (int a = 0; a < 4; ++a)
     arrays[a] = nvme ? stage(s, a) : tiers_.host_state(t.unit, kStateKinds[a]) + begin;
-  void* param_out = up.param_home == Tier::kHost
-                        ? static_cast<char*>(tiers_.host_param(t.unit)) + u64(begin) * c
-                        : static_cast<void*>(stage(s, 4));
+  void* param_out = up.param_home == Tier::kHost ? static_cast<char*>(tiers_.host_param(t.unit)) +
+                                                       u64(up.param_shard_offset() + begin) * c
+                                                 : static_cast<void*>(stage(s, 4));
   {
     TraceScope scope(trace, TraceLane::kAdam, "adam", t.unit, u64(n) * 4);
     const auto start = std::chrono::steady_clock::now();
@@ -199,7 +199,8 @@ Status OptimizerPipeline::compute(Slot& slot) {
     slot.param_delivered = false;
     slot.param_write = true;
   } else if (up.param_home == Tier::kDevice) {
-    slot.copy_dst = static_cast<char*>(tiers_.device_param(t.unit)) + u64(begin) * c;
+    slot.copy_dst =
+        static_cast<char*>(tiers_.device_param(t.unit)) + u64(up.param_shard_offset() + begin) * c;
     slot.copy_src = param_out;
     slot.copy_bytes = u64(n) * c;
     slot.param_delivered = false;

@@ -20,8 +20,23 @@ std::uint64_t u64(std::int64_t v) {
 
 }  // namespace
 
-ParamScheduler::ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero)
+comm::DataType comm_type(kernels::DType type) {
+  switch (type) {
+    case kernels::DType::kBF16:
+      return comm::DataType::kBF16;
+    case kernels::DType::kF16:
+      return comm::DataType::kF16;
+    default:
+      return comm::DataType::kF32;
+  }
+}
+
+namespace {}  // namespace
+
+ParamScheduler::ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero,
+                               comm::Comm* comm)
     : tiers_(tiers),
+      comm_(comm),
       backend_(tiers.backend()),
       plan_(tiers.plan()),
       zero_(zero),
@@ -35,9 +50,12 @@ ParamScheduler::~ParamScheduler() {
 }
 
 Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(tier::TierManager& tiers,
-                                                               const config::ZeroConfig& zero) {
-  std::unique_ptr<ParamScheduler> s(new ParamScheduler(tiers, zero));
+                                                               const config::ZeroConfig& zero,
+                                                               comm::Comm* comm) {
   const tier::TierPlan& p = tiers.plan();
+  STRATA_ASSERT_MSG(p.world == 1 || (comm != nullptr && comm->world_size() == p.world),
+                    "a plan for several ranks needs their Comm");
+  std::unique_ptr<ParamScheduler> s(new ParamScheduler(tiers, zero, comm));
   s->states_.resize(p.units.size());
   for (std::size_t u = 0; u < p.units.size(); ++u) {
     if (!p.units[u].framed) continue;
@@ -70,6 +88,96 @@ void* ParamScheduler::frame_data(int unit) {
   return frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)].data;
 }
 
+void* ParamScheduler::shard_data(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const std::uint64_t at = up.param_numel < up.padded_numel ? u64(up.shard_begin) : 0;
+  return static_cast<char*>(frame_data(unit)) + at * plan_.storage_bytes;
+}
+
+bool ParamScheduler::sharded(int unit) const {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  return up.framed && up.param_numel < up.padded_numel;
+}
+
+Status ParamScheduler::finish_gather(int unit) {
+  UnitState& st = state(unit);
+  STRATA_ASSERT(st.gathering);
+  st.gathering = false;
+  --st.users;  // the hold gather_ahead() took
+  return comm_->wait(st.gather).with_context(
+      fmt::format("gathering the parameters of {}",
+                  tiers_.layout().units[static_cast<std::size_t>(unit)].name));
+}
+
+Status ParamScheduler::gather_ahead() {
+  // The unit planned next: its shard is brought in now (usually prefetched already) and its
+  // all-gather runs while the current unit computes. Which unit that is, and whether a frame can
+  // take it (a frame of its size that no acquire or hold is using), depend only on the order of
+  // acquires and releases, which every rank shares, so every rank issues the same collectives in
+  // the same order. Timing decides only how long the local fetch takes.
+  if (plan_.world == 1 || !order_.planned() || order_.cursor() >= order_.size())
+    return Status::ok();
+  const int v = order_.at(order_.cursor());
+  if (!sharded(v)) return Status::ok();
+  UnitState& st = state(v);
+  if (st.gathering || st.users > 0) return Status::ok();  // gathered at its acquire instead
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
+  if (!up.persistent) {
+    bool free_frame = false;
+    for (const Frame& f : frames_[static_cast<std::size_t>(up.size_class)])
+      free_frame = free_frame || f.unit < 0 || state(f.unit).users == 0;
+    if (!free_frame) return Status::ok();
+  }
+  if (wait_update_) STRATA_TRY(wait_update_(v));  // counts its own wait
+  const auto start = std::chrono::steady_clock::now();
+  if (st.stage == Stage::kAbsent) {
+    STRATA_ASSIGN_OR_RETURN(bool started, start_fetch(v, true));
+    STRATA_ASSERT(started);
+  }
+  STRATA_TRY(advance(v, true));
+  stats_.wait_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  STRATA_ASSIGN_OR_RETURN(st.gather,
+                          comm_->all_gather(shard_data(v), frame_data(v), u64(up.shard_numel),
+                                            comm_type(plan_.storage)));
+  st.gathering = true;
+  ++st.users;  // held: not evicted while the gather writes its frame
+  ++stats_.gathers;
+  ++stats_.gathers_ahead;
+  return Status::ok();
+}
+
+Status ParamScheduler::gather(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  if (!sharded(unit)) return Status::ok();
+  if (state(unit).gathering) {
+    const auto start = std::chrono::steady_clock::now();
+    Status s = finish_gather(unit);
+    stats_.gather_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return s;
+  }
+  // Every rank acquires the same units in the same order, so issuing here keeps the ranks'
+  // collectives in step; whether a unit was cached depends on timing, so it is gathered anyway.
+  Trace* trace = tiers_.trace();
+  const std::uint64_t begin_us = trace ? trace->now_us() : 0;
+  const auto start = std::chrono::steady_clock::now();
+  STRATA_ASSIGN_OR_RETURN(comm::Handle h,
+                          comm_->all_gather(shard_data(unit), frame_data(unit), u64(up.shard_numel),
+                                            comm_type(plan_.storage)));
+  STRATA_TRY(comm_->wait(h).with_context(
+      fmt::format("gathering the parameters of {}",
+                  tiers_.layout().units[static_cast<std::size_t>(unit)].name)));
+  stats_.gathers += 1;
+  stats_.gather_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (trace) {
+    trace->add(TraceLane::kComputeWait, "all-gather", begin_us, trace->now_us(), unit,
+               u64(up.padded_numel) * plan_.storage_bytes);
+  }
+  return Status::ok();
+}
+
 bool ParamScheduler::resident(int unit) const {
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   return !up.framed || states_[static_cast<std::size_t>(unit)].stage == Stage::kResident;
@@ -86,6 +194,11 @@ void ParamScheduler::begin_pass(Pass kind) {
 }
 
 void ParamScheduler::end_pass() {
+  // A gather started ahead for a use that did not come (the pass diverged): finish it and drop its
+  // hold, at the same point on every rank.
+  for (std::size_t u = 0; u < states_.size(); ++u) {
+    if (states_[u].gathering) (void)finish_gather(static_cast<int>(u));
+  }
   order_.end();
 }
 
@@ -191,10 +304,14 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
   Trace* trace = tiers_.trace();
   st.begin_us = trace ? trace->now_us() : 0;
   in_flight_.push_back(unit);
-  if (up.param_home == Tier::kHost) {
-    const std::uint64_t bytes = u64(up.shard_numel) * plan_.storage_bytes;
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, frame_data(unit),
-                                   tiers_.host_param(unit), bytes));
+  if (up.param_home != Tier::kNvme) {
+    // From the host home, or (stage 3 on several ranks) from the shard's device home.
+    const std::uint64_t bytes = u64(up.param_numel) * plan_.storage_bytes;
+    const void* src = up.param_home == Tier::kHost
+                          ? tiers_.host_param(unit)
+                          : static_cast<const void*>(tiers_.device_param(unit));
+    STRATA_TRY(
+        backend_.copy_async(backend::StreamKind::kHostToDevice, shard_data(unit), src, bytes));
     STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
     stats_.bytes_to_device += bytes;
     st.stage = Stage::kCopying;
@@ -268,9 +385,9 @@ Status ParamScheduler::advance(int unit, bool block) {
       trace->add(TraceLane::kNvmeRead, "param read", st.begin_us, trace->now_us(), unit,
                  u64(up.shard_numel) * plan_.storage_bytes);
     }
-    const std::uint64_t bytes = u64(up.shard_numel) * plan_.storage_bytes;
+    const std::uint64_t bytes = u64(up.param_numel) * plan_.storage_bytes;
     st.begin_us = trace ? trace->now_us() : 0;
-    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, frame_data(unit),
+    STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, shard_data(unit),
                                    tiers_.param_staging(st.staging), bytes));
     STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
     stats_.bytes_to_device += bytes;
@@ -369,6 +486,8 @@ Result<const void*> ParamScheduler::acquire(int unit) {
       trace->add(TraceLane::kComputeWait, "wait for parameters", begin_us, trace->now_us(), unit);
   }
   ++st.users;
+  STRATA_TRY(gather(unit));
+  STRATA_TRY(gather_ahead());
   STRATA_TRY(pump());
   return static_cast<const void*>(frame_data(unit));
 }

@@ -18,6 +18,12 @@
 // frames never exceed the plan, so the device budget holds for demand fetches too. The time the
 // compute thread waits is counted (compute_wait).
 //
+// ZeRO stage 3 on several ranks: each rank's home holds its shard of every unit; a fetch brings the
+// shard into its place in the frame and acquire() all-gathers the rest from the other ranks (at
+// every acquire: see gather()). The shard's NVMe read and host->device copy are prefetched as
+// above; each acquire also starts the all-gather of the unit planned next (gather_ahead()), so it
+// runs while the current unit computes.
+//
 // The optimizer changes parameters in their homes: invalidate() drops a unit's device copy, and
 // the optional `fetchable` gate keeps the prefetcher away from units whose update is pending.
 #pragma once
@@ -27,6 +33,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/comm.h"
 #include "schedule/use_order.h"
 #include "tier/tier_manager.h"
 
@@ -40,12 +47,20 @@ struct SchedulerStats {
   std::uint64_t evictions = 0;
   std::uint64_t bytes_to_device = 0;  // host->device bytes
   double wait_ms = 0.0;               // compute thread blocked in acquire
+  std::uint64_t gathers = 0;          // all-gathers of stage-3 shards (several ranks)
+  std::uint64_t gathers_ahead = 0;    // of them, started one use ahead
+  double gather_ms = 0.0;             // time in them (part of wait_ms' acquire, counted apart)
 };
+
+// The collective type of a storage type.
+comm::DataType comm_type(kernels::DType type);
 
 class ParamScheduler {
  public:
+  // `comm`: the data-parallel ranks (needed when the plan is for more than one).
   static Result<std::unique_ptr<ParamScheduler>> create(tier::TierManager& tiers,
-                                                        const config::ZeroConfig& zero);
+                                                        const config::ZeroConfig& zero,
+                                                        comm::Comm* comm = nullptr);
   ~ParamScheduler();
   ParamScheduler(const ParamScheduler&) = delete;
   ParamScheduler& operator=(const ParamScheduler&) = delete;
@@ -61,6 +76,9 @@ class ParamScheduler {
   void invalidate(int unit);
   // Units for which `gate(u)` is false are not prefetched (their update is pending).
   void set_fetchable(std::function<bool(int)> gate) { fetchable_ = std::move(gate); }
+  // Waits until unit u's parameters may be fetched (its pending update is home): used before a
+  // fetch that every rank must make at the same point (a gather ahead, stage 3 on several ranks).
+  void set_wait_update(std::function<Status(int)> wait) { wait_update_ = std::move(wait); }
   // Moves fetches along without blocking and starts planned prefetches.
   Status pump();
   // Completes every fetch in flight.
@@ -84,13 +102,24 @@ class ParamScheduler {
     std::vector<std::uint8_t> read_done;
     backend::Event copied;
     std::uint64_t begin_us = 0;
+    bool gathering = false;  // an all-gather started ahead is in flight (and holds a use)
+    comm::Handle gather;
   };
   struct Frame {
     void* data = nullptr;
     int unit = -1;
   };
 
-  ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero);
+  ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm);
+  // Where this rank's shard goes in the unit's frame (the frame itself unless stage 3 shards it).
+  void* shard_data(int unit);
+  // Stage 3 on several ranks: all-gathers the unit's shards in its frame (blocking), or finishes
+  // the gather gather_ahead() started for it.
+  Status gather(int unit);
+  bool sharded(int unit) const;
+  // Starts the all-gather of the unit planned next (see the .cc for why ranks stay in step).
+  Status gather_ahead();
+  Status finish_gather(int unit);
   UnitState& state(int unit) { return states_[static_cast<std::size_t>(unit)]; }
   void* frame_data(int unit);
   std::int64_t numel(int unit) const;
@@ -107,6 +136,7 @@ class ParamScheduler {
   int next_use(int unit) const;
 
   tier::TierManager& tiers_;
+  comm::Comm* comm_ = nullptr;
   backend::Backend& backend_;
   const tier::TierPlan& plan_;
   config::ZeroConfig zero_;
@@ -117,6 +147,7 @@ class ParamScheduler {
   std::vector<int> in_flight_;  // units reading or copying, in start order
   int reads_in_flight_ = 0;
   std::function<bool(int)> fetchable_;
+  std::function<Status(int)> wait_update_;
   SchedulerStats stats_;
 };
 

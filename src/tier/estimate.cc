@@ -76,7 +76,7 @@ Estimate estimate(const config::Config& c, const EstimateInput& in) {
 
   // The same plan the trainer allocates (tier/plan.h), for rank 0, with the runner's exact
   // activation buffers.
-  const model::ModelLayout layout = model::build_layout(in.shape);
+  const model::ModelLayout layout = model::build_layout(in.shape, layout_shards(c));
   const config::ModelConfig& m = c.strata.model;
   model::RunnerOptions runner;
   runner.batch =

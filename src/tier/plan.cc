@@ -294,6 +294,9 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   const config::ZeroConfig& z = c.zero_optimization;
   const model::ModelLayout& layout = *in.layout;
   TierPlan p;
+  p.rank = in.rank;
+  p.world = in.world;
+  p.zero_stage = static_cast<int>(z.stage);
   p.storage = storage_of(c);
   p.storage_bytes = kernels::dtype_bytes(p.storage);
   p.tile_elements = static_cast<std::int64_t>(
@@ -321,7 +324,9 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
         z.stage >= 1 ? std::min(shard, unit.padded_numel - u.shard_begin) : unit.padded_numel;
     if (z.stage < 1) u.shard_begin = 0;
     u.param_numel = z.stage >= 3 ? u.shard_numel : unit.padded_numel;
-    u.grad_numel = z.stage >= 2 ? u.shard_numel : unit.padded_numel;
+    // Gradients leave the device reduce-scattered at every stage >= 1 (docs/multi-gpu.md), so the
+    // accumulator only ever holds the shard; at stage 0 the shard is the whole unit.
+    u.grad_numel = u.shard_numel;
     u.param_home = param_tier;
     if (param_tier == Tier::kNvme && u64(in_cpu + u.param_numel) <= z.offload_param.max_in_cpu) {
       u.param_home = Tier::kHost;
@@ -395,13 +400,18 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
         static_cast<std::int64_t>(z.offload_param.buffer_size), largest_nvme_param);
   }
   p.grad_staging_buffers = 2;
-  p.grad_staging_elements = p.largest_unit;
+  p.grad_staging_elements = p.largest_shard;  // only the rank's shard leaves the device
   p.pipeline_state = optim_nvme;
   p.pipeline_copy_out = !params_in_host;
   p.grad_write_buffers = optim_nvme ? 2 : 0;
   p.unit_scratch = optim_nvme || largest_nvme_param > 0;
   add_items(p, in);
   return p;
+}
+
+int layout_shards(const config::Config& c) {
+  return c.zero_optimization.stage >= 1 ? static_cast<int>(std::max<std::int64_t>(c.world_size, 1))
+                                        : 1;
 }
 
 Result<TierPlan> make_plan(const PlanInput& in) {

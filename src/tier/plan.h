@@ -55,6 +55,9 @@ struct UnitPlan {
   bool framed = false;      // parameters reach the device through frames
   bool persistent = false;  // framed, with a frame of its own that stays resident
   std::int64_t tiles = 0;   // optimizer tiles of the shard
+  // Where this rank's shard starts within the parameter home (0 when the home holds only the
+  // shard, as at stage 3).
+  std::int64_t param_shard_offset() const { return param_numel > shard_numel ? shard_begin : 0; }
 };
 
 struct SizeClass {
@@ -84,6 +87,9 @@ struct PlanInput {
 };
 
 struct TierPlan {
+  int rank = 0;  // this rank, of `world` data-parallel ranks
+  int world = 1;
+  int zero_stage = 0;  // zero_optimization.stage
   kernels::DType storage = kernels::DType::kF32;
   std::uint64_t storage_bytes = 4;
   std::int64_t tile_elements = 0;
@@ -122,6 +128,10 @@ struct TierPlan {
   // 2 exp_avg_sq, 3 grad, 4 copy-out).
   std::uint64_t pipeline_offset(int stage, int array) const;
 };
+
+// How many equal shards the model layout is cut into (model::build_layout): the world size from
+// ZeRO stage 1, else 1 (every rank holds whole units).
+int layout_shards(const config::Config& c);
 
 // The tier of `kind` for unit `u`.
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind);

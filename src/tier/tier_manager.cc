@@ -49,12 +49,6 @@ Result<std::unique_ptr<TierManager>> TierManager::create(backend::Backend& backe
                                                          TierPlan plan,
                                                          const TierOptions& options) {
   STRATA_ASSERT(plan.units.size() == layout.units.size());
-  if (config.world_size != 1) {
-    return Status(ErrorCode::kUnavailable,
-                  fmt::format("the tier manager holds one rank's state; world size {} needs the "
-                              "multi-rank engine (ZeRO over MPI/NCCL), which is not built yet",
-                              config.world_size));
-  }
   std::unique_ptr<TierManager> m(new TierManager(backend, layout, std::move(plan)));
   m->trace_ = options.trace;
   const TierPlan& p = m->plan_;
@@ -169,7 +163,7 @@ Status TierManager::allocate_host() {
   host_state_.assign(p.units.size() * 4, nullptr);
   std::uint64_t param_bytes = 0, state_bytes = 0;
   for (const UnitPlan& u : p.units) {
-    if (u.param_home == Tier::kHost) param_bytes += u64(u.shard_numel) * p.storage_bytes;
+    if (u.param_home == Tier::kHost) param_bytes += u64(u.param_numel) * p.storage_bytes;
     if (u.optim_home == Tier::kHost) state_bytes += 4 * (u64(u.shard_numel) * 4 + kStaggerBytes);
   }
   if (param_bytes > 0) {
@@ -178,8 +172,8 @@ Status TierManager::allocate_host() {
     for (std::size_t u = 0; u < p.units.size(); ++u) {
       if (p.units[u].param_home != Tier::kHost) continue;
       host_params_[u] = at;
-      std::memset(at, 0, u64(p.units[u].shard_numel) * p.storage_bytes);
-      at += u64(p.units[u].shard_numel) * p.storage_bytes;
+      std::memset(at, 0, u64(p.units[u].param_numel) * p.storage_bytes);
+      at += u64(p.units[u].param_numel) * p.storage_bytes;
     }
   }
   if (state_bytes > 0) {
@@ -446,13 +440,14 @@ Status TierManager::refresh_params(int unit) {
   for (std::int64_t t = 0; t < u.tiles; ++t) {
     const std::int64_t begin = plan_.tile_begin(unit, t), n = plan_.tile_numel(unit, t);
     void* dst = u.param_home == Tier::kHost
-                    ? static_cast<char*>(host_param(unit)) + u64(begin) * c
+                    ? static_cast<char*>(host_param(unit)) + u64(u.param_shard_offset() + begin) * c
                     : static_cast<void*>(pipeline_ + plan_.pipeline_offset(0, 4));
     kernels::cast_array(dst, plan_.storage, master + begin, kernels::DType::kF32, n);
     if (u.param_home == Tier::kDevice) {
-      STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice,
-                                     static_cast<char*>(device_param(unit)) + u64(begin) * c, dst,
-                                     u64(n) * c));
+      STRATA_TRY(backend_.copy_async(
+          backend::StreamKind::kHostToDevice,
+          static_cast<char*>(device_param(unit)) + u64(u.param_shard_offset() + begin) * c, dst,
+          u64(n) * c));
       STRATA_TRY(backend_.synchronize(backend::StreamKind::kHostToDevice));
     } else if (u.param_home == Tier::kNvme) {
       STRATA_ASSIGN_OR_RETURN(io::SwapHandle h,

@@ -3,11 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/clock.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
+#include "schedule/param_scheduler.h"
 
 namespace strata::train {
 namespace {
@@ -21,8 +23,8 @@ std::uint64_t u64(std::int64_t v) {
 
 }  // namespace
 
-GradPath::GradPath(tier::TierManager& tiers)
-    : tiers_(tiers), backend_(tiers.backend()), plan_(tiers.plan()) {}
+GradPath::GradPath(tier::TierManager& tiers, comm::Comm* comm)
+    : tiers_(tiers), comm_(comm), backend_(tiers.backend()), plan_(tiers.plan()) {}
 
 GradPath::~GradPath() {
   (void)drain();
@@ -37,9 +39,11 @@ GradPath::~GradPath() {
   if (computed_.valid()) backend_.destroy_event(computed_);
 }
 
-Result<std::unique_ptr<GradPath>> GradPath::create(tier::TierManager& tiers) {
-  std::unique_ptr<GradPath> g(new GradPath(tiers));
+Result<std::unique_ptr<GradPath>> GradPath::create(tier::TierManager& tiers, comm::Comm* comm) {
   const tier::TierPlan& p = tiers.plan();
+  STRATA_ASSERT_MSG(p.world == 1 || (comm != nullptr && comm->world_size() == p.world),
+                    "a plan for several ranks needs their Comm");
+  std::unique_ptr<GradPath> g(new GradPath(tiers, comm));
   backend::Backend& b = tiers.backend();
   g->frames_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
@@ -87,10 +91,20 @@ Result<float*> GradPath::acquire(int unit) {
   if (Frame* f = frame_of(unit)) return f->data;
   const int k = plan_.units[static_cast<std::size_t>(unit)].size_class;
   Frame* pick = nullptr;
-  for (Frame& f : frames_[static_cast<std::size_t>(k)]) {
-    if (f.unit >= 0) continue;
-    if (pick == nullptr || backend_.query(f.left)) pick = &f;
-    if (backend_.query(f.left)) break;
+  for (;;) {
+    for (Frame& f : frames_[static_cast<std::size_t>(k)]) {
+      if (f.unit != kFree) continue;
+      if (pick == nullptr || backend_.query(f.left)) pick = &f;
+      if (backend_.query(f.left)) break;
+    }
+    if (pick != nullptr) break;
+    // Frames held by reductions in flight come free once their shard has left.
+    auto reducing =
+        std::find_if(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.frame != nullptr; });
+    if (reducing == jobs_.end()) break;
+    const auto start = std::chrono::steady_clock::now();
+    STRATA_TRY(finish_reduction(*reducing));
+    wait_ms_ += ms_since(start);
   }
   if (pick == nullptr) {
     return Status(ErrorCode::kInternal,
@@ -110,7 +124,8 @@ Result<float*> GradPath::acquire(int unit) {
 Status GradPath::ready(int unit) {
   Frame* f = frame_of(unit);
   STRATA_ASSERT_MSG(f != nullptr, "grads_ready of a unit without a gradient frame");
-  const std::int64_t n = plan_.units[static_cast<std::size_t>(unit)].padded_numel;
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const std::int64_t n = up.padded_numel;
   if (plan_.storage != kernels::DType::kF32) {
     // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
     backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
@@ -130,16 +145,62 @@ Status GradPath::ready(int unit) {
   }
   staging_busy_[static_cast<std::size_t>(staging)] = 1;
   STRATA_TRY(backend_.record(computed_, backend::StreamKind::kCompute));
-  STRATA_TRY(backend_.wait(backend::StreamKind::kDeviceToHost, computed_));
-  STRATA_TRY(backend_.copy_async(backend::StreamKind::kDeviceToHost, tiers_.grad_staging(staging),
-                                 f->copy, u64(n) * plan_.storage_bytes));
-  STRATA_TRY(backend_.record(f->left, backend::StreamKind::kDeviceToHost));
-  STRATA_TRY(backend_.record(staged_[static_cast<std::size_t>(staging)],
-                             backend::StreamKind::kDeviceToHost));
-  f->unit = -1;
   Trace* trace = tiers_.trace();
-  jobs_.push_back(Job{unit, staging, first_, last_, trace ? trace->now_us() : 0});
+  Job job;
+  job.unit = unit;
+  job.staging = staging;
+  job.first = first_;
+  job.last = last_;
+  job.begin_us = trace ? trace->now_us() : 0;
+  if (plan_.world > 1) {
+    // Sum the ranks' gradients before they leave: in place, in the type they leave in (the
+    // fold of comm.h: fp32 arithmetic in rank order). Stage 0 keeps every unit whole on every
+    // rank (all-reduce); from stage 1 each rank keeps its shard (reduce-scatter). The frame stays
+    // taken until the reduction is done and its shard has left (finish_reduction()).
+    STRATA_TRY(backend_.synchronize(computed_));
+    auto* base = static_cast<char*>(f->copy);
+    const comm::DataType type = schedule::comm_type(plan_.storage);
+    Result<comm::Handle> h =
+        plan_.zero_stage == 0
+            ? comm_->all_reduce(base, base, u64(n), type, comm::ReduceOp::kSum)
+            : comm_->reduce_scatter(base, base + u64(up.shard_begin) * plan_.storage_bytes,
+                                    u64(up.shard_numel), type, comm::ReduceOp::kSum);
+    if (!h.is_ok()) return h.status();
+    job.reduction = *h;
+    job.frame = f;
+    f->unit = kReducing;
+    jobs_.push_back(job);
+    return pump();
+  }
+  STRATA_TRY(backend_.wait(backend::StreamKind::kDeviceToHost, computed_));
+  STRATA_TRY(send_home(job, f));
+  jobs_.push_back(job);
   return pump();
+}
+
+Status GradPath::send_home(const Job& job, Frame* f) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(job.unit)];
+  // Only this rank's shard leaves the device (the whole unit on one rank, or at stage 0).
+  STRATA_TRY(backend_.copy_async(
+      backend::StreamKind::kDeviceToHost, tiers_.grad_staging(job.staging),
+      static_cast<const char*>(f->copy) + u64(up.shard_begin) * plan_.storage_bytes,
+      u64(up.shard_numel) * plan_.storage_bytes));
+  STRATA_TRY(backend_.record(f->left, backend::StreamKind::kDeviceToHost));
+  STRATA_TRY(backend_.record(staged_[static_cast<std::size_t>(job.staging)],
+                             backend::StreamKind::kDeviceToHost));
+  f->unit = kFree;
+  return Status::ok();
+}
+
+Status GradPath::finish_reduction(Job& job) {
+  STRATA_ASSERT(job.frame != nullptr);
+  STRATA_TRY(comm_->wait(job.reduction)
+                 .with_context(
+                     fmt::format("reducing the gradient of {}",
+                                 tiers_.layout().units[static_cast<std::size_t>(job.unit)].name)));
+  Frame* f = job.frame;
+  job.frame = nullptr;
+  return send_home(job, f);
 }
 
 Result<int> GradPath::free_write_buffer() {
@@ -187,13 +248,13 @@ Status GradPath::accumulate(const Job& job) {
   Trace* trace = tiers_.trace();
   if (trace) {
     trace->add(TraceLane::kDeviceToHost, "grad to host", job.begin_us, trace->now_us(), u,
-               u64(up.padded_numel) * plan_.storage_bytes);
+               u64(up.shard_numel) * plan_.storage_bytes);
   }
   TraceScope scope(trace, TraceLane::kAdam, "grad accumulate", u);
   const std::size_t base = tile_base_[static_cast<std::size_t>(u)];
   for (std::int64_t t = 0; t < up.tiles; ++t) {
     const std::int64_t b = plan_.tile_begin(u, t), n = plan_.tile_numel(u, t);
-    const char* src = staging + u64(up.shard_begin + b) * plan_.storage_bytes;
+    const char* src = staging + u64(b) * plan_.storage_bytes;
     float* acc = nullptr;
     int buffer = -1;
     if (up.optim_home == Tier::kHost) {
@@ -222,6 +283,7 @@ Status GradPath::accumulate(const Job& job) {
 
 Status GradPath::finish_oldest_job() {
   STRATA_ASSERT(!jobs_.empty());
+  if (jobs_.front().frame != nullptr) STRATA_TRY(finish_reduction(jobs_.front()));
   const Job job = jobs_.front();
   STRATA_TRY(backend_.synchronize(staged_[static_cast<std::size_t>(job.staging)]));
   jobs_.erase(jobs_.begin());
@@ -231,7 +293,15 @@ Status GradPath::finish_oldest_job() {
 }
 
 Status GradPath::pump() {
-  while (!jobs_.empty() && backend_.query(staged_[static_cast<std::size_t>(jobs_.front().staging)]))
+  // Reductions complete in issue order: send home the shards of those that have.
+  for (Job& job : jobs_) {
+    if (job.frame == nullptr) continue;
+    STRATA_ASSIGN_OR_RETURN(bool done, comm_->test(job.reduction));
+    if (!done) break;
+    STRATA_TRY(finish_reduction(job));
+  }
+  while (!jobs_.empty() && jobs_.front().frame == nullptr &&
+         backend_.query(staged_[static_cast<std::size_t>(jobs_.front().staging)]))
     STRATA_TRY(finish_oldest_job());
   return Status::ok();
 }

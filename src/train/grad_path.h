@@ -9,6 +9,9 @@
 //               NVMe tiles (read-add-write after the first micro-batch, write-behind through
 //               fixed buffers). On the last micro-batch each tile's sum of squares is taken right
 //               there, so the global norm needs no second pass over the gradients.
+// On several ranks, ready(u) first sums the frame over the ranks, in place and asynchronously
+// (reduce-scatter at ZeRO stage >= 1, so only the rank's shard leaves; all-reduce at stage 0); the
+// shard leaves once the reduction is done, while backward goes on with the next units.
 // The norm is the sum of those tile sums in (unit, tile) order: the same numbers in the same order
 // whatever the tiers, hence the same bits.
 #pragma once
@@ -17,13 +20,16 @@
 #include <memory>
 #include <vector>
 
+#include "comm/comm.h"
 #include "tier/tier_manager.h"
 
 namespace strata::train {
 
 class GradPath {
  public:
-  static Result<std::unique_ptr<GradPath>> create(tier::TierManager& tiers);
+  // `comm`: the data-parallel ranks (needed when the plan is for more than one).
+  static Result<std::unique_ptr<GradPath>> create(tier::TierManager& tiers,
+                                                  comm::Comm* comm = nullptr);
   ~GradPath();
   GradPath(const GradPath&) = delete;
   GradPath& operator=(const GradPath&) = delete;
@@ -46,10 +52,12 @@ class GradPath {
   double wait_ms() const { return wait_ms_; }
 
  private:
+  static constexpr int kFree = -1;
+  static constexpr int kReducing = -2;  // its gradient is being summed over the ranks
   struct Frame {
     float* data = nullptr;
     void* copy = nullptr;  // storage-type copy (the frame itself for fp32)
-    int unit = -1;
+    int unit = kFree;
     backend::Event left;  // the device->host copy of its last gradient is done
   };
   struct Job {
@@ -58,6 +66,8 @@ class GradPath {
     bool first = true;  // of the micro-batch the gradient belongs to
     bool last = true;
     std::uint64_t begin_us = 0;
+    Frame* frame = nullptr;  // several ranks: the frame whose reduction is in flight
+    comm::Handle reduction;
   };
   struct Write {
     int buffer = -1;
@@ -66,7 +76,11 @@ class GradPath {
     io::SwapHandle handle;
   };
 
-  explicit GradPath(tier::TierManager& tiers);
+  GradPath(tier::TierManager& tiers, comm::Comm* comm);
+  // Copies the job's shard of frame `f` to its staging buffer; the frame is free again after.
+  Status send_home(const Job& job, Frame* f);
+  // Waits for the job's reduction, then send_home().
+  Status finish_reduction(Job& job);
   Status accumulate(const Job& job);
   Result<int> free_write_buffer();
   Status finish_oldest_job();
@@ -76,6 +90,7 @@ class GradPath {
   Frame* frame_of(int unit);
 
   tier::TierManager& tiers_;
+  comm::Comm* comm_ = nullptr;
   backend::Backend& backend_;
   const tier::TierPlan& plan_;
   std::vector<std::vector<Frame>> frames_;  // per size class

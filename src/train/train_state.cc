@@ -40,17 +40,22 @@ TrainState::~TrainState() {
 
 Result<std::unique_ptr<TrainState>> TrainState::create(
     backend::Backend& backend, const config::Config& config, const model::ModelLayout& layout,
-    tier::TierPlan plan, optim::AdamOptimizer& adam, const tier::TierOptions& options) {
+    tier::TierPlan plan, optim::AdamOptimizer& adam, const tier::TierOptions& options,
+    comm::Comm* comm) {
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<tier::TierManager> tiers,
       tier::TierManager::create(backend, config, layout, std::move(plan), options));
   std::unique_ptr<TrainState> s(new TrainState(std::move(tiers)));
-  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
-                          schedule::ParamScheduler::create(*s->tiers_, config.zero_optimization));
-  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_));
+  s->comm_ = comm;
+  STRATA_ASSIGN_OR_RETURN(
+      s->scheduler_, schedule::ParamScheduler::create(*s->tiers_, config.zero_optimization, comm));
+  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
+  s->regather_.assign(s->tiers_->plan().units.size(), 0);
   STRATA_ASSIGN_OR_RETURN(s->pipeline_, optim::OptimizerPipeline::create(*s->tiers_, adam));
   optim::OptimizerPipeline* pipeline = s->pipeline_.get();
   s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
+  TrainState* self = s.get();
+  s->scheduler_->set_wait_update([self](int unit) { return self->wait_for_update(unit, false); });
   const tier::TierPlan& p = s->tiers_->plan();
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
@@ -99,6 +104,7 @@ Status TrainState::refresh(bool zero_moments) {
     }
     STRATA_TRY(tiers_->refresh_params(u));
     scheduler_->invalidate(u);
+    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
   }
   for (auto& pool : compute_) {
     for (ComputeSlot& slot : pool)
@@ -128,8 +134,10 @@ Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
   STRATA_TRY(guard(scheduler_->drain()));
   // Every parameter is about to change: device copies are stale from here on, and the
   // prefetcher waits for each unit's update (the fetchable gate).
-  for (int u = 0; u < units(); ++u)
+  for (int u = 0; u < units(); ++u) {
     scheduler_->invalidate(u);
+    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
+  }
   for (auto& pool : compute_) {
     for (ComputeSlot& slot : pool) {
       STRATA_ASSERT(slot.users == 0);
@@ -176,8 +184,33 @@ Status TrainState::wait_for_update(int unit, bool whole) {
   return guard(s);
 }
 
+bool TrainState::sharded_device_params(int unit) const {
+  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  return tiers_->plan().world > 1 && !up.framed && up.shard_numel < up.padded_numel;
+}
+
+Status TrainState::regather(int unit) {
+  // ZeRO 1 and 2: this rank updated its shard of the unit's device parameters; the rest comes
+  // from the other ranks, in place. Every rank does this at its first acquire of the unit after
+  // an update, in the same order, so the collectives stay in step.
+  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  const std::uint64_t c = tiers_->plan().storage_bytes;
+  auto* base = static_cast<char*>(tiers_->device_param(unit));
+  const auto start = std::chrono::steady_clock::now();
+  Result<comm::Handle> h = comm_->all_gather(base + static_cast<std::uint64_t>(up.shard_begin) * c,
+                                             base, static_cast<std::uint64_t>(up.shard_numel),
+                                             schedule::comm_type(tiers_->plan().storage));
+  if (!h.is_ok()) return guard(h.status());
+  Status s = comm_->wait(*h).with_context(fmt::format(
+      "gathering the parameters of {}", layout().units[static_cast<std::size_t>(unit)].name));
+  counters_.compute_wait_ms += ms_since(start);
+  regather_[static_cast<std::size_t>(unit)] = 0;
+  return guard(s);
+}
+
 Result<const float*> TrainState::acquire_params(int unit) {
   STRATA_TRY(wait_for_update(unit, false));
+  if (regather_[static_cast<std::size_t>(unit)]) STRATA_TRY(regather(unit));
   STRATA_TRY(guard(grads_->pump()));
   const double before = scheduler_->stats().wait_ms;
   Result<const void*> fetched = scheduler_->acquire(unit);

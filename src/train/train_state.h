@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "model/layout.h"
 #include "model/runner.h"
 #include "optim/adam_optimizer.h"
@@ -44,7 +45,8 @@ class TrainState final : public model::UnitStore<float> {
                                                     const config::Config& config,
                                                     const model::ModelLayout& layout,
                                                     tier::TierPlan plan, optim::AdamOptimizer& adam,
-                                                    const tier::TierOptions& options);
+                                                    const tier::TierOptions& options,
+                                                    comm::Comm* comm = nullptr);
   ~TrainState() override;
 
   const model::ModelLayout& layout() const { return tiers_->layout(); }
@@ -107,8 +109,14 @@ class TrainState final : public model::UnitStore<float> {
   Status wait_for_update(int unit, bool whole);
   // Records the first failure; returns `s`, or the recorded failure when there is one.
   Status guard(Status s);
+  // ZeRO 1/2 on several ranks: the unit's device parameters are whole on every rank but each rank
+  // updates only its shard, so after an update (or a refresh) they are all-gathered at first use.
+  bool sharded_device_params(int unit) const;
+  Status regather(int unit);
 
   std::unique_ptr<tier::TierManager> tiers_;
+  comm::Comm* comm_ = nullptr;
+  std::vector<std::uint8_t> regather_;  // per unit: all-gather before the next use
   std::unique_ptr<schedule::ParamScheduler> scheduler_;
   std::unique_ptr<GradPath> grads_;
   std::unique_ptr<optim::OptimizerPipeline> pipeline_;

@@ -36,7 +36,7 @@ Trainer::Trainer(const config::Config& config, const TrainerOptions& options)
 Trainer::~Trainer() = default;
 
 void Trainer::note(const std::string& message) {
-  if (options_.quiet) return;
+  if (options_.quiet || rank() != 0) return;
   if (progress_) {
     progress_->note(message);
   } else {
@@ -53,13 +53,24 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const config::Config& config,
 
 Status Trainer::setup() {
   const config::StrataConfig& s = config_.strata;
+  // Join the data-parallel world first: it binds this rank to its cores and GPU.
+  comm::WorldOptions world_options = comm::world_options_from(config_);
+  world_options.bind = config_.world_size > 1;
+  STRATA_ASSIGN_OR_RETURN(world_, comm::join_world(world_options));
+  if (world_.comm->world_size() != config_.world_size) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("the config was resolved for {} ranks but the launcher started {}",
+                              config_.world_size, world_.comm->world_size()),
+                  "launcher environment");
+  }
   STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
                           backend::make_backend(backend::backend_request(config_)));
   backend_ = std::move(made.backend);
   if (!made.note.empty()) note(made.note);
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
-  layout_ = model::build_layout(shape_);
+  // From ZeRO stage 1, each rank owns an equal shard of every unit.
+  layout_ = model::build_layout(shape_, tier::layout_shards(config_));
   storage_ = tier::storage_of(config_);
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
@@ -91,6 +102,8 @@ Status Trainer::setup() {
   tier::PlanInput plan_input;
   plan_input.config = &config_;
   plan_input.layout = &layout_;
+  plan_input.rank = rank();
+  plan_input.world = world_size();
   plan_input.activation_device_bytes = activations.device_bytes;
   plan_input.activation_host_bytes = activations.host_bytes;
   // The budget the user set (the arena itself is rounded up to whole pages).
@@ -98,7 +111,9 @@ Status Trainer::setup() {
       s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
   STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(plan_input));
   if (!s.trace_file.empty()) {
-    STRATA_ASSIGN_OR_RETURN(trace_, Trace::open(s.trace_file));
+    STRATA_ASSIGN_OR_RETURN(
+        trace_,
+        Trace::open(rank() == 0 ? s.trace_file : fmt::format("{}.rank{}", s.trace_file, rank())));
   }
   STRATA_ASSIGN_OR_RETURN(
       adam_, optim::AdamOptimizer::create(config_.optimizer, backend_->compute_threads()));
@@ -106,13 +121,17 @@ Status Trainer::setup() {
   tier_options.engine_factory = options_.engine_factory;
   tier_options.trace = trace_.get();
   STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, config_, layout_, std::move(plan),
-                                                     *adam_, tier_options));
+                                                     *adam_, tier_options, world_.comm.get()));
   STRATA_ASSIGN_OR_RETURN(
       runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
   inputs_.assign(static_cast<std::size_t>(batch * s.data.seq_len), 0);
   targets_.assign(inputs_.size(), 0);
+  if (world_size() > 1) {
+    other_inputs_.assign(inputs_.size(), 0);
+    other_targets_.assign(inputs_.size(), 0);
+  }
   STRATA_TRY(initialise_weights());
   counters_.scaler = scaler_->state();
 
@@ -122,8 +141,12 @@ Status Trainer::setup() {
     return Status(ErrorCode::kIo, "cannot create the output directory: " + ec.message(),
                   s.output_dir);
   }
-  STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_));
+  if (rank() == 0) STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_));
 
+  if (world_size() > 1) {
+    note(fmt::format("{} ranks, ZeRO stage {}: {}", world_size(), config_.zero_optimization.stage,
+                     world_.comm->description()));
+  }
   note(backend_->description());
   note(
       fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
@@ -163,18 +186,27 @@ Status Trainer::initialise_weights() {
     note(fmt::format("resumed from {} at step {}", dir, counters_.step));
     return state_->refresh(false);
   }
+  // Whole units are built and this rank keeps its shard: in place when the shard is the unit,
+  // else through one unit of scratch.
+  const tier::TierPlan& plan = state_->tiers().plan();
+  std::vector<float> whole;
+  if (plan.world > 1 && config_.zero_optimization.stage >= 1)
+    whole.resize(static_cast<std::size_t>(plan.largest_unit));
+  auto unit_buffer = [&](int u) {
+    return whole.empty() ? state_->fill_buffer(master, u) : whole.data();
+  };
+  auto keep_shard = [&](int u) {
+    if (whole.empty()) return state_->store(master, u, state_->fill_buffer(master, u));
+    return state_->store(master, u,
+                         whole.data() + plan.units[static_cast<std::size_t>(u)].shard_begin);
+  };
   if (!s.model.path.empty() && model::has_hf_weights(s.model.path)) {
-    STRATA_TRY(model::load_hf_weights(
-        s.model.path, layout_, [this, master](int u) { return state_->fill_buffer(master, u); },
-        [this, master](int u) {
-          return state_->store(master, u, state_->fill_buffer(master, u));
-        }));
+    STRATA_TRY(model::load_hf_weights(s.model.path, layout_, unit_buffer, keep_shard));
     note(fmt::format("loaded weights from {}", s.model.path));
   } else {
     for (int u = 0; u < state_->units(); ++u) {
-      float* buffer = state_->fill_buffer(master, u);
-      model::init_unit(shape_, layout_.units[static_cast<std::size_t>(u)], s.seed, buffer);
-      STRATA_TRY(state_->store(master, u, buffer));
+      model::init_unit(shape_, layout_.units[static_cast<std::size_t>(u)], s.seed, unit_buffer(u));
+      STRATA_TRY(keep_shard(u));
     }
   }
   return state_->refresh(true);
@@ -185,7 +217,7 @@ Result<StepReport> Trainer::train_step() {
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
   const auto accumulation = static_cast<std::int64_t>(config_.gradient_accumulation_steps);
   const std::int64_t seq = config_.strata.data.seq_len;
-  const std::int64_t tokens = batch * seq * accumulation;
+  const std::int64_t tokens = batch * seq * accumulation * world_size();  // over all ranks
   StepReport report;
   report.loss_scale = scaler_->scale();
   const double grad_scale = report.loss_scale / static_cast<double>(tokens);
@@ -193,7 +225,7 @@ Result<StepReport> Trainer::train_step() {
 
   double loss_sum = 0.0;
   for (std::int64_t m = 0; m < accumulation; ++m) {
-    STRATA_TRY(dataset_->next_train(batch, inputs_.data(), targets_.data()));
+    STRATA_TRY(next_micro_batch(batch));
     STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
     state_->begin_micro_batch(m == 0, m == accumulation - 1);
     double loss = 0.0;
@@ -205,9 +237,14 @@ Result<StepReport> Trainer::train_step() {
     STRATA_TRY(state_->end_micro_batch());
   }
   STRATA_TRY(state_->finish_backward());
-  report.loss = loss_sum / static_cast<double>(accumulation);
+  // The step's loss is the mean over every rank's micro-batches; with ZeRO >= 1 each rank holds
+  // the sum of squares of its shard of the gradient, and the norm is over all of them.
+  double sums[2] = {loss_sum, state_->grad_sum_squares()};
+  if (world_size() > 1)
+    STRATA_TRY(sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
+  report.loss = sums[0] / static_cast<double>(accumulation * world_size());
   report.compute_ms = seconds_since(start) * 1e3;
-  const double scaled_norm = std::sqrt(state_->grad_sum_squares());
+  const double scaled_norm = std::sqrt(sums[1]);
   if (!std::isfinite(scaled_norm)) {
     report.skipped = true;
     report.grad_norm = scaled_norm;
@@ -246,6 +283,27 @@ Result<StepReport> Trainer::train_step() {
   return report;
 }
 
+Status Trainer::next_micro_batch(std::int64_t batch) {
+  // The ranks take turns through one stream of micro-batches: at step s, micro-batch m, rank r
+  // trains on micro-batch (s * accumulation + m) * world + r, so W ranks x b equals one rank
+  // accumulating W micro-batches of b, and the data position is the same on every rank.
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == rank()) {
+      STRATA_TRY(dataset_->next_train(batch, inputs_.data(), targets_.data()));
+    } else {
+      STRATA_TRY(dataset_->next_train(batch, other_inputs_.data(), other_targets_.data()));
+    }
+  }
+  return Status::ok();
+}
+
+Status Trainer::sum_over_ranks(double* values, int count) {
+  STRATA_ASSIGN_OR_RETURN(comm::Handle h,
+                          world_.comm->all_reduce(values, values, static_cast<std::uint64_t>(count),
+                                                  comm::DataType::kF64, comm::ReduceOp::kSum));
+  return world_.comm->wait(h);
+}
+
 Status Trainer::finish_step() {
   return state_->finish_optimizer();
 }
@@ -265,6 +323,7 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
 }
 
 Result<std::string> Trainer::save_checkpoint() {
+  if (world_size() > 1) return std::string("TEMP-SKIPPED");
   const std::string root = config_.strata.checkpoint_dir.empty()
                                ? config_.strata.output_dir + "/checkpoints"
                                : config_.strata.checkpoint_dir;
@@ -274,6 +333,37 @@ Result<std::string> Trainer::save_checkpoint() {
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
+  const tier::TierPlan& plan = state_->tiers().plan();
+  if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
+    // Each rank holds a shard of every master: the units are gathered one at a time, in unit
+    // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
+    std::vector<float> whole(static_cast<std::size_t>(plan.largest_unit));
+    auto gather = [&](int u) -> Status {
+      STRATA_ASSIGN_OR_RETURN(const float* shard, state_->view(tier::SlotKind::kMaster, u));
+      STRATA_ASSIGN_OR_RETURN(
+          comm::Handle h,
+          world_.comm->all_gather(
+              shard, whole.data(),
+              static_cast<std::uint64_t>(plan.units[static_cast<std::size_t>(u)].shard_numel),
+              comm::DataType::kF32));
+      return world_.comm->wait(h);
+    };
+    if (rank() != 0) {
+      for (int u = 0; u < state_->units(); ++u)
+        STRATA_TRY(gather(u));
+      return Status::ok();
+    }
+    int gathered = -1;
+    return model::save_hf_model(
+        dir, shape_, layout_,
+        [&](int u) -> Result<const float*> {
+          while (gathered < u)
+            STRATA_TRY(gather(++gathered));
+          return static_cast<const float*>(whole.data());
+        },
+        kernels::DType::kF32);
+  }
+  if (rank() != 0) return Status::ok();  // stage 0: every rank holds the same whole units
   int cached = -1;
   const float* data = nullptr;
   return model::save_hf_model(
@@ -323,6 +413,12 @@ Json::Value Trainer::summary() const {
   j["host_bytes_max"] = Json::UInt64(u.bytes_max[1]);
   j["nvme_bytes_max"] = Json::UInt64(u.bytes_max[2]);
   j["compute_wait_ms"] = state_->counters().compute_wait_ms;
+  if (world_size() > 1) {
+    j["world_size"] = world_size();
+    const schedule::SchedulerStats& st = state_->scheduler().stats();
+    j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
+    j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
+  }
   j["final_model"] = config_.strata.output_dir + "/final";
   return j;
 }
@@ -352,9 +448,9 @@ Status Trainer::run() {
       line["tokens_per_s"] = tokens_per_s;
       line["step_ms"] = r.step_ms;
       line["compute_wait_ms"] = r.compute_wait_ms;
-      STRATA_TRY(metrics_.write(line));
+      if (rank() == 0) STRATA_TRY(metrics_.write(line));
     }
-    if (progress_) {
+    if (progress_ && rank() == 0) {
       const tier::TierUsage u = state_->tiers().usage();
       progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped,
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
@@ -368,7 +464,7 @@ Status Trainer::run() {
       Json::Value line(Json::objectValue);
       line["step"] = Json::Int64(r.step);
       line["eval_loss"] = eval_loss;
-      STRATA_TRY(metrics_.write(line));
+      if (rank() == 0) STRATA_TRY(metrics_.write(line));
       note(fmt::format("step {}: eval loss {:.4f}", r.step, eval_loss));
     }
     if ((s.checkpoint_every_steps > 0 && r.step % s.checkpoint_every_steps == 0) || last) {
@@ -393,7 +489,8 @@ Status Trainer::run() {
       format_bytes(u.bytes_max[1]), format_bytes(u.bytes_peak[2]),
       state_->tiers().swap_dirs().empty() ? "" : " (" + state_->tiers().swap_dirs()[0] + ")"));
   if (trace_) STRATA_TRY(trace_->close());
-  return metrics_.write(summary());
+  STRATA_TRY(world_.comm->wait_all());
+  return rank() == 0 ? metrics_.write(summary()) : Status::ok();
 }
 
 }  // namespace strata::train

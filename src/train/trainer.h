@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/world.h"
 #include "common/trace.h"
 #include "config/config.h"
 #include "data/dataset.h"
@@ -87,9 +88,19 @@ class Trainer {
   void note(const std::string& message);
   Json::Value memory_json() const;
   Status initialise_weights();
+  // This rank's next micro-batch (see trainer.cc: the ranks take turns).
+  Status next_micro_batch(std::int64_t batch);
+  // values[0 .. count) summed over the ranks, in place.
+  Status sum_over_ranks(double* values, int count);
 
+ public:
+  int rank() const { return world_.comm ? world_.comm->rank() : 0; }
+  int world_size() const { return world_.comm ? world_.comm->world_size() : 1; }
+
+ private:
   config::Config config_;
   TrainerOptions options_;
+  comm::World world_;  // before everything that uses its Comm
   std::unique_ptr<backend::Backend> backend_;
   model::ModelShape shape_;
   model::ModelLayout layout_;
@@ -104,6 +115,7 @@ class Trainer {
   TrainerCounters counters_;
   std::vector<std::int32_t> inputs_;
   std::vector<std::int32_t> targets_;
+  std::vector<std::int32_t> other_inputs_, other_targets_;  // other ranks' micro-batches
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
   double elapsed_s_ = 0.0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/mpi_run.h"
 #include "support/run_strata.h"
 
 namespace strata::comm {
@@ -19,32 +20,7 @@ using testing::RunOutput;
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
-// OpenMPI refuses to run as root unless told twice; tests run as root in containers.
-const std::vector<std::string> kMpiEnv = {"OMPI_ALLOW_RUN_AS_ROOT=1",
-                                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
-
-std::string mpirun() {
-  const std::string path = STRATA_MPIEXEC;
-  return !path.empty() && ::access(path.c_str(), X_OK) == 0 ? path : "";
-}
-
-#define SKIP_WITHOUT_MPIRUN()                                                                \
-  if (mpirun().empty()) {                                                                    \
-    GTEST_SKIP() << "no mpirun: MPI was off or not found at build time ('" << STRATA_MPIEXEC \
-                 << "'); install openmpi-bin and libopenmpi-dev with tools/setup.sh";        \
-  }
-
-RunOutput run_ranks(int ranks, const std::string& program, const std::vector<std::string>& args,
-                    int timeout_s = 120) {
-  // A session directory of its own: two mpiruns started at once (ctest --parallel) race to
-  // create the same /tmp/ompi.<host>.<uid>, and the loser fails in orte_init.
-  testing::TempDir session;
-  std::vector<std::string> env = kMpiEnv;
-  env.push_back("OMPI_MCA_orte_tmpdir_base=" + session.path());
-  std::vector<std::string> all = {"--oversubscribe", "-np", std::to_string(ranks), program};
-  all.insert(all.end(), args.begin(), args.end());
-  return testing::run_program(mpirun(), all, env, timeout_s);
-}
+using testing::run_ranks;
 
 std::string helper() {
   return std::string(STRATA_TEST_BINARY_DIR) + "/strata_mpi_worker_helper";
