@@ -40,6 +40,7 @@ struct BenchOffloadOptions {
   int in_flight = 8;
   std::string precision = "bf16";
   int threads = 0;
+  int optimizer_threads = 0;
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
   std::int64_t data_vocab = 0;
@@ -97,12 +98,13 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
             "offload_param": {{"device": "{}", "nvme_path": "{}", "max_in_cpu": 0}},
             "offload_optimizer": {{"device": "{}", "nvme_path": "{}"}}}},
           "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
-                      "device_bytes_max": "{}"{},
+                      "optimizer_threads": {}, "device_bytes_max": "{}"{},
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": {}}}}}}})",
       precision_keys, o.batch, o.lr,
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
-      o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.device_bytes,
+      o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.optimizer_threads,
+      o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
       o.seq_len,
       o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
@@ -172,6 +174,7 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
 struct OptimizerRun {
   std::vector<double> full_ms, io_ms, raw_io_ms, adam_ms;
   train::IoVolume io;
+  std::string adam;  // the optimizer's description (kernel, threads)
 };
 
 Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffloadOptions& o) {
@@ -186,6 +189,7 @@ Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffl
   step.lr = o.lr;
   step.step = 2;
   OptimizerRun run;
+  run.adam = trainer->adam().description();
   for (int r = 0; r < o.repeat; ++r) {
     for (bool skip : {false, true}) {
       state.pipeline().set_skip_adam(skip);
@@ -285,6 +289,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
     j["optimizer_io_pipeline_ms_median"] = io;
     j["optimizer_io_replay_ms_median"] = raw;
     j["optimizer_io_alone_ms"] = std::min(io, raw);
+    j["optimizer"] = opt.adam;
     j["optimizer_adam_alone_ms"] = adam;
     j["optimizer_read_bytes"] = Json::UInt64(opt.io.reads());
     j["optimizer_write_bytes"] = Json::UInt64(opt.io.writes());
@@ -372,6 +377,10 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Compute threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--optimizer-threads", o->optimizer_threads,
+                  "CPU Adam threads (strata.optimizer_threads; 0 = automatic)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--sub-group-size", o->sub_group_size,
                   "Optimizer tile in elements (0 = the config default)");
   cmd->add_option("--lr", o->lr, "AdamW learning rate (constant)")

@@ -175,6 +175,8 @@ struct StrataConfig {
   Backend backend = Backend::kAuto;
   GemmPrecision gemm_precision = GemmPrecision::kAuto;  // CUDA GEMM inputs; accumulation is fp32
   std::int64_t cpu_threads = 0;  // compute threads of the CPU backend; 0 = every core available
+  // Threads of CPU Adam; 0 = the compute threads, less one when the optimizer state is on NVMe.
+  std::int64_t optimizer_threads = 0;
   std::uint64_t device_bytes_max = 0;  // 0 = auto: GPU memory (CUDA) or 4 GiB arena (CPU)
   std::uint64_t host_bytes_max = 0;    // 0 = auto: 80% of the memory available at start-up
   std::uint64_t nvme_bytes_max = 0;    // 0 = auto: free space on the nvme_path file systems

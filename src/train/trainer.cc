@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -63,6 +64,26 @@ Status Trainer::setup() {
                               config_.world_size, world_.comm->world_size()),
                   "launcher environment");
   }
+  if (world_size() > 1) {
+    // Each rank swaps to the NVMe paths nearest to it (binding.h), when the machine says which.
+    auto nearest = [this](std::vector<std::string>& paths, const char* key) {
+      std::vector<std::string> kept;
+      for (const std::string& path : paths) {
+        if (std::find(world_.binding.nvme_paths.begin(), world_.binding.nvme_paths.end(), path) !=
+            world_.binding.nvme_paths.end())
+          kept.push_back(path);
+      }
+      if (!kept.empty() && kept.size() < paths.size()) {
+        note(fmt::format("{}: this rank uses the {} of {} paths on its NUMA node", key, kept.size(),
+                         paths.size()));
+        paths = std::move(kept);
+      }
+    };
+    nearest(config_.zero_optimization.offload_param.nvme_path,
+            "zero_optimization.offload_param.nvme_path");
+    nearest(config_.zero_optimization.offload_optimizer.nvme_path,
+            "zero_optimization.offload_optimizer.nvme_path");
+  }
   STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
                           backend::make_backend(backend::backend_request(config_)));
   backend_ = std::move(made.backend);
@@ -115,8 +136,14 @@ Status Trainer::setup() {
         trace_,
         Trace::open(rank() == 0 ? s.trace_file : fmt::format("{}.rank{}", s.trace_file, rank())));
   }
-  STRATA_ASSIGN_OR_RETURN(
-      adam_, optim::AdamOptimizer::create(config_.optimizer, backend_->compute_threads()));
+  // With the optimizer state on NVMe the step is bound by the drive: Adam leaves a core to the
+  // kernel's completion of its writes (docs/tiers.md), unless strata.optimizer_threads says.
+  int adam_threads = static_cast<int>(s.optimizer_threads);
+  if (adam_threads == 0) {
+    adam_threads = backend_->compute_threads();
+    if (plan.uses(tier::SlotKind::kMaster, tier::Tier::kNvme) && adam_threads > 1) --adam_threads;
+  }
+  STRATA_ASSIGN_OR_RETURN(adam_, optim::AdamOptimizer::create(config_.optimizer, adam_threads));
   tier::TierOptions tier_options;
   tier_options.engine_factory = options_.engine_factory;
   tier_options.trace = trace_.get();
