@@ -208,6 +208,43 @@ Status TrainState::regather(int unit) {
   return guard(s);
 }
 
+Status TrainState::sum_over_ranks(double* values, int count) {
+  STRATA_ASSERT(comm_ != nullptr && count >= 1 && count * 8 <= 4096);
+  backend::Backend& b = tiers_->backend();
+  void* frame = tiers_->grad_frame(0, 0);
+  const auto bytes = static_cast<std::uint64_t>(count) * 8;
+  STRATA_TRY(guard(b.copy_async(backend::StreamKind::kCompute, frame, values, bytes)));
+  STRATA_TRY(guard(b.synchronize(backend::StreamKind::kCompute)));
+  Result<comm::Handle> h = comm_->all_reduce(frame, frame, static_cast<std::uint64_t>(count),
+                                             comm::DataType::kF64, comm::ReduceOp::kSum);
+  if (!h.is_ok()) return guard(h.status());
+  STRATA_TRY(guard(comm_->wait(*h).with_context("summing the loss and gradient norm over ranks")));
+  return guard(b.copy_async(backend::StreamKind::kCompute, values, frame, bytes));
+}
+
+Status TrainState::gather_masters(int unit, float* whole) {
+  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  STRATA_TRY(guard(finish_optimizer()));
+  STRATA_ASSIGN_OR_RETURN(const float* shard, view(SlotKind::kMaster, unit));
+  if (comm_ == nullptr || tiers_->plan().world == 1 || up.shard_numel == up.padded_numel) {
+    std::memcpy(whole, shard, static_cast<std::size_t>(up.padded_numel) * 4);
+    return Status::ok();
+  }
+  backend::Backend& b = tiers_->backend();
+  float* frame = tiers_->grad_frame(up.size_class, 0);
+  STRATA_TRY(guard(b.copy_async(backend::StreamKind::kCompute, frame + up.shard_begin, shard,
+                                static_cast<std::uint64_t>(up.shard_numel) * 4)));
+  STRATA_TRY(guard(b.synchronize(backend::StreamKind::kCompute)));
+  Result<comm::Handle> h =
+      comm_->all_gather(frame + up.shard_begin, frame, static_cast<std::uint64_t>(up.shard_numel),
+                        comm::DataType::kF32);
+  if (!h.is_ok()) return guard(h.status());
+  STRATA_TRY(guard(comm_->wait(*h).with_context(fmt::format(
+      "gathering the master weights of {}", layout().units[static_cast<std::size_t>(unit)].name))));
+  return guard(b.copy_async(backend::StreamKind::kCompute, whole, frame,
+                            static_cast<std::uint64_t>(up.padded_numel) * 4));
+}
+
 Result<const float*> TrainState::acquire_params(int unit) {
   STRATA_TRY(wait_for_update(unit, false));
   if (regather_[static_cast<std::size_t>(unit)]) STRATA_TRY(regather(unit));

@@ -85,6 +85,15 @@ class TrainState final : public model::UnitStore<float> {
   void begin_eval_batch();
   void end_eval_batch();
 
+  // ---- collectives over host data (several ranks) --------------------------------------------
+  // NCCL works on device memory only, so these go through a gradient frame: call them between
+  // steps (after finish_backward(), before the next micro-batch), on every rank in the same order.
+  // values[0 .. count) (fp64, any host memory) summed over the ranks, in place.
+  Status sum_over_ranks(double* values, int count);
+  // The whole unit u of fp32 masters (padded_numel elements) into `whole` (any host memory),
+  // gathered from every rank's shard.
+  Status gather_masters(int unit, float* whole);
+
   StateCounters& counters() { return counters_; }
   // The first I/O or engine error of the run. After one, the state may be half updated (an
   // optimizer step stopped midway), so every later step, view or checkpoint returns it: training

@@ -268,7 +268,7 @@ Result<StepReport> Trainer::train_step() {
   // the sum of squares of its shard of the gradient, and the norm is over all of them.
   double sums[2] = {loss_sum, state_->grad_sum_squares()};
   if (world_size() > 1)
-    STRATA_TRY(sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
+    STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
   report.loss = sums[0] / static_cast<double>(accumulation * world_size());
   report.compute_ms = seconds_since(start) * 1e3;
   const double scaled_norm = std::sqrt(sums[1]);
@@ -324,13 +324,6 @@ Status Trainer::next_micro_batch(std::int64_t batch) {
   return Status::ok();
 }
 
-Status Trainer::sum_over_ranks(double* values, int count) {
-  STRATA_ASSIGN_OR_RETURN(comm::Handle h,
-                          world_.comm->all_reduce(values, values, static_cast<std::uint64_t>(count),
-                                                  comm::DataType::kF64, comm::ReduceOp::kSum));
-  return world_.comm->wait(h);
-}
-
 Status Trainer::finish_step() {
   return state_->finish_optimizer();
 }
@@ -365,16 +358,7 @@ Status Trainer::save_model(const std::string& dir) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
     // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
     std::vector<float> whole(static_cast<std::size_t>(plan.largest_unit));
-    auto gather = [&](int u) -> Status {
-      STRATA_ASSIGN_OR_RETURN(const float* shard, state_->view(tier::SlotKind::kMaster, u));
-      STRATA_ASSIGN_OR_RETURN(
-          comm::Handle h,
-          world_.comm->all_gather(
-              shard, whole.data(),
-              static_cast<std::uint64_t>(plan.units[static_cast<std::size_t>(u)].shard_numel),
-              comm::DataType::kF32));
-      return world_.comm->wait(h);
-    };
+    auto gather = [&](int u) { return state_->gather_masters(u, whole.data()); };
     if (rank() != 0) {
       for (int u = 0; u < state_->units(); ++u)
         STRATA_TRY(gather(u));

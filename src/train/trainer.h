@@ -90,8 +90,6 @@ class Trainer {
   Status initialise_weights();
   // This rank's next micro-batch (see trainer.cc: the ranks take turns).
   Status next_micro_batch(std::int64_t batch);
-  // values[0 .. count) summed over the ranks, in place.
-  Status sum_over_ranks(double* values, int count);
 
  public:
   int rank() const { return world_.comm ? world_.comm->rank() : 0; }
