@@ -10,16 +10,13 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 #include "tests/support/run_strata.h"
-#include "tests/train/rank_state_support.h"
+#include "tests/train/rank_state_checks.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_reader.h"
 
 namespace strata::train {
 namespace {
 
-using testing::count_unknown;
-using testing::fill_known;
-using testing::make_rank_state;
 using testing::RankState;
 
 constexpr std::uint64_t kSeed = 11;  // tiny_config's seed
@@ -57,8 +54,7 @@ std::vector<std::unique_ptr<RankState>> world_of(int world, int stage,
                                                  const std::string& nvme = "/tmp") {
   std::vector<std::unique_ptr<RankState>> ranks;
   for (int r = 0; r < world; ++r) {
-    ranks.push_back(make_rank_state(family, stage, r, world, optimizer, nvme));
-    if (ranks.back() == nullptr) std::abort();  // the helper's expectations said why
+    ranks.push_back(testing::checked_rank_state(family, stage, r, world, optimizer, nvme));
   }
   return ranks;
 }
@@ -71,7 +67,7 @@ TEST(CheckpointShards, EachRankWritesItsShardAndRankZeroTheMetadata) {
   testing::TempDir dir;
   auto ranks = world_of(2, 2);
   for (auto& r : ranks)
-    fill_known(*r);
+    testing::checked_fill_known(*r);
   auto written = write_all(dir.path(), ranks, 2);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   EXPECT_EQ(*written, dir.path() + "/step_00000004");
@@ -98,13 +94,13 @@ TEST(CheckpointShards, TwoRanksLoadIntoOne) {
   testing::TempDir dir;
   auto ranks = world_of(2, 1);
   for (auto& r : ranks)
-    fill_known(*r);
+    testing::checked_fill_known(*r);
   auto written = write_all(dir.path(), ranks, 1);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
-  auto one = make_rank_state("gpt2", 0, 0, 1);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   auto counters = read_checkpoint(*written, *one->state, one->shape, "fp32", kSeed);
   ASSERT_TRUE(counters.is_ok()) << counters.status().to_string();
-  EXPECT_EQ(count_unknown(*one), 0);
+  EXPECT_EQ(testing::checked_count_unknown(*one), 0);
   EXPECT_EQ(counters->step, 4);
   EXPECT_EQ(counters->adam_step, 3);
   EXPECT_EQ(counters->data.sample, 5);
@@ -113,8 +109,8 @@ TEST(CheckpointShards, TwoRanksLoadIntoOne) {
 
 TEST(CheckpointShards, OneRankLoadsIntoTwo) {
   testing::TempDir dir;
-  auto one = make_rank_state("llama", 0, 0, 1);
-  fill_known(*one, 1);
+  auto one = testing::checked_rank_state("llama", 0, 0, 1);
+  testing::checked_fill_known(*one, 1);
   auto written =
       write_checkpoint(dir.path(), counters_at(2), *one->state, one->shape, "fp32", kSeed);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
@@ -122,7 +118,7 @@ TEST(CheckpointShards, OneRankLoadsIntoTwo) {
   auto ranks = world_of(2, 3, "llama");
   for (auto& r : ranks) {
     ASSERT_TRUE(load(*written, *r).is_ok());
-    EXPECT_EQ(count_unknown(*r, 1), 0);
+    EXPECT_EQ(testing::checked_count_unknown(*r, 1), 0);
   }
 }
 
@@ -130,14 +126,14 @@ TEST(CheckpointShards, TwoRanksLoadIntoThree) {
   testing::TempDir dir;
   auto two = world_of(2, 2);
   for (auto& r : two)
-    fill_known(*r, 2);
+    testing::checked_fill_known(*r, 2);
   auto written = write_all(dir.path(), two, 2);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   auto three = world_of(3, 2);
   for (auto& r : three) {
     Status s = load(*written, *r);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_EQ(count_unknown(*r, 2), 0);
+    EXPECT_EQ(testing::checked_count_unknown(*r, 2), 0);
   }
 }
 
@@ -145,13 +141,13 @@ TEST(CheckpointShards, OffloadedShardsRoundTripThroughNvme) {
   testing::TempDir dir;
   auto two = world_of(2, 3, "gpt2", "nvme", dir.path());
   for (auto& r : two)
-    fill_known(*r, 3);
+    testing::checked_fill_known(*r, 3);
   auto written = write_all(dir.path() + "/ckpt", two, 3);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   auto back = world_of(2, 3, "gpt2", "nvme", dir.path());
   for (auto& r : back) {
     ASSERT_TRUE(load(*written, *r).is_ok());
-    EXPECT_EQ(count_unknown(*r, 3), 0);
+    EXPECT_EQ(testing::checked_count_unknown(*r, 3), 0);
   }
 }
 
@@ -159,7 +155,7 @@ TEST(CheckpointShards, StageZeroAtTwoRanksWritesOneFile) {
   testing::TempDir dir;
   auto two = world_of(2, 0);
   for (auto& r : two)
-    fill_known(*r, 1);
+    testing::checked_fill_known(*r, 1);
   auto written = write_all(dir.path(), two, 0);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   EXPECT_TRUE(std::filesystem::exists(*written + "/state-rank00000-of-00001.safetensors"));
@@ -167,15 +163,15 @@ TEST(CheckpointShards, StageZeroAtTwoRanksWritesOneFile) {
   auto sharded = world_of(2, 1);
   for (auto& r : sharded) {
     ASSERT_TRUE(load(*written, *r).is_ok());
-    EXPECT_EQ(count_unknown(*r, 1), 0);
+    EXPECT_EQ(testing::checked_count_unknown(*r, 1), 0);
   }
 }
 
 // The format before rank files: one state.safetensors of whole units.
 TEST(CheckpointShards, SingleFileFormatStillLoads) {
   testing::TempDir dir;
-  auto one = make_rank_state("gpt2", 0, 0, 1);
-  fill_known(*one, 2);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
+  testing::checked_fill_known(*one, 2);
   auto written =
       write_checkpoint(dir.path(), counters_at(3), *one->state, one->shape, "fp32", kSeed);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
@@ -213,7 +209,7 @@ TEST(CheckpointShards, SingleFileFormatStillLoads) {
   for (auto& r : two) {
     Status s = load(*written, *r);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_EQ(count_unknown(*r, 2), 0);
+    EXPECT_EQ(testing::checked_count_unknown(*r, 2), 0);
   }
 }
 
@@ -224,7 +220,7 @@ TEST(CheckpointShards, MissingRankFileIsNamed) {
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   const std::string missing = *written + "/state-rank00001-of-00002.safetensors";
   std::filesystem::remove(missing);
-  auto one = make_rank_state("gpt2", 0, 0, 1);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   Status s = load(*written, *one);
   EXPECT_EQ(s.code(), ErrorCode::kNotFound) << s.to_string();
   EXPECT_NE(s.to_string().find(missing), std::string::npos) << s.to_string();
@@ -252,7 +248,7 @@ TEST(CheckpointShards, UncoveredRealElementsAreNamed) {
   testing::TempDir dir;
   auto ranks = world_of(2, 1);
   for (auto& r : ranks)
-    fill_known(*r);
+    testing::checked_fill_known(*r);
   auto written = write_all(dir.path(), ranks, 1);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   const std::string path = *written + "/" + state_file_name(1, 2);
@@ -275,7 +271,7 @@ TEST(CheckpointShards, UncoveredRealElementsAreNamed) {
   metadata["block.0.padded_numel"] = std::to_string(padded + 2048);
   ASSERT_LT(begin + 2048, ranks[1]->layout.units[1].numel);
   ASSERT_TRUE(model::write_safetensors(path, tensors, metadata).is_ok());
-  auto one = make_rank_state("gpt2", 0, 0, 1);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   Status s = load(*written, *one);
   EXPECT_EQ(s.code(), ErrorCode::kCorrupt) << s.to_string();
   EXPECT_NE(
@@ -286,7 +282,7 @@ TEST(CheckpointShards, UncoveredRealElementsAreNamed) {
 
 TEST(CheckpointShards, WrongSeedIsRefused) {
   testing::TempDir dir;
-  auto one = make_rank_state("gpt2", 0, 0, 1);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   auto written =
       write_checkpoint(dir.path(), counters_at(1), *one->state, one->shape, "fp32", kSeed);
   ASSERT_TRUE(written.is_ok());
@@ -296,15 +292,15 @@ TEST(CheckpointShards, WrongSeedIsRefused) {
 
 TEST(CheckpointShards, CommVariantWritesAtWorldOne) {
   testing::TempDir dir;
-  auto one = make_rank_state("gpt2", 0, 0, 1);
-  fill_known(*one, 3);
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
+  testing::checked_fill_known(*one, 3);
   auto comm = comm::create_single_comm();
   auto written = write_checkpoint(dir.path(), counters_at(5), *one->state, one->shape, "fp32",
                                   kSeed, 0, *comm);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
-  auto back = make_rank_state("gpt2", 0, 0, 1);
+  auto back = testing::checked_rank_state("gpt2", 0, 0, 1);
   ASSERT_TRUE(load(*written, *back).is_ok());
-  EXPECT_EQ(count_unknown(*back, 3), 0);
+  EXPECT_EQ(testing::checked_count_unknown(*back, 3), 0);
 }
 
 }  // namespace

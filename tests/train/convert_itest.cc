@@ -8,7 +8,7 @@
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "tests/support/run_strata.h"
-#include "tests/train/rank_state_support.h"
+#include "tests/train/rank_state_checks.h"
 #include "train/checkpoint.h"
 
 namespace strata::train {
@@ -24,11 +24,11 @@ std::string two_rank_checkpoint(const std::string& root, const std::string& fami
                                 std::unique_ptr<RankState>& one) {
   std::vector<std::unique_ptr<RankState>> ranks;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(testing::make_rank_state(family, 2, r, 2));
-    testing::fill_known(*ranks.back());
+    ranks.push_back(testing::checked_rank_state(family, 2, r, 2));
+    testing::checked_fill_known(*ranks.back());
   }
-  one = testing::make_rank_state(family, 0, 0, 1);
-  testing::fill_known(*one);
+  one = testing::checked_rank_state(family, 0, 0, 1);
+  testing::checked_fill_known(*one);
   TrainerCounters c;
   c.step = 7;
   c.adam_step = 7;

@@ -1,9 +1,8 @@
 // Helpers for the checkpoint tests: the TrainState one rank of a data-parallel run holds (its
 // plan made for rank r of world W, the layout padded for W), built in-process without MPI, and
-// filled with values that say which unit, kind and element they are.
+// filled with values that say which unit, kind and element they are. Errors are values (no gtest
+// macros), so the MPI helper program (checkpoint_mpi_helper.cc) uses the same code.
 #pragma once
-
-#include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
@@ -30,34 +29,34 @@ struct RankState {
 
 // Rank `rank` of `world` at ZeRO `stage` for the tiny model of offload_support.h. `optimizer`
 // "nvme" homes the optimizer state on the seeded I/O twin (streamed through the unit scratch).
-inline std::unique_ptr<RankState> make_rank_state(const std::string& family, int stage, int rank,
-                                                  int world, const std::string& optimizer = "none",
-                                                  const std::string& nvme = "/tmp") {
+inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& family, int stage,
+                                                          int rank, int world,
+                                                          const std::string& optimizer = "none",
+                                                          const std::string& nvme = "/tmp") {
   auto r = std::make_unique<RankState>();
   Tiers t;
   t.stage = stage;
   t.optimizer = optimizer;
-  r->config = load(tiny_config(family, "fp32", t, "/tmp/unused", nvme, 1));
-  auto shape = model::shape_of(r->config.strata.model);
-  EXPECT_TRUE(shape.is_ok()) << shape.status().to_string();
-  if (!shape.is_ok()) return nullptr;
-  r->shape = *shape;
+  STRATA_ASSIGN_OR_RETURN(
+      config::Loaded loaded,
+      config::load_config_text(tiny_config(family, "fp32", t, "/tmp/unused", nvme, 1),
+                               "rank state config", {}));
+  r->config = loaded.config;
+  STRATA_ASSIGN_OR_RETURN(r->shape, model::shape_of(r->config.strata.model));
   r->layout = model::build_layout(r->shape, world);
   backend::CpuBackendOptions bo;
   bo.device_bytes_max = 64 << 20;
   bo.host_bytes_max = 256 << 20;
   bo.threads = 1;
-  r->backend = backend::make_cpu_backend(bo).value();
-  r->adam = optim::AdamOptimizer::create(r->config.optimizer, 1).value();
+  STRATA_ASSIGN_OR_RETURN(r->backend, backend::make_cpu_backend(bo));
+  STRATA_ASSIGN_OR_RETURN(r->adam, optim::AdamOptimizer::create(r->config.optimizer, 1));
   tier::PlanInput in;
   in.config = &r->config;
   in.layout = &r->layout;
   in.rank = rank;
   in.world = world;
   in.device_budget_bytes = 64 << 20;
-  auto plan = tier::make_plan(in);
-  EXPECT_TRUE(plan.is_ok()) << plan.status().to_string();
-  if (!plan.is_ok()) return nullptr;
+  STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(in));
   tier::TierOptions options;
   static int states = 0;  // swap folders of live states must differ
   options.swap_tag = "rank" + std::to_string(rank) + "-" + std::to_string(states++);
@@ -66,11 +65,8 @@ inline std::unique_ptr<RankState> make_rank_state(const std::string& family, int
     so.capacity_bytes = 64 << 20;
     return io::make_sim_engine(eo, so);
   };
-  auto state = train::TrainState::create(*r->backend, r->config, r->layout, std::move(*plan),
-                                         *r->adam, options);
-  EXPECT_TRUE(state.is_ok()) << state.status().to_string();
-  if (!state.is_ok()) return nullptr;
-  r->state = std::move(*state);
+  STRATA_ASSIGN_OR_RETURN(r->state, train::TrainState::create(*r->backend, r->config, r->layout,
+                                                              std::move(plan), *r->adam, options));
   return r;
 }
 
@@ -87,7 +83,7 @@ inline float known_value(const model::UnitLayout& unit, tier::SlotKind kind, std
 }
 
 // Fills this rank's shard of every unit's master and moments with known_value.
-inline void fill_known(RankState& r, int salt = 0) {
+inline Status fill_known(RankState& r, int salt = 0) {
   const tier::TierPlan& plan = r.state->tiers().plan();
   for (int u = 0; u < r.state->units(); ++u) {
     const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
@@ -96,24 +92,23 @@ inline void fill_known(RankState& r, int salt = 0) {
       float* buffer = r.state->fill_buffer(kind, u);
       for (std::int64_t j = 0; j < up.shard_numel; ++j)
         buffer[j] = known_value(unit, kind, up.shard_begin + j, salt);
-      ASSERT_TRUE(r.state->store(kind, u, buffer).is_ok());
+      STRATA_TRY(r.state->store(kind, u, buffer));
     }
   }
+  return Status::ok();
 }
 
 // Elements of this rank's shards that differ from known_value (0 when all equal).
-inline std::int64_t count_unknown(RankState& r, int salt = 0) {
+inline Result<std::int64_t> count_unknown(RankState& r, int salt = 0) {
   const tier::TierPlan& plan = r.state->tiers().plan();
   std::int64_t wrong = 0;
   for (int u = 0; u < r.state->units(); ++u) {
     const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     const model::UnitLayout& unit = r.layout.units[static_cast<std::size_t>(u)];
     for (tier::SlotKind kind : kOptimizerKinds) {
-      auto view = r.state->view(kind, u);
-      EXPECT_TRUE(view.is_ok()) << view.status().to_string();
-      if (!view.is_ok()) return -1;
+      STRATA_ASSIGN_OR_RETURN(const float* view, r.state->view(kind, u));
       for (std::int64_t j = 0; j < up.shard_numel; ++j)
-        wrong += (*view)[j] != known_value(unit, kind, up.shard_begin + j, salt) ? 1 : 0;
+        wrong += view[j] != known_value(unit, kind, up.shard_begin + j, salt) ? 1 : 0;
     }
   }
   return wrong;
