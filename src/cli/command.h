@@ -43,6 +43,7 @@ void register_estimate(CLI::App& root, Registry& registry);
 void register_bench(CLI::App& root, Registry& registry);
 void register_train(CLI::App& root, Registry& registry);
 void register_eval(CLI::App& root, Registry& registry);
+void register_convert(CLI::App& root, Registry& registry);
 
 // `strata bench` subcommands; register_bench calls each with the `bench` command.
 void register_bench_io(CLI::App* bench, Registry& registry);

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   register_bench(app, registry);
   register_train(app, registry);
   register_eval(app, registry);
+  register_convert(app, registry);
 
   // CLI11 reports an unknown command as "a subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -151,11 +151,17 @@ Result<config::ModelConfig> read_hf_config(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, parse_hf_config(text.str(), file));
+  m.path = path;
+  return m;
+}
+
+Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::string& file) {
   Json::Value root;
   Json::CharReaderBuilder builder;
   builder["rejectDupKeys"] = true;
   std::string errors;
-  std::istringstream stream(text.str());
+  std::istringstream stream(text);
   if (!Json::parseFromStream(builder, stream, &root, &errors)) {
     return Status(ErrorCode::kConfig, "malformed JSON: " + errors, file);
   }
@@ -164,7 +170,6 @@ Result<config::ModelConfig> read_hf_config(const std::string& path) {
   const std::string type = root.get("model_type", "").asString();
   HfReader r(root, file);
   config::ModelConfig m;
-  m.path = path;
   if (type == "gpt2") {
     m.family = config::ModelFamily::kGpt2;
     m.vocab_size = r.integer("vocab_size", 50257);

@@ -45,6 +45,9 @@ Result<ModelShape> resolve_shape(const config::ModelConfig& model);
 // or mistral into Strata's model config. Errors name the file and the key at fault.
 Result<config::ModelConfig> read_hf_config(const std::string& path);
 
+// The same, from config.json's text (`source` names it in errors); the result's `path` is empty.
+Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::string& source);
+
 // The model described by `model`: its own fields, or the config.json its `path` names.
 Result<ModelShape> shape_of(const config::ModelConfig& model);
 

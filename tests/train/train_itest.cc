@@ -129,7 +129,8 @@ TEST(Train, WritesMetricsSummaryCheckpointAndFinalModel) {
   EXPECT_TRUE(lines.back()["summary"].asBool());
   EXPECT_TRUE(std::filesystem::exists(out + "/final/config.json"));
   EXPECT_TRUE(std::filesystem::exists(out + "/final/model.safetensors"));
-  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step_00000006/state.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(
+      out + "/checkpoints/step_00000006/state-rank00000-of-00001.safetensors"));
   EXPECT_EQ(read_file(out + "/checkpoints/latest"), "step_00000006\n");
   // The first step runs at the schedule's iteration -1 (WarmupCosineLR: lr 0), as in DeepSpeed.
   EXPECT_EQ(lines[0]["lr"].asDouble(), 0.0);
@@ -167,8 +168,9 @@ TEST(Train, ResumedRunContinuesBitIdentically) {
     EXPECT_TRUE(same_file(dir.path() + "/straight/final/model.safetensors",
                           dir.path() + "/split/final/model.safetensors"))
         << family << " " << precision;
-    EXPECT_TRUE(same_file(dir.path() + "/straight/checkpoints/step_00000006/state.safetensors",
-                          dir.path() + "/split/checkpoints/step_00000006/state.safetensors"))
+    EXPECT_TRUE(same_file(
+        dir.path() + "/straight/checkpoints/step_00000006/state-rank00000-of-00001.safetensors",
+        dir.path() + "/split/checkpoints/step_00000006/state-rank00000-of-00001.safetensors"))
         << family << " " << precision;
     EXPECT_EQ(step_losses(dir.path() + "/straight"), step_losses(dir.path() + "/split"));
     EXPECT_EQ(parse(resumed.out)["final_loss"].asDouble(),

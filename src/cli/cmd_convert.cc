@@ -1,0 +1,66 @@
+// `strata convert CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16]`: consolidates the fp32 masters of
+// a checkpoint taken at any world size (every rank's shard of every unit) into a Hugging Face
+// model directory (config.json + model.safetensors), as DeepSpeed's zero_to_fp32.py does. One unit
+// is in memory at a time.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/command.h"
+#include "train/checkpoint_reader.h"
+
+namespace strata::cli {
+namespace {
+
+struct ConvertOptions {
+  std::string checkpoint;
+  std::string out_dir;
+  std::string dtype = "fp32";
+};
+
+Result<kernels::DType> dtype_of(const std::string& name) {
+  if (name == "fp32") return kernels::DType::kF32;
+  if (name == "bf16") return kernels::DType::kBF16;
+  if (name == "fp16") return kernels::DType::kF16;
+  return Status(ErrorCode::kUsage, "'" + name + "' is not a dtype; valid: fp32, bf16, fp16",
+                "--dtype");
+}
+
+Status convert(const ConvertOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(const kernels::DType dtype, dtype_of(o.dtype));
+  STRATA_ASSIGN_OR_RETURN(const std::string dir, train::find_checkpoint(o.checkpoint));
+  STRATA_ASSIGN_OR_RETURN(train::CheckpointReader reader, train::CheckpointReader::open(dir));
+  STRATA_ASSIGN_OR_RETURN(const model::ModelShape shape, reader.shape());
+  STRATA_ASSIGN_OR_RETURN(const train::TrainerCounters counters, reader.counters());
+  STRATA_TRY(train::consolidate_checkpoint(reader, o.out_dir, dtype));
+  std::printf(
+      "converted %s (step %lld, %d rank(s), ZeRO stage %d, %d state file(s)): %lld "
+      "parameters in %s to %s\n",
+      dir.c_str(), static_cast<long long>(counters.step), reader.world_size(), reader.zero_stage(),
+      reader.state_files(), static_cast<long long>(model::total_params(shape)), o.dtype.c_str(),
+      o.out_dir.c_str());
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_convert(CLI::App& root, Registry& registry) {
+  auto o = std::make_shared<ConvertOptions>();
+  CLI::App* cmd = root.add_subcommand(
+      "convert",
+      "Consolidate a checkpoint's master weights (any number of ranks) into a Hugging Face "
+      "model directory");
+  cmd->add_option("CHECKPOINT", o->checkpoint,
+                  "A checkpoint step directory, or a checkpoint root with a 'latest' file")
+      ->required();
+  cmd->add_option("OUT_DIR", o->out_dir, "Output directory (config.json + model.safetensors)")
+      ->required();
+  cmd->add_option("--dtype", o->dtype, "Tensor dtype of the output: fp32, bf16 or fp16")
+      ->capture_default_str();
+  registry.add(cmd, [o] {
+    const Status s = convert(*o);
+    return s.is_ok() ? 0 : report_error(s);
+  });
+}
+
+}  // namespace strata::cli
