@@ -343,10 +343,15 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
 }
 
 Result<std::string> Trainer::save_checkpoint() {
-  if (world_size() > 1) return std::string("TEMP-SKIPPED");
   const std::string root = config_.strata.checkpoint_dir.empty()
                                ? config_.strata.output_dir + "/checkpoints"
                                : config_.strata.checkpoint_dir;
+  if (world_size() > 1) {
+    // Each rank writes its shard; rank 0 commits once every rank's file is complete.
+    return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
+                            config_.strata.seed, static_cast<int>(config_.zero_optimization.stage),
+                            *world_.comm);
+  }
   return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
                           config_.strata.seed);
 }

@@ -9,9 +9,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <json/json.h>
 
 #include "model/safetensors.h"
 #include "offload_support.h"
@@ -89,6 +93,22 @@ double relative_difference(const std::string& a_dir, const std::string& b_dir) {
   return scale > 0 ? diff / scale : diff;
 }
 
+// step -> training loss, from a run's metrics.jsonl.
+std::map<int, double> losses(const std::string& dir) {
+  std::map<int, double> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    Json::Value v;
+    Json::CharReaderBuilder builder;
+    std::string errors;
+    std::istringstream text(line);
+    if (!Json::parseFromStream(builder, text, &v, &errors)) continue;
+    if (v.isMember("loss") && v.isMember("step")) out[v["step"].asInt()] = v["loss"].asDouble();
+  }
+  return out;
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -152,6 +172,48 @@ TEST(ZeroMpi, TwoRankRunsRepeatBitIdentically) {
   const std::string a = file_bytes(first.dir + "/final/model.safetensors");
   EXPECT_GT(a.size(), 10000u);
   EXPECT_EQ(a, file_bytes(second.dir + "/final/model.safetensors"));
+}
+
+// Half a run on `first_ranks`, resumed from its checkpoint on `second_ranks`, against the whole
+// run on one rank: the loss curve and the final weights go on as if nothing had changed.
+void resume_across_rank_counts(int first_ranks, int second_ranks) {
+  TempDir tmp;
+  const Tiers tiers = tiers_of("stage3", 3, "nvme", "nvme");
+  auto accumulation = [](int ranks) { return 2 / ranks; };  // 2 micro-batches per step in all
+  const std::vector<std::string> log = {"strata.log_every_steps=1"};
+  const TrainRun whole = train(tmp, "whole", 1, 2, tiers, 6, "gpt2", log);
+  ASSERT_EQ(whole.out.exit_code, 0) << whole.out.err;
+  const TrainRun first =
+      train(tmp, "first", first_ranks, accumulation(first_ranks), tiers, 3, "gpt2", log);
+  ASSERT_EQ(first.out.exit_code, 0) << first.out.err;
+  std::vector<std::string> resume = log;
+  resume.push_back("strata.resume_from=" + first.dir + "/checkpoints");
+  const TrainRun second =
+      train(tmp, "second", second_ranks, accumulation(second_ranks), tiers, 6, "gpt2", resume);
+  ASSERT_EQ(second.out.exit_code, 0) << second.out.err;
+
+  const std::map<int, double> expected = losses(whole.dir);
+  const std::map<int, double> before = losses(first.dir), after = losses(second.dir);
+  ASSERT_EQ(expected.size(), 6u);
+  ASSERT_EQ(before.size(), 3u);
+  ASSERT_EQ(after.size(), 3u);
+  for (const auto& [step, loss] : before)
+    EXPECT_NEAR(loss, expected.at(step), 1e-6 * std::fabs(expected.at(step))) << "step " << step;
+  for (const auto& [step, loss] : after) {
+    EXPECT_GE(step, 4);
+    EXPECT_NEAR(loss, expected.at(step), 1e-6 * std::fabs(expected.at(step))) << "step " << step;
+  }
+  EXPECT_LE(relative_difference(whole.dir, second.dir), kRelativeTolerance);
+}
+
+TEST(ZeroMpi, TwoRankCheckpointResumesOnOneRank) {
+  SKIP_WITHOUT_MPIRUN();
+  resume_across_rank_counts(2, 1);
+}
+
+TEST(ZeroMpi, OneRankCheckpointResumesOnTwoRanks) {
+  SKIP_WITHOUT_MPIRUN();
+  resume_across_rank_counts(1, 2);
 }
 
 TEST(ZeroMpi, KilledRankStopsTrainingAndIsNamed) {
