@@ -41,8 +41,9 @@ GradPath::~GradPath() {
 
 Result<std::unique_ptr<GradPath>> GradPath::create(tier::TierManager& tiers, comm::Comm* comm) {
   const tier::TierPlan& p = tiers.plan();
-  STRATA_ASSERT_MSG(p.world == 1 || (comm != nullptr && comm->world_size() == p.world),
-                    "a plan for several ranks needs their Comm");
+  // A plan for several ranks without their Comm holds that rank's state (checkpoint tools and
+  // tests) but cannot train: the collectives below assert one.
+  STRATA_ASSERT(comm == nullptr || comm->world_size() == p.world);
   std::unique_ptr<GradPath> g(new GradPath(tiers, comm));
   backend::Backend& b = tiers.backend();
   g->frames_.resize(p.classes.size());
@@ -153,6 +154,7 @@ Status GradPath::ready(int unit) {
   job.last = last_;
   job.begin_us = trace ? trace->now_us() : 0;
   if (plan_.world > 1) {
+    STRATA_ASSERT_MSG(comm_ != nullptr, "gradients on several ranks need their Comm");
     // Sum the ranks' gradients before they leave: in place, in the type they leave in (the
     // fold of comm.h: fp32 arithmetic in rank order). Stage 0 keeps every unit whole on every
     // rank (all-reduce); from stage 1 each rank keeps its shard (reduce-scatter). The frame stays

@@ -193,6 +193,7 @@ Status TrainState::regather(int unit) {
   // ZeRO 1 and 2: this rank updated its shard of the unit's device parameters; the rest comes
   // from the other ranks, in place. Every rank does this at its first acquire of the unit after
   // an update, in the same order, so the collectives stay in step.
+  STRATA_ASSERT_MSG(comm_ != nullptr, "parameters on several ranks need their Comm");
   const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   const std::uint64_t c = tiers_->plan().storage_bytes;
   auto* base = static_cast<char*>(tiers_->device_param(unit));
