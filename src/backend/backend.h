@@ -133,6 +133,9 @@ class Backend {
   // Host threads for CPU work: the CPU backend's ops split over this many; on the CUDA backend
   // they are the threads the host-side optimizer (CPU Adam) may use.
   virtual int compute_threads() const = 0;
+  // Whether device memory is ordinary host memory (the CPU backend): NVMe reads may then land in
+  // it directly, with no staging buffer and no host->device copy.
+  virtual bool device_memory_is_host() const { return false; }
 
   template <typename T>
   Ops<T>* ops();

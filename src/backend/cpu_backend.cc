@@ -261,6 +261,7 @@ class CpuBackend final : public Backend {
   Ops<double>* ops_f64() override { return &ops_f64_; }
   OptimizerOps& optimizer_ops() override { return optimizer_ops_; }
   int compute_threads() const override { return threads_; }
+  bool device_memory_is_host() const override { return true; }
 
   // Called by the copy-stream threads.
   void complete(std::uint32_t index, std::uint64_t ticket) {

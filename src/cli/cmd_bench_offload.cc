@@ -41,6 +41,7 @@ struct BenchOffloadOptions {
   std::string precision = "bf16";
   int threads = 0;
   int optimizer_threads = 0;
+  int pipeline_depth = 3;
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
   std::int64_t data_vocab = 0;
@@ -98,13 +99,14 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
             "offload_param": {{"device": "{}", "nvme_path": "{}", "max_in_cpu": 0}},
             "offload_optimizer": {{"device": "{}", "nvme_path": "{}"}}}},
           "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
-                      "optimizer_threads": {}, "device_bytes_max": "{}"{},
+                      "optimizer_threads": {}, "optimizer_pipeline_depth": {},
+                      "device_bytes_max": "{}"{},
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": {}}}}}}})",
       precision_keys, o.batch, o.lr,
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.optimizer_threads,
-      o.device_bytes,
+      o.pipeline_depth, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
       o.seq_len,
       o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
@@ -290,6 +292,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
     j["optimizer_io_replay_ms_median"] = raw;
     j["optimizer_io_alone_ms"] = std::min(io, raw);
     j["optimizer"] = opt.adam;
+    j["optimizer_pipeline_depth"] = o.pipeline_depth;
     j["optimizer_adam_alone_ms"] = adam;
     j["optimizer_read_bytes"] = Json::UInt64(opt.io.reads());
     j["optimizer_write_bytes"] = Json::UInt64(opt.io.writes());
@@ -381,6 +384,10 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
                   "CPU Adam threads (strata.optimizer_threads; 0 = automatic)")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--pipeline-depth", o->pipeline_depth,
+                  "Optimizer tiles in flight (strata.optimizer_pipeline_depth)")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 16));
   cmd->add_option("--sub-group-size", o->sub_group_size,
                   "Optimizer tile in elements (0 = the config default)");
   cmd->add_option("--lr", o->lr, "AdamW learning rate (constant)")

@@ -248,6 +248,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.choice("gemm_precision", c.gemm_precision, gemm_precision_names());
   v.integer("cpu_threads", c.cpu_threads, 0, 4096);
   v.integer("optimizer_threads", c.optimizer_threads, 0, 4096);
+  v.integer("optimizer_pipeline_depth", c.optimizer_pipeline_depth, 3, 16);
   v.bytes("device_bytes_max", c.device_bytes_max);
   v.bytes("host_bytes_max", c.host_bytes_max);
   v.bytes("nvme_bytes_max", c.nvme_bytes_max);

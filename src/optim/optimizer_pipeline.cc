@@ -59,6 +59,9 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(tier::TierM
   }
   p->params_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
   p->done_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
+  p->hand_ = std::vector<std::atomic<int>>(plan.units.size());
+  p->hand_destination_ = std::vector<std::atomic<char*>>(plan.units.size());
+  p->hand_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
   p->depth_ = plan.pipeline_depth;
   p->slots_ = std::vector<Slot>(static_cast<std::size_t>(plan.pipeline_depth));
   for (Slot& s : p->slots_) {
@@ -81,6 +84,19 @@ bool OptimizerPipeline::nvme_state(std::int64_t tile) const {
 bool OptimizerPipeline::params_ready(int unit) const {
   return !active_.load() || params_tiles_[static_cast<std::size_t>(unit)].load() ==
                                 plan_.units[static_cast<std::size_t>(unit)].tiles;
+}
+
+bool OptimizerPipeline::offer_frame(int unit, void* destination) {
+  const auto u = static_cast<std::size_t>(unit);
+  if (!active_.load() || plan_.units[u].param_home != Tier::kNvme) return false;
+  hand_destination_[u].store(static_cast<char*>(destination));
+  int expected = kHandNone;
+  return hand_[u].compare_exchange_strong(expected, kHandOffered);
+}
+
+bool OptimizerPipeline::handed_off(int unit) const {
+  const auto u = static_cast<std::size_t>(unit);
+  return hand_[u].load() == kHandTaken && hand_tiles_[u].load() == plan_.units[u].tiles;
 }
 
 bool OptimizerPipeline::unit_done(int unit) const {
@@ -186,6 +202,18 @@ Status OptimizerPipeline::compute(Slot& slot) {
       if (plan_.storage == kernels::DType::kF32) std::memcpy(param_out, arrays[0], u64(n) * 4);
     }
     times_.adam_ms += ms_since(start);
+  }
+  // A frame offered for the unit's parameters gets them now (offer_frame()); the first tile
+  // decides, so a unit is copied whole or not at all.
+  std::atomic<int>& hand = hand_[static_cast<std::size_t>(t.unit)];
+  if (t.index == 0) {
+    int expected = kHandNone;
+    if (!hand.compare_exchange_strong(expected, kHandLate)) hand.store(kHandTaken);
+  }
+  if (hand.load() == kHandTaken) {
+    char* destination = hand_destination_[static_cast<std::size_t>(t.unit)].load();
+    std::memcpy(destination + u64(begin) * c, param_out, u64(n) * c);
+    hand_tiles_[static_cast<std::size_t>(t.unit)].fetch_add(1);
   }
   // The new parameters to their home first (the next forward waits for them), then the state.
   slot.state = SlotState::kWriting;
@@ -426,6 +454,11 @@ Status OptimizerPipeline::start(const PipelineStep& step) {
     n.store(0);
   for (auto& n : done_tiles_)
     n.store(0);
+  for (std::size_t u = 0; u < hand_.size(); ++u) {
+    hand_[u].store(kHandNone);
+    hand_destination_[u].store(nullptr);
+    hand_tiles_[u].store(0);
+  }
   // Preloaded tiles only miss their gradient (final now).
   next_read_ = preloaded_;
   preloaded_ = 0;

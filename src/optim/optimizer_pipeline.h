@@ -83,6 +83,16 @@ class OptimizerPipeline {
   bool params_ready(int unit) const;
   bool unit_done(int unit) const;
 
+  // ---- hand-off of new parameters straight into a device frame --------------------------------
+  // Where device memory is host memory (the CPU backend) and parameters are homed on NVMe, the
+  // prefetcher may offer the place in a frame where unit u's parameters go (its shard's first
+  // element) while u's update is pending: the worker then also copies each new tile there, right
+  // after Adam, and the prefetcher need not read them back from NVMe after the write. Accepted
+  // (true) only if the worker has not begun the unit yet; once params_ready(u), the frame holds
+  // the new parameters (handed_off(u)). Trainer's thread; during a step only.
+  bool offer_frame(int unit, void* destination);
+  bool handed_off(int unit) const;
+
   // Benchmarks: move every byte but skip the arithmetic (the I/O alone). Between steps only.
   void set_skip_adam(bool skip) { skip_adam_ = skip; }
   // Between steps only.
@@ -144,7 +154,13 @@ class OptimizerPipeline {
   std::vector<Tile> tiles_;                              // every tile, units in order
   std::vector<std::atomic<std::int64_t>> params_tiles_;  // per unit: tiles whose params are home
   std::vector<std::atomic<std::int64_t>> done_tiles_;    // per unit: tiles fully written
-  std::vector<Slot> slots_;                              // depth_
+  // Per unit, the hand-off: kHandNone, then kHandOffered (trainer) or kHandLate (worker, first
+  // tile begun without an offer); kHandTaken once the worker saw the offer at the first tile.
+  enum : int { kHandNone = 0, kHandOffered, kHandTaken, kHandLate };
+  std::vector<std::atomic<int>> hand_;
+  std::vector<std::atomic<char*>> hand_destination_;
+  std::vector<std::atomic<std::int64_t>> hand_tiles_;  // tiles copied into the frame
+  std::vector<Slot> slots_;                            // depth_
   PipelineStep step_;
   std::int64_t preloaded_ = 0;     // tiles whose state reads preload() started
   std::int64_t next_read_ = 0;     // worker: next tile to start reading

@@ -40,6 +40,7 @@ ParamScheduler::ParamScheduler(tier::TierManager& tiers, const config::ZeroConfi
       backend_(tiers.backend()),
       plan_(tiers.plan()),
       zero_(zero),
+      direct_(tiers.backend().device_memory_is_host()),
       order_(tiers.units(), 4 * tiers.units() + 16) {}
 
 ParamScheduler::~ParamScheduler() {
@@ -220,7 +221,8 @@ void ParamScheduler::invalidate(int unit) {
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!up.framed) return;
   UnitState& st = state(unit);
-  STRATA_ASSERT_MSG(st.users == 0 && st.stage != Stage::kReading && st.stage != Stage::kCopying,
+  STRATA_ASSERT_MSG(st.users == 0 && st.stage != Stage::kReading && st.stage != Stage::kCopying &&
+                        st.stage != Stage::kHandoff,
                     "invalidate of a unit in use or in flight");
   if (up.persistent) {
     st.stage = Stage::kAbsent;
@@ -293,7 +295,7 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
   UnitState& st = state(unit);
   STRATA_ASSERT(up.framed && st.stage == Stage::kAbsent);
   int staging = -1;
-  if (up.param_home == Tier::kNvme) {
+  if (up.param_home == Tier::kNvme && !direct_) {
     STRATA_ASSIGN_OR_RETURN(staging, find_staging(demand));
     if (staging < 0) return false;
   }
@@ -318,7 +320,7 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
     stats_.bytes_to_device += bytes;
     st.stage = Stage::kCopying;
   } else {
-    staging_busy_[static_cast<std::size_t>(staging)] = 1;
+    if (staging >= 0) staging_busy_[static_cast<std::size_t>(staging)] = 1;
     st.staging = staging;
     st.next_tile = 0;
     st.done_tiles = 0;
@@ -329,10 +331,37 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
   return true;
 }
 
+Result<bool> ParamScheduler::start_handoff(int unit) {
+  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  UnitState& st = state(unit);
+  int frame = -1;
+  if (!up.persistent) {
+    STRATA_ASSIGN_OR_RETURN(frame, find_frame(unit, false));
+    if (frame < 0) return false;
+    st.frame = frame;
+    frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = unit;
+  }
+  if (!offer_(unit, shard_data(unit))) {
+    if (frame >= 0) {
+      frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = -1;
+      st.frame = -1;
+    }
+    return false;
+  }
+  Trace* trace = tiers_.trace();
+  st.begin_us = trace ? trace->now_us() : 0;
+  st.stage = Stage::kHandoff;
+  in_flight_.push_back(unit);
+  ++stats_.handoffs;
+  return true;
+}
+
 Status ParamScheduler::issue_reads(int unit, bool demand) {
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
-  auto* staging = static_cast<char*>(tiers_.param_staging(st.staging));
+  // Into the staging buffer, or straight into the frame when device memory is host memory.
+  auto* staging =
+      static_cast<char*>(st.staging >= 0 ? tiers_.param_staging(st.staging) : shard_data(unit));
   while (st.next_tile < up.tiles && (reads_in_flight_ < kReadsInFlightMax || demand)) {
     const std::int64_t t = st.next_tile;
     STRATA_ASSIGN_OR_RETURN(
@@ -352,6 +381,18 @@ Status ParamScheduler::advance(int unit, bool block) {
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   Trace* trace = tiers_.trace();
+  if (st.stage == Stage::kHandoff) {
+    if (!handed_(unit)) {
+      if (!block) return Status::ok();
+      STRATA_TRY(wait_update_(unit));  // the update is done: so is the copy into the frame
+      STRATA_ASSERT_MSG(handed_(unit), "an accepted hand-off was not made");
+    }
+    if (trace) {
+      trace->add(TraceLane::kHostToDevice, "param hand-off", st.begin_us, trace->now_us(), unit,
+                 u64(up.param_numel) * plan_.storage_bytes);
+    }
+    return complete(unit);
+  }
   while (st.stage == Stage::kReading) {
     for (std::int64_t t = 0; t < st.next_tile; ++t) {
       if (st.read_done[static_cast<std::size_t>(t)]) continue;
@@ -387,6 +428,7 @@ Status ParamScheduler::advance(int unit, bool block) {
       trace->add(TraceLane::kNvmeRead, "param read", st.begin_us, trace->now_us(), unit,
                  u64(up.shard_numel) * plan_.storage_bytes);
     }
+    if (st.staging < 0) return complete(unit);  // read straight into the frame
     const std::uint64_t bytes = u64(up.param_numel) * plan_.storage_bytes;
     st.begin_us = trace ? trace->now_us() : 0;
     STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, shard_data(unit),
@@ -453,9 +495,15 @@ Status ParamScheduler::prefetch() {
     if (ahead + u64(up.padded_numel) > bucket) break;
     ahead += u64(up.padded_numel);
     if (st.stage != Stage::kAbsent) continue;
-    if (fetchable_ && !fetchable_(v)) break;
     if (live + u64(up.padded_numel) > zero_.stage3_max_live_parameters) break;
-    STRATA_ASSIGN_OR_RETURN(bool started, start_fetch(v, false));
+    bool started = false;
+    if (fetchable_ && !fetchable_(v)) {
+      // Its update is pending: have the optimizer write it into a frame, where it can.
+      if (!direct_ || !offer_ || up.param_home != Tier::kNvme) break;
+      STRATA_ASSIGN_OR_RETURN(started, start_handoff(v));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(started, start_fetch(v, false));
+    }
     if (!started) break;
     live += u64(up.padded_numel);
     ++stats_.prefetches;

@@ -2,9 +2,11 @@
 //
 // A unit whose parameters are not homed on the device ("framed", tier/plan.h) is fetched into a
 // device frame of its size class: from NVMe into a pinned staging buffer (tile by tile), then
-// host->device; from a host home, host->device directly. After the first pass has recorded the
-// order of uses (UseOrder), every acquire also starts fetches for the units planned next, in
-// order, as long as
+// host->device; from a host home, host->device directly. Where device memory is host memory (the
+// CPU backend) NVMe reads land in the frame itself: no staging, no copy, and a fetch is complete
+// as soon as its reads are, without waiting for the compute thread to issue the copy. After the
+// first pass has recorded the order of uses (UseOrder), every acquire also starts fetches for the
+// units planned next, in order, as long as
 //   - the units fetched ahead and not yet used total at most stage3_prefetch_bucket_size
 //     elements,
 //   - the units on the device (in use, cached, in flight) total at most
@@ -23,6 +25,11 @@
 // every acquire: see gather()). The shard's NVMe read and host->device copy are prefetched as
 // above; each acquire also starts the all-gather of the unit planned next (gather_ahead()), so it
 // runs while the current unit computes.
+//
+// While an optimizer step runs, a unit whose update is pending cannot be fetched yet; where NVMe
+// reads land in frames directly, the prefetcher instead reserves the frame and offers it to the
+// optimizer, which writes the new parameters into it as it computes them (start_handoff()), so
+// the forward that follows the optimizer finds them resident instead of reading them back.
 //
 // The optimizer changes parameters in their homes: invalidate() drops a unit's device copy, and
 // the optional `fetchable` gate keeps the prefetcher away from units whose update is pending.
@@ -47,6 +54,7 @@ struct SchedulerStats {
   std::uint64_t evictions = 0;
   std::uint64_t bytes_to_device = 0;  // host->device bytes
   double wait_ms = 0.0;               // compute thread blocked in acquire
+  std::uint64_t handoffs = 0;         // units the optimizer wrote straight into their frame
   std::uint64_t gathers = 0;          // all-gathers of stage-3 shards (several ranks)
   std::uint64_t gathers_ahead = 0;    // of them, started one use ahead
   double gather_ms = 0.0;             // time in them (part of wait_ms' acquire, counted apart)
@@ -79,6 +87,13 @@ class ParamScheduler {
   // Waits until unit u's parameters may be fetched (its pending update is home): used before a
   // fetch that every rank must make at the same point (a gather ahead, stage 3 on several ranks).
   void set_wait_update(std::function<Status(int)> wait) { wait_update_ = std::move(wait); }
+  // Hand-off (optimizer_pipeline.h, offer_frame): `offer(u, destination)` asks the optimizer to
+  // also write unit u's new parameters at `destination` in a frame; `handed(u)` says they are
+  // there. Used where NVMe reads would land in frames anyway (device memory is host memory).
+  void set_handoff(std::function<bool(int, void*)> offer, std::function<bool(int)> handed) {
+    offer_ = std::move(offer);
+    handed_ = std::move(handed);
+  }
   // Moves fetches along without blocking and starts planned prefetches.
   Status pump();
   // Completes every fetch in flight.
@@ -90,7 +105,9 @@ class ParamScheduler {
   bool resident(int unit) const;
 
  private:
-  enum class Stage : std::uint8_t { kAbsent, kReading, kCopying, kResident };
+  // kHandoff: a frame is reserved and offered to the optimizer, which writes the unit's new
+  // parameters into it.
+  enum class Stage : std::uint8_t { kAbsent, kReading, kCopying, kHandoff, kResident };
   struct UnitState {
     Stage stage = Stage::kAbsent;
     int frame = -1;  // index in its class's pool; -1 with a persistent frame
@@ -119,6 +136,9 @@ class ParamScheduler {
   bool sharded(int unit) const;
   // Starts the all-gather of the unit planned next (see the .cc for why ranks stay in step).
   Status gather_ahead();
+  // Reserves a frame for `unit` (update pending) and offers it to the optimizer; false when no
+  // frame is free or the optimizer has begun the unit already.
+  Result<bool> start_handoff(int unit);
   Status finish_gather(int unit);
   UnitState& state(int unit) { return states_[static_cast<std::size_t>(unit)]; }
   void* frame_data(int unit);
@@ -140,6 +160,7 @@ class ParamScheduler {
   backend::Backend& backend_;
   const tier::TierPlan& plan_;
   config::ZeroConfig zero_;
+  bool direct_ = false;  // NVMe reads land in the frames (device memory is host memory)
   UseOrder order_;
   std::vector<UnitState> states_;
   std::vector<std::vector<Frame>> frames_;  // per size class
@@ -148,6 +169,8 @@ class ParamScheduler {
   int reads_in_flight_ = 0;
   std::function<bool(int)> fetchable_;
   std::function<Status(int)> wait_update_;
+  std::function<bool(int, void*)> offer_;
+  std::function<bool(int)> handed_;
   SchedulerStats stats_;
 };
 

@@ -294,6 +294,7 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   const config::ZeroConfig& z = c.zero_optimization;
   const model::ModelLayout& layout = *in.layout;
   TierPlan p;
+  p.pipeline_depth = static_cast<int>(c.strata.optimizer_pipeline_depth);
   p.rank = in.rank;
   p.world = in.world;
   p.zero_stage = static_cast<int>(z.stage);

@@ -56,6 +56,9 @@ Result<std::unique_ptr<TrainState>> TrainState::create(
   s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
   TrainState* self = s.get();
   s->scheduler_->set_wait_update([self](int unit) { return self->wait_for_update(unit, false); });
+  s->scheduler_->set_handoff(
+      [pipeline](int unit, void* destination) { return pipeline->offer_frame(unit, destination); },
+      [pipeline](int unit) { return pipeline->handed_off(unit); });
   const tier::TierPlan& p = s->tiers_->plan();
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {

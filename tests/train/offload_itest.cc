@@ -205,6 +205,10 @@ TEST(Offload, PrefetchLeavesNoDemandFetchesAfterTheFirstStep) {
   // Each unit's first use in a step waits for its own update (overlap), so it is demanded once
   // the update lands; every other use is prefetched.
   EXPECT_GT(later.prefetches, first.prefetches);
+  // Units whose update was still pending when the prefetcher reached them had their frame offered
+  // to the optimizer, which wrote the new parameters straight into it (the CPU backend's device
+  // memory is host memory); EveryTierChoiceGivesBitIdenticalLossesAndState covers the values.
+  EXPECT_GT(later.handoffs, 0u);
   EXPECT_EQ(later.evictions >= first.evictions, true);
   EXPECT_EQ((*trainer)->state().scheduler().order().divergences(), 0u);
 }
@@ -251,8 +255,9 @@ TEST(OffloadCli, TraceHasALanePerEngineAndStepLinesSayWaitAndPeaks) {
        {"compute", "host->device", "device->host", "nvme read", "nvme write", "adam"}) {
     EXPECT_TRUE(lanes.count(lane)) << lane;
   }
-  for (const char* event : {"forward + backward", "param read", "param to device", "grad to host",
-                            "optimizer read", "optimizer write", "adam"}) {
+  // No "param to device" here: on the CPU backend NVMe reads land in the device frames directly.
+  for (const char* event : {"forward + backward", "param read", "grad to host", "optimizer read",
+                            "optimizer write", "adam"}) {
     EXPECT_TRUE(events.count(event)) << event;
   }
   int steps = 0;
