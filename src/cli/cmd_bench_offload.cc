@@ -41,7 +41,7 @@ struct BenchOffloadOptions {
   std::string precision = "bf16";
   int threads = 0;
   int optimizer_threads = 0;
-  int pipeline_depth = 3;
+  int pipeline_depth = 5;
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
   std::int64_t data_vocab = 0;

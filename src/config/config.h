@@ -178,8 +178,9 @@ struct StrataConfig {
   // Threads of CPU Adam; 0 = the compute threads, less one when the optimizer state is on NVMe.
   std::int64_t optimizer_threads = 0;
   // Optimizer tiles in flight with the state on NVMe (stages of pinned buffers): read ahead,
-  // Adam, write behind. 3 = read i+1 || Adam i || write i-1.
-  std::int64_t optimizer_pipeline_depth = 3;
+  // Adam, write behind. 3 = read i+1 || Adam i || write i-1; 5 lets slow writes finish without
+  // stalling the forward that follows the optimizer (docs/tiers.md).
+  std::int64_t optimizer_pipeline_depth = 5;
   std::uint64_t device_bytes_max = 0;  // 0 = auto: GPU memory (CUDA) or 4 GiB arena (CPU)
   std::uint64_t host_bytes_max = 0;    // 0 = auto: 80% of the memory available at start-up
   std::uint64_t nvme_bytes_max = 0;    // 0 = auto: free space on the nvme_path file systems

@@ -181,6 +181,13 @@ Status ParamScheduler::gather(int unit) {
   return Status::ok();
 }
 
+bool ParamScheduler::holds_update(int unit) const {
+  const UnitState& st = states_[static_cast<std::size_t>(unit)];
+  if (!plan_.units[static_cast<std::size_t>(unit)].framed) return false;
+  if (st.stage == Stage::kHandoff) return handed_(unit);
+  return st.stage == Stage::kResident && st.handed;
+}
+
 bool ParamScheduler::resident(int unit) const {
   const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   return !up.framed || states_[static_cast<std::size_t>(unit)].stage == Stage::kResident;
@@ -215,6 +222,7 @@ void ParamScheduler::evict(int unit) {
     ++stats_.evictions;
   }
   st.stage = Stage::kAbsent;
+  st.handed = false;
 }
 
 void ParamScheduler::invalidate(int unit) {
@@ -226,6 +234,7 @@ void ParamScheduler::invalidate(int unit) {
                     "invalidate of a unit in use or in flight");
   if (up.persistent) {
     st.stage = Stage::kAbsent;
+    st.handed = false;
     return;
   }
   evict(unit);
@@ -391,6 +400,7 @@ Status ParamScheduler::advance(int unit, bool block) {
       trace->add(TraceLane::kHostToDevice, "param hand-off", st.begin_us, trace->now_us(), unit,
                  u64(up.param_numel) * plan_.storage_bytes);
     }
+    st.handed = true;
     return complete(unit);
   }
   while (st.stage == Stage::kReading) {

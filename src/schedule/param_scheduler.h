@@ -103,6 +103,9 @@ class ParamScheduler {
   const UseOrder& order() const { return order_; }
   // Whether unit u is on the device now (resident, not in flight).
   bool resident(int unit) const;
+  // Whether unit u's frame already holds the parameters of the update in flight (handed off by
+  // the optimizer), so its use need not wait for their write to the NVMe home.
+  bool holds_update(int unit) const;
 
  private:
   // kHandoff: a frame is reserved and offered to the optimizer, which writes the unit's new
@@ -119,6 +122,7 @@ class ParamScheduler {
     std::vector<std::uint8_t> read_done;
     backend::Event copied;
     std::uint64_t begin_us = 0;
+    bool handed = false;     // resident through a hand-off of the current update
     bool gathering = false;  // an all-gather started ahead is in flight (and holds a use)
     comm::Handle gather;
   };

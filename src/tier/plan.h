@@ -104,7 +104,7 @@ struct TierPlan {
   std::int64_t param_staging_elements = 0;
   int grad_staging_buffers = 0;  // device -> host gradient staging (storage type)
   std::int64_t grad_staging_elements = 0;
-  int pipeline_depth = 3;          // optimizer tiles in flight: read i+1, Adam i, write i-1
+  int pipeline_depth = 5;          // optimizer tiles in flight (strata.optimizer_pipeline_depth)
   bool pipeline_state = false;     // fp32 stage buffers for NVMe-homed optimizer state
   bool pipeline_copy_out = false;  // storage-type copy-out buffers (params not in host memory)
   int grad_write_buffers = 0;      // fp32 write-behind tiles for NVMe-homed gradients

@@ -250,7 +250,13 @@ Status TrainState::gather_masters(int unit, float* whole) {
 }
 
 Result<const float*> TrainState::acquire_params(int unit) {
-  STRATA_TRY(wait_for_update(unit, false));
+  if (scheduler_->holds_update(unit)) {
+    // The optimizer wrote the new parameters into the unit's frame already; their write home may
+    // still be in flight (fetches from the home wait for it through the fetchable gate).
+    STRATA_TRY(guard(pipeline_->pump()));
+  } else {
+    STRATA_TRY(wait_for_update(unit, false));
+  }
   if (regather_[static_cast<std::size_t>(unit)]) STRATA_TRY(regather(unit));
   STRATA_TRY(guard(grads_->pump()));
   const double before = scheduler_->stats().wait_ms;

@@ -116,11 +116,16 @@ TEST(Estimate, OffloadMovesStateToItsHomeTier) {
   e = estimate(c, in);
   // Data, plus one 4 KiB checksum block per tile and slot (five slots per unit).
   EXPECT_EQ(e.bytes(Tier::kNvme), 2 * p + 16 * p + 5 * 4096 * n);
-  // 3 stages x (4 fp32 arrays + a bf16 copy-out) of the largest tile (here the largest unit),
-  // each followed by a 4 KiB stagger, on a 2 MiB boundary.
+  // strata.optimizer_pipeline_depth stages (default 5) x (4 fp32 arrays + a bf16 copy-out) of
+  // the largest tile (here the largest unit), each followed by a 4 KiB stagger, on a 2 MiB
+  // boundary.
   std::uint64_t largest = 0;
   for (const model::UnitLayout& u : model::build_layout(in.shape).units)
     largest = std::max<std::uint64_t>(largest, u.padded_numel);
+  EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"),
+            5 * (4 * (4 * largest + 4096) + (2 * largest + 4096)) + (2u << 20) - 4096);
+  c.strata.optimizer_pipeline_depth = 3;
+  e = estimate(c, in);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"),
             3 * (4 * (4 * largest + 4096) + (2 * largest + 4096)) + (2u << 20) - 4096);
 }
