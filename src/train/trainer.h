@@ -79,6 +79,9 @@ class Trainer {
   optim::AdamOptimizer& adam() { return *adam_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
+  // This process's rank and the number of data-parallel ranks (comm/world.h).
+  int rank() const { return world_.comm ? world_.comm->rank() : 0; }
+  int world_size() const { return world_.comm ? world_.comm->world_size() : 1; }
   // The JSON summary line `run` writes at the end.
   Json::Value summary() const;
 
@@ -91,11 +94,6 @@ class Trainer {
   // This rank's next micro-batch (see trainer.cc: the ranks take turns).
   Status next_micro_batch(std::int64_t batch);
 
- public:
-  int rank() const { return world_.comm ? world_.comm->rank() : 0; }
-  int world_size() const { return world_.comm ? world_.comm->world_size() : 1; }
-
- private:
   config::Config config_;
   TrainerOptions options_;
   comm::World world_;  // before everything that uses its Comm
