@@ -3,12 +3,12 @@
 // a rank that cannot write makes every rank fail at once, naming it, with no checkpoint left
 // behind. Skips when mpirun is missing (tools/setup.sh installs it).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "support/mpi_run.h"
 #include "support/run_strata.h"
 #include "tests/train/rank_state_checks.h"
 #include "train/checkpoint.h"
@@ -16,31 +16,10 @@
 namespace strata::train {
 namespace {
 
-// OpenMPI refuses to run as root unless told twice; tests run as root in containers.
-const std::vector<std::string> kMpiEnv = {"OMPI_ALLOW_RUN_AS_ROOT=1",
-                                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
-
-std::string mpirun() {
-  const std::string path = STRATA_MPIEXEC;
-  return !path.empty() && ::access(path.c_str(), X_OK) == 0 ? path : "";
-}
-
-#define SKIP_WITHOUT_MPIRUN()                                                                \
-  if (mpirun().empty()) {                                                                    \
-    GTEST_SKIP() << "no mpirun: MPI was off or not found at build time ('" << STRATA_MPIEXEC \
-                 << "'); install openmpi-bin and libopenmpi-dev with tools/setup.sh";        \
-  }
-
+// `mpirun -np ranks` of the checkpoint helper (support/mpi_run.h).
 testing::RunOutput run_ranks(int ranks, const std::vector<std::string>& args) {
-  // A session directory of its own: concurrent mpiruns race for the default one.
-  testing::TempDir session;
-  std::vector<std::string> env = kMpiEnv;
-  env.push_back("OMPI_MCA_orte_tmpdir_base=" + session.path());
-  std::vector<std::string> all = {
-      "--oversubscribe", "-np", std::to_string(ranks),
-      std::string(STRATA_TEST_BINARY_DIR) + "/strata_checkpoint_mpi_helper"};
-  all.insert(all.end(), args.begin(), args.end());
-  return testing::run_program(mpirun(), all, env, 120);
+  return testing::run_ranks(
+      ranks, std::string(STRATA_TEST_BINARY_DIR) + "/strata_checkpoint_mpi_helper", args);
 }
 
 TEST(CheckpointMpi, TwoRanksWriteAndOneRankReads) {
