@@ -156,7 +156,7 @@ Status ParamScheduler::gather(int unit) {
   if (state(unit).gathering) {
     const auto start = std::chrono::steady_clock::now();
     Status s = finish_gather(unit);
-    stats_.gather_ms +=
+    stats_.wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
@@ -172,7 +172,7 @@ Status ParamScheduler::gather(int unit) {
       fmt::format("gathering the parameters of {}",
                   tiers_.layout().units[static_cast<std::size_t>(unit)].name)));
   stats_.gathers += 1;
-  stats_.gather_ms +=
+  stats_.wait_ms +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (trace) {
     trace->add(TraceLane::kComputeWait, "all-gather", begin_us, trace->now_us(), unit,

@@ -53,11 +53,10 @@ struct SchedulerStats {
   std::uint64_t hits = 0;            // acquires that found the unit resident
   std::uint64_t evictions = 0;
   std::uint64_t bytes_to_device = 0;  // host->device bytes
-  double wait_ms = 0.0;               // compute thread blocked in acquire
+  double wait_ms = 0.0;               // compute thread blocked in acquire (all-gathers included)
   std::uint64_t handoffs = 0;         // units the optimizer wrote straight into their frame
   std::uint64_t gathers = 0;          // all-gathers of stage-3 shards (several ranks)
   std::uint64_t gathers_ahead = 0;    // of them, started one use ahead
-  double gather_ms = 0.0;             // time in them (part of wait_ms' acquire, counted apart)
 };
 
 // The collective type of a storage type.
