@@ -8,7 +8,7 @@
 #include "common/units.h"
 #include "config/config.h"
 #include "model/model_spec.h"
-#include "tier/estimate.h"
+#include "offload/estimate.h"
 
 namespace strata::cli {
 namespace {

@@ -39,8 +39,8 @@
 #include "common/status.h"
 #include "data/dataset.h"
 #include "model/model_spec.h"
+#include "offload/offload_store.h"
 #include "optim/loss_scaler.h"
-#include "train/train_state.h"
 
 namespace strata::comm {
 class Comm;

@@ -12,7 +12,7 @@
 #include "kernels/cpu/dtype.h"
 #include "model/layout.h"
 #include "model/model_spec.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 #include "train/checkpoint.h"
 
 namespace strata::train {

@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
+#include "offload/optimizer_pipeline.h"
+#include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
-#include "optim/optimizer_pipeline.h"
-#include "tier/tier_manager.h"
 
 namespace strata::train {
 

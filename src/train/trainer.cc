@@ -13,7 +13,7 @@
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;

@@ -22,12 +22,12 @@
 #include "data/dataset.h"
 #include "model/layout.h"
 #include "model/runner.h"
+#include "offload/offload_store.h"
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
-#include "train/train_state.h"
 
 namespace strata::train {
 

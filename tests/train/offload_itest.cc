@@ -11,8 +11,8 @@
 
 #include <json/json.h>
 
+#include "offload/estimate.h"
 #include "support/run_strata.h"
-#include "tier/estimate.h"
 #include "train/offload_support.h"
 
 namespace strata {

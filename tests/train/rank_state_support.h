@@ -11,10 +11,10 @@
 #include "config/config.h"
 #include "io/sim/sim_engine.h"
 #include "model/layout.h"
+#include "offload/offload_store.h"
+#include "offload/plan.h"
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
-#include "tier/plan.h"
-#include "train/train_state.h"
 
 namespace strata::testing {
 

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "config/config.h"
+#include "offload/plan.h"
 #include "tests/model/fixture_support.h"
 #include "tests/train/fixture_config.h"
 #include "tests/train/llmc_tokens.h"
-#include "tier/plan.h"
 #include "train/trainer.h"
 
 namespace strata::train {

@@ -1,5 +1,5 @@
 // The tier plan (see plan.h).
-#include "tier/plan.h"
+#include "offload/plan.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // The prefetch scheduler over the tier manager (CPU backend, the I/O twin): whatever order the
 // runner uses units in — the recorded one, one that deviates, units it never used before — every
 // acquire returns that unit's current parameters, frames never exceed the plan, and nothing hangs.
-#include "schedule/param_scheduler.h"
+#include "offload/param_scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include "io/sim/sim_engine.h"
 #include "kernels/cpu/float16.h"
 #include "model/model_spec.h"
-#include "schedule/use_order.h"
+#include "offload/use_order.h"
 #include "support/run_strata.h"
 
 namespace strata::schedule {

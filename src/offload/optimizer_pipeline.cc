@@ -1,5 +1,5 @@
 // The three-deep optimizer pipeline (see optimizer_pipeline.h).
-#include "optim/optimizer_pipeline.h"
+#include "offload/optimizer_pipeline.h"
 
 #include <fmt/format.h>
 

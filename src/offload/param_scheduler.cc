@@ -1,5 +1,5 @@
 // The prefetch scheduler (see param_scheduler.h).
-#include "schedule/param_scheduler.h"
+#include "offload/param_scheduler.h"
 
 #include <fmt/format.h>
 

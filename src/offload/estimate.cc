@@ -1,4 +1,4 @@
-#include "tier/estimate.h"
+#include "offload/estimate.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "common/units.h"
 #include "model/layout.h"
 #include "model/runner.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 
 namespace strata::tier {
 

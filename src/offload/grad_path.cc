@@ -1,5 +1,5 @@
 // The gradient path (see grad_path.h).
-#include "train/grad_path.h"
+#include "offload/grad_path.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
-#include "schedule/param_scheduler.h"
+#include "offload/param_scheduler.h"
 
 namespace strata::train {
 namespace {

@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "schedule/use_order.h"
-#include "tier/tier_manager.h"
+#include "offload/tier_manager.h"
+#include "offload/use_order.h"
 
 namespace strata::schedule {
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "tier/tier_manager.h"
+#include "offload/tier_manager.h"
 
 namespace strata::train {
 

@@ -1,4 +1,4 @@
-#include "tier/estimate.h"
+#include "offload/estimate.h"
 
 #include <gtest/gtest.h>
 

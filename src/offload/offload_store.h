@@ -26,11 +26,11 @@
 #include "comm/comm.h"
 #include "model/layout.h"
 #include "model/runner.h"
+#include "offload/grad_path.h"
+#include "offload/optimizer_pipeline.h"
+#include "offload/param_scheduler.h"
+#include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
-#include "optim/optimizer_pipeline.h"
-#include "schedule/param_scheduler.h"
-#include "tier/tier_manager.h"
-#include "train/grad_path.h"
 
 namespace strata::train {
 

@@ -27,7 +27,7 @@
 #include "config/config.h"
 #include "kernels/cpu/dtype.h"
 #include "model/layout.h"
-#include "tier/estimate.h"
+#include "offload/estimate.h"
 
 namespace strata::tier {
 

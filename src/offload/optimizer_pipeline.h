@@ -36,8 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
-#include "tier/tier_manager.h"
 
 namespace strata::optim {
 

@@ -1,5 +1,5 @@
 // The recorded order of unit uses (see use_order.h).
-#include "schedule/use_order.h"
+#include "offload/use_order.h"
 
 #include "common/assert.h"
 

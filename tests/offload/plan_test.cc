@@ -1,6 +1,6 @@
 // The tier plan: homes follow the offload settings, tiles are whole pages, frames follow the
 // stage3 limits and the device budget, and a budget below the working set is refused.
-#include "tier/plan.h"
+#include "offload/plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The tiered storage manager (see tier_manager.h).
-#include "tier/tier_manager.h"
+#include "offload/tier_manager.h"
 
 #include <fmt/format.h>
 #include <sys/mman.h>

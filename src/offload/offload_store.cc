@@ -1,5 +1,5 @@
 // All training state behind the UnitStore seam (see train_state.h).
-#include "train/train_state.h"
+#include "offload/offload_store.h"
 
 #include <fmt/format.h>
 

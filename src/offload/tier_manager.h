@@ -32,7 +32,7 @@
 #include "io/engine.h"
 #include "io/swap_space.h"
 #include "model/layout.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 
 namespace strata::tier {
 
