@@ -19,11 +19,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "bench/offload_parts.h"
 #include "cli/command.h"
 #include "config/config.h"
 #include "model/model_spec.h"
 #include "train/metrics.h"
-#include "train/offload_bench.h"
 #include "train/trainer.h"
 
 namespace strata::cli {

@@ -8,9 +8,9 @@
 #include <memory>
 #include <sstream>
 
+#include "bench/io_passes.h"
 #include "cli/command.h"
 #include "common/units.h"
-#include "io/bench/io_bench.h"
 #include "io/probe.h"
 
 namespace strata::cli {

@@ -1,4 +1,4 @@
-#include "io/bench/io_bench.h"
+#include "bench/io_passes.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

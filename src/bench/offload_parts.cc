@@ -1,5 +1,5 @@
 // Measurements for `strata bench offload` (see offload_bench.h).
-#include "train/offload_bench.h"
+#include "bench/offload_parts.h"
 
 #include <fmt/format.h>
 #include <sys/mman.h>
