@@ -5,7 +5,7 @@
 // copies are bit-identical to CPU Adam's.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/adam_constants.h"
 #include "kernels/cuda/device_math.cuh"
 

@@ -15,7 +15,7 @@
 // functions are generic over the launcher (device_math.cuh).
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/device_math.cuh"
 

@@ -4,7 +4,7 @@
 // 64-bit indices; precise expf/tanhf (no fast-math), so results track the CPU's to a few ulps.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {

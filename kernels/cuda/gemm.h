@@ -14,9 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda_plan.h"
 #include "common/status.h"
 #include "kernels/cuda/cublaslt_api.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda {
 

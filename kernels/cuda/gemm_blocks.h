@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda_plan.h"
 #include "common/status.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda {
 

@@ -10,10 +10,10 @@
 
 #include <cstdint>
 
-#include "backend/cuda_plan.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/adam_constants.h"
 #include "kernels/cuda/dtype_codes.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda_kernels {
 

@@ -3,7 +3,7 @@
 // with their launch functions (generic over the launcher, see device_math.cuh).
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {

@@ -6,7 +6,7 @@
 // each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {

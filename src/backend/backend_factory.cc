@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu_backend.h"
-#include "backend/cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "common/units.h"
 
 namespace strata::backend {

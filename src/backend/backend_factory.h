@@ -8,9 +8,9 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/cuda_plan.h"
 #include "common/status.h"
 #include "config/config.h"
+#include "kernels/cuda/launch_plan.h"
 #include "sys/gpu.h"
 
 namespace strata::backend {

@@ -1,7 +1,7 @@
 // The CUDA backend's host-side plans (backend/cuda_plan.h), tested without a GPU: GEMM blocks
 // always fit the conversion workspace and cover the product exactly once, column reductions fit
 // their scratch, attention launches fit shared memory, and the pinned limit names what binds.
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::backend {
 

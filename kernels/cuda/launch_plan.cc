@@ -1,5 +1,5 @@
 // Host-side plans of the CUDA backend (see cuda_plan.h).
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // CudaOps and CudaOptimizerOps (see cuda_ops.h).
-#include "kernels/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_ops.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // CudaBackend (see src/backend/cuda_backend.h): one cudaMalloc'ed arena, registered pinned
 // mappings, three streams, a fixed event pool, and the ops of kernels/cuda.
-#include "backend/cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -14,10 +14,10 @@
 
 #include "backend/arena.h"
 #include "backend/cpu_backend.h"
+#include "backend/cuda/cuda_ops.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
 #include "sys/memory.h"
 
