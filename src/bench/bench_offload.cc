@@ -134,7 +134,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
 struct StepRun {
   std::vector<double> step_ms, wait_ms, losses, adam_ms;
   train::IoVolume io;  // per measured step
-  tier::TierUsage usage;
+  offload::TierUsage usage;
   double io_ms = 0.0;  // the step's I/O replayed alone (median of repeats)
 };
 
@@ -143,8 +143,8 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
   options.quiet = true;
   STRATA_ASSIGN_OR_RETURN(auto trainer, train::Trainer::create(config, options));
   StepRun run;
-  tier::TierManager& tiers = trainer->state().tiers();
-  tier::IoCounters before;
+  offload::TierManager& tiers = trainer->state().tiers();
+  offload::IoCounters before;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup) before = tiers.io_counters();
     const double adam_before = trainer->state().pipeline().times().adam_ms;
@@ -157,7 +157,7 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
   }
   STRATA_TRY(trainer->finish_step());
   run.io = train::io_since(before, tiers.io_counters());
-  for (int k = 0; k < tier::kSlotKinds; ++k) {
+  for (int k = 0; k < offload::kSlotKinds; ++k) {
     run.io.read_bytes[k] /= static_cast<std::uint64_t>(o.steps);
     run.io.write_bytes[k] /= static_cast<std::uint64_t>(o.steps);
   }
@@ -185,9 +185,9 @@ Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffl
   STRATA_ASSIGN_OR_RETURN(auto trainer, train::Trainer::create(config, options));
   STRATA_TRY(trainer->train_step().status());  // gradients in place
   STRATA_TRY(trainer->finish_step());
-  train::TrainState& state = trainer->state();
-  tier::TierManager& tiers = state.tiers();
-  optim::PipelineStep step;
+  offload::OffloadStore& state = trainer->state();
+  offload::TierManager& tiers = state.tiers();
+  offload::PipelineStep step;
   step.lr = o.lr;
   step.step = 2;
   OptimizerRun run;
@@ -195,7 +195,7 @@ Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffl
   for (int r = 0; r < o.repeat; ++r) {
     for (bool skip : {false, true}) {
       state.pipeline().set_skip_adam(skip);
-      const tier::IoCounters before = tiers.io_counters();
+      const offload::IoCounters before = tiers.io_counters();
       const auto start = std::chrono::steady_clock::now();
       STRATA_TRY(state.start_optimizer(step, true));
       const double ms =

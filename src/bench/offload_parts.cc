@@ -13,8 +13,8 @@
 namespace strata::train {
 namespace {
 
-using tier::SlotKind;
-using tier::Tier;
+using offload::SlotKind;
+using offload::Tier;
 
 struct Op {
   SlotKind kind;
@@ -24,12 +24,12 @@ struct Op {
 };
 
 // Tiles of `kind` on NVMe, in unit order, starting `offset` tiles in and wrapping, until `bytes`.
-void add_ops(const tier::TierManager& tiers, SlotKind kind, std::uint64_t bytes, bool write,
+void add_ops(const offload::TierManager& tiers, SlotKind kind, std::uint64_t bytes, bool write,
              std::vector<Op>* out) {
   std::vector<Op> tiles;
-  const tier::TierPlan& p = tiers.plan();
+  const offload::TierPlan& p = tiers.plan();
   for (int u = 0; u < tiers.units(); ++u) {
-    if (tier::home_of(p, u, kind) != Tier::kNvme) continue;
+    if (offload::home_of(p, u, kind) != Tier::kNvme) continue;
     for (std::int64_t t = 0; t < p.units[static_cast<std::size_t>(u)].tiles; ++t)
       tiles.push_back(Op{kind, u, t, write});
   }
@@ -59,18 +59,18 @@ std::uint64_t IoVolume::writes() const {
   return sum;
 }
 
-IoVolume io_since(const tier::IoCounters& before, const tier::IoCounters& after) {
+IoVolume io_since(const offload::IoCounters& before, const offload::IoCounters& after) {
   IoVolume v;
-  for (int k = 0; k < tier::kSlotKinds; ++k) {
+  for (int k = 0; k < offload::kSlotKinds; ++k) {
     v.read_bytes[k] = after.read_bytes[k] - before.read_bytes[k];
     v.write_bytes[k] = after.write_bytes[k] - before.write_bytes[k];
   }
   return v;
 }
 
-Result<double> replay_io(tier::TierManager& tiers, const IoVolume& volume, int in_flight) {
+Result<double> replay_io(offload::TierManager& tiers, const IoVolume& volume, int in_flight) {
   std::vector<Op> reads, writes, ops;
-  for (int k = 0; k < tier::kSlotKinds; ++k) {
+  for (int k = 0; k < offload::kSlotKinds; ++k) {
     add_ops(tiers, static_cast<SlotKind>(k), volume.read_bytes[k], false, &reads);
     add_ops(tiers, static_cast<SlotKind>(k), volume.write_bytes[k], true, &writes);
   }
@@ -138,9 +138,9 @@ Result<double> replay_io(tier::TierManager& tiers, const IoVolume& volume, int i
   return ms;
 }
 
-Result<double> adam_alone_ms(tier::TierManager& tiers, optim::AdamOptimizer& adam,
-                             const optim::PipelineStep& step) {
-  const tier::TierPlan& p = tiers.plan();
+Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& adam,
+                             const offload::PipelineStep& step) {
+  const offload::TierPlan& p = tiers.plan();
   const SlotKind kinds[4] = {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq,
                              SlotKind::kGrad};
   auto stage = [&](int array) {
@@ -148,7 +148,7 @@ Result<double> adam_alone_ms(tier::TierManager& tiers, optim::AdamOptimizer& ada
   };
   double ms = 0.0;
   for (int u = 0; u < tiers.units(); ++u) {
-    const tier::UnitPlan& up = p.units[static_cast<std::size_t>(u)];
+    const offload::UnitPlan& up = p.units[static_cast<std::size_t>(u)];
     if (up.optim_home != Tier::kNvme) continue;
     for (std::int64_t t = 0; t < up.tiles; ++t) {
       for (int a = 0; a < 4; ++a) {

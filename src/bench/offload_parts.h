@@ -16,24 +16,24 @@
 namespace strata::train {
 
 struct IoVolume {
-  std::uint64_t read_bytes[tier::kSlotKinds] = {0, 0, 0, 0, 0};
-  std::uint64_t write_bytes[tier::kSlotKinds] = {0, 0, 0, 0, 0};
+  std::uint64_t read_bytes[offload::kSlotKinds] = {0, 0, 0, 0, 0};
+  std::uint64_t write_bytes[offload::kSlotKinds] = {0, 0, 0, 0, 0};
   std::uint64_t reads() const;
   std::uint64_t writes() const;
 };
 
 // What `after` moved beyond `before`.
-IoVolume io_since(const tier::IoCounters& before, const tier::IoCounters& after);
+IoVolume io_since(const offload::IoCounters& before, const offload::IoCounters& after);
 
 // Reads and writes `volume` (per kind, over that kind's NVMe tiles in unit order, wrapping
 // around) with up to `in_flight` tile operations outstanding, reads and writes interleaved as
 // they are submitted. Returns the wall time in milliseconds. The tiles' contents are not
 // preserved: run it after training.
-Result<double> replay_io(tier::TierManager& tiers, const IoVolume& volume, int in_flight);
+Result<double> replay_io(offload::TierManager& tiers, const IoVolume& volume, int in_flight);
 
 // Runs Adam over every tile whose optimizer state is homed on NVMe, reading each tile into the
 // pipeline's first stage beforehand (not timed); returns the milliseconds inside Adam.
-Result<double> adam_alone_ms(tier::TierManager& tiers, optim::AdamOptimizer& adam,
-                             const optim::PipelineStep& step);
+Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& adam,
+                             const offload::PipelineStep& step);
 
 }  // namespace strata::train

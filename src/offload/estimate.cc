@@ -11,7 +11,7 @@
 #include "model/runner.h"
 #include "offload/plan.h"
 
-namespace strata::tier {
+namespace strata::offload {
 
 const char* to_string(Tier tier) {
   switch (tier) {
@@ -148,4 +148,4 @@ std::vector<Verdict> check_budgets(const Estimate& estimate, const std::vector<B
   return out;
 }
 
-}  // namespace strata::tier
+}  // namespace strata::offload

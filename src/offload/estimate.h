@@ -11,7 +11,7 @@
 #include "config/config.h"
 #include "model/model_spec.h"
 
-namespace strata::tier {
+namespace strata::offload {
 
 enum class Tier { kDevice = 0, kHost = 1, kNvme = 2 };
 inline constexpr int kTierCount = 3;
@@ -71,4 +71,4 @@ struct Verdict {
 
 std::vector<Verdict> check_budgets(const Estimate& estimate, const std::vector<Budget>& budgets);
 
-}  // namespace strata::tier
+}  // namespace strata::offload

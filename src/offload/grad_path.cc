@@ -11,11 +11,8 @@
 #include "kernels/cpu/nn_ops.h"
 #include "offload/param_scheduler.h"
 
-namespace strata::train {
+namespace strata::offload {
 namespace {
-
-using tier::SlotKind;
-using tier::Tier;
 
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
@@ -23,7 +20,7 @@ std::uint64_t u64(std::int64_t v) {
 
 }  // namespace
 
-GradPath::GradPath(tier::TierManager& tiers, comm::Comm* comm)
+GradPath::GradPath(TierManager& tiers, comm::Comm* comm)
     : tiers_(tiers), comm_(comm), backend_(tiers.backend()), plan_(tiers.plan()) {}
 
 GradPath::~GradPath() {
@@ -39,8 +36,8 @@ GradPath::~GradPath() {
   if (computed_.valid()) backend_.destroy_event(computed_);
 }
 
-Result<std::unique_ptr<GradPath>> GradPath::create(tier::TierManager& tiers, comm::Comm* comm) {
-  const tier::TierPlan& p = tiers.plan();
+Result<std::unique_ptr<GradPath>> GradPath::create(TierManager& tiers, comm::Comm* comm) {
+  const TierPlan& p = tiers.plan();
   // A plan for several ranks without their Comm holds that rank's state (checkpoint tools and
   // tests) but cannot train: the collectives below assert one.
   STRATA_ASSERT(comm == nullptr || comm->world_size() == p.world);
@@ -66,7 +63,7 @@ Result<std::unique_ptr<GradPath>> GradPath::create(tier::TierManager& tiers, com
   g->write_busy_.assign(static_cast<std::size_t>(p.grad_write_buffers), 0);
   g->writes_.reserve(static_cast<std::size_t>(p.grad_write_buffers));
   std::size_t tiles = 0;
-  for (const tier::UnitPlan& u : p.units) {
+  for (const UnitPlan& u : p.units) {
     g->tile_base_.push_back(tiles);
     tiles += static_cast<std::size_t>(u.tiles);
   }
@@ -125,7 +122,7 @@ Result<float*> GradPath::acquire(int unit) {
 Status GradPath::ready(int unit) {
   Frame* f = frame_of(unit);
   STRATA_ASSERT_MSG(f != nullptr, "grads_ready of a unit without a gradient frame");
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   const std::int64_t n = up.padded_numel;
   if (plan_.storage != kernels::DType::kF32) {
     // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
@@ -161,7 +158,7 @@ Status GradPath::ready(int unit) {
     // taken until the reduction is done and its shard has left (finish_reduction()).
     STRATA_TRY(backend_.synchronize(computed_));
     auto* base = static_cast<char*>(f->copy);
-    const comm::DataType type = schedule::comm_type(plan_.storage);
+    const comm::DataType type = comm_type(plan_.storage);
     Result<comm::Handle> h =
         plan_.zero_stage == 0
             ? comm_->all_reduce(base, base, u64(n), type, comm::ReduceOp::kSum)
@@ -181,7 +178,7 @@ Status GradPath::ready(int unit) {
 }
 
 Status GradPath::send_home(const Job& job, Frame* f) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(job.unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(job.unit)];
   // Only this rank's shard leaves the device (the whole unit on one rank, or at stage 0).
   STRATA_TRY(backend_.copy_async(
       backend::StreamKind::kDeviceToHost, tiers_.grad_staging(job.staging),
@@ -245,7 +242,7 @@ Status GradPath::finish_writes_of(int unit, std::int64_t tile) {
 
 Status GradPath::accumulate(const Job& job) {
   const int u = job.unit;
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(u)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(u)];
   const auto* staging = static_cast<const char*>(tiers_.grad_staging(job.staging));
   Trace* trace = tiers_.trace();
   if (trace) {
@@ -328,4 +325,4 @@ double GradPath::sum_squares() const {
   return total;
 }
 
-}  // namespace strata::train
+}  // namespace strata::offload

@@ -23,13 +23,12 @@
 #include "comm/comm.h"
 #include "offload/tier_manager.h"
 
-namespace strata::train {
+namespace strata::offload {
 
 class GradPath {
  public:
   // `comm`: the data-parallel ranks (needed when the plan is for more than one).
-  static Result<std::unique_ptr<GradPath>> create(tier::TierManager& tiers,
-                                                  comm::Comm* comm = nullptr);
+  static Result<std::unique_ptr<GradPath>> create(TierManager& tiers, comm::Comm* comm = nullptr);
   ~GradPath();
   GradPath(const GradPath&) = delete;
   GradPath& operator=(const GradPath&) = delete;
@@ -76,7 +75,7 @@ class GradPath {
     io::SwapHandle handle;
   };
 
-  GradPath(tier::TierManager& tiers, comm::Comm* comm);
+  GradPath(TierManager& tiers, comm::Comm* comm);
   // Copies the job's shard of frame `f` to its staging buffer; the frame is free again after.
   Status send_home(const Job& job, Frame* f);
   // Waits for the job's reduction, then send_home().
@@ -89,10 +88,10 @@ class GradPath {
   Status finish_writes_of(int unit, std::int64_t tile);
   Frame* frame_of(int unit);
 
-  tier::TierManager& tiers_;
+  TierManager& tiers_;
   comm::Comm* comm_ = nullptr;
   backend::Backend& backend_;
-  const tier::TierPlan& plan_;
+  const TierPlan& plan_;
   std::vector<std::vector<Frame>> frames_;  // per size class
   backend::Event computed_;
   std::vector<backend::Event> staged_;  // per staging buffer: its copy is done
@@ -107,4 +106,4 @@ class GradPath {
   double wait_ms_ = 0.0;
 };
 
-}  // namespace strata::train
+}  // namespace strata::offload

@@ -8,17 +8,12 @@
 
 #include "common/clock.h"
 
-namespace strata::train {
-namespace {
+namespace strata::offload {
+namespace {}  // namespace
 
-using tier::SlotKind;
-using tier::Tier;
+OffloadStore::OffloadStore(std::unique_ptr<TierManager> tiers) : tiers_(std::move(tiers)) {}
 
-}  // namespace
-
-TrainState::TrainState(std::unique_ptr<tier::TierManager> tiers) : tiers_(std::move(tiers)) {}
-
-Status TrainState::guard(Status s) {
+Status OffloadStore::guard(Status s) {
   if (!failure_.is_ok()) return failure_;
   if (!s.is_ok()) {
     failure_ = Status(s.code(),
@@ -30,7 +25,7 @@ Status TrainState::guard(Status s) {
   return s;
 }
 
-TrainState::~TrainState() {
+OffloadStore::~OffloadStore() {
   // Engines go before the memory and files they use.
   pipeline_.reset();
   grads_.reset();
@@ -38,28 +33,26 @@ TrainState::~TrainState() {
   tiers_.reset();
 }
 
-Result<std::unique_ptr<TrainState>> TrainState::create(
+Result<std::unique_ptr<OffloadStore>> OffloadStore::create(
     backend::Backend& backend, const config::Config& config, const model::ModelLayout& layout,
-    tier::TierPlan plan, optim::AdamOptimizer& adam, const tier::TierOptions& options,
-    comm::Comm* comm) {
-  STRATA_ASSIGN_OR_RETURN(
-      std::unique_ptr<tier::TierManager> tiers,
-      tier::TierManager::create(backend, config, layout, std::move(plan), options));
-  std::unique_ptr<TrainState> s(new TrainState(std::move(tiers)));
+    TierPlan plan, optim::AdamOptimizer& adam, const TierOptions& options, comm::Comm* comm) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TierManager> tiers,
+                          TierManager::create(backend, config, layout, std::move(plan), options));
+  std::unique_ptr<OffloadStore> s(new OffloadStore(std::move(tiers)));
   s->comm_ = comm;
-  STRATA_ASSIGN_OR_RETURN(
-      s->scheduler_, schedule::ParamScheduler::create(*s->tiers_, config.zero_optimization, comm));
+  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
+                          ParamScheduler::create(*s->tiers_, config.zero_optimization, comm));
   STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
   s->regather_.assign(s->tiers_->plan().units.size(), 0);
-  STRATA_ASSIGN_OR_RETURN(s->pipeline_, optim::OptimizerPipeline::create(*s->tiers_, adam));
-  optim::OptimizerPipeline* pipeline = s->pipeline_.get();
+  STRATA_ASSIGN_OR_RETURN(s->pipeline_, OptimizerPipeline::create(*s->tiers_, adam));
+  OptimizerPipeline* pipeline = s->pipeline_.get();
   s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
-  TrainState* self = s.get();
+  OffloadStore* self = s.get();
   s->scheduler_->set_wait_update([self](int unit) { return self->wait_for_update(unit, false); });
   s->scheduler_->set_handoff(
       [pipeline](int unit, void* destination) { return pipeline->offer_frame(unit, destination); },
       [pipeline](int unit) { return pipeline->handed_off(unit); });
-  const tier::TierPlan& p = s->tiers_->plan();
+  const TierPlan& p = s->tiers_->plan();
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
     for (int i = 0; i < p.classes[k].compute_slots; ++i)
@@ -68,15 +61,14 @@ Result<std::unique_ptr<TrainState>> TrainState::create(
   return s;
 }
 
-float* TrainState::fill_buffer(SlotKind kind, int unit) {
-  if (tier::home_of(tiers_->plan(), unit, kind) == Tier::kHost)
-    return tiers_->host_state(unit, kind);
+float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
+  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
   return tiers_->unit_scratch();
 }
 
-Status TrainState::store(SlotKind kind, int unit, const float* src) {
+Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   if (!failure_.is_ok()) return failure_;
-  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   if (up.optim_home == Tier::kNvme && src != tiers_->unit_scratch()) {
     std::memcpy(tiers_->unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
     src = tiers_->unit_scratch();
@@ -84,20 +76,19 @@ Status TrainState::store(SlotKind kind, int unit, const float* src) {
   return guard(tiers_->write_slot(kind, unit, src));
 }
 
-Result<const float*> TrainState::view(SlotKind kind, int unit) {
-  if (tier::home_of(tiers_->plan(), unit, kind) == Tier::kHost)
-    return tiers_->host_state(unit, kind);
+Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
+  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
   if (!failure_.is_ok()) return failure_;
   STRATA_TRY(guard(tiers_->read_slot(kind, unit, tiers_->unit_scratch())));
   return static_cast<const float*>(tiers_->unit_scratch());
 }
 
-Status TrainState::refresh(bool zero_moments) {
+Status OffloadStore::refresh(bool zero_moments) {
   STRATA_TRY(finish_optimizer());
   STRATA_TRY(scheduler_->drain());
-  const tier::TierPlan& p = tiers_->plan();
+  const TierPlan& p = tiers_->plan();
   for (int u = 0; u < units(); ++u) {
-    const tier::UnitPlan& up = p.units[static_cast<std::size_t>(u)];
+    const UnitPlan& up = p.units[static_cast<std::size_t>(u)];
     if (zero_moments) {
       for (SlotKind kind : {SlotKind::kExpAvg, SlotKind::kExpAvgSq}) {
         float* buffer = fill_buffer(kind, u);
@@ -116,24 +107,24 @@ Status TrainState::refresh(bool zero_moments) {
   return Status::ok();
 }
 
-void TrainState::begin_micro_batch(bool first, bool last) {
+void OffloadStore::begin_micro_batch(bool first, bool last) {
   last_micro_batch_ = last;
   preloaded_ = false;
   grads_->begin_micro_batch(first, last);
-  scheduler_->begin_pass(schedule::Pass::kTrain);
+  scheduler_->begin_pass(Pass::kTrain);
 }
 
-Status TrainState::end_micro_batch() {
+Status OffloadStore::end_micro_batch() {
   scheduler_->end_pass();
   return guard(grads_->pump());
 }
 
-Status TrainState::finish_backward() {
+Status OffloadStore::finish_backward() {
   STRATA_TRY(guard(grads_->drain()));
   return guard(scheduler_->drain());
 }
 
-Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
+Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
   STRATA_TRY(guard(scheduler_->drain()));
   // Every parameter is about to change: device copies are stale from here on, and the
   // prefetcher waits for each unit's update (the fetchable gate).
@@ -151,26 +142,26 @@ Status TrainState::start_optimizer(const optim::PipelineStep& step, bool wait) {
   return wait ? finish_optimizer() : Status::ok();
 }
 
-Status TrainState::skip_optimizer() {
+Status OffloadStore::skip_optimizer() {
   return guard(pipeline_->cancel_preload());
 }
 
-Status TrainState::finish_optimizer() {
+Status OffloadStore::finish_optimizer() {
   const auto start = std::chrono::steady_clock::now();
   Status s = pipeline_->finish();
   counters_.compute_wait_ms += ms_since(start);
   return guard(s);
 }
 
-void TrainState::begin_eval_batch() {
-  scheduler_->begin_pass(schedule::Pass::kEval);
+void OffloadStore::begin_eval_batch() {
+  scheduler_->begin_pass(Pass::kEval);
 }
 
-void TrainState::end_eval_batch() {
+void OffloadStore::end_eval_batch() {
   scheduler_->end_pass();
 }
 
-Status TrainState::wait_for_update(int unit, bool whole) {
+Status OffloadStore::wait_for_update(int unit, bool whole) {
   if (whole ? pipeline_->unit_done(unit) : pipeline_->params_ready(unit)) {
     return guard(pipeline_->pump());
   }
@@ -187,23 +178,23 @@ Status TrainState::wait_for_update(int unit, bool whole) {
   return guard(s);
 }
 
-bool TrainState::sharded_device_params(int unit) const {
-  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+bool OffloadStore::sharded_device_params(int unit) const {
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   return tiers_->plan().world > 1 && !up.framed && up.shard_numel < up.padded_numel;
 }
 
-Status TrainState::regather(int unit) {
+Status OffloadStore::regather(int unit) {
   // ZeRO 1 and 2: this rank updated its shard of the unit's device parameters; the rest comes
   // from the other ranks, in place. Every rank does this at its first acquire of the unit after
   // an update, in the same order, so the collectives stay in step.
   STRATA_ASSERT_MSG(comm_ != nullptr, "parameters on several ranks need their Comm");
-  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   const std::uint64_t c = tiers_->plan().storage_bytes;
   auto* base = static_cast<char*>(tiers_->device_param(unit));
   const auto start = std::chrono::steady_clock::now();
   Result<comm::Handle> h = comm_->all_gather(base + static_cast<std::uint64_t>(up.shard_begin) * c,
                                              base, static_cast<std::uint64_t>(up.shard_numel),
-                                             schedule::comm_type(tiers_->plan().storage));
+                                             comm_type(tiers_->plan().storage));
   if (!h.is_ok()) return guard(h.status());
   Status s = comm_->wait(*h).with_context(fmt::format(
       "gathering the parameters of {}", layout().units[static_cast<std::size_t>(unit)].name));
@@ -212,7 +203,7 @@ Status TrainState::regather(int unit) {
   return guard(s);
 }
 
-Status TrainState::sum_over_ranks(double* values, int count) {
+Status OffloadStore::sum_over_ranks(double* values, int count) {
   STRATA_ASSERT(comm_ != nullptr && count >= 1 && count * 8 <= 4096);
   backend::Backend& b = tiers_->backend();
   void* frame = tiers_->grad_frame(0, 0);
@@ -226,8 +217,8 @@ Status TrainState::sum_over_ranks(double* values, int count) {
   return guard(b.copy_async(backend::StreamKind::kCompute, values, frame, bytes));
 }
 
-Status TrainState::gather_masters(int unit, float* whole) {
-  const tier::UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+Status OffloadStore::gather_masters(int unit, float* whole) {
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
   STRATA_TRY(guard(finish_optimizer()));
   STRATA_ASSIGN_OR_RETURN(const float* shard, view(SlotKind::kMaster, unit));
   if (comm_ == nullptr || tiers_->plan().world == 1 || up.shard_numel == up.padded_numel) {
@@ -249,7 +240,7 @@ Status TrainState::gather_masters(int unit, float* whole) {
                             static_cast<std::uint64_t>(up.padded_numel) * 4));
 }
 
-Result<const float*> TrainState::acquire_params(int unit) {
+Result<const float*> OffloadStore::acquire_params(int unit) {
   if (scheduler_->holds_update(unit)) {
     // The optimizer wrote the new parameters into the unit's frame already; their write home may
     // still be in flight (fetches from the home wait for it through the fetchable gate).
@@ -264,9 +255,9 @@ Result<const float*> TrainState::acquire_params(int unit) {
   if (!fetched.is_ok()) return guard(fetched.status());
   const void* stored = *fetched;
   counters_.compute_wait_ms += scheduler_->stats().wait_ms - before;
-  const tier::TierPlan& p = tiers_->plan();
+  const TierPlan& p = tiers_->plan();
   if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
-  const tier::UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
   std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
   for (ComputeSlot& slot : pool) {
     if (slot.unit == unit) {
@@ -289,8 +280,8 @@ Result<const float*> TrainState::acquire_params(int unit) {
                   layout().units[static_cast<std::size_t>(unit)].name, pool.size()));
 }
 
-void TrainState::release_params(int unit) {
-  const tier::TierPlan& p = tiers_->plan();
+void OffloadStore::release_params(int unit) {
+  const TierPlan& p = tiers_->plan();
   if (p.storage != kernels::DType::kF32) {
     bool found = false;
     for (ComputeSlot& slot :
@@ -306,7 +297,7 @@ void TrainState::release_params(int unit) {
   scheduler_->release(unit);
 }
 
-Result<float*> TrainState::acquire_grads(int unit) {
+Result<float*> OffloadStore::acquire_grads(int unit) {
   STRATA_TRY(wait_for_update(unit, true));
   if (last_micro_batch_ && !preloaded_) {
     // The backward of the step's last micro-batch has begun: read the first optimizer tiles'
@@ -322,11 +313,11 @@ Result<float*> TrainState::acquire_grads(int unit) {
   return r;
 }
 
-Status TrainState::grads_ready(int unit) {
+Status OffloadStore::grads_ready(int unit) {
   const double before = grads_->wait_ms();
   Status s = grads_->ready(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;
   return guard(s);
 }
 
-}  // namespace strata::train
+}  // namespace strata::offload

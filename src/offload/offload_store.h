@@ -32,40 +32,40 @@
 #include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
 
-namespace strata::train {
+namespace strata::offload {
 
 struct StateCounters {
   double compute_wait_ms = 0.0;  // compute blocked on parameters, updates or gradient buffers
 };
 
-class TrainState final : public model::UnitStore<float> {
+class OffloadStore final : public model::UnitStore<float> {
  public:
   // Builds the tier manager for `plan` and the engines over it. Errors as TierManager::create.
-  static Result<std::unique_ptr<TrainState>> create(backend::Backend& backend,
-                                                    const config::Config& config,
-                                                    const model::ModelLayout& layout,
-                                                    tier::TierPlan plan, optim::AdamOptimizer& adam,
-                                                    const tier::TierOptions& options,
-                                                    comm::Comm* comm = nullptr);
-  ~TrainState() override;
+  static Result<std::unique_ptr<OffloadStore>> create(backend::Backend& backend,
+                                                      const config::Config& config,
+                                                      const model::ModelLayout& layout,
+                                                      TierPlan plan, optim::AdamOptimizer& adam,
+                                                      const TierOptions& options,
+                                                      comm::Comm* comm = nullptr);
+  ~OffloadStore() override;
 
   const model::ModelLayout& layout() const { return tiers_->layout(); }
   kernels::DType storage() const { return tiers_->plan().storage; }
   int units() const { return tiers_->units(); }
-  tier::TierManager& tiers() { return *tiers_; }
-  schedule::ParamScheduler& scheduler() { return *scheduler_; }
-  optim::OptimizerPipeline& pipeline() { return *pipeline_; }
+  TierManager& tiers() { return *tiers_; }
+  ParamScheduler& scheduler() { return *scheduler_; }
+  OptimizerPipeline& pipeline() { return *pipeline_; }
   GradPath& grad_path() { return *grads_; }
 
   // ---- whole units (initialisation, checkpoints; not the step's hot path) --------------------
   // A buffer for unit u's fp32 `kind` shard to be filled and then passed to store(): the host
   // home itself, or the unit scratch.
-  float* fill_buffer(tier::SlotKind kind, int unit);
+  float* fill_buffer(SlotKind kind, int unit);
   // Stores unit u's fp32 `kind` shard from `src` (any memory) into its home.
-  Status store(tier::SlotKind kind, int unit, const float* src);
+  Status store(SlotKind kind, int unit, const float* src);
   // Unit u's fp32 `kind` shard: the host home itself, or a copy in the unit scratch (valid until
   // the next view / store / fill_buffer).
-  Result<const float*> view(tier::SlotKind kind, int unit);
+  Result<const float*> view(SlotKind kind, int unit);
   // After the masters changed (initialisation, resume): zeroes the moments when `zero_moments`,
   // and rounds every master into the parameters' home.
   Status refresh(bool zero_moments);
@@ -78,7 +78,7 @@ class TrainState final : public model::UnitStore<float> {
   // Sum of squares of the accumulated gradients (tiles in order; inf/NaN when any is).
   double grad_sum_squares() const { return grads_->sum_squares(); }
   // Starts the optimizer step; with `wait`, also finishes it.
-  Status start_optimizer(const optim::PipelineStep& step, bool wait);
+  Status start_optimizer(const PipelineStep& step, bool wait);
   // The step is skipped (gradient not finite): drops what was read ahead for it.
   Status skip_optimizer();
   Status finish_optimizer();
@@ -112,7 +112,7 @@ class TrainState final : public model::UnitStore<float> {
     int unit = -1;
     int users = 0;
   };
-  explicit TrainState(std::unique_ptr<tier::TierManager> tiers);
+  explicit OffloadStore(std::unique_ptr<TierManager> tiers);
   // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
   // in flight.
   Status wait_for_update(int unit, bool whole);
@@ -123,12 +123,12 @@ class TrainState final : public model::UnitStore<float> {
   bool sharded_device_params(int unit) const;
   Status regather(int unit);
 
-  std::unique_ptr<tier::TierManager> tiers_;
+  std::unique_ptr<TierManager> tiers_;
   comm::Comm* comm_ = nullptr;
   std::vector<std::uint8_t> regather_;  // per unit: all-gather before the next use
-  std::unique_ptr<schedule::ParamScheduler> scheduler_;
+  std::unique_ptr<ParamScheduler> scheduler_;
   std::unique_ptr<GradPath> grads_;
-  std::unique_ptr<optim::OptimizerPipeline> pipeline_;
+  std::unique_ptr<OptimizerPipeline> pipeline_;
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   StateCounters counters_;
   Status failure_;
@@ -136,4 +136,4 @@ class TrainState final : public model::UnitStore<float> {
   bool preloaded_ = false;
 };
 
-}  // namespace strata::train
+}  // namespace strata::offload

@@ -9,11 +9,8 @@
 #include "common/clock.h"
 #include "common/thread_priority.h"
 
-namespace strata::optim {
+namespace strata::offload {
 namespace {
-
-using tier::SlotKind;
-using tier::Tier;
 
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
@@ -29,7 +26,7 @@ constexpr auto kIoPoll = std::chrono::microseconds(100);
 
 }  // namespace
 
-OptimizerPipeline::OptimizerPipeline(tier::TierManager& tiers, AdamOptimizer& adam)
+OptimizerPipeline::OptimizerPipeline(TierManager& tiers, optim::AdamOptimizer& adam)
     : tiers_(tiers), backend_(tiers.backend()), plan_(tiers.plan()), adam_(adam) {}
 
 OptimizerPipeline::~OptimizerPipeline() {
@@ -49,10 +46,10 @@ OptimizerPipeline::~OptimizerPipeline() {
   }
 }
 
-Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(tier::TierManager& tiers,
-                                                                     AdamOptimizer& adam) {
+Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager& tiers,
+                                                                     optim::AdamOptimizer& adam) {
   std::unique_ptr<OptimizerPipeline> p(new OptimizerPipeline(tiers, adam));
-  const tier::TierPlan& plan = tiers.plan();
+  const TierPlan& plan = tiers.plan();
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     for (std::int64_t t = 0; t < plan.units[u].tiles; ++t)
       p->tiles_.push_back(Tile{static_cast<int>(u), t});
@@ -167,7 +164,7 @@ Status OptimizerPipeline::poll_reads(Slot& slot, bool block, bool* done) {
 Status OptimizerPipeline::compute(Slot& slot) {
   const int s = static_cast<int>(&slot - slots_.data());
   const Tile& t = tiles_[static_cast<std::size_t>(slot.tile)];
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(t.unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(t.unit)];
   const std::int64_t begin = plan_.tile_begin(t.unit, t.index);
   const std::int64_t n = plan_.tile_numel(t.unit, t.index);
   const std::uint64_t c = plan_.storage_bytes;
@@ -187,7 +184,7 @@ Status OptimizerPipeline::compute(Slot& slot) {
     TraceScope scope(trace, TraceLane::kAdam, "adam", t.unit, u64(n) * 4);
     const auto start = std::chrono::steady_clock::now();
     if (!skip_adam_) {
-      AdamUpdate update;
+      optim::AdamUpdate update;
       update.master = arrays[0];
       update.exp_avg = arrays[1];
       update.exp_avg_sq = arrays[2];
@@ -527,4 +524,4 @@ Status OptimizerPipeline::finish() {
   return wait_until([&] { return !active_.load(); });
 }
 
-}  // namespace strata::optim
+}  // namespace strata::offload

@@ -39,7 +39,7 @@
 #include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
 
-namespace strata::optim {
+namespace strata::offload {
 
 struct PipelineStep {
   double lr = 0.0;
@@ -55,8 +55,8 @@ struct PipelineTimes {
 class OptimizerPipeline {
  public:
   // Starts the worker thread.
-  static Result<std::unique_ptr<OptimizerPipeline>> create(tier::TierManager& tiers,
-                                                           AdamOptimizer& adam);
+  static Result<std::unique_ptr<OptimizerPipeline>> create(TierManager& tiers,
+                                                           optim::AdamOptimizer& adam);
   // Finishes a step in flight and stops the worker.
   ~OptimizerPipeline();
   OptimizerPipeline(const OptimizerPipeline&) = delete;
@@ -127,7 +127,7 @@ class OptimizerPipeline {
     std::uint64_t write_begin_us = 0;
   };
 
-  OptimizerPipeline(tier::TierManager& tiers, AdamOptimizer& adam);
+  OptimizerPipeline(TierManager& tiers, optim::AdamOptimizer& adam);
   float* stage(int slot, int array) const;
   Slot& slot_of(std::int64_t tile) { return slots_[static_cast<std::size_t>(tile % depth_)]; }
   bool nvme_state(std::int64_t tile) const;
@@ -146,10 +146,10 @@ class OptimizerPipeline {
   template <typename Ready>
   Status wait_until(Ready ready);
 
-  tier::TierManager& tiers_;
+  TierManager& tiers_;
   backend::Backend& backend_;
-  const tier::TierPlan& plan_;
-  AdamOptimizer& adam_;
+  const TierPlan& plan_;
+  optim::AdamOptimizer& adam_;
   std::int64_t depth_ = 3;
   std::vector<Tile> tiles_;                              // every tile, units in order
   std::vector<std::atomic<std::int64_t>> params_tiles_;  // per unit: tiles whose params are home
@@ -179,4 +179,4 @@ class OptimizerPipeline {
   std::thread worker_;
 };
 
-}  // namespace strata::optim
+}  // namespace strata::offload

@@ -7,10 +7,8 @@
 #include <chrono>
 #include <limits>
 
-namespace strata::schedule {
+namespace strata::offload {
 namespace {
-
-using tier::Tier;
 
 constexpr int kReadsInFlightMax = 64;  // NVMe tile reads the prefetcher keeps in flight
 
@@ -33,8 +31,7 @@ comm::DataType comm_type(kernels::DType type) {
 
 namespace {}  // namespace
 
-ParamScheduler::ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero,
-                               comm::Comm* comm)
+ParamScheduler::ParamScheduler(TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm)
     : tiers_(tiers),
       comm_(comm),
       backend_(tiers.backend()),
@@ -50,10 +47,10 @@ ParamScheduler::~ParamScheduler() {
   }
 }
 
-Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(tier::TierManager& tiers,
+Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(TierManager& tiers,
                                                                const config::ZeroConfig& zero,
                                                                comm::Comm* comm) {
-  const tier::TierPlan& p = tiers.plan();
+  const TierPlan& p = tiers.plan();
   // A plan for several ranks without their Comm holds that rank's state (checkpoint tools and
   // tests) but cannot train: the collectives below assert one.
   STRATA_ASSERT(comm == nullptr || comm->world_size() == p.world);
@@ -83,7 +80,7 @@ std::int64_t ParamScheduler::numel(int unit) const {
 }
 
 void* ParamScheduler::frame_data(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (up.persistent) return tiers_.persistent_frame(unit);
   const UnitState& st = state(unit);
   STRATA_ASSERT(st.frame >= 0);
@@ -91,13 +88,13 @@ void* ParamScheduler::frame_data(int unit) {
 }
 
 void* ParamScheduler::shard_data(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   const std::uint64_t at = up.param_numel < up.padded_numel ? u64(up.shard_begin) : 0;
   return static_cast<char*>(frame_data(unit)) + at * plan_.storage_bytes;
 }
 
 bool ParamScheduler::sharded(int unit) const {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   return up.framed && up.param_numel < up.padded_numel;
 }
 
@@ -123,7 +120,7 @@ Status ParamScheduler::gather_ahead() {
   if (!sharded(v)) return Status::ok();
   UnitState& st = state(v);
   if (st.gathering || st.users > 0) return Status::ok();  // gathered at its acquire instead
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
   if (!up.persistent) {
     bool free_frame = false;
     for (const Frame& f : frames_[static_cast<std::size_t>(up.size_class)])
@@ -150,7 +147,7 @@ Status ParamScheduler::gather_ahead() {
 }
 
 Status ParamScheduler::gather(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!sharded(unit)) return Status::ok();
   STRATA_ASSERT_MSG(comm_ != nullptr, "stage 3 on several ranks needs their Comm");
   if (state(unit).gathering) {
@@ -189,7 +186,7 @@ bool ParamScheduler::holds_update(int unit) const {
 }
 
 bool ParamScheduler::resident(int unit) const {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   return !up.framed || states_[static_cast<std::size_t>(unit)].stage == Stage::kResident;
 }
 
@@ -215,7 +212,7 @@ void ParamScheduler::end_pass() {
 void ParamScheduler::evict(int unit) {
   UnitState& st = state(unit);
   STRATA_ASSERT(st.users == 0 && (st.stage == Stage::kResident || st.stage == Stage::kAbsent));
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (st.frame >= 0) {
     frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)].unit = -1;
     st.frame = -1;
@@ -226,7 +223,7 @@ void ParamScheduler::evict(int unit) {
 }
 
 void ParamScheduler::invalidate(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!up.framed) return;
   UnitState& st = state(unit);
   STRATA_ASSERT_MSG(st.users == 0 && st.stage != Stage::kReading && st.stage != Stage::kCopying &&
@@ -241,7 +238,7 @@ void ParamScheduler::invalidate(int unit) {
 }
 
 Result<int> ParamScheduler::find_frame(int unit, bool demand) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   std::vector<Frame>& pool = frames_[static_cast<std::size_t>(up.size_class)];
   for (std::size_t i = 0; i < pool.size(); ++i) {
     if (pool[i].unit < 0) return static_cast<int>(i);
@@ -300,7 +297,7 @@ Result<int> ParamScheduler::find_staging(bool demand) {
 }
 
 Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   STRATA_ASSERT(up.framed && st.stage == Stage::kAbsent);
   int staging = -1;
@@ -341,7 +338,7 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
 }
 
 Result<bool> ParamScheduler::start_handoff(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   int frame = -1;
   if (!up.persistent) {
@@ -366,7 +363,7 @@ Result<bool> ParamScheduler::start_handoff(int unit) {
 }
 
 Status ParamScheduler::issue_reads(int unit, bool demand) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   // Into the staging buffer, or straight into the frame when device memory is host memory.
   auto* staging =
@@ -375,7 +372,7 @@ Status ParamScheduler::issue_reads(int unit, bool demand) {
     const std::int64_t t = st.next_tile;
     STRATA_ASSIGN_OR_RETURN(
         st.reads[static_cast<std::size_t>(t)],
-        tiers_.read_tile(tier::SlotKind::kParam, unit, t,
+        tiers_.read_tile(SlotKind::kParam, unit, t,
                          staging + u64(plan_.tile_begin(unit, t)) * plan_.storage_bytes,
                          demand ? io::Priority::kDemand : io::Priority::kPrefetch));
     ++st.next_tile;
@@ -387,7 +384,7 @@ Status ParamScheduler::issue_reads(int unit, bool demand) {
 // Moves one fetch along: reads done -> host->device copy -> resident. With `block`, until it is
 // resident.
 Status ParamScheduler::advance(int unit, bool block) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   Trace* trace = tiers_.trace();
   if (st.stage == Stage::kHandoff) {
@@ -408,9 +405,9 @@ Status ParamScheduler::advance(int unit, bool block) {
       if (st.read_done[static_cast<std::size_t>(t)]) continue;
       std::optional<Status> done;
       if (block) {
-        done = tiers_.wait(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
+        done = tiers_.wait(SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
       } else {
-        done = tiers_.poll(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
+        done = tiers_.poll(SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
       }
       if (!done.has_value()) continue;
       st.read_done[static_cast<std::size_t>(t)] = 1;
@@ -420,7 +417,7 @@ Status ParamScheduler::advance(int unit, bool block) {
         // Leave nothing in flight behind: wait for this unit's other reads, then report.
         for (std::int64_t r = 0; r < st.next_tile; ++r) {
           if (st.read_done[static_cast<std::size_t>(r)]) continue;
-          (void)tiers_.wait(tier::SlotKind::kParam, st.reads[static_cast<std::size_t>(r)]);
+          (void)tiers_.wait(SlotKind::kParam, st.reads[static_cast<std::size_t>(r)]);
           st.read_done[static_cast<std::size_t>(r)] = 1;
           --reads_in_flight_;
         }
@@ -497,7 +494,7 @@ Status ParamScheduler::prefetch() {
   const std::uint64_t bucket = zero_.stage3_prefetch_bucket_size;
   for (int pos = order_.cursor(); pos < order_.size(); ++pos) {
     const int v = order_.at(pos);
-    const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
+    const UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
     if (!up.framed) continue;
     if (order_.next_use(v, order_.cursor()) != pos) continue;  // counted at its first use
     UnitState& st = state(v);
@@ -523,7 +520,7 @@ Status ParamScheduler::prefetch() {
 
 Result<const void*> ParamScheduler::acquire(int unit) {
   order_.use(unit);
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!up.framed) return static_cast<const void*>(tiers_.device_param(unit));
   UnitState& st = state(unit);
   if (st.stage == Stage::kResident) {
@@ -553,7 +550,7 @@ Result<const void*> ParamScheduler::acquire(int unit) {
 }
 
 void ParamScheduler::release(int unit) {
-  const tier::UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!up.framed) return;
   UnitState& st = state(unit);
   STRATA_ASSERT_MSG(st.users > 0, "release of a unit that was not acquired");
@@ -571,4 +568,4 @@ void ParamScheduler::release(int unit) {
   if (!keep) evict(unit);
 }
 
-}  // namespace strata::schedule
+}  // namespace strata::offload

@@ -44,7 +44,7 @@
 #include "offload/tier_manager.h"
 #include "offload/use_order.h"
 
-namespace strata::schedule {
+namespace strata::offload {
 
 struct SchedulerStats {
   std::uint64_t demand_fetches = 0;  // acquires that found the unit absent
@@ -65,7 +65,7 @@ comm::DataType comm_type(kernels::DType type);
 class ParamScheduler {
  public:
   // `comm`: the data-parallel ranks (needed when the plan is for more than one).
-  static Result<std::unique_ptr<ParamScheduler>> create(tier::TierManager& tiers,
+  static Result<std::unique_ptr<ParamScheduler>> create(TierManager& tiers,
                                                         const config::ZeroConfig& zero,
                                                         comm::Comm* comm = nullptr);
   ~ParamScheduler();
@@ -130,7 +130,7 @@ class ParamScheduler {
     int unit = -1;
   };
 
-  ParamScheduler(tier::TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm);
+  ParamScheduler(TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm);
   // Where this rank's shard goes in the unit's frame (the frame itself unless stage 3 shards it).
   void* shard_data(int unit);
   // Stage 3 on several ranks: all-gathers the unit's shards in its frame (blocking), or finishes
@@ -158,10 +158,10 @@ class ParamScheduler {
   Status prefetch();
   int next_use(int unit) const;
 
-  tier::TierManager& tiers_;
+  TierManager& tiers_;
   comm::Comm* comm_ = nullptr;
   backend::Backend& backend_;
-  const tier::TierPlan& plan_;
+  const TierPlan& plan_;
   config::ZeroConfig zero_;
   bool direct_ = false;  // NVMe reads land in the frames (device memory is host memory)
   UseOrder order_;
@@ -177,4 +177,4 @@ class ParamScheduler {
   SchedulerStats stats_;
 };
 
-}  // namespace strata::schedule
+}  // namespace strata::offload

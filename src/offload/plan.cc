@@ -8,7 +8,7 @@
 
 #include "common/units.h"
 
-namespace strata::tier {
+namespace strata::offload {
 namespace {
 
 using config::OffloadDevice;
@@ -433,4 +433,4 @@ Result<TierPlan> make_plan(const PlanInput& in) {
   return p;
 }
 
-}  // namespace strata::tier
+}  // namespace strata::offload

@@ -29,7 +29,7 @@
 #include "model/layout.h"
 #include "offload/estimate.h"
 
-namespace strata::tier {
+namespace strata::offload {
 
 enum class SlotKind : std::uint8_t { kParam = 0, kMaster, kExpAvg, kExpAvgSq, kGrad };
 inline constexpr int kSlotKinds = 5;
@@ -150,4 +150,4 @@ Result<TierPlan> make_plan(const PlanInput& input);
 // The same plan without the budget check (for `strata estimate`, which reports verdicts).
 TierPlan make_plan_unchecked(const PlanInput& input);
 
-}  // namespace strata::tier
+}  // namespace strata::offload

@@ -14,7 +14,7 @@
 #include "io/probe.h"
 #include "kernels/cpu/cast.h"
 
-namespace strata::tier {
+namespace strata::offload {
 namespace {
 
 constexpr std::uint32_t kSwapOperationsMax = 512;
@@ -527,4 +527,4 @@ std::vector<std::string> TierManager::swap_dirs() const {
   return dirs;
 }
 
-}  // namespace strata::tier
+}  // namespace strata::offload

@@ -34,7 +34,7 @@
 #include "model/layout.h"
 #include "offload/plan.h"
 
-namespace strata::tier {
+namespace strata::offload {
 
 // Makes the I/O engine (tests pass the fault twin; default: make_engine).
 using EngineFactory =
@@ -170,4 +170,4 @@ class TierManager {
   std::atomic<std::uint64_t> writes_{0};
 };
 
-}  // namespace strata::tier
+}  // namespace strata::offload

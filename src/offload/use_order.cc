@@ -3,7 +3,7 @@
 
 #include "common/assert.h"
 
-namespace strata::schedule {
+namespace strata::offload {
 
 UseOrder::UseOrder(int units, int uses_max) : units_(units), uses_max_(uses_max) {
   STRATA_ASSERT(units > 0 && uses_max > 0);
@@ -63,4 +63,4 @@ int UseOrder::next_use(int unit, int from) const {
   return -1;
 }
 
-}  // namespace strata::schedule
+}  // namespace strata::offload

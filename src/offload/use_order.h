@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace strata::schedule {
+namespace strata::offload {
 
 enum class Pass : std::uint8_t { kTrain = 0, kEval = 1 };
 inline constexpr int kPassKinds = 2;
@@ -51,4 +51,4 @@ class UseOrder {
   std::uint64_t divergences_ = 0;
 };
 
-}  // namespace strata::schedule
+}  // namespace strata::offload

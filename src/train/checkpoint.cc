@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-2";
-constexpr tier::SlotKind kStateKinds[3] = {tier::SlotKind::kMaster, tier::SlotKind::kExpAvg,
-                                           tier::SlotKind::kExpAvgSq};
+constexpr offload::SlotKind kStateKinds[3] = {
+    offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq};
 
 Status write_text(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -109,8 +109,8 @@ Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t ste
   return tmp_dir;
 }
 
-Status write_checkpoint_shard(const std::string& root, std::int64_t step, TrainState& state,
-                              const CheckpointRank& who) {
+Status write_checkpoint_shard(const std::string& root, std::int64_t step,
+                              offload::OffloadStore& state, const CheckpointRank& who) {
   check_who(who);
   // State homed on NVMe is streamed through the unit scratch, one unit and kind at a time.
   STRATA_TRY(state.finish_optimizer());
@@ -130,10 +130,10 @@ Status write_checkpoint_shard(const std::string& root, std::int64_t step, TrainS
   std::vector<model::StTensorToWrite> tensors;
   std::vector<model::StProduceFn> producers;
   const model::ModelLayout& layout = state.layout();
-  const tier::TierPlan& plan = state.tiers().plan();
+  const offload::TierPlan& plan = state.tiers().plan();
   for (int u = 0; u < state.units(); ++u) {
     const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
-    const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
+    const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     if (files == 1 && (up.shard_begin != 0 || up.shard_numel != up.padded_numel)) {
       return Status(ErrorCode::kInvalidArgument,
                     fmt::format("ZeRO stage {} at world size {} keeps whole units, but this "
@@ -144,8 +144,8 @@ Status write_checkpoint_shard(const std::string& root, std::int64_t step, TrainS
     }
     metadata[unit.name + ".shard_begin"] = std::to_string(up.shard_begin);
     metadata[unit.name + ".padded_numel"] = std::to_string(up.padded_numel);
-    for (tier::SlotKind kind : kStateKinds) {
-      tensors.push_back(model::StTensorToWrite{unit.name + "." + tier::to_string(kind),
+    for (offload::SlotKind kind : kStateKinds) {
+      tensors.push_back(model::StTensorToWrite{unit.name + "." + offload::to_string(kind),
                                                model::StDType::kF32,
                                                {up.shard_numel},
                                                nullptr});
@@ -221,7 +221,7 @@ Result<std::string> commit_checkpoint(const std::string& root, const TrainerCoun
 }
 
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed) {
   const CheckpointRank who;
   STRATA_TRY(prepare_checkpoint(root, counters.step).status());
@@ -230,7 +230,7 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
 }
 
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      int zero_stage, comm::Comm& comm) {
   const CheckpointRank who{comm.rank(), comm.world_size(), zero_stage};

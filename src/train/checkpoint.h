@@ -81,8 +81,8 @@ Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t ste
 // Phase 2, every rank (after phase 1 completed on rank 0): finishes the optimizer step in flight
 // and writes this rank's shard of every unit into `<checkpoint_dir(root, step)>.tmp` (nothing
 // when !who.writes()). `state` holds exactly `who.rank`'s shard (its plan was made for that rank).
-Status write_checkpoint_shard(const std::string& root, std::int64_t step, TrainState& state,
-                              const CheckpointRank& who);
+Status write_checkpoint_shard(const std::string& root, std::int64_t step,
+                              offload::OffloadStore& state, const CheckpointRank& who);
 
 // Phase 3, rank 0 only (after phase 2 completed on every rank): checks that every rank file is
 // there and whole, writes trainer_state.json, renames the directory into place and updates
@@ -93,7 +93,7 @@ Result<std::string> commit_checkpoint(const std::string& root, const TrainerCoun
 
 // The three phases at world size 1 (no Comm needed); returns the checkpoint's directory.
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed);
 
 // The three phases on every rank of `comm`, with its collectives between them (each phase's
@@ -101,7 +101,7 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
 // of leaving the others in a barrier). Every rank returns the same result: the checkpoint's
 // directory, or the first failure. Call on every rank with the same arguments but `state`.
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      int zero_stage, comm::Comm& comm);
 
@@ -112,7 +112,7 @@ Result<std::string> find_checkpoint(const std::string& path);
 // Loads a checkpoint taken at any world size into `state` (this rank's shard of the masters and
 // moments, as its plan says; call refresh after) and returns its counters. Errors when the model
 // shape, precision or seed differ from the run's, and name any missing or corrupt rank file.
-Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& state,
+Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::OffloadStore& state,
                                         const model::ModelShape& shape,
                                         const std::string& precision, std::uint64_t seed);
 

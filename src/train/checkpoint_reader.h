@@ -46,7 +46,7 @@ class CheckpointReader {
   // dst[0 .. numel) = elements [begin, begin + numel) of `unit`'s `kind` (master, exp_avg or
   // exp_avg_sq), from whichever rank files cover them. Elements no file covers read as zero when
   // they are padding (>= unit.numel); a real one is kCorrupt naming the unit, kind and range.
-  Status read(const model::UnitLayout& unit, tier::SlotKind kind, std::int64_t begin,
+  Status read(const model::UnitLayout& unit, offload::SlotKind kind, std::int64_t begin,
               std::int64_t numel, float* dst) const;
 
  private:

@@ -91,8 +91,8 @@ Status Trainer::setup() {
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   // From ZeRO stage 1, each rank owns an equal shard of every unit.
-  layout_ = model::build_layout(shape_, tier::layout_shards(config_));
-  storage_ = tier::storage_of(config_);
+  layout_ = model::build_layout(shape_, offload::layout_shards(config_));
+  storage_ = offload::storage_of(config_);
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
                   fmt::format("{} is longer than the model's max_seq_len ({})", s.data.seq_len,
@@ -120,7 +120,7 @@ Status Trainer::setup() {
   // Where every byte lives: the plan, checked against the budgets before anything is allocated.
   const model::RunnerMemory activations =
       model::ModelRunner<float>::memory_needed(shape_, runner_options);
-  tier::PlanInput plan_input;
+  offload::PlanInput plan_input;
   plan_input.config = &config_;
   plan_input.layout = &layout_;
   plan_input.rank = rank();
@@ -130,7 +130,7 @@ Status Trainer::setup() {
   // The budget the user set (the arena itself is rounded up to whole pages).
   plan_input.device_budget_bytes =
       s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
-  STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(plan_input));
+  STRATA_ASSIGN_OR_RETURN(offload::TierPlan plan, offload::make_plan(plan_input));
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         trace_,
@@ -141,14 +141,16 @@ Status Trainer::setup() {
   int adam_threads = static_cast<int>(s.optimizer_threads);
   if (adam_threads == 0) {
     adam_threads = backend_->compute_threads();
-    if (plan.uses(tier::SlotKind::kMaster, tier::Tier::kNvme) && adam_threads > 1) --adam_threads;
+    if (plan.uses(offload::SlotKind::kMaster, offload::Tier::kNvme) && adam_threads > 1)
+      --adam_threads;
   }
   STRATA_ASSIGN_OR_RETURN(adam_, optim::AdamOptimizer::create(config_.optimizer, adam_threads));
-  tier::TierOptions tier_options;
+  offload::TierOptions tier_options;
   tier_options.engine_factory = options_.engine_factory;
   tier_options.trace = trace_.get();
-  STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, config_, layout_, std::move(plan),
-                                                     *adam_, tier_options, world_.comm.get()));
+  STRATA_ASSIGN_OR_RETURN(
+      state_, offload::OffloadStore::create(*backend_, config_, layout_, std::move(plan), *adam_,
+                                            tier_options, world_.comm.get()));
   STRATA_ASSIGN_OR_RETURN(
       runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
@@ -188,9 +190,9 @@ Status Trainer::setup() {
                    adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
                    s.seed));
   for (const std::string& line :
-       tier::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
+       offload::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
     note(line);
-  const tier::TierUsage usage = state_->tiers().usage();
+  const offload::TierUsage usage = state_->tiers().usage();
   note(fmt::format("memory: device {} of {} (activations {}), host {} of {}, nvme {}",
                    format_bytes(usage.bytes_in_use[0]), format_bytes(usage.bytes_max[0]),
                    format_bytes(runner_->device_bytes()), format_bytes(usage.bytes_in_use[1]),
@@ -201,7 +203,7 @@ Status Trainer::setup() {
 
 Status Trainer::initialise_weights() {
   const config::StrataConfig& s = config_.strata;
-  const tier::SlotKind master = tier::SlotKind::kMaster;
+  const offload::SlotKind master = offload::SlotKind::kMaster;
   if (!s.resume_from.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
     STRATA_ASSIGN_OR_RETURN(counters_,
@@ -215,7 +217,7 @@ Status Trainer::initialise_weights() {
   }
   // Whole units are built and this rank keeps its shard: in place when the shard is the unit,
   // else through one unit of scratch.
-  const tier::TierPlan& plan = state_->tiers().plan();
+  const offload::TierPlan& plan = state_->tiers().plan();
   std::vector<float> whole;
   if (plan.world > 1 && config_.zero_optimization.stage >= 1)
     whole.resize(static_cast<std::size_t>(plan.largest_unit));
@@ -284,7 +286,7 @@ Result<StepReport> Trainer::train_step() {
     report.lr = schedule_->lr();
     report.grad_norm = scaled_norm / report.loss_scale;
     ++counters_.adam_step;
-    optim::PipelineStep step;
+    offload::PipelineStep step;
     step.lr = report.lr;
     step.grad_multiplier = multiplier;
     step.step = counters_.adam_step;
@@ -358,7 +360,7 @@ Result<std::string> Trainer::save_checkpoint() {
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
-  const tier::TierPlan& plan = state_->tiers().plan();
+  const offload::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
     // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
@@ -386,7 +388,7 @@ Status Trainer::save_model(const std::string& dir) {
       dir, shape_, layout_,
       [&](int u) -> Result<const float*> {
         if (u != cached) {
-          STRATA_ASSIGN_OR_RETURN(data, state_->view(tier::SlotKind::kMaster, u));
+          STRATA_ASSIGN_OR_RETURN(data, state_->view(offload::SlotKind::kMaster, u));
           cached = u;
         }
         return data;
@@ -396,7 +398,7 @@ Status Trainer::save_model(const std::string& dir) {
 
 Json::Value Trainer::memory_json() const {
   Json::Value j(Json::objectValue);
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   j["device_bytes"] = Json::UInt64(u.bytes_in_use[0]);
   j["host_bytes"] = Json::UInt64(u.bytes_in_use[1]);
   j["nvme_bytes"] = Json::UInt64(u.bytes_in_use[2]);
@@ -421,7 +423,7 @@ Json::Value Trainer::summary() const {
   j["tokens"] = Json::Int64(counters_.tokens_seen);
   j["skipped_steps"] = Json::Int64(counters_.skipped_steps);
   j["elapsed_s"] = elapsed_s_;
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
   j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
   j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
@@ -431,7 +433,7 @@ Json::Value Trainer::summary() const {
   j["compute_wait_ms"] = state_->counters().compute_wait_ms;
   if (world_size() > 1) {
     j["world_size"] = world_size();
-    const schedule::SchedulerStats& st = state_->scheduler().stats();
+    const offload::SchedulerStats& st = state_->scheduler().stats();
     j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
     j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
   }
@@ -467,7 +469,7 @@ Status Trainer::run() {
       if (rank() == 0) STRATA_TRY(metrics_.write(line));
     }
     if (progress_ && rank() == 0) {
-      const tier::TierUsage u = state_->tiers().usage();
+      const offload::TierUsage u = state_->tiers().usage();
       progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped,
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
                                   r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
@@ -498,7 +500,7 @@ Status Trainer::run() {
   STRATA_TRY(save_model(s.output_dir + "/final"));
   elapsed_s_ = seconds_since(start);
   note(fmt::format("final model: {}/final", s.output_dir));
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   note(fmt::format(
       "where the bytes lived (peaks): device {} of {}, host {} of {}, nvme {}{}",
       format_bytes(u.bytes_peak[0]), format_bytes(u.bytes_max[0]), format_bytes(u.bytes_peak[1]),

@@ -6,7 +6,7 @@
 
 #include "model/layout.h"
 
-namespace strata::tier {
+namespace strata::offload {
 namespace {
 
 // A small GPT-2 shape: 4 blocks, hidden 64, vocabulary 1000, 128 positions.
@@ -207,4 +207,4 @@ TEST(Estimate, BudgetsCompareHostAndNvmePerNode) {
 }
 
 }  // namespace
-}  // namespace strata::tier
+}  // namespace strata::offload

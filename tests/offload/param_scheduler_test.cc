@@ -14,7 +14,7 @@
 #include "offload/use_order.h"
 #include "support/run_strata.h"
 
-namespace strata::schedule {
+namespace strata::offload {
 namespace {
 
 TEST(UseOrder, RecordsThenFollowsAndPatchesADivergence) {
@@ -69,18 +69,17 @@ class SchedulerTest : public ::testing::Test {
     bo.device_bytes_max = 16 << 20;
     bo.host_bytes_max = 64 << 20;
     backend_ = backend::make_cpu_backend(bo).value();
-    tier::PlanInput in;
+    PlanInput in;
     in.config = &config_;
     in.layout = &layout_;
     in.device_budget_bytes = 16 << 20;
-    tier::TierOptions options;
+    TierOptions options;
     options.engine_factory = [](const io::EngineOptions& eo) {
       io::SimOptions so;
       so.capacity_bytes = 64 << 20;
       return io::make_sim_engine(eo, so);
     };
-    auto tiers = tier::TierManager::create(*backend_, config_, layout_, tier::make_plan(in).value(),
-                                           options);
+    auto tiers = TierManager::create(*backend_, config_, layout_, make_plan(in).value(), options);
     ASSERT_TRUE(tiers.is_ok()) << tiers.status().to_string();
     tiers_ = std::move(*tiers);
     auto s = ParamScheduler::create(*tiers_, config_.zero_optimization);
@@ -93,7 +92,7 @@ class SchedulerTest : public ::testing::Test {
   void set_version(int version) {
     version_ = version;
     for (int u = 0; u < tiers_->units(); ++u) {
-      float* master = tiers_->host_state(u, tier::SlotKind::kMaster);
+      float* master = tiers_->host_state(u, SlotKind::kMaster);
       const std::int64_t n = layout_.units[static_cast<std::size_t>(u)].padded_numel;
       for (std::int64_t i = 0; i < n; ++i)
         master[i] = static_cast<float>(version * 16 + u) + 0.5f * static_cast<float>(i % 3);
@@ -127,7 +126,7 @@ class SchedulerTest : public ::testing::Test {
   model::ModelShape shape_;
   model::ModelLayout layout_;
   std::unique_ptr<backend::Backend> backend_;
-  std::unique_ptr<tier::TierManager> tiers_;
+  std::unique_ptr<TierManager> tiers_;
   std::unique_ptr<ParamScheduler> scheduler_;
   int version_ = 0;
 };
@@ -181,4 +180,4 @@ TEST_F(SchedulerTest, WithoutAPrefetchBucketEveryFetchIsOnDemand) {
 }
 
 }  // namespace
-}  // namespace strata::schedule
+}  // namespace strata::offload

@@ -6,7 +6,7 @@
 
 #include "model/model_spec.h"
 
-namespace strata::tier {
+namespace strata::offload {
 namespace {
 
 struct Fixture {
@@ -152,4 +152,4 @@ TEST(TierPlan, ADeviceBudgetBelowTheWorkingSetIsRefusedNamingTheMinimum) {
 }
 
 }  // namespace
-}  // namespace strata::tier
+}  // namespace strata::offload
