@@ -133,16 +133,4 @@ Result<MadeBackend> make_backend(const BackendRequest& request) {
   return made;
 }
 
-BackendRequest backend_request(const config::Config& config) {
-  const config::StrataConfig& s = config.strata;
-  BackendRequest request;
-  request.kind = s.backend;
-  request.device_bytes_max = s.device_bytes_max;
-  request.host_bytes_max = s.host_bytes_max;
-  request.cpu_threads = static_cast<int>(s.cpu_threads);
-  request.gemm_precision = s.gemm_precision;
-  request.precision = config.precision();
-  return request;
-}
-
 }  // namespace strata::backend

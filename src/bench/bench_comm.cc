@@ -303,7 +303,7 @@ void print_text(const Json::Value& v) {
 
 int run_bench_comm(const BenchCommOptions& o) {
   comm::WorldOptions options;
-  options.backend = config::Backend::kCpu;
+  options.device = comm::Device::kCpu;
   options.comm.timeout_s = o.timeout_s;
   Result<comm::World> world = comm::join_world(options);
   if (!world.is_ok()) return report_error(world.status());

@@ -5,10 +5,12 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "comm/launch.h"
 #include "common/units.h"
 #include "config/config.h"
 #include "model/model_spec.h"
 #include "offload/estimate.h"
+#include "train/run_settings.h"
 
 namespace strata::cli {
 namespace {
@@ -119,7 +121,7 @@ Status run(const EstimateOptions& o, bool* all_fit) {
   config::LoadOptions load;
   std::int64_t ranks_per_node = o.gpus;
   if (ranks_per_node <= 0) {
-    STRATA_ASSIGN_OR_RETURN(ranks_per_node, config::world_size_from_environment());
+    STRATA_ASSIGN_OR_RETURN(ranks_per_node, comm::world_size_from_environment());
   }
   load.world_size = ranks_per_node * o.nodes;
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
@@ -153,7 +155,7 @@ Status run(const EstimateOptions& o, bool* all_fit) {
   STRATA_ASSIGN_OR_RETURN(std::uint64_t device,
                           budget_of("--device-bytes", o.device_bytes, c.strata.device_bytes_max));
   input.device_budget_bytes = device;
-  offload::Estimate estimate = offload::estimate(c, input);
+  offload::Estimate estimate = train::estimate(c, input);
   STRATA_ASSIGN_OR_RETURN(std::uint64_t host,
                           budget_of("--host-bytes", o.host_bytes, c.strata.host_bytes_max));
   STRATA_ASSIGN_OR_RETURN(std::uint64_t nvme,

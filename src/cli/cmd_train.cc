@@ -23,7 +23,7 @@ struct TrainOptions {
 
 int run_train(const TrainOptions& options) {
   config::LoadOptions load;
-  Result<std::int64_t> world_size = config::world_size_from_environment();
+  Result<std::int64_t> world_size = comm::world_size_from_environment();
   if (!world_size.is_ok()) return report_error(world_size.status());
   load.world_size = *world_size;
   std::vector<std::string> overrides = options.overrides;

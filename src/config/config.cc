@@ -8,7 +8,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "comm/launch.h"
 #include "config/json_source.h"
 #include "config/reader.h"
 #include "config/schema.h"
@@ -299,11 +298,6 @@ Result<Loaded> load_config_file(const std::string& path, const std::vector<std::
     return Status(ErrorCode::kConfig, "error while reading the config file", path);
   }
   return load_config_text(text.str(), path, overrides, options);
-}
-
-Result<std::int64_t> world_size_from_environment() {
-  STRATA_ASSIGN_OR_RETURN(comm::LaunchInfo launch, comm::launch_from_environment());
-  return std::int64_t{launch.world_size};
 }
 
 }  // namespace strata::config

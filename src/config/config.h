@@ -111,7 +111,8 @@ struct ZeroConfig {
   std::optional<bool> overlap_comm;                   // unset: true at stage 3, else false
   bool round_robin_gradients = false;
   // Elements per optimizer tile. DeepSpeed's default is 1e9 (4 GB per fp32 array); Strata's is
-  // 2^25 (128 MiB per fp32 array), which keeps three pipeline stages of four arrays in ~1.5 GiB.
+  // 2^25 (128 MiB per fp32 array), which keeps the five pipeline stages of four arrays (and their
+  // 16-bit copy-out) in ~2.9 GiB (docs/tiers.md).
   std::uint64_t sub_group_size = 33'554'432;
   std::uint64_t stage3_prefetch_bucket_size = 50'000'000;      // elements
   std::uint64_t stage3_max_live_parameters = 1'000'000'000;    // elements
@@ -265,10 +266,5 @@ std::string to_json(const Config& config);
 // Every leaf key path the schema knows ("zero_optimization.offload_param.device", ...), in
 // schema order. Used by the documentation test and for suggestions.
 std::vector<std::string> all_key_paths();
-
-// The world size the launcher announced (comm/launch.h: OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// WORLD_SIZE with RANK, or an srun step's size), or 1 when there is no launcher. Errors (kConfig)
-// for launcher variables that are inconsistent (WORLD_SIZE=2 without RANK, rank >= size, ...).
-Result<std::int64_t> world_size_from_environment();
 
 }  // namespace strata::config

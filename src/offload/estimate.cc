@@ -1,3 +1,4 @@
+// The per-tier estimate (see estimate.h).
 #include "offload/estimate.h"
 
 #include <fmt/format.h>
@@ -8,34 +9,8 @@
 #include "common/assert.h"
 #include "common/units.h"
 #include "model/layout.h"
-#include "model/runner.h"
-#include "offload/plan.h"
 
 namespace strata::offload {
-
-const char* to_string(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "unknown";
-}
-
-Tier home_tier(config::OffloadDevice device) {
-  switch (device) {
-    case config::OffloadDevice::kNone:
-      return Tier::kDevice;
-    case config::OffloadDevice::kCpu:
-      return Tier::kHost;
-    case config::OffloadDevice::kNvme:
-      return Tier::kNvme;
-  }
-  return Tier::kDevice;
-}
 
 std::uint64_t Estimate::bytes(Tier tier) const {
   std::uint64_t sum = 0;
@@ -67,29 +42,21 @@ model::ModelShape assumed_shape(std::int64_t params) {
   return s;
 }
 
-Estimate estimate(const config::Config& c, const EstimateInput& in) {
-  const config::ZeroConfig& z = c.zero_optimization;
+Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOptions& runner,
+                  const EstimateInput& in) {
   Estimate e;
   e.params = in.params;
-  e.world_size = c.world_size;
+  e.world_size = world;
   e.ranks_per_node = in.ranks_per_node;
 
-  // The same plan the trainer allocates (tier/plan.h), for rank 0, with the runner's exact
-  // activation buffers.
-  const model::ModelLayout layout = model::build_layout(in.shape, layout_shards(c));
-  const config::ModelConfig& m = c.strata.model;
-  model::RunnerOptions runner;
-  runner.batch =
-      static_cast<std::int64_t>(std::max<std::uint64_t>(c.train_micro_batch_size_per_gpu, 1));
-  runner.seq_len = std::min<std::int64_t>(c.strata.data.seq_len, in.shape.max_seq_len);
-  runner.activation_checkpointing = m.activation_checkpointing;
-  runner.activation_offload = m.activation_offload && m.activation_checkpointing;
+  // The same plan the trainer allocates, for rank 0, with the runner's exact activation buffers.
+  const model::ModelLayout layout = model::build_layout(in.shape, layout_shards(settings, world));
   const model::RunnerMemory activations =
       model::ModelRunner<float>::memory_needed(in.shape, runner);
   PlanInput plan_input;
-  plan_input.config = &c;
+  plan_input.settings = settings;
   plan_input.layout = &layout;
-  plan_input.world = static_cast<int>(std::max<std::int64_t>(c.world_size, 1));
+  plan_input.world = world;
   plan_input.activation_device_bytes = activations.device_bytes;
   plan_input.activation_host_bytes = activations.host_bytes;
   plan_input.device_budget_bytes = in.device_budget_bytes;
@@ -103,8 +70,8 @@ Estimate estimate(const config::Config& c, const EstimateInput& in) {
 
   e.assumptions.push_back(fmt::format(
       "{} parameters, largest unit {} ({}); world size {} ({} per node), ZeRO stage {}", in.params,
-      largest, in.shape_assumed ? "from an assumed shape" : "from the model shape", c.world_size,
-      in.ranks_per_node, z.stage));
+      largest, in.shape_assumed ? "from an assumed shape" : "from the model shape", world,
+      in.ranks_per_node, settings.zero_stage));
   if (in.shape_assumed) {
     e.assumptions.push_back(fmt::format(
         "shape assumed from the count: Llama-like, hidden {}, {} blocks, vocabulary {} ({} "
@@ -118,7 +85,7 @@ Estimate estimate(const config::Config& c, const EstimateInput& in) {
   e.assumptions.push_back(fmt::format(
       "activations for micro-batch {} x sequence {} in fp32 (the compute type; {}activation "
       "checkpointing{})",
-      runner.batch, runner.seq_len, m.activation_checkpointing ? "" : "no ",
+      runner.batch, runner.seq_len, runner.activation_checkpointing ? "" : "no ",
       runner.activation_offload ? ", checkpoints on the host" : ""));
   e.assumptions.push_back(
       "the optimizer runs on the CPU (CPU Adam), so master weights, moments and accumulated "

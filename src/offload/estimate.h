@@ -1,6 +1,7 @@
-// How many bytes each tier (device, pinned host, NVMe) needs per rank for a model under a config:
-// the static side of the tier plan. `strata estimate` prints it; the trainer checks it against
-// the budgets and the free space on the nvme_path file systems before it starts.
+// How many bytes each tier (device, pinned host, NVMe) needs per rank for a model under a run's
+// plan settings: the items of the tier plan (plan.h) with the model runner's activations, for a
+// model given by its shape or only by a parameter count. `strata estimate` prints it, with
+// verdicts against the budgets (train::estimate turns a config into the settings).
 #pragma once
 
 #include <cstdint>
@@ -8,18 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
 #include "model/model_spec.h"
+#include "model/runner.h"
+#include "offload/plan.h"
+#include "offload/tier.h"
 
 namespace strata::offload {
-
-enum class Tier { kDevice = 0, kHost = 1, kNvme = 2 };
-inline constexpr int kTierCount = 3;
-
-const char* to_string(Tier tier);
-
-// The tier that `offload_*.device` names: none keeps the state on the device.
-Tier home_tier(config::OffloadDevice device);
 
 struct EstimateItem {
   Tier tier = Tier::kDevice;
@@ -53,9 +48,11 @@ struct EstimateInput {
 // estimates made from a bare parameter count.
 model::ModelShape assumed_shape(std::int64_t params);
 
-// Bytes per tier per rank for `input` under `config` (whose world_size is used): the items of
-// the tier plan (tier/plan.h) the trainer allocates, so the two agree (docs/estimate.md).
-Estimate estimate(const config::Config& config, const EstimateInput& input);
+// Bytes per tier per rank for `input` with `settings` on `world` ranks and a runner made with
+// `runner`: the items of the tier plan the trainer allocates, so the two agree
+// (docs/estimate.md).
+Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOptions& runner,
+                  const EstimateInput& input);
 
 struct Budget {
   Tier tier = Tier::kDevice;

@@ -1,4 +1,4 @@
-// All training state behind the UnitStore seam (see train_state.h).
+// All training state behind the UnitStore seam (see offload_store.h).
 #include "offload/offload_store.h"
 
 #include <fmt/format.h>
@@ -25,33 +25,18 @@ Status OffloadStore::guard(Status s) {
   return s;
 }
 
-OffloadStore::~OffloadStore() {
-  // Engines go before the memory and files they use.
-  pipeline_.reset();
-  grads_.reset();
-  scheduler_.reset();
-  tiers_.reset();
-}
-
 Result<std::unique_ptr<OffloadStore>> OffloadStore::create(
-    backend::Backend& backend, const config::Config& config, const model::ModelLayout& layout,
-    TierPlan plan, optim::AdamOptimizer& adam, const TierOptions& options, comm::Comm* comm) {
+    backend::Backend& backend, const model::ModelLayout& layout, TierPlan plan,
+    optim::AdamOptimizer& adam, const TierOptions& options, comm::Comm* comm) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TierManager> tiers,
-                          TierManager::create(backend, config, layout, std::move(plan), options));
+                          TierManager::create(backend, layout, std::move(plan), options));
   std::unique_ptr<OffloadStore> s(new OffloadStore(std::move(tiers)));
   s->comm_ = comm;
-  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
-                          ParamScheduler::create(*s->tiers_, config.zero_optimization, comm));
-  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
-  s->regather_.assign(s->tiers_->plan().units.size(), 0);
   STRATA_ASSIGN_OR_RETURN(s->pipeline_, OptimizerPipeline::create(*s->tiers_, adam));
-  OptimizerPipeline* pipeline = s->pipeline_.get();
-  s->scheduler_->set_fetchable([pipeline](int unit) { return pipeline->params_ready(unit); });
-  OffloadStore* self = s.get();
-  s->scheduler_->set_wait_update([self](int unit) { return self->wait_for_update(unit, false); });
-  s->scheduler_->set_handoff(
-      [pipeline](int unit, void* destination) { return pipeline->offer_frame(unit, destination); },
-      [pipeline](int unit) { return pipeline->handed_off(unit); });
+  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
+  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
+                          ParamScheduler::create(*s->tiers_, s->pipeline_.get(), comm));
+  s->regather_.assign(s->tiers_->plan().units.size(), 0);
   const TierPlan& p = s->tiers_->plan();
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
@@ -168,13 +153,14 @@ Status OffloadStore::wait_for_update(int unit, bool whole) {
   const auto start = std::chrono::steady_clock::now();
   Trace* trace = tiers_->trace();
   const std::uint64_t begin_us = trace ? trace->now_us() : 0;
-  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_params(unit);
+  // Waiting for the parameters also lets the next tiles move (their Adam runs now, their writes
+  // during this unit's compute).
+  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_for_params(unit);
+  if (whole && s.is_ok()) s = pipeline_->pump();
   counters_.compute_wait_ms += ms_since(start);
   if (trace) {
     trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
   }
-  // Let the next tiles move (their Adam runs now, their writes during this unit's compute).
-  if (s.is_ok()) s = pipeline_->pump();
   return guard(s);
 }
 
@@ -201,43 +187,6 @@ Status OffloadStore::regather(int unit) {
   counters_.compute_wait_ms += ms_since(start);
   regather_[static_cast<std::size_t>(unit)] = 0;
   return guard(s);
-}
-
-Status OffloadStore::sum_over_ranks(double* values, int count) {
-  STRATA_ASSERT(comm_ != nullptr && count >= 1 && count * 8 <= 4096);
-  backend::Backend& b = tiers_->backend();
-  void* frame = tiers_->grad_frame(0, 0);
-  const auto bytes = static_cast<std::uint64_t>(count) * 8;
-  STRATA_TRY(guard(b.copy_async(backend::StreamKind::kCompute, frame, values, bytes)));
-  STRATA_TRY(guard(b.synchronize(backend::StreamKind::kCompute)));
-  Result<comm::Handle> h = comm_->all_reduce(frame, frame, static_cast<std::uint64_t>(count),
-                                             comm::DataType::kF64, comm::ReduceOp::kSum);
-  if (!h.is_ok()) return guard(h.status());
-  STRATA_TRY(guard(comm_->wait(*h).with_context("summing the loss and gradient norm over ranks")));
-  return guard(b.copy_async(backend::StreamKind::kCompute, values, frame, bytes));
-}
-
-Status OffloadStore::gather_masters(int unit, float* whole) {
-  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
-  STRATA_TRY(guard(finish_optimizer()));
-  STRATA_ASSIGN_OR_RETURN(const float* shard, view(SlotKind::kMaster, unit));
-  if (comm_ == nullptr || tiers_->plan().world == 1 || up.shard_numel == up.padded_numel) {
-    std::memcpy(whole, shard, static_cast<std::size_t>(up.padded_numel) * 4);
-    return Status::ok();
-  }
-  backend::Backend& b = tiers_->backend();
-  float* frame = tiers_->grad_frame(up.size_class, 0);
-  STRATA_TRY(guard(b.copy_async(backend::StreamKind::kCompute, frame + up.shard_begin, shard,
-                                static_cast<std::uint64_t>(up.shard_numel) * 4)));
-  STRATA_TRY(guard(b.synchronize(backend::StreamKind::kCompute)));
-  Result<comm::Handle> h =
-      comm_->all_gather(frame + up.shard_begin, frame, static_cast<std::uint64_t>(up.shard_numel),
-                        comm::DataType::kF32);
-  if (!h.is_ok()) return guard(h.status());
-  STRATA_TRY(guard(comm_->wait(*h).with_context(fmt::format(
-      "gathering the master weights of {}", layout().units[static_cast<std::size_t>(unit)].name))));
-  return guard(b.copy_async(backend::StreamKind::kCompute, whole, frame,
-                            static_cast<std::uint64_t>(up.padded_numel) * 4));
 }
 
 Result<const float*> OffloadStore::acquire_params(int unit) {

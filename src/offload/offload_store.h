@@ -1,24 +1,33 @@
-// All training state of one rank, wherever it lives, behind the runner's UnitStore seam. It ties
-// together the tier manager (tier/: every byte and its home), the prefetch scheduler (schedule/:
-// parameters to the device ahead of use), the gradient path (grad_path.h: gradients leave the
-// device once and accumulate in fp32 in their home, with each tile's sum of squares) and the
-// optimizer pipeline (optim/: tiles three deep through CPU Adam, new parameters straight home).
+// All training state of one rank, wherever it lives, behind the model runner's UnitStore seam
+// (model/runner.h). It owns and wires the offload engine:
+//   TierManager        every byte and its home, as the plan lays them out (tier_manager.h);
+//   OptimizerPipeline  tiles `depth` deep through CPU Adam, new parameters straight home; it is
+//                      also the update gate (update_gate.h) the scheduler asks during a step;
+//   GradPath           gradients leave the device once and accumulate in fp32 in their home,
+//                      with each tile's sum of squares (grad_path.h);
+//   ParamScheduler     parameters to the device ahead of use (param_scheduler.h).
 // The in-memory run is the special case where every home is the device or the host: the same
 // kernels run on the same tiles in the same order whatever the tiers, so offloading does not
 // change a single bit of the result.
 //
 // A step, as the trainer drives it:
-//   for each micro-batch: begin_micro_batch(first, last); runner.train_step(*this);
-//   end_micro_batch() finish_backward()                 every gradient is home; grad_sum_squares()
-//   is final start_optimizer(step)             (unless the step is skipped) Adam starts streaming
-//   tiles
-// The next step's forward waits per unit (acquire_params) for that unit's update, so the
+//   for each micro-batch m:  begin_micro_batch(m == 0, m == last)
+//                            runner.train_step(*this)   (acquire/release params, grads)
+//                            end_micro_batch()
+//   finish_backward()        every gradient is home; grad_sum_squares() is final
+//   start_optimizer(step)    Adam starts streaming tiles (skip_optimizer() when the step is
+//                            skipped instead)
+// The next step's forward waits per unit (acquire_params) for that unit's update only, so the
 // optimizer's I/O overlaps the next forward; finish_optimizer() waits for all of it (before
 // checkpoints and at the end).
+//
+// Lifetimes: the members are declared so that they are destroyed scheduler first, then the
+// gradient path, the pipeline and last the tier manager: each engine goes before the memory and
+// files it uses, and the scheduler, which completes hand-offs through the pipeline's gate as it
+// goes, before the gate.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -40,16 +49,17 @@ struct StateCounters {
 
 class OffloadStore final : public model::UnitStore<float> {
  public:
-  // Builds the tier manager for `plan` and the engines over it. Errors as TierManager::create.
+  // Builds the tier manager for `plan` and the engines over it. `comm`: the data-parallel ranks
+  // (needed to train when the plan is for more than one). Errors as TierManager::create.
   static Result<std::unique_ptr<OffloadStore>> create(backend::Backend& backend,
-                                                      const config::Config& config,
                                                       const model::ModelLayout& layout,
                                                       TierPlan plan, optim::AdamOptimizer& adam,
                                                       const TierOptions& options,
                                                       comm::Comm* comm = nullptr);
-  ~OffloadStore() override;
+  ~OffloadStore() override = default;
 
   const model::ModelLayout& layout() const { return tiers_->layout(); }
+  const TierPlan& plan() const { return tiers_->plan(); }
   kernels::DType storage() const { return tiers_->plan().storage; }
   int units() const { return tiers_->units(); }
   TierManager& tiers() { return *tiers_; }
@@ -85,15 +95,6 @@ class OffloadStore final : public model::UnitStore<float> {
   void begin_eval_batch();
   void end_eval_batch();
 
-  // ---- collectives over host data (several ranks) --------------------------------------------
-  // NCCL works on device memory only, so these go through a gradient frame: call them between
-  // steps (after finish_backward(), before the next micro-batch), on every rank in the same order.
-  // values[0 .. count) (fp64, any host memory) summed over the ranks, in place.
-  Status sum_over_ranks(double* values, int count);
-  // The whole unit u of fp32 masters (padded_numel elements) into `whole` (any host memory),
-  // gathered from every rank's shard.
-  Status gather_masters(int unit, float* whole);
-
   StateCounters& counters() { return counters_; }
   // The first I/O or engine error of the run. After one, the state may be half updated (an
   // optimizer step stopped midway), so every later step, view or checkpoint returns it: training
@@ -123,12 +124,13 @@ class OffloadStore final : public model::UnitStore<float> {
   bool sharded_device_params(int unit) const;
   Status regather(int unit);
 
+  // In order of construction; destroyed in reverse (see the header comment).
   std::unique_ptr<TierManager> tiers_;
-  comm::Comm* comm_ = nullptr;
-  std::vector<std::uint8_t> regather_;  // per unit: all-gather before the next use
-  std::unique_ptr<ParamScheduler> scheduler_;
-  std::unique_ptr<GradPath> grads_;
   std::unique_ptr<OptimizerPipeline> pipeline_;
+  std::unique_ptr<GradPath> grads_;
+  std::unique_ptr<ParamScheduler> scheduler_;
+  comm::Comm* comm_ = nullptr;
+  std::vector<std::uint8_t> regather_;             // per unit: all-gather before the next use
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   StateCounters counters_;
   Status failure_;

@@ -1,4 +1,4 @@
-// The three-deep optimizer pipeline (see optimizer_pipeline.h).
+// The optimizer pipeline (see optimizer_pipeline.h).
 #include "offload/optimizer_pipeline.h"
 
 #include <fmt/format.h>
@@ -512,8 +512,9 @@ Status OptimizerPipeline::pump() {
   return error_;
 }
 
-Status OptimizerPipeline::wait_params(int unit) {
-  return wait_until([&] { return params_ready(unit); });
+Status OptimizerPipeline::wait_for_params(int unit) {
+  STRATA_TRY(wait_until([&] { return params_ready(unit); }));
+  return pump();
 }
 
 Status OptimizerPipeline::wait_unit(int unit) {

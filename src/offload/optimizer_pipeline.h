@@ -1,10 +1,11 @@
 // The optimizer pipeline: one Adam/AdamW step over every tile of every unit (units in order,
-// tiles of sub_group_size elements), streamed three deep through fixed pinned buffers:
+// tiles of the plan's tile_elements), streamed `depth` deep (TierPlan::pipeline_depth, from
+// strata.optimizer_pipeline_depth: five by default, three at least) through fixed pinned stages:
 //
-//     read tile i+1  ||  Adam on tile i  ||  write tile i-1
+//     read tiles i+1 .. i+depth-2  ||  Adam on tile i  ||  write tile i-1 (and earlier, in flight)
 //
 // For a tile whose optimizer state is homed on NVMe, master, exp_avg, exp_avg_sq and the
-// accumulated gradient are read into stage (i mod 3), Adam updates them there, and master and
+// accumulated gradient are read into stage (i mod depth), Adam updates them there, and master and
 // both moments are written back; a host-homed tile is updated in place. The new parameters go
 // straight to the parameters' home: Adam writes its bf16/fp16 copy-out into the host home in
 // place, or into the stage's copy-out buffer, which is then written to the NVMe home or copied to
@@ -15,17 +16,27 @@
 // moment writes completed too: what the unit's next gradient, a checkpoint or the next step
 // need).
 //
-// The step runs on a worker thread of its own, so reads, Adam and writes keep going while the
-// trainer's thread computes the next forward (with a GPU, Adam on the CPU overlaps the GPU's
-// work; on the CPU backend the two share the cores). The backend is only ever called from the
-// trainer's thread: a tile whose parameters live on the device is handed over, and the trainer's
-// thread issues its host->device copy in pump() / wait_*(). Each tile's arithmetic is the same
-// whichever thread runs it, so results do not depend on the timing.
+// Threads. The step runs on a worker thread of its own, so reads, Adam and writes keep going
+// while the trainer's thread computes the next forward (with a GPU, Adam on the CPU overlaps the
+// GPU's work; on the CPU backend the two share the cores). Each tile's arithmetic is the same
+// whichever thread runs it, so results do not depend on the timing. Two things cross threads:
+//   - milestones: per-unit atomic tile counts the worker raises and the trainer's thread reads
+//     (params_ready, unit_done), with a condition variable for the waits;
+//   - device copies: the backend is only ever called from the trainer's thread, so for a tile
+//     whose parameters live on the device the worker only asks, and the trainer's thread does the
+//     copy when it next comes by (pump(), any wait). Per stage, one atomic delivery state:
+//         none --worker: copy wanted--> requested --trainer: copy issued--> issued
+//              --trainer: copy complete--> done --worker: tile counted--> none
+//   - the hand-off of new parameters into a prefetcher's frame: the UpdateGate protocol
+//     (update_gate.h), implemented here.
 //
 // The step cannot start before the global gradient norm is known (clipping and the skip on
 // overflow need all of it), but its reads need not wait: preload() reads master, exp_avg and
 // exp_avg_sq of the first tiles during the backward, so only their gradients are left to read
 // when the step starts.
+//
+// The pipeline needs only a tier manager and the Adam driver: with a plan for any set of flat
+// units (a model's, or a binding's parameter groups) it runs the same step.
 #pragma once
 
 #include <atomic>
@@ -37,6 +48,7 @@
 #include <vector>
 
 #include "offload/tier_manager.h"
+#include "offload/update_gate.h"
 #include "optim/adam_optimizer.h"
 
 namespace strata::offload {
@@ -52,13 +64,13 @@ struct PipelineTimes {
   double wait_ms = 0.0;  // the worker blocked on reads or writes
 };
 
-class OptimizerPipeline {
+class OptimizerPipeline final : public UpdateGate {
  public:
   // Starts the worker thread.
   static Result<std::unique_ptr<OptimizerPipeline>> create(TierManager& tiers,
                                                            optim::AdamOptimizer& adam);
   // Finishes a step in flight and stops the worker.
-  ~OptimizerPipeline();
+  ~OptimizerPipeline() override;
   OptimizerPipeline(const OptimizerPipeline&) = delete;
   OptimizerPipeline& operator=(const OptimizerPipeline&) = delete;
 
@@ -71,27 +83,26 @@ class OptimizerPipeline {
   Status start(const PipelineStep& step);
   // Issues the host->device copies of new device-homed parameters; returns the step's error.
   Status pump();
-  // Block until unit u's new parameters are home / every write of its update is done / the
-  // step is complete. The first error of the step is returned.
-  Status wait_params(int unit);
+  // Block until every write of unit u's update is done / the step is complete. The first error
+  // of the step is returned.
   Status wait_unit(int unit);
   Status finish();
   bool active() const { return active_.load(); }
   // Whether a step stopped on an I/O error (the state on NVMe is then partly updated).
   bool failed() const { return failed_.load(); }
-  // Milestones of unit u in the current step (true when no step is active).
-  bool params_ready(int unit) const;
+  // Whether every write of unit u's update is done (true when no step is active).
   bool unit_done(int unit) const;
 
-  // ---- hand-off of new parameters straight into a device frame --------------------------------
-  // Where device memory is host memory (the CPU backend) and parameters are homed on NVMe, the
-  // prefetcher may offer the place in a frame where unit u's parameters go (its shard's first
-  // element) while u's update is pending: the worker then also copies each new tile there, right
-  // after Adam, and the prefetcher need not read them back from NVMe after the write. Accepted
-  // (true) only if the worker has not begun the unit yet; once params_ready(u), the frame holds
-  // the new parameters (handed_off(u)). Trainer's thread; during a step only.
-  bool offer_frame(int unit, void* destination);
-  bool handed_off(int unit) const;
+  // ---- UpdateGate (update_gate.h) -------------------------------------------------------------
+  // Unit u's new parameters are home (true when no step is active).
+  bool params_ready(int unit) const override;
+  // Blocks until params_ready(u), issuing device copies meanwhile, then issues those that came
+  // due, so the next tiles move during the unit's compute.
+  Status wait_for_params(int unit) override;
+  // The worker also copies each of u's new tiles to `destination`, right after Adam, when the
+  // offer comes before u's first tile (parameters homed on NVMe, during a step only).
+  bool offer_frame(int unit, void* destination) override;
+  bool handed_off(int unit) const override;
 
   // Benchmarks: move every byte but skip the arithmetic (the I/O alone). Between steps only.
   void set_skip_adam(bool skip) { skip_adam_ = skip; }
@@ -150,12 +161,13 @@ class OptimizerPipeline {
   backend::Backend& backend_;
   const TierPlan& plan_;
   optim::AdamOptimizer& adam_;
-  std::int64_t depth_ = 3;
+  std::int64_t depth_ = 0;
   std::vector<Tile> tiles_;                              // every tile, units in order
   std::vector<std::atomic<std::int64_t>> params_tiles_;  // per unit: tiles whose params are home
   std::vector<std::atomic<std::int64_t>> done_tiles_;    // per unit: tiles fully written
-  // Per unit, the hand-off: kHandNone, then kHandOffered (trainer) or kHandLate (worker, first
-  // tile begun without an offer); kHandTaken once the worker saw the offer at the first tile.
+  // Per unit, the hand-off state of update_gate.h: kHandNone, then kHandOffered (trainer) or
+  // kHandLate (worker, first tile begun without an offer); kHandTaken once the worker saw the offer
+  // at the first tile.
   enum : int { kHandNone = 0, kHandOffered, kHandTaken, kHandLate };
   std::vector<std::atomic<int>> hand_;
   std::vector<std::atomic<char*>> hand_destination_;

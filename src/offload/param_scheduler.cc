@@ -12,6 +12,12 @@ namespace {
 
 constexpr int kReadsInFlightMax = 64;  // NVMe tile reads the prefetcher keeps in flight
 
+// Uses a pass may record (UseOrder's fixed room): a training pass uses each unit at most twice
+// (forward, then backward) and the tied embedding once more for the head, about 2 x units; twice
+// that, plus a few, leaves room for a pass that diverges and is recorded whole.
+constexpr int kUsesPerUnitMax = 4;
+constexpr int kUsesSpare = 16;
+
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
 }
@@ -29,16 +35,15 @@ comm::DataType comm_type(kernels::DType type) {
   }
 }
 
-namespace {}  // namespace
-
-ParamScheduler::ParamScheduler(TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm)
+ParamScheduler::ParamScheduler(TierManager& tiers, UpdateGate* gate, comm::Comm* comm)
     : tiers_(tiers),
+      gate_(gate),
       comm_(comm),
       backend_(tiers.backend()),
       plan_(tiers.plan()),
-      zero_(zero),
+      limits_(tiers.plan().prefetch),
       direct_(tiers.backend().device_memory_is_host()),
-      order_(tiers.units(), 4 * tiers.units() + 16) {}
+      order_(tiers.units(), kUsesPerUnitMax * tiers.units() + kUsesSpare) {}
 
 ParamScheduler::~ParamScheduler() {
   (void)drain();
@@ -47,14 +52,13 @@ ParamScheduler::~ParamScheduler() {
   }
 }
 
-Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(TierManager& tiers,
-                                                               const config::ZeroConfig& zero,
+Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(TierManager& tiers, UpdateGate* gate,
                                                                comm::Comm* comm) {
   const TierPlan& p = tiers.plan();
   // A plan for several ranks without their Comm holds that rank's state (checkpoint tools and
   // tests) but cannot train: the collectives below assert one.
   STRATA_ASSERT(comm == nullptr || comm->world_size() == p.world);
-  std::unique_ptr<ParamScheduler> s(new ParamScheduler(tiers, zero, comm));
+  std::unique_ptr<ParamScheduler> s(new ParamScheduler(tiers, gate, comm));
   s->states_.resize(p.units.size());
   for (std::size_t u = 0; u < p.units.size(); ++u) {
     if (!p.units[u].framed) continue;
@@ -108,6 +112,19 @@ Status ParamScheduler::finish_gather(int unit) {
                   tiers_.layout().units[static_cast<std::size_t>(unit)].name));
 }
 
+Status ParamScheduler::wait_for_update(int unit) {
+  if (gate_ == nullptr || gate_->params_ready(unit)) return Status::ok();
+  const auto start = std::chrono::steady_clock::now();
+  Trace* trace = tiers_.trace();
+  const std::uint64_t begin_us = trace ? trace->now_us() : 0;
+  Status s = gate_->wait_for_params(unit);
+  stats_.wait_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (trace)
+    trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
+  return s;
+}
+
 Status ParamScheduler::gather_ahead() {
   // The unit planned next: its shard is brought in now (usually prefetched already) and its
   // all-gather runs while the current unit computes. Which unit that is, and whether a frame can
@@ -127,7 +144,7 @@ Status ParamScheduler::gather_ahead() {
       free_frame = free_frame || f.unit < 0 || state(f.unit).users == 0;
     if (!free_frame) return Status::ok();
   }
-  if (wait_update_) STRATA_TRY(wait_update_(v));  // counts its own wait
+  STRATA_TRY(wait_for_update(v));
   const auto start = std::chrono::steady_clock::now();
   if (st.stage == Stage::kAbsent) {
     STRATA_ASSIGN_OR_RETURN(bool started, start_fetch(v, true));
@@ -181,7 +198,7 @@ Status ParamScheduler::gather(int unit) {
 bool ParamScheduler::holds_update(int unit) const {
   const UnitState& st = states_[static_cast<std::size_t>(unit)];
   if (!plan_.units[static_cast<std::size_t>(unit)].framed) return false;
-  if (st.stage == Stage::kHandoff) return handed_(unit);
+  if (st.stage == Stage::kHandoff) return gate_->handed_off(unit);
   return st.stage == Stage::kResident && st.handed;
 }
 
@@ -347,7 +364,7 @@ Result<bool> ParamScheduler::start_handoff(int unit) {
     st.frame = frame;
     frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = unit;
   }
-  if (!offer_(unit, shard_data(unit))) {
+  if (!gate_->offer_frame(unit, shard_data(unit))) {
     if (frame >= 0) {
       frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = -1;
       st.frame = -1;
@@ -388,10 +405,11 @@ Status ParamScheduler::advance(int unit, bool block) {
   UnitState& st = state(unit);
   Trace* trace = tiers_.trace();
   if (st.stage == Stage::kHandoff) {
-    if (!handed_(unit)) {
+    if (!gate_->handed_off(unit)) {
       if (!block) return Status::ok();
-      STRATA_TRY(wait_update_(unit));  // the update is done: so is the copy into the frame
-      STRATA_ASSERT_MSG(handed_(unit), "an accepted hand-off was not made");
+      // The update is done when its parameters are home: so is the copy into the frame.
+      STRATA_TRY(gate_->wait_for_params(unit));
+      STRATA_ASSERT_MSG(gate_->handed_off(unit), "an accepted hand-off was not made");
     }
     if (trace) {
       trace->add(TraceLane::kHostToDevice, "param hand-off", st.begin_us, trace->now_us(), unit,
@@ -486,12 +504,12 @@ Status ParamScheduler::drain() {
 }
 
 Status ParamScheduler::prefetch() {
-  if (!order_.planned() || zero_.stage3_prefetch_bucket_size == 0) return Status::ok();
+  if (!order_.planned() || limits_.bucket_elements == 0) return Status::ok();
   std::uint64_t ahead = 0, live = 0;
   for (std::size_t u = 0; u < states_.size(); ++u) {
     if (states_[u].stage != Stage::kAbsent) live += u64(numel(static_cast<int>(u)));
   }
-  const std::uint64_t bucket = zero_.stage3_prefetch_bucket_size;
+  const std::uint64_t bucket = limits_.bucket_elements;
   for (int pos = order_.cursor(); pos < order_.size(); ++pos) {
     const int v = order_.at(pos);
     const UnitPlan& up = plan_.units[static_cast<std::size_t>(v)];
@@ -502,11 +520,11 @@ Status ParamScheduler::prefetch() {
     if (ahead + u64(up.padded_numel) > bucket) break;
     ahead += u64(up.padded_numel);
     if (st.stage != Stage::kAbsent) continue;
-    if (live + u64(up.padded_numel) > zero_.stage3_max_live_parameters) break;
+    if (live + u64(up.padded_numel) > limits_.live_elements_max) break;
     bool started = false;
-    if (fetchable_ && !fetchable_(v)) {
+    if (gate_ != nullptr && !gate_->params_ready(v)) {
       // Its update is pending: have the optimizer write it into a frame, where it can.
-      if (!direct_ || !offer_ || up.param_home != Tier::kNvme) break;
+      if (!direct_ || up.param_home != Tier::kNvme) break;
       STRATA_ASSIGN_OR_RETURN(started, start_handoff(v));
     } else {
       STRATA_ASSIGN_OR_RETURN(started, start_fetch(v, false));
@@ -562,7 +580,7 @@ void ParamScheduler::release(int unit) {
     std::uint64_t distance = 0;
     for (int pos = order_.cursor(); pos < next && keep; ++pos) {
       distance += u64(numel(order_.at(pos)));
-      keep = distance <= zero_.stage3_max_reuse_distance;
+      keep = distance <= limits_.reuse_distance_max;
     }
   }
   if (!keep) evict(unit);

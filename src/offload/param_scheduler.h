@@ -1,21 +1,19 @@
 // The prefetch scheduler: brings units' parameters to the device ahead of their use.
 //
-// A unit whose parameters are not homed on the device ("framed", tier/plan.h) is fetched into a
+// A unit whose parameters are not homed on the device ("framed", plan.h) is fetched into a
 // device frame of its size class: from NVMe into a pinned staging buffer (tile by tile), then
 // host->device; from a host home, host->device directly. Where device memory is host memory (the
 // CPU backend) NVMe reads land in the frame itself: no staging, no copy, and a fetch is complete
 // as soon as its reads are, without waiting for the compute thread to issue the copy. After the
 // first pass has recorded the order of uses (UseOrder), every acquire also starts fetches for the
-// units planned next, in order, as long as
-//   - the units fetched ahead and not yet used total at most stage3_prefetch_bucket_size
-//     elements,
-//   - the units on the device (in use, cached, in flight) total at most
-//     stage3_max_live_parameters elements,
+// units planned next, in order, within the plan's prefetch limits (plan.h, PrefetchLimits):
+//   - the units fetched ahead and not yet used total at most bucket_elements,
+//   - the units on the device (in use, cached, in flight) total at most live_elements_max,
 //   - a frame of the unit's class is free, or holds a unit whose next use comes later
 //     (eviction by next use: the farthest goes first), and a staging buffer is free.
 // A released unit stays cached in its frame when its next planned use is within
-// stage3_max_reuse_distance elements of parameters; units below
-// stage3_param_persistence_threshold have frames of their own and stay resident.
+// reuse_distance_max elements of parameters; persistent units (plan.h) have frames of their own
+// and stay resident.
 // An acquire of a unit that is not resident fetches it on demand (demand I/O priority) and waits:
 // frames never exceed the plan, so the device budget holds for demand fetches too. The time the
 // compute thread waits is counted (compute_wait).
@@ -26,22 +24,21 @@
 // above; each acquire also starts the all-gather of the unit planned next (gather_ahead()), so it
 // runs while the current unit computes.
 //
-// While an optimizer step runs, a unit whose update is pending cannot be fetched yet; where NVMe
-// reads land in frames directly, the prefetcher instead reserves the frame and offers it to the
-// optimizer, which writes the new parameters into it as it computes them (start_handoff()), so
-// the forward that follows the optimizer finds them resident instead of reading them back.
-//
-// The optimizer changes parameters in their homes: invalidate() drops a unit's device copy, and
-// the optional `fetchable` gate keeps the prefetcher away from units whose update is pending.
+// While an optimizer step runs, the update gate (update_gate.h, where the protocol is written
+// down) keeps the prefetcher away from units whose update is pending; where NVMe reads land in
+// frames directly, the prefetcher instead reserves the frame and offers it through the gate, and
+// the optimizer writes the new parameters into it as it computes them (start_handoff()), so the
+// forward that follows the optimizer finds them resident instead of reading them back. The
+// optimizer changes parameters in their homes: invalidate() drops a unit's device copy.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "comm/comm.h"
 #include "offload/tier_manager.h"
+#include "offload/update_gate.h"
 #include "offload/use_order.h"
 
 namespace strata::offload {
@@ -64,9 +61,11 @@ comm::DataType comm_type(kernels::DType type);
 
 class ParamScheduler {
  public:
-  // `comm`: the data-parallel ranks (needed when the plan is for more than one).
+  // `gate`: the optimizer step's update gate (null when nothing updates the parameters while the
+  // scheduler runs); it must outlive the scheduler. `comm`: the data-parallel ranks (needed when
+  // the plan is for more than one).
   static Result<std::unique_ptr<ParamScheduler>> create(TierManager& tiers,
-                                                        const config::ZeroConfig& zero,
+                                                        UpdateGate* gate = nullptr,
                                                         comm::Comm* comm = nullptr);
   ~ParamScheduler();
   ParamScheduler(const ParamScheduler&) = delete;
@@ -81,18 +80,6 @@ class ParamScheduler {
   // Unit u's parameters changed in their home: its device copy is dropped. The unit must not be
   // in use or in flight.
   void invalidate(int unit);
-  // Units for which `gate(u)` is false are not prefetched (their update is pending).
-  void set_fetchable(std::function<bool(int)> gate) { fetchable_ = std::move(gate); }
-  // Waits until unit u's parameters may be fetched (its pending update is home): used before a
-  // fetch that every rank must make at the same point (a gather ahead, stage 3 on several ranks).
-  void set_wait_update(std::function<Status(int)> wait) { wait_update_ = std::move(wait); }
-  // Hand-off (optimizer_pipeline.h, offer_frame): `offer(u, destination)` asks the optimizer to
-  // also write unit u's new parameters at `destination` in a frame; `handed(u)` says they are
-  // there. Used where NVMe reads would land in frames anyway (device memory is host memory).
-  void set_handoff(std::function<bool(int, void*)> offer, std::function<bool(int)> handed) {
-    offer_ = std::move(offer);
-    handed_ = std::move(handed);
-  }
   // Moves fetches along without blocking and starts planned prefetches.
   Status pump();
   // Completes every fetch in flight.
@@ -130,7 +117,7 @@ class ParamScheduler {
     int unit = -1;
   };
 
-  ParamScheduler(TierManager& tiers, const config::ZeroConfig& zero, comm::Comm* comm);
+  ParamScheduler(TierManager& tiers, UpdateGate* gate, comm::Comm* comm);
   // Where this rank's shard goes in the unit's frame (the frame itself unless stage 3 shards it).
   void* shard_data(int unit);
   // Stage 3 on several ranks: all-gathers the unit's shards in its frame (blocking), or finishes
@@ -139,10 +126,12 @@ class ParamScheduler {
   bool sharded(int unit) const;
   // Starts the all-gather of the unit planned next (see the .cc for why ranks stay in step).
   Status gather_ahead();
-  // Reserves a frame for `unit` (update pending) and offers it to the optimizer; false when no
+  // Reserves a frame for `unit` (update pending) and offers it through the gate; false when no
   // frame is free or the optimizer has begun the unit already.
   Result<bool> start_handoff(int unit);
   Status finish_gather(int unit);
+  // Waits through the gate for unit u's pending update (counted as waiting, traced).
+  Status wait_for_update(int unit);
   UnitState& state(int unit) { return states_[static_cast<std::size_t>(unit)]; }
   void* frame_data(int unit);
   std::int64_t numel(int unit) const;
@@ -159,10 +148,11 @@ class ParamScheduler {
   int next_use(int unit) const;
 
   TierManager& tiers_;
+  UpdateGate* gate_ = nullptr;
   comm::Comm* comm_ = nullptr;
   backend::Backend& backend_;
   const TierPlan& plan_;
-  config::ZeroConfig zero_;
+  const PrefetchLimits& limits_;
   bool direct_ = false;  // NVMe reads land in the frames (device memory is host memory)
   UseOrder order_;
   std::vector<UnitState> states_;
@@ -170,10 +160,6 @@ class ParamScheduler {
   std::vector<std::uint8_t> staging_busy_;
   std::vector<int> in_flight_;  // units reading or copying, in start order
   int reads_in_flight_ = 0;
-  std::function<bool(int)> fetchable_;
-  std::function<Status(int)> wait_update_;
-  std::function<bool(int, void*)> offer_;
-  std::function<bool(int)> handed_;
   SchedulerStats stats_;
 };
 

@@ -11,8 +11,6 @@
 namespace strata::offload {
 namespace {
 
-using config::OffloadDevice;
-
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
@@ -50,7 +48,7 @@ DeviceSums device_sums(const TierPlan& p) {
 // Adds prefetch frames and a second gradient frame where the budget (and the stage3 limits)
 // allow: the gradient frame first (it lets a unit's gradient leave while the next unit's backward
 // runs), then one parameter frame at a time round-robin over the classes that want more.
-void grow_frames(TierPlan& p, const config::ZeroConfig& z, std::uint64_t activations,
+void grow_frames(TierPlan& p, const PrefetchLimits& limits, std::uint64_t activations,
                  std::uint64_t budget) {
   auto fits = [&] { return budget == 0 || device_sums(p).total(activations) <= budget; };
   for (SizeClass& k : p.classes) {
@@ -69,9 +67,8 @@ void grow_frames(TierPlan& p, const config::ZeroConfig& z, std::uint64_t activat
           !p.units[static_cast<std::size_t>(u)].persistent)
         ++members;
     }
-    if (members <= k.param_frames || z.stage3_prefetch_bucket_size == 0) continue;
-    const std::int64_t ahead =
-        ceil_div(static_cast<std::int64_t>(z.stage3_prefetch_bucket_size), k.numel);
+    if (members <= k.param_frames || limits.bucket_elements == 0) continue;
+    const std::int64_t ahead = ceil_div(static_cast<std::int64_t>(limits.bucket_elements), k.numel);
     want[i] = static_cast<int>(std::min<std::int64_t>(members, k.param_frames + ahead));
   }
   for (bool grew = true; grew;) {
@@ -79,7 +76,7 @@ void grow_frames(TierPlan& p, const config::ZeroConfig& z, std::uint64_t activat
     for (std::size_t i = 0; i < p.classes.size(); ++i) {
       SizeClass& k = p.classes[i];
       if (k.param_frames >= want[i]) continue;
-      if (live + u64(k.numel) > std::max<std::uint64_t>(z.stage3_max_live_parameters, live)) {
+      if (live + u64(k.numel) > std::max<std::uint64_t>(limits.live_elements_max, live)) {
         want[i] = k.param_frames;
         continue;
       }
@@ -172,34 +169,6 @@ void add_items(TierPlan& p, const PlanInput& in) {
 
 }  // namespace
 
-kernels::DType storage_of(const config::Config& c) {
-  switch (c.precision()) {
-    case config::Precision::kBf16:
-      return kernels::DType::kBF16;
-    case config::Precision::kFp16:
-      return kernels::DType::kF16;
-    case config::Precision::kFp32:
-      break;
-  }
-  return kernels::DType::kF32;
-}
-
-const char* to_string(SlotKind kind) {
-  switch (kind) {
-    case SlotKind::kParam:
-      return "param";
-    case SlotKind::kMaster:
-      return "master";
-    case SlotKind::kExpAvg:
-      return "exp_avg";
-    case SlotKind::kExpAvgSq:
-      return "exp_avg_sq";
-    case SlotKind::kGrad:
-      return "grad";
-  }
-  return "unknown";
-}
-
 std::uint64_t TierPlan::bytes(Tier tier) const {
   std::uint64_t sum = 0;
   for (const PlanItem& item : items) {
@@ -288,29 +257,31 @@ std::vector<std::string> describe_plan(const TierPlan& p,
 }
 
 TierPlan make_plan_unchecked(const PlanInput& in) {
-  STRATA_ASSERT(in.config != nullptr && in.layout != nullptr && in.world >= 1 && in.rank >= 0 &&
-                in.rank < in.world);
-  const config::Config& c = *in.config;
-  const config::ZeroConfig& z = c.zero_optimization;
+  const PlanSettings& z = in.settings;
+  STRATA_ASSERT(in.layout != nullptr && in.world >= 1 && in.rank >= 0 && in.rank < in.world);
+  STRATA_ASSERT_MSG(z.pipeline_depth >= 3 && z.pipeline_depth <= 16,
+                    "the optimizer pipeline is 3 to 16 tiles deep");
+  STRATA_ASSERT_MSG(z.optim_tier != Tier::kDevice, "the optimizer state lives on the host or NVMe");
   const model::ModelLayout& layout = *in.layout;
   TierPlan p;
-  p.pipeline_depth = static_cast<int>(c.strata.optimizer_pipeline_depth);
+  p.pipeline_depth = z.pipeline_depth;
   p.rank = in.rank;
   p.world = in.world;
-  p.zero_stage = static_cast<int>(z.stage);
-  p.storage = storage_of(c);
+  p.zero_stage = z.zero_stage;
+  p.storage = z.storage;
   p.storage_bytes = kernels::dtype_bytes(p.storage);
   p.tile_elements = static_cast<std::int64_t>(
-      align_up(std::max<std::uint64_t>(z.sub_group_size, 1), model::kUnitPadElements));
+      align_up(std::max<std::uint64_t>(z.tile_elements, 1), model::kUnitPadElements));
+  p.prefetch = z.prefetch;
+  p.swap = z.swap;
 
-  const Tier param_tier = home_tier(z.offload_param.device);
-  const Tier optim_tier =
-      z.offload_optimizer.device == OffloadDevice::kNvme ? Tier::kNvme : Tier::kHost;
+  const Tier param_tier = z.param_tier;
+  const Tier optim_tier = z.optim_tier;
   std::int64_t total = 0;
   for (const model::UnitLayout& unit : layout.units)
     total += ceil_div(unit.padded_numel, in.world);
   const double host_optim_elements =
-      optim_tier == Tier::kNvme ? (1.0 - z.offload_optimizer.ratio) * static_cast<double>(total)
+      optim_tier == Tier::kNvme ? (1.0 - z.optim_nvme_fraction) * static_cast<double>(total)
                                 : static_cast<double>(total);
   std::int64_t params_before = 0, in_cpu = 0;
   std::map<std::int64_t, int> class_of;  // padded size -> class
@@ -322,14 +293,14 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
         align_up(u64(ceil_div(unit.padded_numel, in.world)), model::kUnitPadElements));
     u.shard_begin = std::min(unit.padded_numel, shard * in.rank);
     u.shard_numel =
-        z.stage >= 1 ? std::min(shard, unit.padded_numel - u.shard_begin) : unit.padded_numel;
-    if (z.stage < 1) u.shard_begin = 0;
-    u.param_numel = z.stage >= 3 ? u.shard_numel : unit.padded_numel;
+        z.zero_stage >= 1 ? std::min(shard, unit.padded_numel - u.shard_begin) : unit.padded_numel;
+    if (z.zero_stage < 1) u.shard_begin = 0;
+    u.param_numel = z.zero_stage >= 3 ? u.shard_numel : unit.padded_numel;
     // Gradients leave the device reduce-scattered at every stage >= 1 (docs/multi-gpu.md), so the
     // accumulator only ever holds the shard; at stage 0 the shard is the whole unit.
     u.grad_numel = u.shard_numel;
     u.param_home = param_tier;
-    if (param_tier == Tier::kNvme && u64(in_cpu + u.param_numel) <= z.offload_param.max_in_cpu) {
+    if (param_tier == Tier::kNvme && u64(in_cpu + u.param_numel) <= z.param_host_elements_max) {
       u.param_home = Tier::kHost;
       in_cpu += u.param_numel;
     }
@@ -338,8 +309,8 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
                        ? Tier::kNvme
                        : Tier::kHost;
     params_before += u.shard_numel;
-    u.framed = u.param_home != Tier::kDevice || (z.stage >= 3 && in.world > 1);
-    u.persistent = u.framed && u64(unit.padded_numel) < z.stage3_param_persistence_threshold;
+    u.framed = u.param_home != Tier::kDevice || (z.zero_stage >= 3 && in.world > 1);
+    u.persistent = u.framed && u64(unit.padded_numel) < z.persistence_threshold_elements;
     u.tiles = std::max<std::int64_t>(1, ceil_div(u.shard_numel, p.tile_elements));
     auto [it, added] = class_of.emplace(unit.padded_numel, static_cast<int>(p.classes.size()));
     if (added) {
@@ -375,7 +346,7 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
     k.grad_frames = k.grad_frames_base;
   }
   p.device_minimum_bytes = device_sums(p).total(in.activation_device_bytes);
-  grow_frames(p, z, in.activation_device_bytes, in.device_budget_bytes);
+  grow_frames(p, z.prefetch, in.activation_device_bytes, in.device_budget_bytes);
 
   // Pinned host staging.
   std::int64_t largest_nvme_param = 0;
@@ -392,13 +363,14 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
                              : kind == SlotKind::kGrad ? u.grad_numel
                                                        : u.shard_numel;
       p.swap_bytes[k] += u64(n) * (kind == SlotKind::kParam ? p.storage_bytes : 4);
-      if (c.strata.nvme_checksum) p.swap_footer_bytes += u64(u.tiles) * 4096;
+      if (z.swap.checksum) p.swap_footer_bytes += u64(u.tiles) * 4096;
     }
   }
   if (largest_nvme_param > 0) {
-    p.param_staging_buffers = static_cast<int>(z.offload_param.buffer_count);
+    STRATA_ASSERT_MSG(z.param_staging_buffers >= 1, "NVMe-homed parameters need staging buffers");
+    p.param_staging_buffers = z.param_staging_buffers;
     p.param_staging_elements = std::max<std::int64_t>(
-        static_cast<std::int64_t>(z.offload_param.buffer_size), largest_nvme_param);
+        static_cast<std::int64_t>(z.param_staging_elements), largest_nvme_param);
   }
   p.grad_staging_buffers = 2;
   p.grad_staging_elements = p.largest_shard;  // only the rank's shard leaves the device
@@ -410,9 +382,8 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   return p;
 }
 
-int layout_shards(const config::Config& c) {
-  return c.zero_optimization.stage >= 1 ? static_cast<int>(std::max<std::int64_t>(c.world_size, 1))
-                                        : 1;
+int layout_shards(const PlanSettings& settings, int world) {
+  return settings.zero_stage >= 1 ? std::max(world, 1) : 1;
 }
 
 Result<TierPlan> make_plan(const PlanInput& in) {

@@ -1,40 +1,41 @@
 // The tier plan: where every byte of training state lives and how much of each tier a run takes,
-// decided once from the config, the model's unit layout and the budgets. The tier manager
+// decided once from the plan's settings, the unit layout and the budgets. The tier manager
 // allocates exactly what the plan lists (tests compare the two), and `strata estimate` prints the
 // same items, so the estimate and the run cannot disagree.
 //
-// Slots: each unit's shard (this rank's part of the unit's flat padded buffer; the whole unit at
-// world size 1) holds five kinds of state, each with a home tier:
-//   param       the parameters in the storage type (fp32, bf16 or fp16): offload_param.device
-//               (units within max_in_cpu elements stay on the host when it says nvme);
-//   master, exp_avg, exp_avg_sq, grad (fp32): offload_optimizer.device; Strata's optimizer runs
-//               on the CPU, so "none" keeps them in host memory like "cpu" ("ratio" < 1 keeps the
-//               first units' state on the host and offloads the rest).
-// Optimizer work and NVMe extents are cut into tiles of `tile_elements` (sub_group_size rounded
-// up to 2048 elements, so every tile is a whole number of 4 KiB pages in every dtype).
+// The settings (PlanSettings) are plain values: train/run_settings.h is the one place that fills
+// them from the configuration, and everything downstream of the plan (the tier manager, the
+// prefetch scheduler, the optimizer pipeline, the swap files) reads them from the plan, never
+// from the configuration. A caller without a config (a binding, a test) fills them itself.
+//
+// Slots (tier.h): each unit's shard (this rank's part of the unit's flat padded buffer; the whole
+// unit at world size 1) holds five kinds of state, each with a home tier:
+//   param       settings.param_tier (units within param_host_elements_max elements stay on the
+//               host when it says nvme);
+//   master, exp_avg, exp_avg_sq, grad: settings.optim_tier; Strata's optimizer runs on the CPU,
+//               so it is the host or NVMe (optim_nvme_fraction < 1 keeps the first units' state on
+//               the host and offloads the rest).
+// Optimizer work and NVMe extents are cut into tiles of `tile_elements` (settings.tile_elements
+// rounded up to 2048 elements, so every tile is a whole number of 4 KiB pages in every dtype).
 //
 // Device frames: units whose parameters do not live on the device reach it through frames, one
 // pool per size class (units of equal padded size share a class): a base frame per class (two
-// where the tied head and the embedding share one), plus prefetch frames within
-// stage3_prefetch_bucket_size, stage3_max_live_parameters and the device budget. Units below
-// stage3_param_persistence_threshold get a frame of their own and stay resident.
+// where the tied head and the embedding share one), plus prefetch frames within the prefetch
+// limits and the device budget. Units below settings.persistence_threshold_elements get a frame of
+// their own and stay resident.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "common/status.h"
+#include "io/engine.h"
 #include "kernels/cpu/dtype.h"
 #include "model/layout.h"
-#include "offload/estimate.h"
+#include "offload/tier.h"
 
 namespace strata::offload {
-
-enum class SlotKind : std::uint8_t { kParam = 0, kMaster, kExpAvg, kExpAvgSq, kGrad };
-inline constexpr int kSlotKinds = 5;
-// "param", "master", "exp_avg", "exp_avg_sq", "grad" (also the swap file kind names).
-const char* to_string(SlotKind kind);
 
 // Stagger between arrays that Adam reads together (docs/adam.md: arrays a multiple of 128 MiB
 // apart run 2-6x slower on AMD Zen), and the unit of every pinned size.
@@ -42,6 +43,42 @@ inline constexpr std::uint64_t kStaggerBytes = 4096;
 // Alignment of pinned staging areas (2 MiB: one transparent huge page, so a 1 MiB I/O block is
 // one DMA segment, docs/io.md).
 inline constexpr std::uint64_t kStagingAlignBytes = 2ull << 20;
+
+// How far ahead the prefetch scheduler may fetch parameters, in elements (DeepSpeed's stage3_*
+// limits): the plan sizes the device frames from them, the scheduler obeys them.
+struct PrefetchLimits {
+  std::uint64_t bucket_elements = 0;     // fetched ahead and not yet used (0: no prefetch)
+  std::uint64_t live_elements_max = 0;   // on the device at once: in use, cached, in flight
+  std::uint64_t reuse_distance_max = 0;  // a released unit stays cached if used again this soon
+};
+
+// The swap files: where they go and how they are read and written.
+struct SwapSettings {
+  std::vector<std::string> param_dirs;  // the parameters' NVMe folders (striped over them)
+  std::vector<std::string> optim_dirs;  // the optimizer state's (the same list shares one space)
+  bool checksum = false;                // a 4 KiB checksum block after every tile, verified on read
+  std::uint64_t bytes_max = 0;          // the swap files at most (0: no limit)
+  io::EngineOptions engine;             // the I/O engine's block size, queue depth, threads
+};
+
+// Everything the plan is decided from besides the model's layout, the rank and the budgets. The
+// member defaults are neutral (nothing offloaded, nothing sized); train::plan_settings(config)
+// gives the configuration's values, whose member initialisers hold Strata's defaults.
+struct PlanSettings {
+  int zero_stage = 0;                                // 1: optimizer state sharded, 2: gradients
+  kernels::DType storage = kernels::DType::kF32;     // the parameters' type
+  Tier param_tier = Tier::kDevice;                   // the parameters' home
+  std::uint64_t param_host_elements_max = 0;         // with param_tier nvme: kept on the host
+  int param_staging_buffers = 0;                     // NVMe -> host -> device staging buffers
+  std::uint64_t param_staging_elements = 0;          // each at least the largest NVMe unit
+  Tier optim_tier = Tier::kHost;                     // master, moments, gradients: host or nvme
+  double optim_nvme_fraction = 1.0;                  // with optim_tier nvme: the part offloaded
+  std::uint64_t tile_elements = 0;                   // optimizer and NVMe tile (rounded up)
+  std::uint64_t persistence_threshold_elements = 0;  // smaller framed units stay resident
+  int pipeline_depth = 0;                            // optimizer tiles in flight (3 to 16)
+  PrefetchLimits prefetch;
+  SwapSettings swap;
+};
 
 struct UnitPlan {
   std::int64_t padded_numel = 0;  // the whole unit, as the device uses it
@@ -77,7 +114,7 @@ struct PlanItem {
 };
 
 struct PlanInput {
-  const config::Config* config = nullptr;
+  PlanSettings settings;
   const model::ModelLayout* layout = nullptr;
   int rank = 0;
   int world = 1;
@@ -104,13 +141,16 @@ struct TierPlan {
   std::int64_t param_staging_elements = 0;
   int grad_staging_buffers = 0;  // device -> host gradient staging (storage type)
   std::int64_t grad_staging_elements = 0;
-  int pipeline_depth = 5;          // optimizer tiles in flight (strata.optimizer_pipeline_depth)
+  int pipeline_depth = 0;          // optimizer tiles in flight (settings.pipeline_depth)
   bool pipeline_state = false;     // fp32 stage buffers for NVMe-homed optimizer state
   bool pipeline_copy_out = false;  // storage-type copy-out buffers (params not in host memory)
   int grad_write_buffers = 0;      // fp32 write-behind tiles for NVMe-homed gradients
   bool unit_scratch = false;       // one fp32 unit for loading, saving and initialising
   std::uint64_t swap_bytes[kSlotKinds] = {0, 0, 0, 0, 0};  // data bytes per kind on NVMe
   std::uint64_t swap_footer_bytes = 0;                     // one 4 KiB checksum block per NVMe tile
+
+  PrefetchLimits prefetch;  // what the prefetch scheduler obeys (from the settings)
+  SwapSettings swap;        // what the tier manager builds the swap files with
 
   std::vector<PlanItem> items;             // everything allocated, per tier
   std::uint64_t device_minimum_bytes = 0;  // the device working set with base frames only
@@ -129,9 +169,9 @@ struct TierPlan {
   std::uint64_t pipeline_offset(int stage, int array) const;
 };
 
-// How many equal shards the model layout is cut into (model::build_layout): the world size from
-// ZeRO stage 1, else 1 (every rank holds whole units).
-int layout_shards(const config::Config& c);
+// How many equal shards the model layout is cut into (model::build_layout): `world` from ZeRO
+// stage 1 (each rank owns a shard of every unit), else 1 (every rank holds whole units).
+int layout_shards(const PlanSettings& settings, int world);
 
 // The tier of `kind` for unit `u`.
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind);
@@ -142,9 +182,6 @@ std::vector<std::string> describe_plan(const TierPlan& plan,
 
 // The plan for `input`. kOutOfMemory naming strata.device_bytes_max when the device budget is
 // below the minimum working set (the message names the minimum and what it is made of).
-// The parameters' storage type for the config's precision (bf16, fp16 or fp32).
-kernels::DType storage_of(const config::Config& c);
-
 Result<TierPlan> make_plan(const PlanInput& input);
 
 // The same plan without the budget check (for `strata estimate`, which reports verdicts).

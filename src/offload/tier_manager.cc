@@ -17,7 +17,16 @@
 namespace strata::offload {
 namespace {
 
+// Swap operations outstanding at once per swap space (io/swap_space.h): a fixed maximum above
+// what the engines keep in flight together (the optimizer pipeline at most 4 per stage, the
+// prefetcher 64 reads ahead, whole-slot writes 32, the gradient path its write-behind tiles).
 constexpr std::uint32_t kSwapOperationsMax = 512;
+// The I/O engine's handles outstanding at once: both swap spaces full, each operation an extent
+// and its checksum footer (two engine requests).
+constexpr std::uint32_t kSwapSpacesMax = 2;
+constexpr std::uint32_t kRequestsPerOperation = 2;
+constexpr std::uint32_t kEngineRequestsMax =
+    kSwapSpacesMax * kSwapOperationsMax * kRequestsPerOperation;
 constexpr const char* kParamKey = "zero_optimization.offload_param.nvme_path";
 constexpr const char* kOptimKey = "zero_optimization.offload_optimizer.nvme_path";
 
@@ -44,7 +53,6 @@ TierManager::~TierManager() {
 }
 
 Result<std::unique_ptr<TierManager>> TierManager::create(backend::Backend& backend,
-                                                         const config::Config& config,
                                                          const model::ModelLayout& layout,
                                                          TierPlan plan,
                                                          const TierOptions& options) {
@@ -66,15 +74,15 @@ Result<std::unique_ptr<TierManager>> TierManager::create(backend::Backend& backe
                               format_bytes(host.bytes_max), format_bytes(host.bytes_in_use)),
                   "strata.host_bytes_max");
   }
-  STRATA_TRY(m->check_paths(config));
+  STRATA_TRY(m->check_paths());
   STRATA_TRY(m->allocate_device());
   STRATA_TRY(m->allocate_host());
-  STRATA_TRY(m->create_swap(config, options));
+  STRATA_TRY(m->create_swap(options));
   return m;
 }
 
-Status TierManager::check_paths(const config::Config& config) const {
-  const config::ZeroConfig& z = config.zero_optimization;
+Status TierManager::check_paths() const {
+  const SwapSettings& swap = plan_.swap;
   auto check = [](const std::vector<std::string>& dirs, const char* key) -> Status {
     for (const std::string& dir : dirs) {
       auto probe = io::probe_directory(dir);
@@ -88,11 +96,10 @@ Status TierManager::check_paths(const config::Config& config) const {
     }
     return Status::ok();
   };
-  if (plan_.uses(SlotKind::kParam, Tier::kNvme))
-    STRATA_TRY(check(z.offload_param.nvme_path, kParamKey));
+  if (plan_.uses(SlotKind::kParam, Tier::kNvme)) STRATA_TRY(check(swap.param_dirs, kParamKey));
   for (SlotKind k : {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq, SlotKind::kGrad}) {
     if (plan_.uses(k, Tier::kNvme)) {
-      STRATA_TRY(check(z.offload_optimizer.nvme_path, kOptimKey));
+      STRATA_TRY(check(swap.optim_dirs, kOptimKey));
       break;
     }
   }
@@ -226,16 +233,16 @@ Status TierManager::allocate_host() {
   return Status::ok();
 }
 
-Status TierManager::create_swap(const config::Config& config, const TierOptions& options) {
+Status TierManager::create_swap(const TierOptions& options) {
   const TierPlan& p = plan_;
   std::uint64_t total = 0;
   for (std::uint64_t b : p.swap_bytes)
     total += b;
   extent_base_.assign(static_cast<std::size_t>(kSlotKinds) * p.units.size() + 1, 0);
   if (total == 0) return Status::ok();
-  const config::ZeroConfig& z = config.zero_optimization;
-  io::EngineOptions eo = io::engine_options_from_config(config.aio);
-  eo.requests_max = 4 * kSwapOperationsMax + 64;
+  const SwapSettings& swap = p.swap;
+  io::EngineOptions eo = swap.engine;
+  eo.requests_max = kEngineRequestsMax;
   {
     // The engine's threads reap completions: above busy compute threads under chrt.
     ServiceThreadPriority service;
@@ -245,16 +252,16 @@ Status TierManager::create_swap(const config::Config& config, const TierOptions&
       STRATA_ASSIGN_OR_RETURN(engine_, io::make_engine(eo));
     }
   }
-  const bool shared = z.offload_param.nvme_path == z.offload_optimizer.nvme_path;
+  const bool shared = swap.param_dirs == swap.optim_dirs;
   if (shared) space_of_kind_[0] = 1;
   // Per space: the kinds it holds and their capacities (data + one footer block per tile).
-  const std::uint64_t footer = config.strata.nvme_checksum ? 4096 : 0;
+  const std::uint64_t footer = swap.checksum ? 4096 : 0;
   for (int s = 0; s < 2; ++s) {
     io::SwapOptions so;
-    so.dirs = s == 0 ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
+    so.dirs = s == 0 ? swap.param_dirs : swap.optim_dirs;
     so.tag = options.swap_tag.empty() ? fmt::format("p{}", ::getpid()) : options.swap_tag;
     if (!shared) so.tag += s == 0 ? "-param" : "-optim";
-    so.checksums = config.strata.nvme_checksum;
+    so.checksums = swap.checksum;
     so.operations_max = kSwapOperationsMax;
     std::vector<int> kinds;
     for (int k = 0; k < kSlotKinds; ++k) {
@@ -271,13 +278,13 @@ Status TierManager::create_swap(const config::Config& config, const TierOptions&
     }
     if (kinds.empty()) continue;
     const char* key = s == 0 ? kParamKey : kOptimKey;
-    if (config.strata.nvme_bytes_max > 0 && nvme_bytes_ > config.strata.nvme_bytes_max) {
-      return Status(ErrorCode::kConfig,
-                    fmt::format("the swap files need {} ({} bytes) but strata.nvme_bytes_max is "
-                                "{}; raise it or keep more state in host memory",
-                                format_bytes(nvme_bytes_), nvme_bytes_,
-                                format_bytes(config.strata.nvme_bytes_max)),
-                    "strata.nvme_bytes_max");
+    if (swap.bytes_max > 0 && nvme_bytes_ > swap.bytes_max) {
+      return Status(
+          ErrorCode::kConfig,
+          fmt::format("the swap files need {} ({} bytes) but strata.nvme_bytes_max is "
+                      "{}; raise it or keep more state in host memory",
+                      format_bytes(nvme_bytes_), nvme_bytes_, format_bytes(swap.bytes_max)),
+          "strata.nvme_bytes_max");
     }
     auto space = io::SwapSpace::create(engine_.get(), so);
     if (!space.is_ok()) return space.status().with_context(key);
@@ -309,7 +316,7 @@ Status TierManager::create_swap(const config::Config& config, const TierOptions&
     }
   }
   STRATA_ASSERT(next == extents_.size());
-  nvme_budget_ = config.strata.nvme_bytes_max;
+  nvme_budget_ = swap.bytes_max;
   return Status::ok();
 }
 

@@ -1,17 +1,18 @@
 // The tiered storage manager: owns every byte of training state of one rank, as the TierPlan
-// (tier/plan.h) lays it out, and the fixed staging areas that move it:
+// (plan.h) lays it out, and the fixed staging areas that move it:
 //   device  parameters homed on the device, parameter frames (per size class, plus a frame of
 //           its own for each persistent unit), fp32 compute copies, gradient frames;
 //   host    pinned: parameters homed on the host; master, exp_avg, exp_avg_sq and the gradient
 //           accumulator of host-homed units (one mapping, each array 4 KiB-staggered); parameter
 //           staging, gradient staging, the optimizer pipeline's stage buffers, gradient
 //           write-behind tiles and a unit scratch, each on 2 MiB boundaries with MADV_HUGEPAGE;
-//   nvme    one SwapSpace per distinct nvme_path list, one extent (checksummed when
-//           strata.nvme_checksum) per tile of every NVMe-homed slot.
+//   nvme    one SwapSpace per distinct list of swap folders (plan().swap), one extent
+//           (checksummed when plan().swap.checksum) per tile of every NVMe-homed slot.
 // Everything is allocated by create(); nothing is allocated afterwards, so each tier's use is
 // fixed and hard-limited by its budget (the device arena and the pinned budget are enforced by
-// the backend, the NVMe budget here). Before anything is created, each nvme_path is checked:
-// it must exist, be a writable directory and have room for the swap files (errors name the key).
+// the backend, the NVMe budget here). Before anything is created, each swap folder is checked:
+// it must exist, be a writable directory and have room for the swap files (errors name the
+// nvme_path key the folder came from).
 //
 // Called from the trainer's thread, except read_tile / write_tile / wait / poll and the host
 // pointers, which the optimizer pipeline's worker thread uses too (the I/O engine and the swap
@@ -28,7 +29,6 @@
 
 #include "backend/backend.h"
 #include "common/trace.h"
-#include "config/config.h"
 #include "io/engine.h"
 #include "io/swap_space.h"
 #include "model/layout.h"
@@ -61,11 +61,10 @@ struct IoCounters {
 
 class TierManager {
  public:
-  // Checks the nvme paths, then allocates everything the plan lists. kNotFound / kIo / kNoSpace
-  // naming the nvme_path key for unusable paths, kOutOfMemory naming the budget when memory does
-  // not fit, kConfig when the swap files exceed strata.nvme_bytes_max.
+  // Checks the swap folders, then allocates everything the plan lists. kNotFound / kIo / kNoSpace
+  // naming the nvme_path key for unusable folders, kOutOfMemory naming the budget when memory
+  // does not fit, kConfig when the swap files exceed plan.swap.bytes_max (strata.nvme_bytes_max).
   static Result<std::unique_ptr<TierManager>> create(backend::Backend& backend,
-                                                     const config::Config& config,
                                                      const model::ModelLayout& layout,
                                                      TierPlan plan, const TierOptions& options);
   ~TierManager();
@@ -134,10 +133,10 @@ class TierManager {
 
  private:
   TierManager(backend::Backend& backend, const model::ModelLayout& layout, TierPlan plan);
-  Status check_paths(const config::Config& config) const;
+  Status check_paths() const;
   Status allocate_device();
   Status allocate_host();
-  Status create_swap(const config::Config& config, const TierOptions& options);
+  Status create_swap(const TierOptions& options);
   Result<void*> pinned(std::uint64_t bytes, std::uint64_t align, std::string_view purpose);
   std::size_t extent_index(SlotKind kind, int unit, std::int64_t tile) const;
   io::SwapSpace& space_of(SlotKind kind) const;

@@ -14,6 +14,8 @@
 #include "model/hf_io.h"
 #include "model/init.h"
 #include "offload/plan.h"
+#include "train/rank_sync.h"
+#include "train/run_settings.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;
@@ -55,7 +57,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const config::Config& config,
 Status Trainer::setup() {
   const config::StrataConfig& s = config_.strata;
   // Join the data-parallel world first: it binds this rank to its cores and GPU.
-  comm::WorldOptions world_options = comm::world_options_from(config_);
+  comm::WorldOptions world_options = train::world_options(config_);
   world_options.bind = config_.world_size > 1;
   STRATA_ASSIGN_OR_RETURN(world_, comm::join_world(world_options));
   if (world_.comm->world_size() != config_.world_size) {
@@ -64,35 +66,23 @@ Status Trainer::setup() {
                               config_.world_size, world_.comm->world_size()),
                   "launcher environment");
   }
-  if (world_size() > 1) {
-    // Each rank swaps to the NVMe paths nearest to it (binding.h), when the machine says which.
-    auto nearest = [this](std::vector<std::string>& paths, const char* key) {
-      std::vector<std::string> kept;
-      for (const std::string& path : paths) {
-        if (std::find(world_.binding.nvme_paths.begin(), world_.binding.nvme_paths.end(), path) !=
-            world_.binding.nvme_paths.end())
-          kept.push_back(path);
-      }
-      if (!kept.empty() && kept.size() < paths.size()) {
-        note(fmt::format("{}: this rank uses the {} of {} paths on its NUMA node", key, kept.size(),
-                         paths.size()));
-        paths = std::move(kept);
-      }
-    };
-    nearest(config_.zero_optimization.offload_param.nvme_path,
-            "zero_optimization.offload_param.nvme_path");
-    nearest(config_.zero_optimization.offload_optimizer.nvme_path,
-            "zero_optimization.offload_optimizer.nvme_path");
-  }
+  // The plan's settings; on several ranks each swaps to the NVMe paths nearest to it
+  // (binding.h), when the machine says which.
+  std::vector<std::string> path_notes;
+  offload::PlanSettings settings = plan_settings(
+      config_, world_size() > 1 ? world_.binding.nvme_paths : std::vector<std::string>{},
+      &path_notes);
+  for (const std::string& line : path_notes)
+    note(line);
   STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
-                          backend::make_backend(backend::backend_request(config_)));
+                          backend::make_backend(backend_request(config_)));
   backend_ = std::move(made.backend);
   if (!made.note.empty()) note(made.note);
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   // From ZeRO stage 1, each rank owns an equal shard of every unit.
-  layout_ = model::build_layout(shape_, offload::layout_shards(config_));
-  storage_ = offload::storage_of(config_);
+  layout_ = model::build_layout(shape_, offload::layout_shards(settings, world_size()));
+  storage_ = settings.storage;
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
                   fmt::format("{} is longer than the model's max_seq_len ({})", s.data.seq_len,
@@ -111,17 +101,12 @@ Status Trainer::setup() {
   STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
 
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
-  model::RunnerOptions runner_options;
-  runner_options.batch = batch;
-  runner_options.seq_len = s.data.seq_len;
-  runner_options.activation_checkpointing = s.model.activation_checkpointing;
-  runner_options.activation_offload = s.model.activation_offload;
+  const model::RunnerOptions runner = runner_options(config_, shape_);
 
   // Where every byte lives: the plan, checked against the budgets before anything is allocated.
-  const model::RunnerMemory activations =
-      model::ModelRunner<float>::memory_needed(shape_, runner_options);
+  const model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   offload::PlanInput plan_input;
-  plan_input.config = &config_;
+  plan_input.settings = std::move(settings);
   plan_input.layout = &layout_;
   plan_input.rank = rank();
   plan_input.world = world_size();
@@ -148,11 +133,11 @@ Status Trainer::setup() {
   offload::TierOptions tier_options;
   tier_options.engine_factory = options_.engine_factory;
   tier_options.trace = trace_.get();
-  STRATA_ASSIGN_OR_RETURN(
-      state_, offload::OffloadStore::create(*backend_, config_, layout_, std::move(plan), *adam_,
-                                            tier_options, world_.comm.get()));
-  STRATA_ASSIGN_OR_RETURN(
-      runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
+  STRATA_ASSIGN_OR_RETURN(state_,
+                          offload::OffloadStore::create(*backend_, layout_, std::move(plan), *adam_,
+                                                        tier_options, world_.comm.get()));
+  STRATA_ASSIGN_OR_RETURN(runner_,
+                          model::ModelRunner<float>::create(*backend_, shape_, layout_, runner));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
   inputs_.assign(static_cast<std::size_t>(batch * s.data.seq_len), 0);
@@ -270,7 +255,8 @@ Result<StepReport> Trainer::train_step() {
   // the sum of squares of its shard of the gradient, and the norm is over all of them.
   double sums[2] = {loss_sum, state_->grad_sum_squares()};
   if (world_size() > 1)
-    STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
+    STRATA_TRY(
+        sum_over_ranks(*state_, *world_.comm, sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
   report.loss = sums[0] / static_cast<double>(accumulation * world_size());
   report.compute_ms = seconds_since(start) * 1e3;
   const double scaled_norm = std::sqrt(sums[1]);
@@ -365,7 +351,9 @@ Status Trainer::save_model(const std::string& dir) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
     // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
     std::vector<float> whole(static_cast<std::size_t>(plan.largest_unit));
-    auto gather = [&](int u) { return state_->gather_masters(u, whole.data()); };
+    auto gather = [&](int u) {
+      return gather_masters(*state_, world_.comm.get(), u, whole.data());
+    };
     if (rank() != 0) {
       for (int u = 0; u < state_->units(); ++u)
         STRATA_TRY(gather(u));

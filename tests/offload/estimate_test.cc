@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/layout.h"
+#include "train/run_settings.h"
 
 namespace strata::offload {
 namespace {
@@ -60,7 +61,7 @@ TEST(Estimate, WithoutOffloadParametersStayOnTheDeviceAndAdamStateOnTheHost) {
   // accumulator live in host memory (each array 4 KiB-staggered), the parameters on the device.
   EstimateInput in = small_model();
   const std::uint64_t p = padded(in), n = units(in);
-  Estimate e = estimate(bf16_config(0, 1), in);
+  Estimate e = train::estimate(bf16_config(0, 1), in);
   EXPECT_EQ(item_bytes(e, Tier::kDevice, "bf16 parameters (device home)"), 2 * p);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 master"), 4 * p + 4096 * n);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "Adam exp_avg"), 8 * p + 2 * 4096 * n);
@@ -75,16 +76,16 @@ TEST(Estimate, ZeroStagesPartitionStateAcrossRanks) {
   EstimateInput in = small_model();
   const std::uint64_t p = padded(in, 4), n = units(in);
   const std::uint64_t shard = sharded(in, 4);
-  Estimate s1 = estimate(bf16_config(1, 4), in);
+  Estimate s1 = train::estimate(bf16_config(1, 4), in);
   EXPECT_EQ(item_bytes(s1, Tier::kHost, "fp32 master"), 4 * shard + 4096 * n);
   // Gradients leave the device reduce-scattered from stage 1 on (docs/multi-gpu.md), so the
   // accumulator holds only the shard at stage 1 too.
   EXPECT_EQ(item_bytes(s1, Tier::kHost, "fp32 accumulated"), 4 * shard + 4096 * n);
   EXPECT_EQ(item_bytes(s1, Tier::kDevice, "bf16 parameters"), 2 * p);
-  Estimate s2 = estimate(bf16_config(2, 4), in);
+  Estimate s2 = train::estimate(bf16_config(2, 4), in);
   EXPECT_EQ(item_bytes(s2, Tier::kHost, "fp32 accumulated"), 4 * shard + 4096 * n);
   EXPECT_EQ(item_bytes(s2, Tier::kDevice, "bf16 parameters"), 2 * p);
-  Estimate s3 = estimate(bf16_config(3, 4), in);
+  Estimate s3 = train::estimate(bf16_config(3, 4), in);
   EXPECT_EQ(item_bytes(s3, Tier::kDevice, "bf16 parameters"), 2 * shard);
   // Each rank holds its shard; whole units are gathered into frames.
   EXPECT_GT(item_bytes(s3, Tier::kDevice, "parameter frames"), 0u);
@@ -97,7 +98,7 @@ TEST(Estimate, OffloadMovesStateToItsHomeTier) {
   c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kCpu;
   c.zero_optimization.offload_param.device = config::OffloadDevice::kNvme;
   c.zero_optimization.offload_param.max_in_cpu = 0;
-  Estimate e = estimate(c, in);
+  Estimate e = train::estimate(c, in);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "fp32 master"), 4 * p + 4096 * n);
   EXPECT_EQ(item_bytes(e, Tier::kNvme, "bf16 parameters"), 2 * p);
   EXPECT_EQ(item_bytes(e, Tier::kDevice, "bf16 parameters"), 0u);
@@ -106,14 +107,14 @@ TEST(Estimate, OffloadMovesStateToItsHomeTier) {
 
   // With the default max_in_cpu (1e9 elements) DeepSpeed keeps parameters in host memory.
   c.zero_optimization.offload_param.max_in_cpu = 1'000'000'000;
-  e = estimate(c, in);
+  e = train::estimate(c, in);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "bf16 parameters (host home)"), 2 * p);
   EXPECT_EQ(item_bytes(e, Tier::kNvme, "bf16 parameters"), 0u);
 
   c.zero_optimization.offload_param.max_in_cpu = 0;
   c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNvme;
   c.zero_optimization.sub_group_size = 1 << 20;  // more than any unit: one tile per unit
-  e = estimate(c, in);
+  e = train::estimate(c, in);
   // Data, plus one 4 KiB checksum block per tile and slot (five slots per unit).
   EXPECT_EQ(e.bytes(Tier::kNvme), 2 * p + 16 * p + 5 * 4096 * n);
   // strata.optimizer_pipeline_depth stages (default 5) x (4 fp32 arrays + a bf16 copy-out) of
@@ -125,7 +126,7 @@ TEST(Estimate, OffloadMovesStateToItsHomeTier) {
   EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"),
             5 * (4 * (4 * largest + 4096) + (2 * largest + 4096)) + (2u << 20) - 4096);
   c.strata.optimizer_pipeline_depth = 3;
-  e = estimate(c, in);
+  e = train::estimate(c, in);
   EXPECT_EQ(item_bytes(e, Tier::kHost, "optimizer pipeline"),
             3 * (4 * (4 * largest + 4096) + (2 * largest + 4096)) + (2u << 20) - 4096);
 }
@@ -135,7 +136,7 @@ TEST(Estimate, OffloadRatioKeepsTheFirstUnitsOnTheHost) {
   config::Config c = bf16_config(2, 1);
   c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNvme;
   c.zero_optimization.offload_optimizer.ratio = 0.5;
-  Estimate e = estimate(c, in);
+  Estimate e = train::estimate(c, in);
   const std::uint64_t nvme = item_bytes(e, Tier::kNvme, "Adam exp_avg_sq");
   const std::uint64_t host = item_bytes(e, Tier::kHost, "Adam exp_avg_sq");
   EXPECT_GT(nvme, 0u);
@@ -149,7 +150,7 @@ TEST(Estimate, Fp32TrainingKeepsAMasterCopyBesideTheParameters) {
   EstimateInput in = small_model();
   config::Config c = bf16_config(0, 1);
   c.bf16.enabled = false;
-  Estimate e = estimate(c, in);
+  Estimate e = train::estimate(c, in);
   EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 parameters (device home)"), 4u * padded(in));
   EXPECT_GT(item_bytes(e, Tier::kHost, "fp32 master"), 0u);
   EXPECT_EQ(item_bytes(e, Tier::kDevice, "fp32 compute copies"), 0u);  // nothing to widen
@@ -158,12 +159,12 @@ TEST(Estimate, Fp32TrainingKeepsAMasterCopyBesideTheParameters) {
 TEST(Estimate, CheckpointingShrinksActivationsAndOffloadMovesThemToTheHost) {
   EstimateInput in = small_model();
   config::Config c = bf16_config(0, 1);
-  const std::uint64_t full = estimate(c, in).bytes(Tier::kDevice);
+  const std::uint64_t full = train::estimate(c, in).bytes(Tier::kDevice);
   c.strata.model.activation_checkpointing = true;
-  const std::uint64_t checkpointed = estimate(c, in).bytes(Tier::kDevice);
+  const std::uint64_t checkpointed = train::estimate(c, in).bytes(Tier::kDevice);
   EXPECT_LT(checkpointed, full);
   c.strata.model.activation_offload = true;
-  Estimate offloaded = estimate(c, in);
+  Estimate offloaded = train::estimate(c, in);
   EXPECT_LT(offloaded.bytes(Tier::kDevice), checkpointed);
   // blocks x batch x sequence x hidden x fp32, in whole pages
   EXPECT_EQ(item_bytes(offloaded, Tier::kHost, "activation checkpoints"),
@@ -174,11 +175,13 @@ TEST(Estimate, MorePrefetchFramesWhenTheDeviceBudgetAllows) {
   EstimateInput in = small_model();
   config::Config c = bf16_config(3, 1);
   c.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
-  const std::uint64_t unlimited = item_bytes(estimate(c, in), Tier::kDevice, "parameter frames");
-  in.device_budget_bytes = estimate(c, in).bytes(Tier::kDevice) - unlimited / 2;
-  const std::uint64_t limited = item_bytes(estimate(c, in), Tier::kDevice, "parameter frames");
+  const std::uint64_t unlimited =
+      item_bytes(train::estimate(c, in), Tier::kDevice, "parameter frames");
+  in.device_budget_bytes = train::estimate(c, in).bytes(Tier::kDevice) - unlimited / 2;
+  const std::uint64_t limited =
+      item_bytes(train::estimate(c, in), Tier::kDevice, "parameter frames");
   EXPECT_LT(limited, unlimited);
-  EXPECT_LE(estimate(c, in).bytes(Tier::kDevice), in.device_budget_bytes);
+  EXPECT_LE(train::estimate(c, in).bytes(Tier::kDevice), in.device_budget_bytes);
 }
 
 TEST(Estimate, AssumedShapeMatchesTheCount) {
@@ -195,7 +198,7 @@ TEST(Estimate, BudgetsCompareHostAndNvmePerNode) {
   in.ranks_per_node = 2;
   config::Config c = bf16_config(2, 2);
   c.zero_optimization.offload_optimizer.device = config::OffloadDevice::kCpu;
-  Estimate e = estimate(c, in);
+  Estimate e = train::estimate(c, in);
   const std::uint64_t host = e.bytes(Tier::kHost);
   auto verdicts = check_budgets(e, {{Tier::kHost, 2 * host}, {Tier::kDevice, 1}});
   ASSERT_EQ(verdicts.size(), 2u);

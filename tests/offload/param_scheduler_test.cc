@@ -13,6 +13,7 @@
 #include "model/model_spec.h"
 #include "offload/use_order.h"
 #include "support/run_strata.h"
+#include "train/run_settings.h"
 
 namespace strata::offload {
 namespace {
@@ -70,7 +71,7 @@ class SchedulerTest : public ::testing::Test {
     bo.host_bytes_max = 64 << 20;
     backend_ = backend::make_cpu_backend(bo).value();
     PlanInput in;
-    in.config = &config_;
+    in.settings = train::plan_settings(config_);
     in.layout = &layout_;
     in.device_budget_bytes = 16 << 20;
     TierOptions options;
@@ -79,10 +80,10 @@ class SchedulerTest : public ::testing::Test {
       so.capacity_bytes = 64 << 20;
       return io::make_sim_engine(eo, so);
     };
-    auto tiers = TierManager::create(*backend_, config_, layout_, make_plan(in).value(), options);
+    auto tiers = TierManager::create(*backend_, layout_, make_plan(in).value(), options);
     ASSERT_TRUE(tiers.is_ok()) << tiers.status().to_string();
     tiers_ = std::move(*tiers);
-    auto s = ParamScheduler::create(*tiers_, config_.zero_optimization);
+    auto s = ParamScheduler::create(*tiers_);
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
     scheduler_ = std::move(*s);
     set_version(1);

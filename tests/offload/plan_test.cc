@@ -1,10 +1,12 @@
 // The tier plan: homes follow the offload settings, tiles are whole pages, frames follow the
-// stage3 limits and the device budget, and a budget below the working set is refused.
+// stage3 limits and the device budget, and a budget below the working set is refused. The
+// settings come from a config through train::plan_settings, as in a run.
 #include "offload/plan.h"
 
 #include <gtest/gtest.h>
 
 #include "model/model_spec.h"
+#include "train/run_settings.h"
 
 namespace strata::offload {
 namespace {
@@ -30,7 +32,7 @@ struct Fixture {
   }
   TierPlan plan(std::uint64_t device_budget = 0) const {
     PlanInput in;
-    in.config = &config;
+    in.settings = train::plan_settings(config);
     in.layout = &layout;
     in.activation_device_bytes = 1 << 20;
     in.device_budget_bytes = device_budget;
@@ -137,7 +139,7 @@ TEST(TierPlan, ADeviceBudgetBelowTheWorkingSetIsRefusedNamingTheMinimum) {
   Fixture f;
   f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
   PlanInput in;
-  in.config = &f.config;
+  in.settings = train::plan_settings(f.config);
   in.layout = &f.layout;
   in.activation_device_bytes = 1 << 20;
   const std::uint64_t minimum = make_plan_unchecked(in).device_minimum_bytes;

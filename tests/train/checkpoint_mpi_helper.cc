@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   std::string root = argv[2];
   const int stage = std::atoi(argv[3]);
   strata::comm::WorldOptions options;
-  options.backend = strata::config::Backend::kCpu;
+  options.device = strata::comm::Device::kCpu;
   options.bind = false;
   options.comm.timeout_s = 60.0;
   auto world = strata::comm::join_world(options);

@@ -14,6 +14,7 @@
 #include "offload/estimate.h"
 #include "support/run_strata.h"
 #include "train/offload_support.h"
+#include "train/run_settings.h"
 
 namespace strata {
 namespace {
@@ -84,7 +85,7 @@ TrainedRun train_with(const std::string& family, const std::string& precision, c
   input.shape = (*trainer)->shape();
   input.params = model::total_params(input.shape);
   input.device_budget_bytes = config.strata.device_bytes_max;
-  const offload::Estimate e = offload::estimate(config, input);
+  const offload::Estimate e = train::estimate(config, input);
   for (int k = 0; k < offload::kTierCount; ++k)
     run.estimate[k] = e.bytes(static_cast<offload::Tier>(k));
   return run;
@@ -149,7 +150,7 @@ TEST(Offload, DeviceBudgetBelowTheMinimumWorkingSetFailsAtStartNamingIt) {
   ro.seq_len = 16;
   const model::RunnerMemory acts = model::ModelRunner<float>::memory_needed(*shape, ro);
   offload::PlanInput pi;
-  pi.config = &config;
+  pi.settings = train::plan_settings(config);
   pi.layout = &layout;
   pi.activation_device_bytes = acts.device_bytes;
   const std::uint64_t minimum = offload::make_plan_unchecked(pi).device_minimum_bytes;

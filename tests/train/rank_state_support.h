@@ -15,6 +15,7 @@
 #include "offload/plan.h"
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
+#include "train/run_settings.h"
 
 namespace strata::testing {
 
@@ -51,7 +52,7 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
   STRATA_ASSIGN_OR_RETURN(r->backend, backend::make_cpu_backend(bo));
   STRATA_ASSIGN_OR_RETURN(r->adam, optim::AdamOptimizer::create(r->config.optimizer, 1));
   offload::PlanInput in;
-  in.config = &r->config;
+  in.settings = train::plan_settings(r->config);
   in.layout = &r->layout;
   in.rank = rank;
   in.world = world;
@@ -66,8 +67,8 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
     return io::make_sim_engine(eo, so);
   };
   STRATA_ASSIGN_OR_RETURN(
-      r->state, offload::OffloadStore::create(*r->backend, r->config, r->layout, std::move(plan),
-                                              *r->adam, options));
+      r->state,
+      offload::OffloadStore::create(*r->backend, r->layout, std::move(plan), *r->adam, options));
   return r;
 }
 
