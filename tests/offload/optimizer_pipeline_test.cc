@@ -176,9 +176,14 @@ TEST(OptimizerPipeline, AtFullDepthAStalledDriveHoldsTheReads) {
   f.sim->set_paused(true);
   const IoCounters before = f.tiers->io_counters();
   ASSERT_TRUE(pipeline->start(step_of()).is_ok());
-  // Whatever the worker does meanwhile, it has three stages: three tiles of four reads each.
+  // The worker fills its three stages (three tiles of four reads each), then can go no further.
+  auto reads = [&] { return f.tiers->io_counters().reads - before.reads; };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (reads() < 3u * 4u && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(reads(), 3u * 4u);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(f.tiers->io_counters().reads - before.reads, 3u * 4u);
+  EXPECT_EQ(reads(), 3u * 4u);
   EXPECT_EQ(f.tiers->io_counters().writes - before.writes, 0u);
   EXPECT_FALSE(pipeline->params_ready(0));
   f.sim->set_paused(false);
