@@ -24,9 +24,9 @@ namespace {
 
 using kernels::AttentionShape;
 
-constexpr int kWarps = backend::cuda::kAttentionWarps;
+constexpr int kWarps = cuda::kAttentionWarps;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTile = backend::cuda::kAttentionKeyTile;
+constexpr int kTile = cuda::kAttentionKeyTile;
 
 struct AttnArgs {
   const float* q;
@@ -377,7 +377,7 @@ enum class AttentionPass { kForward, kDq, kDkv };
 
 template <int PL, typename L>
 auto run_attention_pass(const L& launch, AttentionPass pass, const AttnArgs& args,
-                        const AttentionShape& shape, const backend::cuda::AttentionLaunch& l) {
+                        const AttentionShape& shape, const cuda::AttentionLaunch& l) {
   const unsigned row_blocks =
       static_cast<unsigned>((shape.seq_len + l.rows_per_block - 1) / l.rows_per_block);
   const unsigned batch = static_cast<unsigned>(shape.batch);
@@ -402,7 +402,7 @@ auto run_attention_pass(const L& launch, AttentionPass pass, const AttnArgs& arg
 // Runs one pass with the kernels for l.per_lane (1, 2, 4 or 8; the caller checked it).
 template <typename L>
 auto run_attention(const L& launch, AttentionPass pass, const AttnArgs& args,
-                   const AttentionShape& shape, const backend::cuda::AttentionLaunch& l) {
+                   const AttentionShape& shape, const cuda::AttentionLaunch& l) {
   switch (l.per_lane) {
     case 1:
       return run_attention_pass<1>(launch, pass, args, shape, l);
@@ -431,7 +431,7 @@ AttnArgs attention_args(const AttentionShape& shape) {
 template <typename L>
 auto run_attention_forward(const L& launch, float* out, float* lse, const float* q, const float* k,
                            const float* v, const AttentionShape& shape,
-                           const backend::cuda::AttentionLaunch& l) {
+                           const cuda::AttentionLaunch& l) {
   AttnArgs a = attention_args(shape);
   a.q = q;
   a.k = k;
@@ -445,7 +445,7 @@ template <typename L>
 auto run_attention_backward(const L& launch, float* dq, float* dk, float* dv, const float* dout,
                             const float* out, const float* lse, const float* q, const float* k,
                             const float* v, const AttentionShape& shape,
-                            const backend::cuda::AttentionLaunch& l) {
+                            const cuda::AttentionLaunch& l) {
   AttnArgs a = attention_args(shape);
   a.q = q;
   a.k = k;

@@ -10,8 +10,8 @@
 namespace strata::cuda_kernels {
 namespace {
 
-using backend::cuda::elementwise_blocks;
-using backend::cuda::kElementwiseThreads;
+using cuda::elementwise_blocks;
+using cuda::kElementwiseThreads;
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
@@ -136,7 +136,7 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
 }
 
 dim3 elementwise_grid(std::int64_t n) {
-  return dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(n)));
+  return dim3(static_cast<unsigned>(cuda::elementwise_blocks(n)));
 }
 
 template <typename L>

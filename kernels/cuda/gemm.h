@@ -21,7 +21,7 @@
 namespace strata::cuda {
 
 struct GemmEngineConfig {
-  backend::cuda::GemmPrecision precision = backend::cuda::GemmPrecision::kFp32;
+  cuda::GemmPrecision precision = cuda::GemmPrecision::kFp32;
   bool use_cublaslt = true;          // false: only the fallback kernel (tests)
   void* cublas_workspace = nullptr;  // device memory for cuBLASLt
   std::uint64_t cublas_workspace_bytes = 0;

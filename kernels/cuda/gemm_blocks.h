@@ -33,7 +33,7 @@ struct BlockProduct {
 };
 
 template <typename ConvertA, typename ConvertB, typename Multiply>
-Status walk_gemm_blocks(const backend::cuda::GemmBlocking& plan, bool trans_a, bool trans_b,
+Status walk_gemm_blocks(const cuda::GemmBlocking& plan, bool trans_a, bool trans_b,
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         float beta, float* c, std::int64_t ldc, ConvertA&& convert_a,
                         ConvertB&& convert_b, Multiply&& multiply) {
@@ -50,8 +50,8 @@ Status walk_gemm_blocks(const backend::cuda::GemmBlocking& plan, bool trans_a, b
       product.m = mb;
       product.n = nb;
       product.k = kb;
-      product.a_ld = backend::cuda::padded_ld(trans_a ? mb : kb);
-      product.b_ld = backend::cuda::padded_ld(trans_b ? kb : nb);
+      product.a_ld = cuda::padded_ld(trans_a ? mb : kb);
+      product.b_ld = cuda::padded_ld(trans_b ? kb : nb);
       product.beta = k0 == 0 ? beta : 1.0f;
       product.c = c + m0 * ldc + n0;
       if (a_at[0] != m0 || a_at[1] != k0) {

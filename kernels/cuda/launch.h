@@ -55,15 +55,15 @@ cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rs
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const backend::cuda::ColumnReducePlan& plan, double* scratch);
+                               const cuda::ColumnReducePlan& plan, double* scratch);
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
                             std::int64_t rows, std::int64_t channels, double eps);
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
-                             std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                             std::int64_t channels, const cuda::ColumnReducePlan& plan,
                              double* scratch);
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch);
 // Deterministic without atomics: each (token, column) gradient adds its rows in row order.
 cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
@@ -74,12 +74,12 @@ cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const f
 // Flash-style (online softmax over 32-key tiles, never a T x T matrix), fp32 on CUDA cores.
 cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                               const float* k, const float* v, const AttentionShape& shape,
-                              const backend::cuda::AttentionLaunch& launch);
+                              const cuda::AttentionLaunch& launch);
 // WRITES dq, dk, dv; deterministic (dq and dk/dv come from separate kernels, no atomics).
 cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, const float* dout,
                                const float* out, const float* lse, const float* q, const float* k,
                                const float* v, const AttentionShape& shape,
-                               const backend::cuda::AttentionLaunch& launch);
+                               const cuda::AttentionLaunch& launch);
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

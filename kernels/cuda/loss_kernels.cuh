@@ -10,8 +10,8 @@ namespace strata::cuda_kernels {
 namespace {
 
 constexpr int kLossThreads = 256;
-using backend::cuda::kReduceBlocks;
-using backend::cuda::kReduceThreads;
+using cuda::kReduceBlocks;
+using cuda::kReduceThreads;
 
 // One block per row: the row's max, then the sum of exp in double, then the loss (and, fused,
 // the gradient written over the logits).

@@ -15,7 +15,7 @@ cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rs
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                               const cuda::ColumnReducePlan& plan, double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_layernorm_backward(CudaLauncher{s}, dx, dw, db, dout, x, w, mean, rstd, rows, channels,
                                 plan, scratch);
@@ -29,7 +29,7 @@ cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float
 
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
-                             std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                             std::int64_t channels, const cuda::ColumnReducePlan& plan,
                              double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_rmsnorm_backward(CudaLauncher{s}, dx, dw, dout, x, w, rstd, rows, channels, plan,
@@ -37,7 +37,7 @@ cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* 
 }
 
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_bias_backward(CudaLauncher{s}, dbias, dout, rows, channels, plan, scratch);

@@ -235,7 +235,7 @@ dim3 row_grid(std::int64_t rows) {
 template <ColumnTerm kTerm, typename L>
 auto run_column_reduce(const L& launch, float* out_a, float* out_b, const ColumnInputs& in,
                        std::int64_t rows, std::int64_t channels,
-                       const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                       const cuda::ColumnReducePlan& plan, double* scratch) {
   constexpr int kArrays = kTerm == ColumnTerm::kLayerNorm ? 2 : 1;
   const unsigned col_blocks =
       static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
@@ -259,7 +259,7 @@ template <typename L>
 auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, const float* dout,
                             const float* x, const float* w, const float* mean, const float* rstd,
                             std::int64_t rows, std::int64_t channels,
-                            const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                            const cuda::ColumnReducePlan& plan, double* scratch) {
   auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
                     mean, rstd, rows, channels);
   if (!launched(err)) return err;
@@ -277,7 +277,7 @@ auto run_rmsnorm_forward(const L& launch, float* out, float* rstd, const float* 
 template <typename L>
 auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* dout, const float* x,
                           const float* w, const float* rstd, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch) {
   auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
                     rstd, rows, channels);
@@ -288,7 +288,7 @@ auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* do
 
 template <typename L>
 auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
-                       std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                       std::int64_t channels, const cuda::ColumnReducePlan& plan,
                        double* scratch) {
   return run_column_reduce<ColumnTerm::kBias>(launch, dbias, nullptr,
                                               ColumnInputs{dout, nullptr, nullptr, nullptr}, rows,
@@ -305,8 +305,8 @@ auto run_embedding_backward(const L& launch, float* dwte, float* dwpe, const flo
                     dim3(kEmbedThreads), 0, dwte, dout, tokens, rows, channels);
   if (!launched(err) || dwpe == nullptr) return err;
   return launch(embedding_wpe_backward_kernel,
-                dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(seq_len * channels))),
-                dim3(backend::cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);
+                dim3(static_cast<unsigned>(cuda::elementwise_blocks(seq_len * channels))),
+                dim3(cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "backend/arena.h"
 #include "backend/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/memory_plan.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cuda/check.h"
@@ -258,7 +259,7 @@ class CudaBackend final : public Backend {
   std::uint32_t next_event_ = 0;
   std::uint8_t* base_ = nullptr;
   std::unique_ptr<Arena> arena_;
-  cuda::PinnedLimit pinned_limit_;
+  PinnedLimit pinned_limit_;
   mutable std::mutex pinned_mutex_;
   std::uint64_t pinned_in_use_ = 0;
   std::uint64_t pinned_peak_ = 0;
@@ -267,8 +268,8 @@ class CudaBackend final : public Backend {
   Buffer pinned_scratch_;
   strata::cuda::ErrorSink sink_;
   std::unique_ptr<strata::cuda::GemmEngine> gemm_;
-  std::unique_ptr<strata::cuda::CudaOps> ops_;
-  std::unique_ptr<strata::cuda::CudaOptimizerOps> optimizer_ops_;
+  std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<CudaOptimizerOps> optimizer_ops_;
 };
 
 Status CudaBackend::init() {
@@ -305,8 +306,8 @@ Status CudaBackend::init() {
   if (host_budget == 0) {
     host_budget = host.available_bytes > 0 ? host.available_bytes / 5 * 4 : (8ull << 30);
   }
-  pinned_limit_ = cuda::pinned_limit(host_budget, options_.host_budget_name,
-                                     host.memlock_soft_bytes, host.can_lock_unlimited);
+  pinned_limit_ = pinned_limit(host_budget, options_.host_budget_name, host.memlock_soft_bytes,
+                               host.can_lock_unlimited);
 
   // The arena: the one cudaMalloc.
   std::size_t free_bytes = 0;
@@ -331,7 +332,7 @@ Status CudaBackend::init() {
         options_.device_budget_name);
   }
   capacity = capacity / 4096 * 4096;
-  const cuda::WorkspaceSizes workspaces = cuda::plan_workspaces(
+  const WorkspaceSizes workspaces = plan_workspaces(
       capacity, options_.cublas_workspace_bytes, options_.reduce_scratch_bytes,
       options_.gemm_workspace_bytes, cuda::converts_operands(options_.gemm_precision));
   const std::uint64_t needed = workspaces.total() + kMiscBytes;
@@ -361,7 +362,7 @@ Status CudaBackend::init() {
                             internal(workspaces.convert_bytes, "GEMM operand conversion"));
     gemm.convert_elements = static_cast<std::int64_t>(workspaces.convert_bytes / 2);
   }
-  strata::cuda::OpsScratch scratch;
+  OpsScratch scratch;
   STRATA_ASSIGN_OR_RETURN(void* reduce,
                           internal(workspaces.reduce_bytes, "column-reduction scratch"));
   scratch.reduce = static_cast<double*>(reduce);
@@ -378,10 +379,9 @@ Status CudaBackend::init() {
 
   STRATA_ASSIGN_OR_RETURN(gemm_,
                           strata::cuda::GemmEngine::create(gemm, stream_of(StreamKind::kCompute)));
-  ops_ = std::make_unique<strata::cuda::CudaOps>(stream_of(StreamKind::kCompute), gemm_.get(),
-                                                 scratch, &sink_);
-  optimizer_ops_ = std::make_unique<strata::cuda::CudaOptimizerOps>(stream_of(StreamKind::kCompute),
-                                                                    scratch, &sink_);
+  ops_ = std::make_unique<CudaOps>(stream_of(StreamKind::kCompute), gemm_.get(), scratch, &sink_);
+  optimizer_ops_ =
+      std::make_unique<CudaOptimizerOps>(stream_of(StreamKind::kCompute), scratch, &sink_);
   optimizer_ops_->grad_stats_reset();
   STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_of(StreamKind::kCompute))));
   return sticky();

@@ -1,4 +1,4 @@
-// CudaBackend: the Backend on an NVIDIA GPU (implementation in kernels/cuda/, built only when
+// CudaBackend: the Backend on an NVIDIA GPU (cuda_backend.cc beside this header, built only when
 // nvcc was found; elsewhere make_cuda_backend says so).
 //   - device memory: ONE cudaMalloc of the device budget at creation, carved by an Arena; nothing
 //     calls cudaMalloc afterwards;
@@ -27,7 +27,7 @@ struct CudaBackendOptions {
   int cpu_threads = 0;  // host threads (compute_threads()); 0 = all available
   cuda::GemmPrecision gemm_precision = cuda::GemmPrecision::kFp32;
   // The backend's own workspaces, from the arena: each at most this size and at most a fraction
-  // of the budget (cuda_plan.h, plan_workspaces).
+  // of the budget (memory_plan.h, plan_workspaces).
   // 16-bit conversion workspace of bf16/fp16 GEMMs (GEMMs larger than it are cut into blocks).
   std::uint64_t gemm_workspace_bytes = 128ull << 20;
   std::uint64_t cublas_workspace_bytes = 32ull << 20;  // cuBLASLt's own workspace

@@ -9,16 +9,16 @@
 #include "kernels/cpu/adam_internal.h"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda {
+namespace strata::backend {
 
 namespace ck = strata::cuda_kernels;
-namespace plan = strata::backend::cuda;
+namespace plan = strata::cuda;
 
 #define STRATA_OPS_CHECK(call, op) check((call), op, __FILE__, __LINE__)
 
 void CudaOps::check(cudaError_t result, const char* op, const char* file, int line) {
   if (result == cudaSuccess) return;
-  sink_->add(check_cuda(result, op, file, line));
+  sink_->add(cuda::check_cuda(result, op, file, line));
 }
 
 plan::ColumnReducePlan CudaOps::reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
@@ -327,4 +327,4 @@ Result<kernels::GradStats> CudaOptimizerOps::grad_stats_read() {
   return stats;
 }
 
-}  // namespace strata::cuda
+}  // namespace strata::backend

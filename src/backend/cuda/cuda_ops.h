@@ -1,6 +1,6 @@
 // Ops<float> and OptimizerOps of the CUDA backend: each op checks its shape (programmer errors
 // assert, as in the CPU kernels; limits of the GPU kernels become errors), launches kernels/cuda on
-// the compute stream and records any launch failure in the backend's ErrorSink. sum() and
+// the compute stream and records any launch failure in the backend's cuda::ErrorSink. sum() and
 // sum_squares() wait for their result; everything else is asynchronous.
 #pragma once
 
@@ -13,7 +13,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
 
-namespace strata::cuda {
+namespace strata::backend {
 
 // Device and pinned memory the ops use, allocated once by the backend.
 struct OpsScratch {
@@ -28,7 +28,8 @@ struct OpsScratch {
 
 class CudaOps final : public backend::Ops<float> {
  public:
-  CudaOps(cudaStream_t stream, GemmEngine* gemm, const OpsScratch& scratch, ErrorSink* sink)
+  CudaOps(cudaStream_t stream, cuda::GemmEngine* gemm, const OpsScratch& scratch,
+          cuda::ErrorSink* sink)
       : stream_(stream), gemm_(gemm), scratch_(scratch), sink_(sink) {}
 
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -83,19 +84,19 @@ class CudaOps final : public backend::Ops<float> {
 
  private:
   void check(cudaError_t result, const char* op, const char* file, int line);
-  backend::cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
-                                              const char* op);
+  cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
+                                     const char* op);
   double reduce(const float* x, std::int64_t n, bool squares);
 
   cudaStream_t stream_;
-  GemmEngine* gemm_;
+  cuda::GemmEngine* gemm_;
   OpsScratch scratch_;
-  ErrorSink* sink_;
+  cuda::ErrorSink* sink_;
 };
 
 class CudaOptimizerOps final : public backend::OptimizerOps {
  public:
-  CudaOptimizerOps(cudaStream_t stream, const OpsScratch& scratch, ErrorSink* sink)
+  CudaOptimizerOps(cudaStream_t stream, const OpsScratch& scratch, cuda::ErrorSink* sink)
       : stream_(stream), scratch_(scratch), sink_(sink) {}
 
   Result<kernels::AdamResult> adam_step(const kernels::AdamParams& params,
@@ -111,7 +112,7 @@ class CudaOptimizerOps final : public backend::OptimizerOps {
 
   cudaStream_t stream_;
   OpsScratch scratch_;
-  ErrorSink* sink_;
+  cuda::ErrorSink* sink_;
 };
 
-}  // namespace strata::cuda
+}  // namespace strata::backend

@@ -27,8 +27,8 @@ Result run_walk(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
                 std::int64_t capacity, const std::vector<float>& a, std::int64_t lda,
                 const std::vector<float>& b, std::int64_t ldb, std::vector<float> c,
                 std::int64_t ldc, float alpha, float beta) {
-  const backend::cuda::GemmBlocking plan =
-      backend::cuda::plan_gemm_blocking(ta, tb, m, n, k, capacity);
+  const cuda::GemmBlocking plan =
+      cuda::plan_gemm_blocking(ta, tb, m, n, k, capacity);
   std::vector<std::uint16_t> a_ws(static_cast<std::size_t>(plan.a_elements), 0xffff);
   std::vector<std::uint16_t> b_ws(static_cast<std::size_t>(plan.b_elements), 0xffff);
   Result result;
@@ -68,7 +68,7 @@ Result run_walk(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 }
 
 TEST(GemmBlocks, EveryBlockingGivesTheProductOfTheRoundedOperands) {
-  const std::int64_t capacities[] = {backend::cuda::kGemmWorkspaceMinElements, 20'000, 1 << 20};
+  const std::int64_t capacities[] = {cuda::kGemmWorkspaceMinElements, 20'000, 1 << 20};
   std::uint64_t seed = 1;
   for (std::int64_t capacity : capacities) {
     for (bool ta : {false, true}) {
@@ -110,8 +110,8 @@ TEST(GemmBlocks, AnOperandThatFitsIsConvertedOnce) {
   const std::vector<float> b = testing::random_floats(n * k, 2);
   const Result r = run_walk(false, true, m, n, k, capacity, a, k, b, k, std::vector<float>(m * n),
                             n, 1.0f, 0.0f);
-  const backend::cuda::GemmBlocking plan =
-      backend::cuda::plan_gemm_blocking(false, true, m, n, k, capacity);
+  const cuda::GemmBlocking plan =
+      cuda::plan_gemm_blocking(false, true, m, n, k, capacity);
   ASSERT_GT(plan.blocks(), 1);
   EXPECT_EQ(r.conversions, 1 + plan.blocks());  // A once, each B block once
 }

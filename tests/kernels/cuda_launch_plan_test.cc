@@ -1,6 +1,6 @@
-// The CUDA backend's host-side plans (backend/cuda_plan.h), tested without a GPU: GEMM blocks
-// always fit the conversion workspace and cover the product exactly once, column reductions fit
-// their scratch, attention launches fit shared memory, and the pinned limit names what binds.
+// The CUDA kernels' host-side launch decisions (kernels/cuda/launch_plan.h), tested without a GPU:
+// GEMM blocks always fit the conversion workspace and cover the product exactly once, column
+// reductions fit their scratch, attention launches fit shared memory.
 #include "kernels/cuda/launch_plan.h"
 
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <set>
 #include <tuple>
 
-namespace strata::backend::cuda {
+namespace strata::cuda {
 namespace {
 
 // Checks a blocking as GemmEngine uses it: the largest (first) block of each operand fits its
@@ -152,45 +152,6 @@ TEST(ElementwiseBlocks, AreAtLeastOneAndAtMostTheCap) {
   EXPECT_EQ(elementwise_blocks(std::int64_t{1} << 40), kElementwiseBlocksMax);
 }
 
-TEST(PinnedLimit, TheLockLimitBindsWhenItIsBelowTheBudget) {
-  const PinnedLimit l = pinned_limit(8ull << 30, "strata.host_bytes_max", 64ull << 20, false);
-  EXPECT_EQ(l.bytes, 64ull << 20);
-  EXPECT_EQ(l.reason, "ulimit -l");
-}
-
-TEST(PinnedLimit, TheBudgetBindsWhenLockingIsUnlimitedOrPrivileged) {
-  EXPECT_EQ(pinned_limit(8ull << 30, "strata.host_bytes_max", std::nullopt, false).reason,
-            "strata.host_bytes_max");
-  const PinnedLimit privileged = pinned_limit(8ull << 30, "strata.host_bytes_max", 1 << 16, true);
-  EXPECT_EQ(privileged.bytes, 8ull << 30);
-  EXPECT_EQ(privileged.reason, "strata.host_bytes_max");
-}
-
-TEST(Workspaces, LargeBudgetsGetTheConfiguredSizes) {
-  const WorkspaceSizes w = plan_workspaces(80ull << 30, 32 << 20, 16 << 20, 128 << 20, true);
-  EXPECT_EQ(w.cublas_bytes, 32u << 20);
-  EXPECT_EQ(w.reduce_bytes, 16u << 20);
-  EXPECT_EQ(w.convert_bytes, 128u << 20);
-  EXPECT_EQ(plan_workspaces(80ull << 30, 32 << 20, 16 << 20, 128 << 20, false).convert_bytes, 0u);
-}
-
-TEST(Workspaces, SmallBudgetsKeepMostOfTheArena) {
-  // The demo's 64 MiB device budget.
-  const WorkspaceSizes w = plan_workspaces(64 << 20, 32 << 20, 16 << 20, 128 << 20, true);
-  EXPECT_LE(w.total(), (64u << 20) / 4);
-  EXPECT_GE(w.reduce_bytes, kReduceScratchMinBytes);
-  EXPECT_GE(w.convert_bytes / 2, static_cast<std::uint64_t>(kGemmWorkspaceMinElements));
-  EXPECT_EQ(w.cublas_bytes % 4096, 0u);
-  EXPECT_EQ(w.convert_bytes % 4096, 0u);
-}
-
-TEST(Workspaces, TheConversionWorkspaceNeverFallsBelowItsMinimum) {
-  const WorkspaceSizes w = plan_workspaces(64 << 20, 0, 0, 1, true);
-  EXPECT_GE(w.convert_bytes / 2, static_cast<std::uint64_t>(kGemmWorkspaceMinElements));
-  EXPECT_EQ(w.cublas_bytes, 0u);
-  EXPECT_EQ(w.reduce_bytes, kReduceScratchMinBytes);
-}
-
 TEST(GemmPrecisionNames, RoundTrip) {
   for (GemmPrecision p :
        {GemmPrecision::kFp32, GemmPrecision::kTf32, GemmPrecision::kBf16, GemmPrecision::kFp16}) {
@@ -202,4 +163,4 @@ TEST(GemmPrecisionNames, RoundTrip) {
 }
 
 }  // namespace
-}  // namespace strata::backend::cuda
+}  // namespace strata::cuda
