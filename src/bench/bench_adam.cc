@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "cli/command.h"
+#include "bench/bench.h"
 #include "common/units.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cpu_executor.h"
 #include "kernels/cpu/float16.h"
 
-namespace strata::cli {
+namespace strata::bench {
 namespace {
 
 using kernels::AdamKernel;
@@ -111,7 +111,7 @@ double time_seconds(F&& f) {
 
 int run_bench_adam(const BenchAdamOptions& o) {
   auto usage = [](const std::string& message) {
-    return report_error(Status(ErrorCode::kUsage, message, "strata bench adam"));
+    return cli::report_error(Status(ErrorCode::kUsage, message, "strata bench adam"));
   };
   const std::optional<std::uint64_t> params_parsed = parse_bytes(o.params);
   if (!params_parsed || *params_parsed == 0) {
@@ -138,11 +138,11 @@ int run_bench_adam(const BenchAdamOptions& o) {
   }
 
   auto kernel = AdamKernel::create(simd);
-  if (!kernel.is_ok()) return report_error(kernel.status());
+  if (!kernel.is_ok()) return cli::report_error(kernel.status());
   CpuExecutor::Options exec_options;
   exec_options.threads = o.threads;
   auto executor_result = CpuExecutor::create(exec_options);
-  if (!executor_result.is_ok()) return report_error(executor_result.status());
+  if (!executor_result.is_ok()) return cli::report_error(executor_result.status());
   CpuExecutor* executor = executor_result->get();
 
   // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (Adam's or the roofline's), then the
@@ -152,7 +152,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
       n * 4, n * 4, n * 4, n * 4, grad16_used ? n * 2 : 0, copy_dtype ? n * 2 : 0};
   ArrayArena arena;
   if (Status mapped = arena.map(sizes, o.layout == "staggered"); !mapped.is_ok()) {
-    return report_error(mapped);
+    return cli::report_error(mapped);
   }
   float* p = arena.array<float>(0);
   float* m = arena.array<float>(1);
@@ -217,8 +217,8 @@ int run_bench_adam(const BenchAdamOptions& o) {
     pair_ratio.push_back(roofline_s.back() / adam_s.back());
   }
   if (skipped > 0) {
-    return report_error(make_error(ErrorCode::kInternal,
-                                   "{} Adam steps were skipped on finite benchmark data", skipped));
+    return cli::report_error(make_error(
+        ErrorCode::kInternal, "{} Adam steps were skipped on finite benchmark data", skipped));
   }
 
   const std::size_t grad_bytes = kernels::dtype_bytes(*grad_dtype);
@@ -295,7 +295,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
 
 }  // namespace
 
-void register_bench_adam(CLI::App* bench, Registry& registry) {
+void register_adam(CLI::App* bench, cli::Registry& registry) {
   auto options = std::make_shared<BenchAdamOptions>();
   CLI::App* adam = bench->add_subcommand(
       "adam",
@@ -326,4 +326,4 @@ void register_bench_adam(CLI::App* bench, Registry& registry) {
   registry.add(adam, [options] { return run_bench_adam(*options); });
 }
 
-}  // namespace strata::cli
+}  // namespace strata::bench

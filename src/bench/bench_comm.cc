@@ -12,13 +12,13 @@
 #include <new>
 #include <vector>
 
-#include "cli/command.h"
+#include "bench/bench.h"
 #include "comm/mpi_comm.h"
 #include "comm/world.h"
 #include "common/units.h"
 #include "kernels/cpu/float16.h"
 
-namespace strata::cli {
+namespace strata::bench {
 namespace {
 
 using comm::CollectiveKind;
@@ -121,12 +121,6 @@ std::uint64_t check(const OpPlan& p, const std::byte* recv, DataType type, int r
     }
   }
   return wrong;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Runs `body` `repeats` times between barriers; returns the median over iterations of the slowest
@@ -306,12 +300,12 @@ int run_bench_comm(const BenchCommOptions& o) {
   options.device = comm::Device::kCpu;
   options.comm.timeout_s = o.timeout_s;
   Result<comm::World> world = comm::join_world(options);
-  if (!world.is_ok()) return report_error(world.status());
+  if (!world.is_ok()) return cli::report_error(world.status());
   Json::Value out;
   Status s = run(o, *world, &out);
   if (s.is_ok()) s = world->comm->wait_all();
   if (!s.is_ok()) {
-    const int code = report_error(s);
+    const int code = cli::report_error(s);
     comm::abort_world_at_exit(code);
     return code;
   }
@@ -329,7 +323,7 @@ int run_bench_comm(const BenchCommOptions& o) {
 
 }  // namespace
 
-void register_bench_comm(CLI::App* bench, Registry& registry) {
+void register_comm(CLI::App* bench, cli::Registry& registry) {
   auto options = std::make_shared<BenchCommOptions>();
   CLI::App* app = bench->add_subcommand(
       "comm",
@@ -355,4 +349,4 @@ void register_bench_comm(CLI::App* bench, Registry& registry) {
   registry.add(app, [options] { return run_bench_comm(*options); });
 }
 
-}  // namespace strata::cli
+}  // namespace strata::bench

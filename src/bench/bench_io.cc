@@ -8,12 +8,12 @@
 #include <memory>
 #include <sstream>
 
+#include "bench/bench.h"
 #include "bench/io_passes.h"
-#include "cli/command.h"
 #include "common/units.h"
 #include "io/probe.h"
 
-namespace strata::cli {
+namespace strata::bench {
 namespace {
 
 struct IoOptions {
@@ -58,7 +58,7 @@ void draw_progress(const char* pass, double fraction) {
   std::fflush(stderr);
 }
 
-Json::Value latency_json(const io::LatencyPercentiles& l) {
+Json::Value latency_json(const LatencyPercentiles& l) {
   Json::Value v;
   v["p50"] = l.p50_us;
   v["p90"] = l.p90_us;
@@ -68,7 +68,7 @@ Json::Value latency_json(const io::LatencyPercentiles& l) {
   return v;
 }
 
-Json::Value result_json(const io::IoBenchConfig& c, const io::IoBenchResult& r) {
+Json::Value result_json(const IoBenchConfig& c, const IoBenchResult& r) {
   Json::Value v;
   v["engine"] = r.engine;
   v["direct"] = r.direct;
@@ -94,7 +94,7 @@ std::string to_text(const Json::Value& v) {
   return Json::writeString(builder, v) + "\n";
 }
 
-void print_result(const io::IoBenchConfig& c, const io::IoBenchResult& r) {
+void print_result(const IoBenchConfig& c, const IoBenchResult& r) {
   std::printf("file %s (%s), engine %s, %s, alignment %u, %s buffers\n", c.file.c_str(),
               format_bytes(c.file_size_bytes).c_str(), r.engine.c_str(),
               r.direct ? "O_DIRECT" : "buffered (page cache!)", r.alignment_bytes,
@@ -104,7 +104,7 @@ void print_result(const io::IoBenchConfig& c, const io::IoBenchResult& r) {
               c.engine.threads);
   std::printf("%-6s %8s %10s %10s %10s %10s %10s\n", "pass", "GB/s", "p50 us", "p90 us", "p99 us",
               "p99.9 us", "max us");
-  auto row = [](const char* name, const io::PassResult& p) {
+  auto row = [](const char* name, const PassResult& p) {
     if (!p.ran) return;
     std::printf("%-6s %8.3f %10.0f %10.0f %10.0f %10.0f %10.0f\n", name, p.gbps, p.latency.p50_us,
                 p.latency.p90_us, p.latency.p99_us, p.latency.p999_us, p.latency.max_us);
@@ -119,26 +119,26 @@ void print_result(const io::IoBenchConfig& c, const io::IoBenchResult& r) {
   }
 }
 
-int run_sweep(const IoOptions& o, const io::IoBenchConfig& base) {
-  io::SweepGrid grid;
+int run_sweep(const IoOptions& o, const IoBenchConfig& base) {
+  SweepGrid grid;
   if (!o.sweep_block_sizes.empty()) {
     grid.block_sizes_bytes.clear();
     for (const std::string& text : o.sweep_block_sizes) {
       auto b = bytes_option("--sweep-block-sizes", text);
-      if (!b.is_ok()) return report_error(b.status());
+      if (!b.is_ok()) return cli::report_error(b.status());
       grid.block_sizes_bytes.push_back(*b);
     }
   }
   if (!o.sweep_queue_depths.empty()) grid.queue_depths = o.sweep_queue_depths;
   if (!o.sweep_threads.empty()) grid.threads = o.sweep_threads;
-  auto points = io::run_io_sweep(base, grid);
-  if (!points.is_ok()) return report_error(points.status());
-  const io::SweepPoint* best = io::best_point(*points);
+  auto points = run_io_sweep(base, grid);
+  if (!points.is_ok()) return cli::report_error(points.status());
+  const SweepPoint* best = best_point(*points);
   if (o.json) {
     Json::Value v;
     v["sweep"] = Json::Value(Json::arrayValue);
-    for (const io::SweepPoint& p : *points) {
-      io::IoBenchConfig c = base;
+    for (const SweepPoint& p : *points) {
+      IoBenchConfig c = base;
       c.engine.block_size_bytes = p.block_size_bytes;
       c.engine.queue_depth = p.queue_depth;
       c.engine.threads = p.threads;
@@ -158,14 +158,14 @@ int run_sweep(const IoOptions& o, const io::IoBenchConfig& base) {
   } else {
     std::printf("%10s %6s %7s %10s %10s %12s %12s\n", "block", "qd", "threads", "read GB/s",
                 "write GB/s", "read p99 us", "write p99 us");
-    for (const io::SweepPoint& p : *points) {
+    for (const SweepPoint& p : *points) {
       std::printf("%10s %6u %7u ", format_bytes(p.block_size_bytes).c_str(), p.queue_depth,
                   p.threads);
       if (p.skipped) {
         std::printf("skipped: %s\n", p.skip_reason.c_str());
         continue;
       }
-      const io::IoBenchResult& r = p.result;
+      const IoBenchResult& r = p.result;
       std::printf("%10.3f %10.3f %12.0f %12.0f\n", r.read.ran ? r.read.gbps : 0.0,
                   r.write.ran ? r.write.gbps : 0.0, r.read.latency.p99_us, r.write.latency.p99_us);
     }
@@ -176,16 +176,18 @@ int run_sweep(const IoOptions& o, const io::IoBenchConfig& base) {
   }
   if (o.tune) {
     if (best == nullptr) {
-      return report_error(Status(ErrorCode::kUnavailable, "no sweep point ran; nothing to tune"));
+      return cli::report_error(
+          Status(ErrorCode::kUnavailable, "no sweep point ran; nothing to tune"));
     }
-    const std::string section = io::aio_section_json(*best);
+    const std::string section = aio_section_json(*best);
     if (o.tune_output.empty()) {
       std::fputs(section.c_str(), o.json ? stderr : stdout);
     } else {
       std::ofstream out(o.tune_output);
       out << section;
       if (!out) {
-        return report_error(Status(ErrorCode::kIo, "cannot write the aio section", o.tune_output));
+        return cli::report_error(
+            Status(ErrorCode::kIo, "cannot write the aio section", o.tune_output));
       }
       std::fprintf(stderr, "strata: wrote the tuned aio section to %s\n", o.tune_output.c_str());
     }
@@ -195,12 +197,13 @@ int run_sweep(const IoOptions& o, const io::IoBenchConfig& base) {
 
 int run_io(const IoOptions& o) {
   if (o.path.empty() == o.file.empty()) {
-    return report_error(Status(ErrorCode::kUsage, "give exactly one of --path DIR or --file FILE"));
+    return cli::report_error(
+        Status(ErrorCode::kUsage, "give exactly one of --path DIR or --file FILE"));
   }
-  io::IoBenchConfig c;
+  IoBenchConfig c;
   if (!o.path.empty()) {
     auto probe = io::probe_directory(o.path);
-    if (!probe.is_ok()) return report_error(probe.status());
+    if (!probe.is_ok()) return cli::report_error(probe.status());
     c.file = fmt::format("{}/strata-bench-io-{}.dat", o.path, ::getpid());
   } else {
     c.file = o.file;
@@ -210,13 +213,13 @@ int run_io(const IoOptions& o) {
   auto block = bytes_option("--block-size", o.block_size);
   auto memory = bytes_option("--memory-max", o.memory_max);
   for (const auto* r : {&file_size, &block, &memory}) {
-    if (!r->is_ok()) return report_error(r->status());
+    if (!r->is_ok()) return cli::report_error(r->status());
   }
   c.file_size_bytes = *file_size;
   c.memory_max_bytes = *memory;
   if (!o.pass_size.empty()) {
     auto pass = bytes_option("--pass-size", o.pass_size);
-    if (!pass.is_ok()) return report_error(pass.status());
+    if (!pass.is_ok()) return cli::report_error(pass.status());
     c.pass_bytes = *pass;
   }
   c.read = o.mode != "write";
@@ -224,7 +227,7 @@ int run_io(const IoOptions& o) {
   c.copy_path = !o.no_copy && c.read;
   auto kind = io::parse_engine_kind(o.engine);
   if (!kind.has_value() || *kind == io::EngineKind::kSim) {
-    return report_error(Status(
+    return cli::report_error(Status(
         ErrorCode::kUsage, fmt::format("--engine '{}' must be auto, uring or posix", o.engine)));
   }
   c.engine.kind = *kind;
@@ -235,8 +238,8 @@ int run_io(const IoOptions& o) {
   if (::isatty(STDERR_FILENO)) c.progress = draw_progress;
 
   if (o.sweep || o.tune) return run_sweep(o, c);
-  auto result = io::run_io_bench(c);
-  if (!result.is_ok()) return report_error(result.status());
+  auto result = run_io_bench(c);
+  if (!result.is_ok()) return cli::report_error(result.status());
   if (o.json) {
     Json::Value v = result_json(c, *result);
     v["file"] = c.file;
@@ -249,7 +252,7 @@ int run_io(const IoOptions& o) {
 
 }  // namespace
 
-void register_bench_io(CLI::App* bench, Registry& registry) {
+void register_io(CLI::App* bench, cli::Registry& registry) {
   auto o = std::make_shared<IoOptions>();
   CLI::App* io = bench->add_subcommand(
       "io",
@@ -294,4 +297,4 @@ void register_bench_io(CLI::App* bench, Registry& registry) {
   registry.add(io, [o] { return run_io(*o); });
 }
 
-}  // namespace strata::cli
+}  // namespace strata::bench

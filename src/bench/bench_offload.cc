@@ -19,79 +19,39 @@
 #include <fstream>
 #include <sstream>
 
+#include "bench/bench.h"
 #include "bench/offload_parts.h"
-#include "cli/command.h"
 #include "config/config.h"
 #include "model/model_spec.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
-namespace strata::cli {
+namespace strata::bench {
 namespace {
 
-struct BenchOffloadOptions {
-  std::string model;
-  std::string path;
-  std::int64_t batch = 4;
-  std::int64_t seq_len = 256;
-  int steps = 3;
-  int warmup = 1;
+struct BenchOffloadOptions : TrainingOptions {
+  BenchOffloadOptions() { precision = "bf16"; }
+  std::string path;  // the swap files' directory
   int repeat = 3;
   int in_flight = 8;
-  std::string precision = "bf16";
-  int threads = 0;
   int optimizer_threads = 0;
   int pipeline_depth = 5;
   std::uint64_t sub_group_size = 0;
   double lr = 1e-4;
   std::int64_t data_vocab = 0;
   std::int64_t data_branching = 4;
-  std::string device_bytes = "16GiB";
   std::string host_bytes;
-  bool checkpointing = false;
   bool activation_offload = false;
   bool skip_memory = false;
   bool skip_optimizer = false;
-  bool json = false;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-Json::Value array(const std::vector<double>& v) {
-  Json::Value a(Json::arrayValue);
-  for (double x : v)
-    a.append(x);
-  return a;
-}
-
-Result<config::ModelConfig> model_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kNotFound, "cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().find("\"model_type\"") != std::string::npos) return model::read_hf_config(path);
-  STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_file(path, {}));
-  return loaded.config.strata.model;
-}
-
 // A config for `o` with parameters and optimizer state on `param` / `optimizer`.
-Result<config::Config> make_config(const BenchOffloadOptions& o, const model::ModelShape& shape,
-                                   const config::ModelConfig& model_config,
+Result<config::Config> make_config(const BenchOffloadOptions& o, const BenchModel& model,
                                    const std::string& out_dir, const char* param,
                                    const char* optimizer) {
-  std::string precision_keys;
-  if (o.precision == "bf16") {
-    precision_keys = R"("bf16": {"enabled": true},)";
-  } else if (o.precision == "fp16") {
-    precision_keys = R"("fp16": {"enabled": true},)";
-  } else if (o.precision != "fp32") {
-    return Status(ErrorCode::kUsage, "'" + o.precision + "'; valid: fp32, bf16, fp16",
-                  "--precision");
-  }
+  const model::ModelShape& shape = model.shape;
+  STRATA_ASSIGN_OR_RETURN(std::string precision, precision_keys(o.precision));
   const std::string text = fmt::format(
       R"({{{} "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
           "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": {}}}}},
@@ -103,7 +63,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
                       "device_bytes_max": "{}"{},
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": {}}}}}}})",
-      precision_keys, o.batch, o.lr,
+      precision, o.batch, o.lr,
       o.sub_group_size > 0 ? fmt::format(R"(, "sub_group_size": {})", o.sub_group_size) : "", param,
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.optimizer_threads,
       o.pipeline_depth, o.device_bytes,
@@ -115,25 +75,13 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const model::Mo
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
                           config::load_config_text(text, "bench offload", {}));
   config::Config config = loaded.config;
-  config::ModelConfig m = model_config;
-  m.path.clear();
-  m.family = shape.family;
-  m.vocab_size = shape.vocab_size;
-  m.max_seq_len = shape.max_seq_len;
-  m.hidden_size = shape.hidden_size;
-  m.num_layers = shape.num_layers;
-  m.num_heads = shape.num_heads;
-  m.num_kv_heads = shape.num_kv_heads;
-  m.intermediate_size = shape.intermediate_size;
-  m.activation_checkpointing = o.checkpointing || o.activation_offload;
-  m.activation_offload = o.activation_offload;
-  config.strata.model = m;
+  use_model(&config, model, o.checkpointing, o.activation_offload);
   return config;
 }
 
 struct StepRun {
   std::vector<double> step_ms, wait_ms, losses, adam_ms;
-  train::IoVolume io;  // per measured step
+  IoVolume io;  // per measured step
   offload::TierUsage usage;
   double io_ms = 0.0;  // the step's I/O replayed alone (median of repeats)
 };
@@ -156,7 +104,7 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
     run.adam_ms.push_back(trainer->state().pipeline().times().adam_ms - adam_before);
   }
   STRATA_TRY(trainer->finish_step());
-  run.io = train::io_since(before, tiers.io_counters());
+  run.io = io_since(before, tiers.io_counters());
   for (int k = 0; k < offload::kSlotKinds; ++k) {
     run.io.read_bytes[k] /= static_cast<std::uint64_t>(o.steps);
     run.io.write_bytes[k] /= static_cast<std::uint64_t>(o.steps);
@@ -165,7 +113,7 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
   if (replay && run.io.reads() + run.io.writes() > 0) {
     std::vector<double> times;
     for (int r = 0; r < o.repeat; ++r) {
-      STRATA_ASSIGN_OR_RETURN(double ms, train::replay_io(tiers, run.io, o.in_flight));
+      STRATA_ASSIGN_OR_RETURN(double ms, replay_io(tiers, run.io, o.in_flight));
       times.push_back(ms);
     }
     run.io_ms = median(times);
@@ -175,7 +123,7 @@ Result<StepRun> run_steps(const config::Config& config, const BenchOffloadOption
 
 struct OptimizerRun {
   std::vector<double> full_ms, io_ms, raw_io_ms, adam_ms;
-  train::IoVolume io;
+  IoVolume io;
   std::string adam;  // the optimizer's description (kernel, threads)
 };
 
@@ -202,26 +150,20 @@ Result<OptimizerRun> run_optimizer(const config::Config& config, const BenchOffl
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
       (skip ? run.io_ms : run.full_ms).push_back(ms);
-      run.io = train::io_since(before, tiers.io_counters());
+      run.io = io_since(before, tiers.io_counters());
     }
     state.pipeline().set_skip_adam(false);
-    STRATA_ASSIGN_OR_RETURN(double raw, train::replay_io(tiers, run.io, o.in_flight));
+    STRATA_ASSIGN_OR_RETURN(double raw, replay_io(tiers, run.io, o.in_flight));
     run.raw_io_ms.push_back(raw);
-    STRATA_ASSIGN_OR_RETURN(double adam, train::adam_alone_ms(tiers, trainer->adam(), step));
+    STRATA_ASSIGN_OR_RETURN(double adam, adam_alone_ms(tiers, trainer->adam(), step));
     run.adam_ms.push_back(adam);
   }
   return run;
 }
 
 Result<Json::Value> bench(const BenchOffloadOptions& o) {
-  STRATA_ASSIGN_OR_RETURN(config::ModelConfig model_config, model_of(o.model));
-  STRATA_ASSIGN_OR_RETURN(model::ModelShape shape, model::resolve_shape(model_config));
-  if (o.seq_len > shape.max_seq_len) {
-    return Status(
-        ErrorCode::kUsage,
-        fmt::format("{} exceeds the model's max_seq_len {}", o.seq_len, shape.max_seq_len),
-        "--seq-len");
-  }
+  STRATA_ASSIGN_OR_RETURN(BenchModel model, load_model(o));
+  const model::ModelShape& shape = model.shape;
   if (!std::filesystem::is_directory(o.path)) {
     return Status(ErrorCode::kUsage, "not a directory: give one on the NVMe drive", "--path");
   }
@@ -244,17 +186,15 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
 
   double memory_step = 0.0;
   if (!o.skip_memory) {
-    STRATA_ASSIGN_OR_RETURN(config::Config c,
-                            make_config(o, shape, model_config, out_dir, "none", "none"));
+    STRATA_ASSIGN_OR_RETURN(config::Config c, make_config(o, model, out_dir, "none", "none"));
     STRATA_ASSIGN_OR_RETURN(StepRun memory, run_steps(c, o, false));
     memory_step = median(memory.step_ms);
-    j["memory_step_ms"] = array(memory.step_ms);
+    j["memory_step_ms"] = json_array(memory.step_ms);
     j["memory_step_ms_median"] = memory_step;
-    j["memory_losses"] = array(memory.losses);
+    j["memory_losses"] = json_array(memory.losses);
   }
   {
-    STRATA_ASSIGN_OR_RETURN(config::Config c,
-                            make_config(o, shape, model_config, out_dir, "nvme", "nvme"));
+    STRATA_ASSIGN_OR_RETURN(config::Config c, make_config(o, model, out_dir, "nvme", "nvme"));
     STRATA_ASSIGN_OR_RETURN(StepRun nvme, run_steps(c, o, true));
     const double step = median(nvme.step_ms);
     double wait_sum = 0.0, step_sum = 0.0;
@@ -262,10 +202,10 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
       wait_sum += nvme.wait_ms[i];
       step_sum += nvme.step_ms[i];
     }
-    j["nvme_step_ms"] = array(nvme.step_ms);
+    j["nvme_step_ms"] = json_array(nvme.step_ms);
     j["nvme_step_ms_median"] = step;
-    j["nvme_losses"] = array(nvme.losses);
-    j["compute_wait_ms"] = array(nvme.wait_ms);
+    j["nvme_losses"] = json_array(nvme.losses);
+    j["compute_wait_ms"] = json_array(nvme.wait_ms);
     j["compute_wait_fraction"] = step_sum > 0 ? wait_sum / step_sum : 0.0;
     j["adam_ms_median"] = median(nvme.adam_ms);
     j["step_read_bytes"] = Json::UInt64(nvme.io.reads());
@@ -281,12 +221,11 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
     if (!o.skip_memory) j["step_ratio"] = step / std::max(memory_step, nvme.io_ms);
   }
   if (!o.skip_optimizer) {
-    STRATA_ASSIGN_OR_RETURN(config::Config c,
-                            make_config(o, shape, model_config, out_dir, "none", "nvme"));
+    STRATA_ASSIGN_OR_RETURN(config::Config c, make_config(o, model, out_dir, "none", "nvme"));
     STRATA_ASSIGN_OR_RETURN(OptimizerRun opt, run_optimizer(c, o));
     const double full = median(opt.full_ms), io = median(opt.io_ms);
     const double raw = median(opt.raw_io_ms), adam = median(opt.adam_ms);
-    j["optimizer_ms"] = array(opt.full_ms);
+    j["optimizer_ms"] = json_array(opt.full_ms);
     j["optimizer_ms_median"] = full;
     j["optimizer_io_pipeline_ms_median"] = io;
     j["optimizer_io_replay_ms_median"] = raw;
@@ -305,10 +244,10 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
 
 int run_bench_offload(const BenchOffloadOptions& o) {
   auto result = bench(o);
-  if (!result.is_ok()) return report_error(result.status());
+  if (!result.is_ok()) return cli::report_error(result.status());
   const Json::Value& j = *result;
   if (o.json) {
-    std::printf("%s\n", train::MetricsLog::to_line(j).c_str());
+    print_json_line(j);
     return 0;
   }
   std::printf("model         %s, %.1fM parameters; batch %lld x %lld tokens, %s\n",
@@ -346,40 +285,22 @@ int run_bench_offload(const BenchOffloadOptions& o) {
 
 }  // namespace
 
-void register_bench_offload(CLI::App* bench, Registry& registry) {
+void register_offload(CLI::App* bench, cli::Registry& registry) {
   auto o = std::make_shared<BenchOffloadOptions>();
   CLI::App* cmd = bench->add_subcommand(
       "offload",
       "What offloading parameters and optimizer state to NVMe costs: the offloaded step against "
       "the in-memory step and its own I/O alone, the optimizer step against its I/O and Adam "
       "alone");
-  cmd->add_option("--model,-m", o->model,
-                  "A Hugging Face config.json, or a Strata config (its strata.model)")
-      ->required();
+  add_training_options(cmd, o.get(), "Device budget");
   cmd->add_option("--path", o->path, "A directory on the NVMe drive for the swap files")
       ->required();
-  cmd->add_option("--batch", o->batch, "Micro-batch size")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Measured steps per configuration")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "Steps run before measuring")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "Repeats of the I/O replays and optimizer steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--in-flight", o->in_flight, "Tile operations in flight in the I/O replays")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 parameters")
-      ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Compute threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--optimizer-threads", o->optimizer_threads,
                   "CPU Adam threads (strata.optimizer_threads; 0 = automatic)")
       ->capture_default_str()
@@ -400,16 +321,13 @@ void register_bench_offload(CLI::App* bench, Registry& registry) {
                   "Successors per token of the synthetic source (at most --data-vocab)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--device-bytes", o->device_bytes, "Device budget")->capture_default_str();
   cmd->add_option("--host-bytes", o->host_bytes, "Host budget (default: 80% of free memory)");
-  cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");
   cmd->add_flag("--activation-offload", o->activation_offload,
                 "Activation checkpoints in host memory (implies --checkpointing)");
   cmd->add_flag("--skip-memory", o->skip_memory,
                 "No in-memory baseline (for a model that does not fit in memory)");
   cmd->add_flag("--skip-optimizer", o->skip_optimizer, "No separate optimizer measurement");
-  cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   registry.add(cmd, [o] { return run_bench_offload(*o); });
 }
 
-}  // namespace strata::cli
+}  // namespace strata::bench

@@ -17,47 +17,21 @@
 #include <random>
 #include <sstream>
 
-#include "cli/command.h"
+#include "bench/bench.h"
 #include "config/config.h"
 #include "kernels/cpu/gemm.h"
 #include "model/model_spec.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
-namespace strata::cli {
+namespace strata::bench {
 namespace {
 
-struct BenchStepOptions {
-  std::string model;
-  std::int64_t batch = 4;
-  std::int64_t seq_len = 256;
-  int steps = 3;
-  int warmup = 1;
-  std::string precision = "fp32";
-  int threads = 0;
-  bool checkpointing = false;
+struct BenchStepOptions : TrainingOptions {
   std::string peak_sizes = "1024,2048,4096";
   int peak_repeats = 5;
-  std::string device_bytes = "16GiB";
   std::string backend = "auto";
-  bool json = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-Result<config::ModelConfig> model_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kNotFound, "cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().find("\"model_type\"") != std::string::npos) return model::read_hf_config(path);
-  STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_file(path, {}));
-  return loaded.config.strata.model;
-}
 
 // GFLOP/s of sgemm n x n x n (median of `repeats`, after one warm-up) on `threads` threads:
 // through kernels::gemm in a oneTBB arena of that size, or as one call with OpenBLAS's own threads.
@@ -113,26 +87,12 @@ Result<double> device_gemm_gflops(backend::Backend& backend, std::int64_t n, int
 }
 
 Result<Json::Value> bench(const BenchStepOptions& o) {
-  STRATA_ASSIGN_OR_RETURN(config::ModelConfig model_config, model_of(o.model));
-  STRATA_ASSIGN_OR_RETURN(model::ModelShape shape, model::resolve_shape(model_config));
-  if (o.seq_len > shape.max_seq_len) {
-    return Status(
-        ErrorCode::kUsage,
-        fmt::format("{} exceeds the model's max_seq_len {}", o.seq_len, shape.max_seq_len),
-        "--seq-len");
-  }
+  STRATA_ASSIGN_OR_RETURN(BenchModel model, load_model(o));
+  const model::ModelShape& shape = model.shape;
   const std::string out_dir =
       (std::filesystem::temp_directory_path() / fmt::format("strata-bench-step-{}", ::getpid()))
           .string();
-  std::string precision_keys;
-  if (o.precision == "bf16") {
-    precision_keys = R"("bf16": {"enabled": true},)";
-  } else if (o.precision == "fp16") {
-    precision_keys = R"("fp16": {"enabled": true},)";
-  } else if (o.precision != "fp32") {
-    return Status(ErrorCode::kUsage, "'" + o.precision + "'; valid: fp32, bf16, fp16",
-                  "--precision");
-  }
+  STRATA_ASSIGN_OR_RETURN(std::string precision, precision_keys(o.precision));
   const std::string text = fmt::format(
       R"({{{} "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
           "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}},
@@ -140,21 +100,11 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
                       "device_bytes_max": "{}", "backend": "{}",
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": 4}}}}}})",
-      precision_keys, o.batch, out_dir, o.steps + o.warmup, o.threads, o.device_bytes, o.backend,
+      precision, o.batch, out_dir, o.steps + o.warmup, o.threads, o.device_bytes, o.backend,
       o.seq_len, std::min<std::int64_t>(shape.vocab_size, 1 << 20));
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded, config::load_config_text(text, "bench step", {}));
   config::Config config = loaded.config;
-  model_config.path.clear();
-  model_config.family = shape.family;
-  model_config.vocab_size = shape.vocab_size;
-  model_config.max_seq_len = shape.max_seq_len;
-  model_config.hidden_size = shape.hidden_size;
-  model_config.num_layers = shape.num_layers;
-  model_config.num_heads = shape.num_heads;
-  model_config.num_kv_heads = shape.num_kv_heads;
-  model_config.intermediate_size = shape.intermediate_size;
-  model_config.activation_checkpointing = o.checkpointing;
-  config.strata.model = model_config;
+  use_model(&config, model, o.checkpointing, false);
 
   train::TrainerOptions trainer_options;
   trainer_options.quiet = true;
@@ -253,10 +203,10 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
 
 int run_bench_step(const BenchStepOptions& o) {
   auto result = bench(o);
-  if (!result.is_ok()) return report_error(result.status());
+  if (!result.is_ok()) return cli::report_error(result.status());
   const Json::Value& j = *result;
   if (o.json) {
-    std::printf("%s\n", train::MetricsLog::to_line(j).c_str());
+    print_json_line(j);
     return 0;
   }
   std::printf("backend      %s\n", j["backend_description"].asCString());
@@ -292,46 +242,23 @@ int run_bench_step(const BenchStepOptions& o) {
 
 }  // namespace
 
-void register_bench_step(CLI::App* bench, Registry& registry) {
+void register_step(CLI::App* bench, cli::Registry& registry) {
   auto o = std::make_shared<BenchStepOptions>();
   CLI::App* step = bench->add_subcommand(
       "step",
       "Tokens/s and GFLOP/s of full training steps against the GEMM peak measured in the same "
       "run (MFU)");
-  step->add_option("--model,-m", o->model,
-                   "A Hugging Face config.json, or a Strata config (its strata.model)")
-      ->required();
-  step->add_option("--batch", o->batch, "Micro-batch size")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  step->add_option("--seq-len", o->seq_len, "Tokens per sequence")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  step->add_option("--steps", o->steps, "Measured steps")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  step->add_option("--warmup", o->warmup, "Steps run before measuring")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  step->add_option("--precision", o->precision, "fp32, bf16 or fp16 parameters")
-      ->capture_default_str();
-  step->add_option("--threads", o->threads, "Compute threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
-  step->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing per block");
+  add_training_options(step, o.get(), "Device arena budget (reserved, not committed)");
   step->add_option("--peak-sizes", o->peak_sizes,
                    "Square sgemm sizes for the peak; the largest is the peak")
       ->capture_default_str();
   step->add_option("--peak-repeats", o->peak_repeats, "Timed sgemm calls per size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  step->add_option("--device-bytes", o->device_bytes,
-                   "Device arena budget (reserved, not committed)")
-      ->capture_default_str();
   step->add_option("--backend", o->backend, "auto, cpu or cuda (strata.backend)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  step->add_flag("--json", o->json, "Print one JSON object instead of text");
   registry.add(step, [o] { return run_bench_step(*o); });
 }
 
-}  // namespace strata::cli
+}  // namespace strata::bench

@@ -14,8 +14,18 @@
 #include "common/log.h"
 #include "common/units.h"
 
-namespace strata::io {
+namespace strata::bench {
 namespace {
+
+using io::EngineOptions;
+using io::FileId;
+using io::FileInfo;
+using io::FileSpec;
+using io::IoCompletion;
+using io::IoEngine;
+using io::IoHandle;
+using io::IoRequest;
+using io::Op;
 
 constexpr std::uint64_t kRegisterChunkBytes = 1ull << 30;  // io_uring's limit per buffer
 
@@ -364,4 +374,4 @@ std::string aio_section_json(const SweepPoint& point) {
       point.block_size_bytes, point.queue_depth, point.threads);
 }
 
-}  // namespace strata::io
+}  // namespace strata::bench

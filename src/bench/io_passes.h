@@ -11,7 +11,7 @@
 
 #include "io/engine.h"
 
-namespace strata::io {
+namespace strata::bench {
 
 struct IoBenchConfig {
   std::string file;        // benchmark file; created if missing
@@ -23,7 +23,7 @@ struct IoBenchConfig {
   bool copy_path = true;     // also measure NVMe -> staging -> destination
   std::uint32_t repeat = 1;  // passes of each kind; the one with the median GB/s is reported
   std::uint64_t memory_max_bytes = 1ull << 30;  // staging buffers at most (threads*qd*block)
-  EngineOptions engine;
+  io::EngineOptions engine;
   // Called now and then with the pass's name and the fraction done (for a progress bar).
   std::function<void(const char* pass, double fraction)> progress;
 };
@@ -80,4 +80,4 @@ const SweepPoint* best_point(const std::vector<SweepPoint>& points);
 // A ready `aio` config section for `point`, as JSON text.
 std::string aio_section_json(const SweepPoint& point);
 
-}  // namespace strata::io
+}  // namespace strata::bench

@@ -10,7 +10,7 @@
 #include <deque>
 #include <vector>
 
-namespace strata::train {
+namespace strata::bench {
 namespace {
 
 using offload::SlotKind;
@@ -183,4 +183,4 @@ Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& 
   return ms;
 }
 
-}  // namespace strata::train
+}  // namespace strata::bench

@@ -13,7 +13,7 @@
 #include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
 
-namespace strata::train {
+namespace strata::bench {
 
 struct IoVolume {
   std::uint64_t read_bytes[offload::kSlotKinds] = {0, 0, 0, 0, 0};
@@ -36,4 +36,4 @@ Result<double> replay_io(offload::TierManager& tiers, const IoVolume& volume, in
 Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& adam,
                              const offload::PipelineStep& step);
 
-}  // namespace strata::train
+}  // namespace strata::bench
