@@ -102,6 +102,27 @@ void expect_updated(FlatTiers& f, optim::AdamOptimizer& adam, const PipelineStep
   }
 }
 
+// Flat units with known values in their homes, Adam, and a pipeline over them (destroyed in
+// reverse: the pipeline first).
+struct Fixture {
+  FlatTiers f;
+  std::unique_ptr<optim::AdamOptimizer> adam;
+  std::unique_ptr<OptimizerPipeline> pipeline;
+
+  void make(kernels::DType storage, Tier param, Tier optim) {
+    ASSERT_TRUE(
+        f.build(kUnits, testing::flat_settings(storage, param, optim, f.dir.path())).is_ok());
+    fill_all(f);
+    adam = testing::adamw();
+    auto made = OptimizerPipeline::create(*f.tiers, *adam);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    pipeline = std::move(*made);
+  }
+  void expect_updated(const PipelineStep& step, const std::string& what) {
+    ::strata::offload::expect_updated(f, *adam, step, what);
+  }
+};
+
 TEST(OptimizerPipeline, EveryHomeGetsAdamsArithmeticTileByTile) {
   const struct {
     const char* name;
@@ -114,32 +135,23 @@ TEST(OptimizerPipeline, EveryHomeGetsAdamsArithmeticTileByTile) {
       {"nvme state, nvme params, fp16", kernels::DType::kF16, Tier::kNvme, Tier::kNvme},
   };
   for (const auto& c : cases) {
-    FlatTiers f;
-    ASSERT_TRUE(
-        f.build(kUnits, testing::flat_settings(c.storage, c.param, c.optim, f.dir.path())).is_ok())
-        << c.name;
-    fill_all(f);
-    auto adam = testing::adamw();
-    auto pipeline = OptimizerPipeline::create(*f.tiers, *adam);
-    ASSERT_TRUE(pipeline.is_ok()) << c.name;
-    ASSERT_TRUE((*pipeline)->start(step_of()).is_ok()) << c.name;
-    ASSERT_TRUE((*pipeline)->finish().is_ok()) << c.name;
-    for (int u = 0; u < f.tiers->units(); ++u) {
-      EXPECT_TRUE((*pipeline)->params_ready(u));
-      EXPECT_TRUE((*pipeline)->unit_done(u));
+    Fixture x;
+    ASSERT_NO_FATAL_FAILURE(x.make(c.storage, c.param, c.optim)) << c.name;
+    ASSERT_TRUE(x.pipeline->start(step_of()).is_ok()) << c.name;
+    ASSERT_TRUE(x.pipeline->finish().is_ok()) << c.name;
+    for (int u = 0; u < x.f.tiers->units(); ++u) {
+      EXPECT_TRUE(x.pipeline->params_ready(u));
+      EXPECT_TRUE(x.pipeline->unit_done(u));
     }
-    expect_updated(f, *adam, step_of(), c.name);
+    x.expect_updated(step_of(), c.name);
   }
 }
 
 TEST(OptimizerPipeline, AnOfferedFrameGetsTheNewParametersWholeOrIsRefused) {
-  FlatTiers f;
-  ASSERT_TRUE(f.build(kUnits, testing::flat_settings(kernels::DType::kBF16, Tier::kNvme,
-                                                     Tier::kNvme, f.dir.path()))
-                  .is_ok());
-  fill_all(f);
-  auto adam = testing::adamw();
-  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam).value();
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kNvme, Tier::kNvme));
+  FlatTiers& f = x.f;
+  OptimizerPipeline* pipeline = x.pipeline.get();
   const int last = f.tiers->units() - 1;
   const std::int64_t n = f.plan().units[static_cast<std::size_t>(last)].shard_numel;
   std::vector<std::uint16_t> frame(static_cast<std::size_t>(n), 0);
@@ -158,20 +170,17 @@ TEST(OptimizerPipeline, AnOfferedFrameGetsTheNewParametersWholeOrIsRefused) {
   EXPECT_TRUE(pipeline->handed_off(last));
   EXPECT_FALSE(pipeline->handed_off(0));
   ASSERT_TRUE(pipeline->finish().is_ok());
-  const Expected e = reference(f.plan(), *adam, last, step_of());
+  const Expected e = reference(f.plan(), *x.adam, last, step_of());
   ASSERT_EQ(e.params.size(), frame.size() * 2);
   EXPECT_EQ(std::memcmp(frame.data(), e.params.data(), e.params.size()), 0);
-  expect_updated(f, *adam, step_of(), "after the hand-off");
+  x.expect_updated(step_of(), "after the hand-off");
 }
 
 TEST(OptimizerPipeline, AtFullDepthAStalledDriveHoldsTheReads) {
-  FlatTiers f;
-  ASSERT_TRUE(f.build(kUnits, testing::flat_settings(kernels::DType::kBF16, Tier::kDevice,
-                                                     Tier::kNvme, f.dir.path(), 3))
-                  .is_ok());
-  fill_all(f);
-  auto adam = testing::adamw();
-  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam).value();
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kDevice, Tier::kNvme));
+  FlatTiers& f = x.f;
+  OptimizerPipeline* pipeline = x.pipeline.get();
   ASSERT_GT(f.plan().units[0].tiles + f.plan().units[1].tiles + f.plan().units[2].tiles, 3);
   f.sim->set_paused(true);
   const IoCounters before = f.tiers->io_counters();
@@ -188,17 +197,14 @@ TEST(OptimizerPipeline, AtFullDepthAStalledDriveHoldsTheReads) {
   EXPECT_FALSE(pipeline->params_ready(0));
   f.sim->set_paused(false);
   ASSERT_TRUE(pipeline->finish().is_ok());
-  expect_updated(f, *adam, step_of(), "after the stall");
+  x.expect_updated(step_of(), "after the stall");
 }
 
 TEST(OptimizerPipeline, AnIoErrorMidTileStopsTheStepNamesTheTileAndStaysReported) {
-  FlatTiers f;
-  ASSERT_TRUE(f.build(kUnits, testing::flat_settings(kernels::DType::kBF16, Tier::kNvme,
-                                                     Tier::kNvme, f.dir.path()))
-                  .is_ok());
-  fill_all(f);
-  auto adam = testing::adamw();
-  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam).value();
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kNvme, Tier::kNvme));
+  FlatTiers& f = x.f;
+  OptimizerPipeline* pipeline = x.pipeline.get();
   // Reads succeed and Adam runs, then the tile's writes fail: the error comes in the middle of a
   // tile, with its other writes (and the next tiles' reads) in flight.
   io::SimFaults faults;
@@ -222,17 +228,14 @@ TEST(OptimizerPipeline, AnIoErrorMidTileStopsTheStepNamesTheTileAndStaysReported
 }
 
 TEST(OptimizerPipeline, ThePreloadLeavesTheGradientToTheStepAndTheLateNorm) {
-  FlatTiers f;
-  ASSERT_TRUE(f.build(kUnits, testing::flat_settings(kernels::DType::kBF16, Tier::kDevice,
-                                                     Tier::kNvme, f.dir.path(), 3))
-                  .is_ok());
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kDevice, Tier::kNvme));
+  FlatTiers& f = x.f;
+  OptimizerPipeline* pipeline = x.pipeline.get();
   // During the last backward: masters and moments are final, the gradients are not (they hold
   // what an earlier micro-batch left, version 1).
-  fill_all(f);
   for (int u = 0; u < f.tiers->units(); ++u)
     ASSERT_TRUE(testing::fill(*f.tiers, u, SlotKind::kGrad, /*version=*/1).is_ok());
-  auto adam = testing::adamw();
-  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam).value();
   const IoCounters before = f.tiers->io_counters();
   ASSERT_TRUE(pipeline->preload().is_ok());
   const IoCounters preloaded = f.tiers->io_counters();
@@ -244,22 +247,18 @@ TEST(OptimizerPipeline, ThePreloadLeavesTheGradientToTheStepAndTheLateNorm) {
     ASSERT_TRUE(testing::fill(*f.tiers, u, SlotKind::kGrad, /*version=*/0).is_ok());
   ASSERT_TRUE(pipeline->start(step_of(0.25)).is_ok());
   ASSERT_TRUE(pipeline->finish().is_ok());
-  expect_updated(f, *adam, step_of(0.25), "preloaded");
+  x.expect_updated(step_of(0.25), "preloaded");
 }
 
 TEST(OptimizerPipeline, ASkippedStepDropsThePreload) {
-  FlatTiers f;
-  ASSERT_TRUE(f.build(kUnits, testing::flat_settings(kernels::DType::kBF16, Tier::kDevice,
-                                                     Tier::kNvme, f.dir.path(), 3))
-                  .is_ok());
-  fill_all(f);
-  auto adam = testing::adamw();
-  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam).value();
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kDevice, Tier::kNvme));
+  OptimizerPipeline* pipeline = x.pipeline.get();
   ASSERT_TRUE(pipeline->preload().is_ok());
   ASSERT_TRUE(pipeline->cancel_preload().is_ok());
   ASSERT_TRUE(pipeline->start(step_of()).is_ok());
   ASSERT_TRUE(pipeline->finish().is_ok());
-  expect_updated(f, *adam, step_of(), "after a dropped preload");
+  x.expect_updated(step_of(), "after a dropped preload");
 }
 
 }  // namespace
