@@ -39,6 +39,9 @@ class TokenFile {
   std::int64_t id_max() const;
   // Byte offset in the file of token i (for error messages).
   std::uint64_t byte_offset(std::int64_t i) const;
+  // The token bytes, header excluded (what a mask file's checksum covers).
+  const std::uint8_t* token_bytes() const { return tokens_begin_; }
+  std::uint64_t token_bytes_size() const { return map_bytes_ - header_bytes_; }
 
  private:
   TokenFile() = default;
