@@ -97,8 +97,7 @@ class FileDataset final : public Dataset {
     std::string packed;
     if (packing_) {
       packed = fmt::format(", packed: {} documents, windows {:.1f}% full",
-                           train_.stats().documents + (val_file_ ? val_.stats().documents : 0),
-                           100.0 * train_.fill_ratio());
+                           train_starts_.size() + val_starts_.size(), 100.0 * train_.fill_ratio());
     }
     return fmt::format(
         "{} ({}, {} tokens{}): {} training and {} validation samples of {} "
