@@ -36,6 +36,7 @@ import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no notice that PyTorch is absent
 
 import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
@@ -134,8 +135,7 @@ class Model:
     def load_chat_template(self):
         """transformers' own apply_chat_template, so conversations render as at inference."""
         if self.chat is None:
-            import transformers  # noqa: F401  (only when a chat template is needed)
-            transformers.logging.set_verbosity_error()
+            import transformers  # only when a chat template is needed
             self.chat = transformers.AutoTokenizer.from_pretrained(self.directory)
         return self.chat
 
@@ -296,6 +296,18 @@ def input_kind(path, forced):
     return "jsonl" if path.endswith((".jsonl", ".json")) else "text"
 
 
+def may_hold_conversations(path, forced):
+    """Whether a JSONL file may need the chat template (a worker loads it anyway if so)."""
+    if input_kind(path, forced) != "jsonl":
+        return False
+    import mmap
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b'"messages"') >= 0 or m.find(b'"prompt"') >= 0
+
+
 def documents_in(text, kind, text_docs):
     """(first line number, text) of each record or document of one input file."""
     if kind == "text" and text_docs == "file":
@@ -436,7 +448,8 @@ def prepare(args):
     for path in args.input:
         if not os.path.isfile(path):
             fail(path, "not found (or not a file)")
-    if MODEL.has_chat_template and any(input_kind(p, args.format) == "jsonl" for p in args.input):
+    if MODEL.has_chat_template and any(may_hold_conversations(p, args.format)
+                                       for p in args.input):
         MODEL.load_chat_template()  # before the workers fork, so they share it
     os.makedirs(args.output, exist_ok=True)
     width = 2 if MODEL.vocab_size <= 65536 else 4
