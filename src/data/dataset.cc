@@ -84,27 +84,26 @@ class FileDataset final : public Dataset {
   }
   std::optional<double> entropy_floor() const override { return std::nullopt; }
   std::string describe() const override {
-    const TokenFile& file = train_file_->file;
-    std::string masks;
-    for (const Source* s : {train_file_.get(), val_file_.get()}) {
-      if (s != nullptr && s->mask) {
-        masks += fmt::format(", mask {} ({:.1f}% of targets count, {} documents)", s->mask->path(),
-                             100.0 * static_cast<double>(s->mask->counted()) /
-                                 static_cast<double>(std::max<std::int64_t>(s->mask->size(), 1)),
-                             s->mask->documents());
+    auto file_line = [](const Source& s) {
+      std::string line = fmt::format("{} ({}, {} tokens", s.file.path(), to_string(s.file.format()),
+                                     s.file.size());
+      if (s.mask) {
+        line += fmt::format("; mask {}: {:.1f}% of tokens count in the loss, {} documents",
+                            s.mask->path(),
+                            100.0 * static_cast<double>(s.mask->counted()) /
+                                static_cast<double>(std::max<std::int64_t>(s.mask->size(), 1)),
+                            s.mask->documents());
       }
-    }
+      return line + ")";
+    };
     std::string packed;
     if (packing_) {
       packed = fmt::format(", packed: {} documents, windows {:.1f}% full",
                            train_starts_.size() + val_starts_.size(), 100.0 * train_.fill_ratio());
     }
-    return fmt::format(
-        "{} ({}, {} tokens{}): {} training and {} validation samples of {} "
-        "tokens{}{}",
-        file.path(), to_string(file.format()), file.size(), masks, train_.count(), val_.count(),
-        seq_len_, packed,
-        val_file_ ? ", validation from " + val_file_->file.path() : std::string());
+    return fmt::format("{}: {} training and {} validation samples of {} tokens{}{}",
+                       file_line(*train_file_), train_.count(), val_.count(), seq_len_, packed,
+                       val_file_ ? ", validation from " + file_line(*val_file_) : std::string());
   }
   std::vector<std::string> warnings() const override {
     std::vector<std::string> lines;
