@@ -103,6 +103,7 @@ TEST_P(FineTune, OffloadedTrainingOnMaskedDataMatchesPyTorch) {
   const std::string tokens = prepare(dir);
   const std::int64_t windows = window_count(tokens, fx.seq_len, packing);
   ASSERT_GT(windows, 1);
+  fs::create_directories(dir.path() + "/nvme");
   auto loaded = config::load_config_text(finetune_config(fx, dir.path(), tokens, windows, packing),
                                          "finetune.json", {});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
