@@ -136,7 +136,11 @@ class Model:
         """transformers' own apply_chat_template, so conversations render as at inference."""
         if self.chat is None:
             import transformers  # only when a chat template is needed
-            self.chat = transformers.AutoTokenizer.from_pretrained(self.directory)
+            try:
+                self.chat = transformers.AutoTokenizer.from_pretrained(self.directory)
+            except Exception as e:  # transformers raises many kinds
+                fail(self.directory, f"transformers cannot load its tokenizer, whose chat "
+                     f"template renders conversations: {e}")
         return self.chat
 
 
@@ -266,10 +270,15 @@ def work(chunk):
         where = f"{path}:{line_number}"
         if not line.strip():
             continue  # a blank line is no record, and a blank document nothing to learn
-        if kind == "jsonl":
-            doc_kind, (ids, flags, eos_counts) = document_of_record(where, line)
-        else:
-            doc_kind, (ids, flags, eos_counts) = "text", document_of_text(line)
+        try:
+            if kind == "jsonl":
+                doc_kind, (ids, flags, eos_counts) = document_of_record(where, line)
+            else:
+                doc_kind, (ids, flags, eos_counts) = "text", document_of_text(line)
+        except DataError:
+            raise
+        except Exception as e:  # from the tokenizer or the template engine: still say where
+            fail(where, f"{type(e).__name__}: {e}")
         document = finish_document(where, ids, flags, eos_counts)
         if document is None:
             stats["skipped"] += 1

@@ -111,11 +111,17 @@ double TokenWindows::fill_ratio() const {
 Status TokenWindows::checked(std::int64_t i, std::int64_t vocab, std::int32_t* token) const {
   *token = file_->at(i);
   if (*token < 0 || *token >= vocab) {
+    // A headerless file is read as uint16 ids: one of uint32 ids, or of text, reads as garbage.
+    const char* hint = file_->format() == TokenFormat::kNanoGptU16
+                           ? " (a file without an llm.c header is read as uint16 ids; "
+                             "tools/prepare_data.py writes token files with the model's "
+                             "tokenizer, uint32 for large vocabularies)"
+                           : "";
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("token id {} at byte offset {} is outside the model's vocabulary "
-                              "[0, {})",
+                              "[0, {}){}",
                               *token < 0 ? std::int64_t{-1} : std::int64_t{*token},
-                              file_->byte_offset(i), vocab),
+                              file_->byte_offset(i), vocab, hint),
                   file_->path());
   }
   return Status::ok();
