@@ -4,7 +4,9 @@
 //   - nanoGPT: headerless uint16 tokens (np.memmap(..., dtype=np.uint16));
 //   - text: any file, each byte one token (vocabulary 256).
 // A file starting with the llm.c magic is read as llm.c, anything else as nanoGPT. Missing,
-// empty, truncated or inconsistent files are errors naming the file and what is wrong.
+// empty, truncated or inconsistent files are errors naming the file and what is wrong, and so is
+// a headerless file whose first bytes are printable text (text given as tokens: the error names
+// tools/prepare_data.py, which tokenizes it).
 #pragma once
 
 #include <cstdint>
