@@ -48,7 +48,6 @@ HEADER_INTS = 256
 COUNTS_IN_LOSS = 1
 STARTS_DOCUMENT = 2
 TOKENS_MAX = 2**31 - 1  # the llm.c header counts tokens in an int32
-CHUNK_BYTES = 1 << 20   # input handed to a worker at a time
 
 
 class DataError(Exception):
@@ -337,8 +336,8 @@ def documents_in(text, kind, text_docs):
             current = []
 
 
-def chunks(paths, forced, text_docs):
-    """Pieces of input of about CHUNK_BYTES for the workers, in input order."""
+def chunks(paths, forced, text_docs, chunk_bytes):
+    """Pieces of input of about chunk_bytes for the workers, in input order."""
     for path in paths:
         kind = input_kind(path, forced)
         try:
@@ -355,7 +354,7 @@ def chunks(paths, forced, text_docs):
         for line_number, document in documents_in(text, kind, text_docs):
             piece.append((line_number, document))
             size += len(document) + 1
-            if size >= CHUNK_BYTES:
+            if size >= chunk_bytes:
                 yield path, piece, kind, size
                 piece, size = [], 0
         if piece:
@@ -470,7 +469,7 @@ def prepare(args):
     progress = Progress(total, args.quiet)
     pool = None
     try:
-        pieces = chunks(args.input, args.format, args.text_docs)
+        pieces = chunks(args.input, args.format, args.text_docs, args.chunk_bytes)
         if args.workers > 1:
             pool = multiprocessing.get_context("fork").Pool(args.workers)
             results = pool.imap(work_safely, pieces, chunksize=1)  # in input order
@@ -560,12 +559,14 @@ def main(argv=None):
                         "eos_token)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="worker processes (default: every core)")
+    parser.add_argument("--chunk-bytes", type=int, default=1 << 20,
+                        help="input handed to a worker at a time (default 1 MiB)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     args = parser.parse_args(argv)
     if not 0.0 <= args.val_fraction <= 0.5:
         parser.error(f"--val-fraction {args.val_fraction}: valid 0 to 0.5")
-    if args.workers < 1 or args.max_tokens < 0:
-        parser.error("--workers must be at least 1 and --max-tokens at least 0")
+    if args.workers < 1 or args.max_tokens < 0 or args.chunk_bytes < 1:
+        parser.error("--workers and --chunk-bytes must be at least 1, --max-tokens at least 0")
     start = time.time()
     try:
         summary = prepare(args)

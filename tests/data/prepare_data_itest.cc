@@ -118,10 +118,13 @@ TEST(PrepareData, EveryDocumentStartsWithItsFlagAndEndsWithTheEndOfDocumentToken
 TEST(PrepareData, WorkersAndTheSplitDoNotChangeWhatIsWritten) {
   STRATA_SKIP_WITHOUT_DATA_VENV();
   TempDir dir;
+  // One worker with the whole file as one chunk, and three with chunks of about 200 bytes (9
+  // of them, which may finish out of order).
   for (const char* workers : {"1", "3"}) {
     auto r = prepare_data({"--model", testing::bpe_model_dir(), "--input", testing::sft_jsonl(),
                            "--output", dir.path() + "/w" + workers, "--workers", workers,
-                           "--val-fraction", "0.25"});
+                           "--val-fraction", "0.25", "--chunk-bytes",
+                           std::string(workers) == "1" ? "1048576" : "200"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   for (const char* f : {"train.bin", "train.mask.bin", "val.bin", "val.mask.bin"}) {
