@@ -37,6 +37,7 @@ class FileDataset final : public Dataset {
         seed_(seed) {}
 
   Status split(double val_fraction) {
+    val_is_train_ = !val_file_ && val_fraction <= 0.0;
     if (packing_) {
       STRATA_TRY(split_packed(val_fraction));
     } else {
@@ -117,7 +118,7 @@ class FileDataset final : public Dataset {
             w == &train_ ? "training:" : "validation:", w->stats().split_documents, seq_len_ + 1,
             seq_len_ + 1));
       }
-      if (w == &train_ && val_file_ == nullptr && !packing_) break;
+      if (val_is_train_) break;
     }
     return lines;
   }
@@ -226,6 +227,7 @@ class FileDataset final : public Dataset {
   std::int64_t seq_len_;
   bool shuffle_;
   bool packing_;
+  bool val_is_train_ = false;  // no held-out data: validation uses the training windows
   std::int64_t vocab_;
   std::uint64_t seed_;
   std::vector<std::int64_t> train_starts_, val_starts_;

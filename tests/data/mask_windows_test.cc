@@ -249,6 +249,23 @@ TEST(FileDataset, PackingHoldsOutWholeDocumentsAndMarksTheBatch) {
   EXPECT_NE((*ds)->describe().find("packed: 8 documents"), std::string::npos) << (*ds)->describe();
 }
 
+TEST(FileDataset, PackingWarnsOnceAboutDocumentsItCut) {
+  testing::TempDir dir;
+  Corpus c;
+  c.add({1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // longer than seq_len + 1 = 5
+  c.add({1, 2, 3});
+  const Written w = write_pair(dir, c);
+  config::DataConfig cfg = packed_config(w.tokens, 4);
+  cfg.val_fraction = 0;
+  auto ds = std::move(make_dataset(cfg, 64, 1)).value();
+  const std::vector<std::string> warnings = ds->warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("1 document(s) are longer than seq_len + 1 = 5 tokens"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("--max-tokens"), std::string::npos);
+}
+
 TEST(FileDataset, AMaskedStreamCountsOnlyWhatTheMaskCounts) {
   testing::TempDir dir;
   Corpus c;
