@@ -218,6 +218,11 @@ void validate(Config& c, const JsonSource& source, std::vector<std::string>* err
   if (c.strata.data.source != DataSource::kSynthetic && c.strata.data.path.empty()) {
     error("strata.data.path", "required when strata.data.source is \"tokens\" or \"text\"");
   }
+  if (c.strata.data.packing && c.strata.data.source != DataSource::kTokens) {
+    error("strata.data.packing",
+          "packs documents, whose starts a token file's mask file records, so it needs "
+          "strata.data.source \"tokens\"");
+  }
   if (model.activation_offload && !model.activation_checkpointing) {
     error("strata.model.activation_offload",
           "moves activation checkpoints to the host, so it needs "

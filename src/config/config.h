@@ -165,6 +165,8 @@ struct DataConfig {
   std::int64_t seq_len = 256;
   double val_fraction = 0.05;  // held out from `path` when val_path is empty
   bool shuffle = true;
+  // Pack whole documents into windows, positions restarting at each (needs a mask file).
+  bool packing = false;
   std::int64_t synthetic_vocab_size = 256;
   std::int64_t synthetic_branching = 4;  // successors per state of the synthetic Markov chain
 };

@@ -235,6 +235,7 @@ void visit_fields(V& v, DataConfig& c) {
   v.integer("seq_len", c.seq_len, 1, std::int64_t{1} << 24);
   v.real("val_fraction", c.val_fraction, 0.0, 0.5, false);
   v.boolean("shuffle", c.shuffle);
+  v.boolean("packing", c.packing);
   v.integer("synthetic_vocab_size", c.synthetic_vocab_size, 2, 1 << 20);
   v.integer("synthetic_branching", c.synthetic_branching, 1, 1 << 20);
 }
