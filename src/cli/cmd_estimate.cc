@@ -1,5 +1,5 @@
 // `strata estimate`: bytes per tier per rank for a model under a config, and whether they fit the
-// budgets (see tier/estimate.h and docs/estimate.md).
+// budgets (see offload/estimate.h and docs/estimate.md).
 #include <json/writer.h>
 
 #include <cstdio>

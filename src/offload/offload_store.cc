@@ -9,7 +9,6 @@
 #include "common/clock.h"
 
 namespace strata::offload {
-namespace {}  // namespace
 
 OffloadStore::OffloadStore(std::unique_ptr<TierManager> tiers) : tiers_(std::move(tiers)) {}
 
@@ -112,7 +111,7 @@ Status OffloadStore::finish_backward() {
 Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
   STRATA_TRY(guard(scheduler_->drain()));
   // Every parameter is about to change: device copies are stale from here on, and the
-  // prefetcher waits for each unit's update (the fetchable gate).
+  // prefetcher waits for each unit's update (the update gate, params_ready).
   for (int u = 0; u < units(); ++u) {
     scheduler_->invalidate(u);
     regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
@@ -192,7 +191,7 @@ Status OffloadStore::regather(int unit) {
 Result<const float*> OffloadStore::acquire_params(int unit) {
   if (scheduler_->holds_update(unit)) {
     // The optimizer wrote the new parameters into the unit's frame already; their write home may
-    // still be in flight (fetches from the home wait for it through the fetchable gate).
+    // still be in flight (fetches from the home wait for it through the update gate).
     STRATA_TRY(guard(pipeline_->pump()));
   } else {
     STRATA_TRY(wait_for_update(unit, false));

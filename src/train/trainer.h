@@ -1,4 +1,4 @@
-// The trainer (`strata train`) on one rank: the tier plan (tier/plan.h) decides where every byte
+// The trainer (`strata train`) on one rank: the tier plan (offload/plan.h) decides where every byte
 // of state lives — device, pinned host or NVMe, as offload_param / offload_optimizer say — and
 // OffloadStore (offload/offload_store.h) moves it. A step runs gradient_accumulation_steps
 // micro-batches through the ModelRunner (parameters prefetched ahead of use, gradients leaving the
