@@ -65,7 +65,7 @@ struct SwapSettings {
 // member defaults are neutral (nothing offloaded, nothing sized); train::plan_settings(config)
 // gives the configuration's values, whose member initialisers hold Strata's defaults.
 struct PlanSettings {
-  int zero_stage = 0;                                // 1: optimizer state sharded, 2: gradients
+  int zero_stage = 0;  // ZeRO: from 1 optimizer state and gradients are sharded, at 3 parameters
   kernels::DType storage = kernels::DType::kF32;     // the parameters' type
   Tier param_tier = Tier::kDevice;                   // the parameters' home
   std::uint64_t param_host_elements_max = 0;         // with param_tier nvme: kept on the host
