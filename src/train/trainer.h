@@ -25,6 +25,7 @@
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/breakdown.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/train_state.h"
@@ -114,6 +115,7 @@ class Trainer {
   std::vector<std::int32_t> other_inputs_, other_targets_;  // other ranks' micro-batches
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<StepBreakdown> breakdown_;  // wall_clock_breakdown, memory_breakdown
   double elapsed_s_ = 0.0;
   std::optional<double> last_eval_loss_;
   bool resumed_ = false;
