@@ -129,12 +129,13 @@ void apply_command_line(JsonSource& source, const std::vector<FlagValue>& flags,
         start = dot + 1;
       }
       if (old != nullptr && !old->isNull() && !(old->isString() && old->asString() == "auto") &&
-          *old != value && !(old->isNumeric() && value.isNumeric() && !old->isBool() &&
-                             !value.isBool() && old->asDouble() == value.asDouble())) {
-        out.notes.push_back({path, fmt::format("{} replaces the value {} in {}", origin,
-                                               old->toStyledString().substr(
-                                                   0, old->toStyledString().find('\n')),
-                                               source.name())});
+          *old != value &&
+          !(old->isNumeric() && value.isNumeric() && !old->isBool() && !value.isBool() &&
+            old->asDouble() == value.asDouble())) {
+        out.notes.push_back(
+            {path, fmt::format("{} replaces the value {} in {}", origin,
+                               old->toStyledString().substr(0, old->toStyledString().find('\n')),
+                               source.name())});
       }
       Status status = source.set(path, value, origin);
       if (!status.is_ok()) {
