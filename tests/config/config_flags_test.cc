@@ -142,6 +142,17 @@ TEST(ConfigFlags, ProblemsOfFlagsAndConfigArriveInOneRound) {
   EXPECT_TRUE(with_flags("{}", {{"--lr", "1e-4"}}, {"optimizer.params.lr=1e-4"}).is_ok());
 }
 
+TEST(ConfigFlags, AFlagReplacingTheFilesValueSaysSo) {
+  auto loaded = with_flags(R"({"optimizer": {"params": {"lr": 1e-4}}})", {{"--lr", "2e-5"}});
+  ASSERT_TRUE(loaded.is_ok());
+  bool said = false;
+  for (const Note& note : loaded->notes) {
+    said = said || (note.path == "optimizer.params.lr" &&
+                    note.message == "--lr 2e-5 replaces the value 0.0001 in ds.json");
+  }
+  EXPECT_TRUE(said);
+}
+
 TEST(ConfigFlags, ABadFlagValueIsLocatedAtTheFlag) {
   auto loaded = with_flags("{}", {{"--steps", "0"}});
   ASSERT_FALSE(loaded.is_ok());

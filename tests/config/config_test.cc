@@ -194,6 +194,21 @@ TEST(ConfigErrors, EveryProblemIsReportedAtOnce) {
   EXPECT_CONTAINS(e, "aio.queue_depth");
 }
 
+TEST(ConfigErrors, CrossKeyProblemsArriveWithTheValueProblems) {
+  // Before, the checks spanning several keys ran only once every value was valid, so these came
+  // in a second round.
+  std::string e = load_error(R"({"aio": {"queue_depth": 0}, "fp16": {"enabled": true},
+      "bf16": {"enabled": true}, "train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_CONTAINS(e, "3 problems");
+  EXPECT_CONTAINS(e, "aio.queue_depth");
+  EXPECT_CONTAINS(e, "fp16 and bf16 are both enabled");
+  EXPECT_CONTAINS(e, "10 is not a whole multiple of");
+  // A check built on a bad value is skipped rather than reporting nonsense.
+  e = load_error(R"({"strata": {"model": {"hidden_size": "big", "num_heads": 5}}})");
+  EXPECT_CONTAINS(e, "strata.model.hidden_size: expected a whole number");
+  EXPECT_EQ(e.find("heads do not divide"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, EmptyFileAndNonObjectRoot) {
   EXPECT_CONTAINS(load_error("  \n"), "the file is empty");
   EXPECT_CONTAINS(load_error("[1, 2]"), "must be a JSON object");
