@@ -32,7 +32,7 @@ const char* precision_name(const config::Config& config) {
 }
 
 Trainer::Trainer(const config::Config& config, const TrainerOptions& options)
-    : config_(config), options_(options) {}
+    : config_(config), options_(options), breakdown_(std::make_unique<StepBreakdown>(config)) {}
 
 Trainer::~Trainer() = default;
 
@@ -278,7 +278,10 @@ Result<StepReport> Trainer::train_step() {
     double loss = 0.0;
     {
       TraceScope scope(trace_.get(), TraceLane::kCompute, "forward + backward");
-      STRATA_ASSIGN_OR_RETURN(loss, runner_->train_step(*state_, grad_scale));
+      breakdown_->begin_micro_batch();
+      STRATA_ASSIGN_OR_RETURN(loss,
+                              runner_->train_step(breakdown_->timed_store(*state_), grad_scale));
+      breakdown_->end_micro_batch();
     }
     loss_sum += plain ? loss : loss * static_cast<double>(b.counted);
     STRATA_TRY(state_->end_micro_batch());
@@ -386,6 +389,11 @@ Result<std::string> Trainer::save_checkpoint() {
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
+  // stage3_gather_16bit_weights_on_model_save: the training's 16-bit type, as DeepSpeed's
+  // save_16bit_model writes it; else the fp32 master weights.
+  const kernels::DType saved_dtype =
+      config_.zero_optimization.stage3_gather_16bit_weights_on_model_save ? storage_
+                                                                          : kernels::DType::kF32;
   const tier::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
@@ -405,7 +413,7 @@ Status Trainer::save_model(const std::string& dir) {
             STRATA_TRY(gather(++gathered));
           return static_cast<const float*>(whole.data());
         },
-        kernels::DType::kF32);
+        saved_dtype);
   }
   if (rank() != 0) return Status::ok();  // stage 0: every rank holds the same whole units
   int cached = -1;
@@ -419,7 +427,7 @@ Status Trainer::save_model(const std::string& dir) {
         }
         return data;
       },
-      kernels::DType::kF32);
+      saved_dtype);
 }
 
 Json::Value Trainer::memory_json() const {
@@ -472,7 +480,7 @@ Status Trainer::run() {
   const auto start = std::chrono::steady_clock::now();
   if (!options_.quiet) {
     progress_ =
-        std::make_unique<Progress>(s.train_steps, options_.progress_tty, config_.steps_per_print);
+        std::make_unique<Progress>(s.train_steps, options_.progress_tty, print_interval(config_));
   }
   bool checkpointed = false;
   while (counters_.step < s.train_steps) {
@@ -480,8 +488,13 @@ Status Trainer::run() {
     checkpointed = false;
     const double tokens_per_s =
         r.step_ms > 0 ? static_cast<double>(r.tokens) / (r.step_ms / 1e3) : 0.0;
+    Json::Value breakdown_metrics(Json::objectValue);
+    const std::vector<std::string> breakdown =
+        breakdown_->end_step(r.step, r.step_ms, r.compute_wait_ms, *state_, &breakdown_metrics);
     if (r.step % s.log_every_steps == 0 || r.step == s.train_steps) {
       Json::Value line = memory_json();
+      for (const std::string& key : breakdown_metrics.getMemberNames())
+        line[key] = breakdown_metrics[key];
       line["step"] = Json::Int64(r.step);
       line["loss"] = r.loss;
       line["lr"] = r.lr;
@@ -501,6 +514,10 @@ Status Trainer::run() {
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
                                   r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
                                   format_bytes(u.bytes_peak[1]), format_bytes(u.bytes_peak[2])));
+      if (r.step % print_interval(config_) == 0 || r.step == s.train_steps) {
+        for (const std::string& text : breakdown)
+          progress_->note(text);
+      }
     }
     const bool last = r.step == s.train_steps;
     if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {

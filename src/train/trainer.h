@@ -25,6 +25,7 @@
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/breakdown.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/train_state.h"
@@ -116,6 +117,7 @@ class Trainer {
   data::Batch eval_batch_;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<StepBreakdown> breakdown_;  // wall_clock_breakdown, memory_breakdown
   double elapsed_s_ = 0.0;
   std::optional<double> last_eval_loss_;
   bool resumed_ = false;
