@@ -14,6 +14,22 @@
 namespace strata::data {
 namespace {
 
+// The most tokens one batch may hold: a caller's buffers of batch x seq_len tokens must be
+// addressable, so a larger request is refused before anything is written.
+constexpr std::int64_t kBatchTokensMax = std::int64_t{1} << 31;
+
+Status check_batch(std::int64_t index, std::int64_t batch, std::int64_t seq_len) {
+  if (batch < 0 || index < 0 || index > kBatchTokensMax ||
+      (batch > 0 && seq_len > kBatchTokensMax / batch)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("a batch of {} samples of {} tokens (batch index {}) is beyond the "
+                              "{} tokens a batch may hold",
+                              batch, seq_len, index, kBatchTokensMax),
+                  "train_micro_batch_size_per_gpu");
+  }
+  return Status::ok();
+}
+
 // Non-overlapping windows of seq_len + 1 tokens over one file, from window `first` on.
 struct WindowSet {
   const TokenFile* file = nullptr;
@@ -58,6 +74,7 @@ class FileDataset final : public Dataset {
   }
 
   Status next_train(std::int64_t batch, std::int32_t* inputs, std::int32_t* targets) override {
+    STRATA_TRY(check_batch(0, batch, seq_len_));
     for (std::int64_t b = 0; b < batch; ++b) {
       if (position_.sample >= train_.count) {
         ++position_.epoch;
@@ -73,6 +90,7 @@ class FileDataset final : public Dataset {
 
   Status val_batch(std::int64_t index, std::int64_t batch, std::int32_t* inputs,
                    std::int32_t* targets) override {
+    STRATA_TRY(check_batch(index, batch, seq_len_));
     for (std::int64_t b = 0; b < batch; ++b) {
       const std::int64_t window = val_.first + (index * batch + b) % val_.count;
       STRATA_TRY(copy_window(val_, window, inputs + b * seq_len_, targets + b * seq_len_));
@@ -164,6 +182,7 @@ class SyntheticDataset final : public Dataset {
         window_(static_cast<std::size_t>(seq_len + 1)) {}
 
   Status next_train(std::int64_t batch, std::int32_t* inputs, std::int32_t* targets) override {
+    STRATA_TRY(check_batch(0, batch, seq_len_));
     for (std::int64_t b = 0; b < batch; ++b) {
       emit(0, static_cast<std::uint64_t>(position_.sample), inputs + b * seq_len_,
            targets + b * seq_len_);
@@ -173,6 +192,7 @@ class SyntheticDataset final : public Dataset {
   }
   Status val_batch(std::int64_t index, std::int64_t batch, std::int32_t* inputs,
                    std::int32_t* targets) override {
+    STRATA_TRY(check_batch(index, batch, seq_len_));
     for (std::int64_t b = 0; b < batch; ++b) {
       emit(1, static_cast<std::uint64_t>(index * batch + b), inputs + b * seq_len_,
            targets + b * seq_len_);
