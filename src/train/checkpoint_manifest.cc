@@ -257,9 +257,11 @@ Result<CheckpointManifest> parse_fields(const Json::Value& root, std::string_vie
     f.fail("recent_losses", fmt::format("valid: a list of at most {} numbers", kRecentLossesMax));
   } else if (losses != nullptr) {
     for (const Json::Value& l : *losses) {
-      // A diverged step's loss is written as null (NaN) or a huge number (inf).
-      if (!l.isNull() && !l.isNumeric())
+      // A diverged step's loss (NaN, inf) is written as null.
+      if (!l.isNull() && !l.isNumeric()) {
         f.fail("recent_losses", "holds a value that is not a number");
+        break;
+      }
       c.recent_losses.push_back(l.isNull() ? std::nan("") : l.asDouble());
     }
   }
@@ -391,10 +393,17 @@ std::string render_checkpoint_manifest(const CheckpointManifest& m) {
   writer["indentation"] = "  ";
   writer["precision"] = 17;
   std::string text = Json::writeString(writer, j) + "\n";
+  STRATA_ASSERT(checksum_digits(text).size() == 1);
+  return seal_checkpoint_manifest(text);
+}
+
+std::string seal_checkpoint_manifest(std::string_view text) {
+  std::string sealed(text);
   const std::vector<std::size_t> digits = checksum_digits(text);
-  STRATA_ASSERT(digits.size() == 1);
-  text.replace(digits[0], kHexDigits, hex64(manifest_digest(text, digits[0])));
-  return text;
+  if (digits.size() == 1) {
+    sealed.replace(digits[0], kHexDigits, hex64(manifest_digest(text, digits[0])));
+  }
+  return sealed;
 }
 
 Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text,

@@ -77,6 +77,10 @@ Status check_counters(const TrainerCounters& c, const std::string& source);
 // The text of trainer_state.json for `m` (format 3, with its checksum).
 std::string render_checkpoint_manifest(const CheckpointManifest& m);
 
+// `text` with its checksum recomputed (when it has exactly one "checksum": "xxh3:<16 hex>"), for
+// tests and fuzzing that change a manifest on purpose to reach the checks behind the checksum.
+std::string seal_checkpoint_manifest(std::string_view text);
+
 // Parses and checks the text of trainer_state.json; `source` names it in errors.
 Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text,
                                                      const std::string& source);
