@@ -237,8 +237,8 @@ Status check_resumable(const TrainerCounters& c, const config::Config& config,
     return Status(ErrorCode::kConfig,
                   fmt::format("the checkpoint {} is at step {} and strata.train_steps is {}: "
                               "nothing is left to train; raise strata.train_steps above {} to "
-                              "train further",
-                              dir, c.step, config.strata.train_steps, c.step),
+                              "train further, or take its model with `strata convert {} OUT_DIR`",
+                              dir, c.step, config.strata.train_steps, c.step, dir),
                   "strata.train_steps");
   }
   const std::string manifest = dir + "/trainer_state.json";
@@ -260,6 +260,15 @@ Status check_resumable(const TrainerCounters& c, const config::Config& config,
         manifest);
   }
   return Status::ok();
+}
+
+std::string newer_checkpoints_note(const std::string& root, std::int64_t step) {
+  Result<std::vector<std::int64_t>> steps = list_checkpoints(root);
+  if (!steps.is_ok() || steps->empty() || steps->back() <= step) return {};
+  return fmt::format(
+      "{} holds checkpoints up to step {}, newer than step {} resumed from: each is "
+      "replaced when this run checkpoints at its step",
+      root, steps->back(), step);
 }
 
 Status prepare_run_directories(const config::Config& config) {

@@ -49,6 +49,10 @@ Status claim_output_dir(const config::Config& config, bool remove,
 Status check_resumable(const TrainerCounters& counters, const config::Config& config,
                        const std::string& dir);
 
+// A note for a run resuming from `step` when `root` holds newer checkpoints (a run rewound on
+// purpose): they are replaced as the run reaches their steps. Empty when there are none.
+std::string newer_checkpoints_note(const std::string& root, std::int64_t step);
+
 // Creates what a run writes into and is missing: output_dir, the checkpoint root, the trace
 // file's folder and every nvme_path the offload settings use; new folders get mode 0700 (swap and
 // traces are nobody else's business). Refuses what is unsafe: a path that exists but is not a

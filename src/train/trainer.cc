@@ -226,6 +226,8 @@ Status Trainer::initialise_weights() {
     STRATA_ASSIGN_OR_RETURN(counters_,
                             read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
     STRATA_TRY(check_resumable(counters_, config_, dir));
+    const std::string newer = newer_checkpoints_note(checkpoint_root(config_), counters_.step);
+    if (!newer.empty()) note(newer);
     scaler_->restore(counters_.scaler);
     schedule_->restore(counters_.scheduler_iteration);
     STRATA_TRY(dataset_->seek(counters_.data));
