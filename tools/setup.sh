@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian packages, everything Strata needs to build and test.
 # Idempotent: packages already present are not fetched again. Nothing else is
-# needed; CUDA is optional and is used when nvcc is found (it is not installed here).
+# needed; CUDA is optional and is used when nvcc is found (it is not installed here). clang-14 and
+# libclang-rt-14-dev (libFuzzer, ASan, UBSan) build the fuzz targets (tools/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
   libopenblas-pthread-dev
   libopenmpi-dev openmpi-bin
   clang-format
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

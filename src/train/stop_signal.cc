@@ -39,6 +39,13 @@ Status install_stop_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   for (int signal : {SIGINT, SIGTERM}) {
+    // A shell starts background jobs with SIGINT ignored, so that Ctrl-C at the terminal does not
+    // reach them; that choice stands (as nohup's does).
+    struct sigaction current {};
+    if (signal == SIGINT && ::sigaction(SIGINT, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_IGN) {
+      continue;
+    }
     if (::sigaction(signal, &action, nullptr) != 0) {
       return Status(ErrorCode::kInternal, fmt::format("cannot install the {} handler: {}",
                                                       signal_name(signal), std::strerror(errno)));

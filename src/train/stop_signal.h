@@ -9,7 +9,8 @@
 
 namespace strata::train {
 
-// Installs the handlers for SIGINT and SIGTERM (the program calls it once, before training).
+// Installs the handlers for SIGINT and SIGTERM (the program calls it once, before training); a
+// SIGINT the parent set to be ignored (a shell's background job) stays ignored.
 Status install_stop_handlers();
 
 // The signal that asked this process to stop (SIGINT or SIGTERM), or 0.
