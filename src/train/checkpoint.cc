@@ -150,6 +150,17 @@ std::int64_t first_invalid_value(tier::SlotKind kind, const float* data, std::in
   return -1;
 }
 
+Status check_final_masters(const model::UnitLayout& unit, const float* masters,
+                           const std::string& dir) {
+  const std::int64_t bad = first_invalid_value(tier::SlotKind::kMaster, masters, unit.numel);
+  if (bad < 0) return Status::ok();
+  return Status(ErrorCode::kCorrupt,
+                fmt::format("the master weights of '{}' hold {} at element {}: the run diverged; "
+                            "the final model is not written",
+                            unit.name, masters[bad], bad),
+                dir);
+}
+
 Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t step) {
   const std::string tmp_dir = checkpoint_dir(root, step) + ".tmp";
   crash_point("checkpoint.prepare");

@@ -74,6 +74,11 @@ std::string checkpoint_dir(const std::string& root, std::int64_t step);
 // a negative exp_avg_sq. -1 when there is none.
 std::int64_t first_invalid_value(tier::SlotKind kind, const float* data, std::int64_t n);
 
+// kCorrupt naming the unit, element and `dir` when the masters of `unit` (its numel elements)
+// hold a non-finite value: a final model must not be written from them.
+Status check_final_masters(const model::UnitLayout& unit, const float* masters,
+                           const std::string& dir);
+
 // Phase 1, rank 0 only: creates `root` when missing, removes a stale `<checkpoint_dir>.tmp` and
 // creates it empty; returns it.
 Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t step);

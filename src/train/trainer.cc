@@ -232,6 +232,7 @@ Status Trainer::initialise_weights() {
     schedule_->restore(counters_.scheduler_iteration);
     STRATA_TRY(dataset_->seek(counters_.data));
     resumed_ = true;
+    last_checkpoint_ = dir;
     note(fmt::format("resumed from {} at step {}", dir, counters_.step));
     return state_->refresh(false);
   }
@@ -371,25 +372,29 @@ Result<std::string> Trainer::save_checkpoint() {
   CheckpointOptions options;
   options.zero_stage = static_cast<int>(config_.zero_optimization.stage);
   options.keep_last = static_cast<int>(config_.strata.checkpoint_keep_last);
-  STRATA_ASSIGN_OR_RETURN(
-      last_checkpoint_,
+  Result<std::string> dir =
       write_checkpoint(checkpoint_root(config_), counters_, *state_, shape_,
-                       precision_name(config_), config_.strata.seed, options, *world_.comm));
+                       precision_name(config_), config_.strata.seed, options, *world_.comm);
+  if (!dir.is_ok()) {
+    // Say what is left: the run stops, and the user resumes from the last good checkpoint.
+    const Status& s = dir.status();
+    return Status(
+        s.code(),
+        fmt::format("{} (the checkpoint of step {} is not written; {})", s.message(),
+                    counters_.step,
+                    last_checkpoint_.empty() ? "this run has no earlier one"
+                                             : "the last complete one is " + last_checkpoint_),
+        s.context());
+  }
+  last_checkpoint_ = *dir;
   return last_checkpoint_;
 }
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
   // A diverged model is not published as a result.
-  auto check = [&](int u, const float* data) -> Status {
-    const model::UnitLayout& unit = layout_.units[static_cast<std::size_t>(u)];
-    const std::int64_t bad = first_invalid_value(tier::SlotKind::kMaster, data, unit.numel);
-    if (bad < 0) return Status::ok();
-    return Status(ErrorCode::kCorrupt,
-                  fmt::format("the master weights of '{}' hold {} at element {}: the run "
-                              "diverged; the final model is not written",
-                              unit.name, data[bad], bad),
-                  dir);
+  auto check = [&](int u, const float* data) {
+    return check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
   };
   const tier::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {

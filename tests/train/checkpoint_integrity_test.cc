@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "model/safetensors.h"
@@ -53,6 +54,22 @@ TEST(CheckpointIntegrity, AnUntouchedCheckpointLoadsVerified) {
   EXPECT_TRUE(reader->verified());
   EXPECT_EQ(reader->format_version(), 3);
   EXPECT_TRUE(load(dir).is_ok());
+}
+
+TEST(CheckpointIntegrity, AFormatTwoCheckpointStillLoadsUnverified) {
+  testing::TempDir tmp;
+  const std::string dir = checkpoint_of(tmp.path(), 3, 4);
+  Json::Value meta = testing::parse_json(testing::read_file(dir + "/trainer_state.json"));
+  meta["format"] = "strata-checkpoint-2";
+  meta.removeMember("files");
+  meta.removeMember("checksum");
+  std::ofstream(dir + "/trainer_state.json", std::ios::trunc) << meta.toStyledString();
+  auto reader = CheckpointReader::open(dir);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  EXPECT_FALSE(reader->verified());
+  auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
+  ASSERT_TRUE(read_checkpoint(dir, *one->state, one->shape, "fp32", kSeed).is_ok());
+  EXPECT_EQ(testing::checked_count_unknown(*one, 4), 0);
 }
 
 TEST(CheckpointIntegrity, AFlippedBitInATensorIsNamed) {

@@ -120,12 +120,12 @@ TEST(Reliability, ASecondSigintStopsAtOnce) {
   TempDir dir;
   const std::string out = dir.path() + "/run";
   const std::string config = dir.write_file("c.json", reliability_config(out, 100000));
-  // Steps long enough (~0.3 s) that the second signal lands while the first waits for the step;
-  // two signals sent back to back could merge into one.
+  // Steps long enough (~0.6 s here) that the second signal, 50 ms after the first, lands while
+  // the first waits for the step; two signals sent back to back could merge into one.
   auto r = testing::sh_then_strata(
       testing::signal_after_step(out, 1, "-INT $$; sleep 0.05; kill -INT $$"),
-      {"train", "--config", config, "--quiet", "--set", "train_micro_batch_size_per_gpu=32",
-       "--set", "gradient_accumulation_steps=8"});
+      {"train", "--config", config, "--quiet", "--set", "train_micro_batch_size_per_gpu=128",
+       "--set", "gradient_accumulation_steps=16"});
   EXPECT_EQ(r.exit_code, 128 + 2) << r.err;
   EXPECT_NE(r.err.find("stop requested"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("stopped by SIGINT after step"), std::string::npos) << r.err;
