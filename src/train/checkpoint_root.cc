@@ -194,6 +194,8 @@ Status claim_output_dir(const config::Config& config, bool remove,
                         std::vector<std::string>* removed) {
   const config::StrataConfig& s = config.strata;
   const std::string root = checkpoint_root(config);
+  // With overwrite, only the rank that removes looks (the others would race its removals).
+  if (s.overwrite_output_dir && !remove) return Status::ok();
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> found, other_run(config));
   if (found.empty()) return Status::ok();
   if (!s.resume_from.empty() && resumes_within(s.resume_from, root)) return Status::ok();

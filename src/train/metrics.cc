@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <stdio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -26,8 +27,14 @@ namespace {
 // (and lines without a step, such as an earlier summary); rewrites the file (atomically) only
 // when something must go.
 Status repair(const std::string& path, std::int64_t resumed_step) {
-  std::FILE* in = std::fopen(path.c_str(), "rb");
-  if (in == nullptr) return Status::ok();  // nothing to repair: the file is created on append
+  Result<RegularFile> file = open_regular_file(path, "the metrics file");
+  if (file.status().code() == ErrorCode::kNotFound) return Status::ok();  // created on append
+  STRATA_TRY(file.status());
+  std::FILE* in = ::fdopen(file->fd, "rb");
+  if (in == nullptr) {
+    ::close(file->fd);
+    return Status(ErrorCode::kIo, fmt::format("cannot read: {}", std::strerror(errno)), path);
+  }
   std::string kept;
   bool dropped = false;
   char* line = nullptr;
