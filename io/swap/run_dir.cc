@@ -128,11 +128,13 @@ Result<RunDir> create_run_dir(const std::string& parent, std::uint32_t uid,
   if (::mkdir(run.path.c_str(), 0700) != 0) {
     const int err = errno;
     if (err == EEXIST) {
-      return Status(ErrorCode::kIo,
-                    "a swap folder with this run's name exists and could not be cleaned (a live "
-                    "run holds it, or it holds files Strata did not make); give this run another "
-                    "name",
-                    run.path);
+      return Status(
+          ErrorCode::kIo,
+          "a swap folder with this run's name (from its process id) exists and could "
+          "not be cleaned: a live run holds it, or it holds files Strata did not make "
+          "(see the warning above). Remove those files, or the folder if no run uses it, or give "
+          "this run another nvme_path",
+          run.path);
     }
     return Status(ErrorCode::kIo,
                   fmt::format("cannot create the swap folder in {}: {}", parent, errno_text(err)),

@@ -2,10 +2,12 @@
 // [--set KEY.PATH=VALUE ...]`: trains a model as the config and the flags say and prints the
 // summary as one JSON line on stdout (start-up notes and progress go to stderr). The flags are
 // shorthands of --set key paths (config/flags.h); a config's problems and the flags' are
-// reported together.
+// reported together. SIGINT or SIGTERM ends the run after the step in flight, with a
+// checkpoint, and exits 128 + the signal's number; a second one stops at once.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 
@@ -15,6 +17,7 @@
 #include "config/flags.h"
 #include "config/report.h"
 #include "sys/gpu.h"
+#include "train/stop_signal.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
@@ -26,6 +29,17 @@ struct TrainOptions {
   std::vector<config::FlagValue> flags;
   bool quiet = false;
 };
+
+// Prints the summary line; a closed stdout loses only this copy of it (metrics.jsonl has it).
+void print_summary(const Json::Value& summary, const std::string& output_dir) {
+  const std::string line = train::MetricsLog::to_line(summary) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0) {
+    std::fprintf(stderr,
+                 "strata: warning: cannot print the summary on standard output (closed?); it is "
+                 "the last line of %s/metrics.jsonl\n",
+                 output_dir.c_str());
+  }
+}
 
 int run_train(const TrainOptions& options) {
   config::LoadOptions load;
@@ -52,6 +66,9 @@ int run_train(const TrainOptions& options) {
     comm::abort_world_at_exit(code);
     return code;
   };
+  // From here a signal asks for a clean stop (stop_signal.h).
+  const Status handlers = train::install_stop_handlers();
+  if (!handlers.is_ok()) return report_error(handlers);
   auto trainer = train::Trainer::create(config, trainer_options);
   if (!trainer.is_ok()) return fail(trainer.status());
   const bool first_rank = (*trainer)->rank() == 0;
@@ -62,8 +79,20 @@ int run_train(const TrainOptions& options) {
   }
   Status status = (*trainer)->run();
   if (!status.is_ok()) return fail(status);
-  if (first_rank) std::printf("%s\n", train::MetricsLog::to_line((*trainer)->summary()).c_str());
-  return 0;
+  const std::string& output_dir = config.strata.output_dir;
+  if (first_rank) print_summary((*trainer)->summary(), output_dir);
+  const int stopped = (*trainer)->stopped();
+  if (stopped == 0) return 0;
+  if (first_rank) {
+    const std::string& checkpoint = (*trainer)->last_checkpoint();
+    std::fprintf(stderr,
+                 "strata: stopped by %s after step %lld; checkpoint %s; continue with the same "
+                 "command and --resume-from %s\n",
+                 stopped > 0 ? train::signal_name(stopped) : "another rank's signal",
+                 static_cast<long long>((*trainer)->counters().step), checkpoint.c_str(),
+                 checkpoint.c_str());
+  }
+  return 128 + (stopped > 0 ? stopped : SIGTERM);
 }
 
 }  // namespace

@@ -191,6 +191,8 @@ struct StrataConfig {
   std::int64_t checkpoint_every_steps = 0;  // 0 = checkpoint only at the end
   std::string checkpoint_dir;               // "" = <output_dir>/checkpoints
   std::string resume_from;                  // checkpoint directory to resume from
+  std::int64_t checkpoint_keep_last = 0;    // keep the newest N checkpoints; 0 = all
+  bool overwrite_output_dir = false;        // a fresh run may replace another run's output_dir
   std::string trace_file;                   // Chrome/Perfetto trace; "" = none
   std::int64_t log_every_steps = 1;
   // Steps between progress lines on the console (and wall_clock_breakdown / memory_breakdown

@@ -106,6 +106,12 @@ const std::vector<TrainFlag>& train_flags() {
        {{"strata.trace_file"}},
        "write a Chrome/Perfetto trace (compute, copies, NVMe, Adam) to this file "
        "(strata.trace_file)"},
+      {"--overwrite,--overwrite-output-dir,--overwrite_output_dir",
+       "",
+       FlagKind::kSwitch,
+       {{"strata.overwrite_output_dir", "true"}},
+       "let a fresh run replace another run in output_dir: its checkpoints, metrics and final "
+       "model (strata.overwrite_output_dir=true)"},
   };
   return flags;
 }

@@ -412,6 +412,8 @@ void visit_fields(V& v, StrataConfig& c) {
   v.integer("checkpoint_every_steps", c.checkpoint_every_steps, 0, kStepsMax);
   v.text("checkpoint_dir", c.checkpoint_dir);
   v.text("resume_from", c.resume_from);
+  v.integer("checkpoint_keep_last", c.checkpoint_keep_last, 0, 1 << 20);
+  v.boolean("overwrite_output_dir", c.overwrite_output_dir);
   v.text("trace_file", c.trace_file);
   v.integer("log_every_steps", c.log_every_steps, 1, kStepsMax);
   v.integer("print_every_steps", c.print_every_steps, 0, kStepsMax);

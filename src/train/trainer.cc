@@ -14,6 +14,8 @@
 #include "model/hf_io.h"
 #include "model/init.h"
 #include "tier/plan.h"
+#include "train/checkpoint_root.h"
+#include "train/stop_signal.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;
@@ -64,6 +66,12 @@ Status Trainer::setup() {
                               config_.world_size, world_.comm->world_size()),
                   "launcher environment");
   }
+  // Before anything is written: the run's folders, and never over another run's checkpoints.
+  STRATA_TRY(prepare_run_directories(config_));
+  std::vector<std::string> removed;
+  STRATA_TRY(claim_output_dir(config_, rank() == 0, &removed));
+  for (const std::string& path : removed)
+    note("overwrite_output_dir: removed the old run's " + path);
   if (world_size() > 1) {
     // Each rank swaps to the NVMe paths nearest to it (binding.h), when the machine says which.
     auto nearest = [this](std::vector<std::string>& paths, const char* key) {
@@ -121,6 +129,15 @@ Status Trainer::setup() {
   STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
 
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
+  constexpr std::int64_t kMicroBatchTokensMax = std::int64_t{1} << 31;
+  if (batch < 1 || batch > kMicroBatchTokensMax / s.data.seq_len) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("{} samples of {} tokens exceed the {} tokens one micro-batch may "
+                              "hold; valid: at most {}",
+                              batch, s.data.seq_len, kMicroBatchTokensMax,
+                              kMicroBatchTokensMax / s.data.seq_len),
+                  "train_micro_batch_size_per_gpu");
+  }
   model::RunnerOptions runner_options;
   runner_options.batch = batch;
   runner_options.seq_len = s.data.seq_len;
@@ -177,7 +194,9 @@ Status Trainer::setup() {
     return Status(ErrorCode::kIo, "cannot create the output directory: " + ec.message(),
                   s.output_dir);
   }
-  if (rank() == 0) STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_));
+  if (rank() == 0) {
+    STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_ ? counters_.step : -1));
+  }
 
   if (world_size() > 1) {
     note(fmt::format("{} ranks, ZeRO stage {}: {}", world_size(), config_.zero_optimization.stage,
@@ -217,10 +236,14 @@ Status Trainer::initialise_weights() {
     STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
     STRATA_ASSIGN_OR_RETURN(counters_,
                             read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
+    STRATA_TRY(check_resumable(counters_, config_, dir));
+    const std::string newer = newer_checkpoints_note(checkpoint_root(config_), counters_.step);
+    if (!newer.empty()) note(newer);
     scaler_->restore(counters_.scaler);
     schedule_->restore(counters_.scheduler_iteration);
     STRATA_TRY(dataset_->seek(counters_.data));
     resumed_ = true;
+    last_checkpoint_ = dir;
     note(fmt::format("resumed from {} at step {}", dir, counters_.step));
     return state_->refresh(false);
   }
@@ -288,15 +311,17 @@ Result<StepReport> Trainer::train_step() {
   }
   STRATA_TRY(state_->finish_backward());
   // The step's loss is the mean over every rank's micro-batches; with ZeRO >= 1 each rank holds
-  // the sum of squares of its shard of the gradient, and the norm is over all of them.
-  double sums[2] = {loss_sum, state_->grad_sum_squares()};
+  // the sum of squares of its shard of the gradient, and the norm is over all of them. Whether
+  // any rank was asked to stop rides along, so that every rank stops after the same step.
+  double sums[3] = {loss_sum, stop_requested() != 0 ? 1.0 : 0.0, state_->grad_sum_squares()};
   if (world_size() > 1)
-    STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
+    STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
   report.loss = plain ? sums[0] / static_cast<double>(accumulation * world_size())
                       : sums[0] / static_cast<double>(std::max<std::int64_t>(counted, 1));
   report.loss_tokens = counted;
+  report.stop = sums[1] > 0.0;
   report.compute_ms = seconds_since(start) * 1e3;
-  const double scaled_norm = std::sqrt(sums[1]);
+  const double scaled_norm = std::sqrt(sums[2]);
   if (!std::isfinite(scaled_norm)) {
     report.skipped = true;
     report.grad_norm = scaled_norm;
@@ -374,17 +399,26 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
 }
 
 Result<std::string> Trainer::save_checkpoint() {
-  const std::string root = config_.strata.checkpoint_dir.empty()
-                               ? config_.strata.output_dir + "/checkpoints"
-                               : config_.strata.checkpoint_dir;
-  if (world_size() > 1) {
-    // Each rank writes its shard; rank 0 commits once every rank's file is complete.
-    return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
-                            config_.strata.seed, static_cast<int>(config_.zero_optimization.stage),
-                            *world_.comm);
+  // Each rank writes its shard; rank 0 commits once every rank's file is complete.
+  CheckpointOptions options;
+  options.zero_stage = static_cast<int>(config_.zero_optimization.stage);
+  options.keep_last = static_cast<int>(config_.strata.checkpoint_keep_last);
+  Result<std::string> dir =
+      write_checkpoint(checkpoint_root(config_), counters_, *state_, shape_,
+                       precision_name(config_), config_.strata.seed, options, *world_.comm);
+  if (!dir.is_ok()) {
+    // Say what is left: the run stops, and the user resumes from the last good checkpoint.
+    const Status& s = dir.status();
+    return Status(
+        s.code(),
+        fmt::format("{} (the checkpoint of step {} is not written; {})", s.message(),
+                    counters_.step,
+                    last_checkpoint_.empty() ? "this run has no earlier one"
+                                             : "the last complete one is " + last_checkpoint_),
+        s.context());
   }
-  return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
-                          config_.strata.seed);
+  last_checkpoint_ = *dir;
+  return last_checkpoint_;
 }
 
 Status Trainer::save_model(const std::string& dir) {
@@ -394,6 +428,10 @@ Status Trainer::save_model(const std::string& dir) {
   const kernels::DType saved_dtype =
       config_.zero_optimization.stage3_gather_16bit_weights_on_model_save ? storage_
                                                                           : kernels::DType::kF32;
+  // A diverged model is not published as a result.
+  auto check = [&](int u, const float* data) {
+    return check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
+  };
   const tier::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
@@ -411,6 +449,7 @@ Status Trainer::save_model(const std::string& dir) {
         [&](int u) -> Result<const float*> {
           while (gathered < u)
             STRATA_TRY(gather(++gathered));
+          STRATA_TRY(check(u, whole.data()));
           return static_cast<const float*>(whole.data());
         },
         saved_dtype);
@@ -423,6 +462,7 @@ Status Trainer::save_model(const std::string& dir) {
       [&](int u) -> Result<const float*> {
         if (u != cached) {
           STRATA_ASSIGN_OR_RETURN(data, state_->view(tier::SlotKind::kMaster, u));
+          STRATA_TRY(check(u, data));
           cached = u;
         }
         return data;
@@ -471,7 +511,12 @@ Json::Value Trainer::summary() const {
     j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
     j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
   }
-  j["final_model"] = config_.strata.output_dir + "/final";
+  if (stopped_ != 0) {
+    j["stopped_by"] = stopped_ > 0 ? signal_name(stopped_) : "another rank";
+    j["checkpoint"] = last_checkpoint_;
+  } else {
+    j["final_model"] = config_.strata.output_dir + "/final";
+  }
   return j;
 }
 
@@ -483,9 +528,11 @@ Status Trainer::run() {
         std::make_unique<Progress>(s.train_steps, options_.progress_tty, print_interval(config_));
   }
   bool checkpointed = false;
+  std::int64_t skipped_in_a_row = 0;
   while (counters_.step < s.train_steps) {
     STRATA_ASSIGN_OR_RETURN(StepReport r, train_step());
     checkpointed = false;
+    skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
     const double tokens_per_s =
         r.step_ms > 0 ? static_cast<double>(r.tokens) / (r.step_ms / 1e3) : 0.0;
     Json::Value breakdown_metrics(Json::objectValue);
@@ -519,6 +566,17 @@ Status Trainer::run() {
           progress_->note(text);
       }
     }
+    if (skipped_in_a_row >= kSkippedInARowMax && !scaler_->dynamic()) {
+      return Status(
+          ErrorCode::kInvalidArgument,
+          fmt::format("steps {} to {} were all skipped: their gradients are not finite, "
+                      "and in {} no loss scale can change that (a non-finite weight, or "
+                      "a diverged run); no checkpoint or final model is written from "
+                      "this state{}",
+                      r.step - skipped_in_a_row + 1, r.step, precision_name(config_),
+                      last_checkpoint_.empty() ? "" : "; the last one is " + last_checkpoint_),
+          fmt::format("step {}", r.step));
+    }
     const bool last = r.step == s.train_steps;
     if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {
       STRATA_ASSIGN_OR_RETURN(double eval_loss, evaluate(s.eval_batches));
@@ -533,6 +591,20 @@ Status Trainer::run() {
       STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
       checkpointed = true;
       note(fmt::format("checkpoint: {}", dir));
+    }
+    if (r.stop && !last) {
+      // Asked to stop (here or on another rank): keep what was trained, then end.
+      if (!checkpointed) {
+        STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
+        note(fmt::format("checkpoint: {}", dir));
+      }
+      stopped_ = stop_requested() != 0 ? stop_requested() : -1;
+      STRATA_TRY(finish_step());
+      if (progress_) progress_->finish();
+      elapsed_s_ = seconds_since(start);
+      if (trace_) STRATA_TRY(trace_->close());
+      STRATA_TRY(world_.comm->wait_all());
+      return rank() == 0 ? metrics_.write(summary()) : Status::ok();
     }
   }
   if (!checkpointed && counters_.step > 0 && !resumed_) {

@@ -14,6 +14,7 @@
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
 #include "tier/plan.h"
+#include "train/checkpoint_manifest.h"
 #include "train/train_state.h"
 
 namespace strata::testing {
@@ -68,6 +69,18 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
   STRATA_ASSIGN_OR_RETURN(r->state, train::TrainState::create(*r->backend, r->config, r->layout,
                                                               std::move(plan), *r->adam, options));
   return r;
+}
+
+// Counters as a trainer has them after `step` steps of which `skipped` were skipped (the manifest
+// checks these invariants: checkpoint_manifest.h).
+inline train::TrainerCounters counters_after(std::int64_t step, std::int64_t skipped = 0) {
+  train::TrainerCounters c;
+  c.step = step;
+  c.skipped_steps = skipped;
+  c.adam_step = step - skipped;
+  c.scheduler_iteration = c.adam_step - 1;
+  c.scaler.iteration = step;
+  return c;
 }
 
 inline constexpr tier::SlotKind kOptimizerKinds[3] = {
