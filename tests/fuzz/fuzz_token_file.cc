@@ -2,6 +2,7 @@
 // train` with strata.data.source "tokens" opens one, and a few batches drawn from it.
 #include <vector>
 
+#include "data/batch.h"
 #include "data/dataset.h"
 #include "data/token_file.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -22,12 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto dataset = strata::data::make_dataset(config, 50257, 1);
   strata::fuzz::check_named(dataset.status(), file.path());
   if (!dataset.is_ok()) return 0;
-  std::vector<std::int32_t> inputs(8), targets(8);
+  strata::data::Batch batch;
+  batch.resize(2, config.seq_len);
   for (int b = 0; b < 3; ++b) {
-    strata::fuzz::check_named((*dataset)->next_train(2, inputs.data(), targets.data()),
-                              file.path());
-    strata::fuzz::check_named((*dataset)->val_batch(b, 2, inputs.data(), targets.data()),
-                              file.path());
+    strata::fuzz::check_named((*dataset)->next_train(batch), file.path());
+    strata::fuzz::check_named((*dataset)->val_batch(b, batch), file.path());
   }
   return 0;
 }
