@@ -2,7 +2,8 @@
 # Installs, from Debian packages, everything Strata needs to build and test, then the
 # data-preparation tool's Python environment from PyPI (tools/data_venv.sh; its tests run in
 # the default suite). Idempotent: packages already present are not fetched again. CUDA is
-# optional and is used when nvcc is found (it is not installed here).
+# optional and is used when nvcc is found (it is not installed here). clang-14 and
+# libclang-rt-14-dev (libFuzzer, ASan, UBSan) build the fuzz targets (tools/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -14,6 +15,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   clang-format
   python3 python3-venv
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

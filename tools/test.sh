@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the default test suite (every label but `slow`).
+# Installs what is missing, builds, and runs the default test suite (every label but `slow`), then
+# (without arguments) a short run of every fuzz target (tools/fuzz.sh: 2,000 inputs each, in
+# build-fuzz/).
 # Usage: tools/test.sh [extra ctest args...]   e.g. tools/test.sh -L slow   to run the slow tests
-# Environment: STRATA_SANITIZE=address,undefined runs the suite under sanitizers (in build-asan/).
+# Environment: STRATA_SANITIZE=address,undefined runs the suite under sanitizers (in build-asan/);
+# STRATA_SKIP_FUZZ=1 skips the fuzz run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/tools/setup.sh"
@@ -20,7 +23,12 @@ fi
 bash "$root/tools/build.sh" "$build_dir" "$build_type"
 
 cd "$build_dir"
+default_run=0
 if [ $# -eq 0 ]; then
+  default_run=1
   set -- -LE slow
 fi
 ctest --output-on-failure --parallel "$(nproc)" "$@"
+if [ "$default_run" = 1 ] && [ -z "${STRATA_SKIP_FUZZ:-}" ] && [ -z "${STRATA_SANITIZE:-}" ]; then
+  bash "$root/tools/fuzz.sh" --runs 2000
+fi

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -91,6 +93,25 @@ std::string run_dir_name(std::uint32_t uid, const std::string& tag) {
   return fmt::format("strata-swap-u{}-{}", uid, tag);
 }
 
+std::string staging_dir_name(std::uint32_t uid, const std::string& tag, std::int64_t pid) {
+  return fmt::format(".{}.p{}", run_dir_name(uid, tag), pid);
+}
+
+std::int64_t staging_dir_pid(const std::string& name, std::uint32_t uid) {
+  const std::string prefix = "." + run_dir_name(uid, "");
+  const std::size_t dot = name.rfind(".p");
+  if (!starts_with(name, prefix) || dot == std::string::npos || dot < prefix.size() ||
+      dot + 2 == name.size() || name.size() - dot > 12) {
+    return -1;
+  }
+  std::int64_t pid = 0;
+  for (std::size_t i = dot + 2; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    pid = pid * 10 + (name[i] - '0');
+  }
+  return pid;
+}
+
 std::string swap_file_name(const std::string& kind, std::int32_t rank) {
   return fmt::format("strata-{}-r{}.swp", kind, rank);
 }
@@ -123,40 +144,51 @@ Result<RunDir> create_run_dir(const std::string& parent, std::uint32_t uid,
   if (!S_ISDIR(st.st_mode)) {
     return Status(ErrorCode::kInvalidArgument, "nvme_path is not a directory", parent);
   }
+  // The folder is made under a name of this process's own, with its lock taken and written,
+  // and only then renamed to the run's name: a folder with a run's name always has a held lock,
+  // so another process cleaning stale folders (clean_stale_swap) never sees one half made. A
+  // folder is renamed, not created in place, because a run between mkdir and flock looked
+  // stale to another rank starting beside it, which removed it.
   RunDir run;
   run.path = parent + "/" + run_dir_name(uid, tag);
-  if (::mkdir(run.path.c_str(), 0700) != 0) {
-    const int err = errno;
-    if (err == EEXIST) {
-      return Status(ErrorCode::kIo,
-                    "a swap folder with this run's name exists and could not be cleaned (a live "
-                    "run holds it, or it holds files Strata did not make); give this run another "
-                    "name",
-                    run.path);
-    }
+  const std::string staging = parent + "/" + staging_dir_name(uid, tag, ::getpid());
+  if (::mkdir(staging.c_str(), 0700) != 0) {
     return Status(ErrorCode::kIo,
-                  fmt::format("cannot create the swap folder in {}: {}", parent, errno_text(err)),
-                  run.path);
+                  fmt::format("cannot create the swap folder in {}: {}", parent, errno_text(errno)),
+                  staging);
   }
-  const std::string lock_path = run.path + "/" + kLockName;
-  run.lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (run.lock_fd < 0 || ::flock(run.lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+  auto discard_staging = [&] {
     if (run.lock_fd >= 0) ::close(run.lock_fd);
-    ::unlink(lock_path.c_str());
-    ::rmdir(run.path.c_str());
-    return Status(ErrorCode::kIo, fmt::format("cannot create the lock file: {}", errno_text(err)),
-                  lock_path);
-  }
+    run.lock_fd = -1;
+    ::unlink((staging + "/" + kLockName).c_str());
+    ::rmdir(staging.c_str());
+  };
+  auto give_up = [&](const std::string& what, int err, const std::string& where) {
+    discard_staging();
+    return Status(ErrorCode::kIo, fmt::format("{}: {}", what, errno_text(err)), where);
+  };
+  const std::string lock_path = staging + "/" + kLockName;
+  run.lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (run.lock_fd < 0) return give_up("cannot create the lock file", errno, lock_path);
+  if (::flock(run.lock_fd, LOCK_EX | LOCK_NB) != 0)
+    return give_up("cannot lock the lock file", errno, lock_path);
   const std::string text =
       fmt::format("{}uid={}\npid={}\nhost={}\n", kLockMagic, uid, ::getpid(), host_name());
-  if (::pwrite(run.lock_fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+  if (::pwrite(run.lock_fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    return give_up("cannot write the lock file", errno, lock_path);
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, run.path.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
-    ::close(run.lock_fd);
-    ::unlink(lock_path.c_str());
-    ::rmdir(run.path.c_str());
-    return Status(ErrorCode::kIo, fmt::format("cannot write the lock file: {}", errno_text(err)),
-                  lock_path);
+    if (err == EEXIST || err == ENOTEMPTY) {
+      discard_staging();
+      return Status(
+          ErrorCode::kIo,
+          "a swap folder with this run's name (from its process id) exists and could "
+          "not be cleaned: a live run holds it, or it holds files Strata did not make "
+          "(see the warning above). Remove those files, or the folder if no run uses it, or give "
+          "this run another nvme_path",
+          run.path);
+    }
+    return give_up(fmt::format("cannot create the swap folder in {}", parent), err, run.path);
   }
   return run;
 }
@@ -189,7 +221,13 @@ StaleCleanup clean_stale_swap(const std::vector<std::string>& dirs, std::uint32_
     if (!d) continue;  // SwapSpace::create reports a missing directory itself
     while (struct dirent* e = ::readdir(d.get())) {
       const std::string name = e->d_name;
-      if (!swap::starts_with(name, prefix)) continue;
+      if (!swap::starts_with(name, prefix)) {
+        // A folder another process is making (create_run_dir) is its own business until that
+        // process has died.
+        const std::int64_t pid = swap::staging_dir_pid(name, uid);
+        if (pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
+        if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+      }
       const std::string run = parent + "/" + name;
       struct stat st {};
       if (::lstat(run.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid) {
@@ -199,8 +237,8 @@ StaleCleanup clean_stale_swap(const std::vector<std::string>& dirs, std::uint32_
       const std::string lock_path = run + "/" + swap::kLockName;
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
       if (fd < 0) {
-        // A run that died between mkdir and creating its lock leaves an empty folder; rmdir
-        // removes only that.
+        // A run that died while making its folder (staging name) or removing it leaves one
+        // without a lock; rmdir removes only an empty one.
         if (::rmdir(run.c_str()) == 0) {
           report.removed_dirs.push_back(run);
         } else {

@@ -15,6 +15,11 @@ inline constexpr char kFileMagic[] = "STRATA-SWAP v1 ";   // start of every swap
 
 // "strata-swap-u<uid>-<tag>".
 std::string run_dir_name(std::uint32_t uid, const std::string& tag);
+// ".strata-swap-u<uid>-<tag>.p<pid>": where process `pid` makes the folder before it takes the
+// run's name (create_run_dir).
+std::string staging_dir_name(std::uint32_t uid, const std::string& tag, std::int64_t pid);
+// The process id in a staging folder's name; -1 when `name` is not one of uid's.
+std::int64_t staging_dir_pid(const std::string& name, std::uint32_t uid);
 // "strata-<kind>-r<rank>.swp".
 std::string swap_file_name(const std::string& kind, std::int32_t rank);
 // Whether `name` has the shape swap_file_name() gives.

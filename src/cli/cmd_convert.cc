@@ -1,13 +1,20 @@
-// `strata convert CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16]`: consolidates the fp32 masters of
-// a checkpoint taken at any world size (every rank's shard of every unit) into a Hugging Face
-// model directory (config.json + model.safetensors), as DeepSpeed's zero_to_fp32.py does. One unit
-// is in memory at a time.
+// `strata convert CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--overwrite]`: consolidates the
+// fp32 masters of a checkpoint taken at any world size (every rank's shard of every unit) into a
+// Hugging Face model directory (config.json + model.safetensors), as DeepSpeed's zero_to_fp32.py
+// does. One unit is in memory at a time; every tensor read is checked against the checkpoint's
+// digests. An OUT_DIR that exists and is not empty is refused unless --overwrite.
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
 #include "train/checkpoint_reader.h"
+#include "train/checkpoint_root.h"
 
 namespace strata::cli {
 namespace {
@@ -16,7 +23,37 @@ struct ConvertOptions {
   std::string checkpoint;
   std::string out_dir;
   std::string dtype = "fp32";
+  bool overwrite = false;
 };
+
+// Checks that OUT_DIR may be written (a new or empty directory, or --overwrite) and creates it.
+Status claim_out_dir(const std::string& out_dir, bool overwrite) {
+  namespace fs = std::filesystem;
+  struct stat st {};
+  if (::stat(out_dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return Status(ErrorCode::kUsage, "exists and is not a directory", out_dir);
+    }
+    std::error_code ec;
+    const bool empty = fs::is_empty(out_dir, ec);
+    if (ec) return Status(ErrorCode::kIo, "cannot list: " + ec.message(), out_dir);
+    if (!empty && !overwrite) {
+      return Status(ErrorCode::kUsage,
+                    "exists and is not empty; give a new directory, or --overwrite to replace its "
+                    "config.json and model.safetensors",
+                    out_dir);
+    }
+    return Status::ok();
+  }
+  if (errno != ENOENT) {
+    return Status(ErrorCode::kUsage, fmt::format("cannot use OUT_DIR: {}", std::strerror(errno)),
+                  out_dir);
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return Status(ErrorCode::kIo, "cannot create: " + ec.message(), out_dir);
+  return Status::ok();
+}
 
 Result<kernels::DType> dtype_of(const std::string& name) {
   if (name == "fp32") return kernels::DType::kF32;
@@ -32,13 +69,17 @@ Status convert(const ConvertOptions& o) {
   STRATA_ASSIGN_OR_RETURN(train::CheckpointReader reader, train::CheckpointReader::open(dir));
   STRATA_ASSIGN_OR_RETURN(const model::ModelShape shape, reader.shape());
   STRATA_ASSIGN_OR_RETURN(const train::TrainerCounters counters, reader.counters());
+  STRATA_TRY(claim_out_dir(o.out_dir, o.overwrite));
   STRATA_TRY(train::consolidate_checkpoint(reader, o.out_dir, dtype));
   std::printf(
-      "converted %s (step %lld, %d rank(s), ZeRO stage %d, %d state file(s)): %lld "
+      "converted %s (step %lld, %d rank(s), ZeRO stage %d, %d state file(s), %s): %lld "
       "parameters in %s to %s\n",
       dir.c_str(), static_cast<long long>(counters.step), reader.world_size(), reader.zero_stage(),
-      reader.state_files(), static_cast<long long>(model::total_params(shape)), o.dtype.c_str(),
-      o.out_dir.c_str());
+      reader.state_files(),
+      reader.verified()
+          ? "checksums verified"
+          : fmt::format("format {}: no checksums to verify", reader.format_version()).c_str(),
+      static_cast<long long>(model::total_params(shape)), o.dtype.c_str(), o.out_dir.c_str());
   return Status::ok();
 }
 
@@ -57,6 +98,9 @@ void register_convert(CLI::App& root, Registry& registry) {
       ->required();
   cmd->add_option("--dtype", o->dtype, "Tensor dtype of the output: fp32, bf16 or fp16")
       ->capture_default_str();
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Write into an OUT_DIR that is not empty (its config.json and model.safetensors "
+                "are replaced)");
   registry.add(cmd, [o] {
     const Status s = convert(*o);
     return s.is_ok() ? 0 : report_error(s);

@@ -1,5 +1,7 @@
 // The `strata` program: parses the command line and dispatches to a subcommand.
+#include <csignal>
 #include <cstdio>
+#include <exception>
 
 #include "cli/command.h"
 #include "strata/build_info.h"
@@ -84,7 +86,20 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;  // usage error
   }
-  int rc = registry.run_parsed();
+  // A closed stdout (`strata ... | head`) is an error on the write, which the commands handle,
+  // not a SIGPIPE that ends a run that has done its work.
+  std::signal(SIGPIPE, SIG_IGN);
+  int rc = 0;
+  try {
+    rc = registry.run_parsed();
+  } catch (const std::exception& e) {
+    // No exception should get here (module boundaries return Status); if one does, it is a bug,
+    // and it is named instead of aborting.
+    std::fprintf(stderr,
+                 "strata: internal error: uncaught exception: %s (a bug; please report it)\n",
+                 e.what());
+    return 1;
+  }
   if (rc < 0) {
     std::fprintf(stderr, "strata: usage error: no command given; see strata --help\n");
     return 2;

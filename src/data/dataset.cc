@@ -16,6 +16,22 @@
 namespace strata::data {
 namespace {
 
+// The most tokens one batch may hold: a caller's buffers of batch x seq_len tokens must be
+// addressable, so a larger request is refused before anything is written.
+constexpr std::int64_t kBatchTokensMax = std::int64_t{1} << 31;
+
+Status check_batch(std::int64_t index, std::int64_t batch, std::int64_t seq_len) {
+  if (batch < 0 || index < 0 || index > kBatchTokensMax ||
+      (batch > 0 && seq_len > kBatchTokensMax / batch)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("a batch of {} samples of {} tokens (batch index {}) is beyond the "
+                              "{} tokens a batch may hold",
+                              batch, seq_len, index, kBatchTokensMax),
+                  "train_micro_batch_size_per_gpu");
+  }
+  return Status::ok();
+}
+
 // One token file with its mask file, if any.
 struct Source {
   explicit Source(TokenFile f) : file(std::move(f)) {}
@@ -49,6 +65,7 @@ class FileDataset final : public Dataset {
   }
 
   Status next_train(Batch& batch) override {
+    STRATA_TRY(check_batch(0, batch.rows, seq_len_));
     for (std::int64_t b = 0; b < batch.rows; ++b) {
       if (position_.sample >= train_.count()) {
         ++position_.epoch;
@@ -63,6 +80,7 @@ class FileDataset final : public Dataset {
   }
 
   Status val_batch(std::int64_t index, Batch& batch) override {
+    STRATA_TRY(check_batch(index, batch.rows, seq_len_));
     for (std::int64_t b = 0; b < batch.rows; ++b)
       STRATA_TRY(fill_row(val_, (index * batch.rows + b) % val_.count(), batch, b));
     finish(batch);
@@ -246,6 +264,7 @@ class SyntheticDataset final : public Dataset {
         window_(static_cast<std::size_t>(seq_len + 1)) {}
 
   Status next_train(Batch& batch) override {
+    STRATA_TRY(check_batch(0, batch.rows, seq_len_));
     for (std::int64_t b = 0; b < batch.rows; ++b) {
       emit(0, static_cast<std::uint64_t>(position_.sample), batch, b);
       ++position_.sample;
@@ -255,6 +274,7 @@ class SyntheticDataset final : public Dataset {
     return Status::ok();
   }
   Status val_batch(std::int64_t index, Batch& batch) override {
+    STRATA_TRY(check_batch(index, batch.rows, seq_len_));
     for (std::int64_t b = 0; b < batch.rows; ++b)
       emit(1, static_cast<std::uint64_t>(index * batch.rows + b), batch, b);
     batch.packed = false;

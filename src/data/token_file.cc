@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/bounded_read.h"
+
 namespace strata::data {
 namespace {
 
@@ -79,18 +81,10 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
 }
 
 Result<TokenFile> TokenFile::open(const std::string& path, bool text) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  fmt::format("cannot open the data file: {}", std::strerror(err)), path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status(ErrorCode::kInvalidArgument, "the data file is not a regular file", path);
-  }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  // A regular file only: a FIFO or a device would hang the open or never end.
+  STRATA_ASSIGN_OR_RETURN(const RegularFile opened, open_regular_file(path, "the data file"));
+  const int fd = opened.fd;
+  const std::uint64_t size = opened.bytes;
   if (size == 0) {
     ::close(fd);
     return Status(ErrorCode::kInvalidArgument, "the data file is empty", path);

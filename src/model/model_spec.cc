@@ -5,14 +5,19 @@
 #include <json/writer.h>
 #include <sys/stat.h>
 
+#include <exception>
 #include <fstream>
 #include <limits>
 #include <sstream>
+
+#include "common/bounded_read.h"
+#include "model/shape_limits.h"
 
 namespace strata::model {
 namespace {
 
 constexpr const char* kFamilies = "gpt2, llama, mistral";
+constexpr std::uint64_t kHfConfigBytesMax = std::uint64_t{16} << 20;
 
 // Reads typed keys of one HF config.json, remembering the first problem.
 class HfReader {
@@ -99,6 +104,7 @@ Result<ModelShape> resolve_shape(const config::ModelConfig& m) {
                             {"num_heads", m.num_heads}}) {
     if (value <= 0) return shape_error(key, fmt::format("must be positive, got {}", value));
   }
+  STRATA_TRY(check_model_dims(m));
   ModelShape s;
   s.family = m.family;
   s.vocab_size = m.vocab_size;
@@ -135,6 +141,7 @@ Result<ModelShape> resolve_shape(const config::ModelConfig& m) {
                               ? 4 * m.hidden_size
                               : llama_intermediate_size(m.hidden_size);
   }
+  STRATA_TRY(check_shape_limits(s));
   return s;
 }
 
@@ -142,29 +149,21 @@ Result<config::ModelConfig> read_hf_config(const std::string& path) {
   std::string file = path;
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    return Status(ErrorCode::kConfig,
-                  "cannot read the model config (give a Hugging Face model directory or its "
-                  "config.json)",
-                  file);
+  Result<std::string> text = read_regular_file(file, kHfConfigBytesMax, "the model config");
+  if (!text.is_ok()) {
+    return Status(
+        ErrorCode::kConfig,
+        text.status().message() + " (give a Hugging Face model directory or its config.json)",
+        file);
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, parse_hf_config(text.str(), file));
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, parse_hf_config(*text, file));
   m.path = path;
   return m;
 }
 
-Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::string& file) {
-  Json::Value root;
-  Json::CharReaderBuilder builder;
-  builder["rejectDupKeys"] = true;
-  std::string errors;
-  std::istringstream stream(text);
-  if (!Json::parseFromStream(builder, stream, &root, &errors)) {
-    return Status(ErrorCode::kConfig, "malformed JSON: " + errors, file);
-  }
+namespace {
+
+Result<config::ModelConfig> parse_hf_json(const Json::Value& root, const std::string& file) {
   if (!root.isObject()) return Status(ErrorCode::kConfig, "expected a JSON object", file);
 
   const std::string type = root.get("model_type", "").asString();
@@ -234,6 +233,23 @@ Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::
   }
   if (!r.status().is_ok()) return r.status();
   return m;
+}
+
+}  // namespace
+
+Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::string& file) {
+  JsonLimits limits;
+  limits.bytes_max = kHfConfigBytesMax;
+  limits.allow_comments = true;
+  Result<Json::Value> root = parse_json_bounded(text, file, limits);
+  if (!root.is_ok()) return Status(ErrorCode::kConfig, root.status().message(), file);
+  try {
+    return parse_hf_json(*root, file);
+  } catch (const std::exception& e) {
+    // A value of a type the reader did not expect (jsoncpp throws): named, never escaping.
+    return Status(ErrorCode::kConfig, fmt::format("a value has the wrong type: {}", e.what()),
+                  file);
+  }
 }
 
 Result<ModelShape> shape_of(const config::ModelConfig& model) {

@@ -7,13 +7,16 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <exception>
 
+#include "common/bounded_read.h"
+#include "common/durable_file.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata::model {
@@ -63,27 +66,16 @@ std::uint64_t StTensor::numel() const {
   return n;
 }
 
-Result<std::vector<StTensor>> parse_safetensors_header(
-    const std::string& header, std::uint64_t data_bytes, const std::string& source,
-    std::map<std::string, std::string>* metadata) {
-  if (header.empty() || header[0] != '{') {
-    return corrupt(source, "the header does not start with '{'; not a safetensors file");
-  }
-  Json::CharReaderBuilder builder;
-  builder["rejectDupKeys"] = true;
-  builder["strictRoot"] = true;
-  builder["allowComments"] = false;
-  builder["failIfExtra"] = true;
-  builder["stackLimit"] = 64;
-  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
-  Json::Value root;
-  std::string errors;
-  // Writers pad the header with spaces to an 8-byte boundary; nothing else may follow the object.
-  std::size_t used = header.size();
-  while (used > 0 && header[used - 1] == ' ')
-    --used;
-  if (!reader->parse(header.data(), header.data() + used, &root, &errors) || !root.isObject()) {
-    return corrupt(source, "the header is not a valid JSON object: " + errors);
+namespace {
+
+// The header checks of parse_safetensors_header, on parsed JSON.
+Result<std::vector<StTensor>> check_header(const Json::Value& root, std::uint64_t data_bytes,
+                                           const std::string& source,
+                                           std::map<std::string, std::string>* metadata) {
+  if (!root.isObject()) return corrupt(source, "the header is not a JSON object");
+  if (root.size() > kSafetensorsTensorsMax) {
+    return corrupt(source, fmt::format("the header lists {} entries; at most {} are read",
+                                       root.size(), kSafetensorsTensorsMax));
   }
   std::vector<StTensor> tensors;
   for (const std::string& name : root.getMemberNames()) {
@@ -181,6 +173,36 @@ Result<std::vector<StTensor>> parse_safetensors_header(
   return tensors;
 }
 
+}  // namespace
+
+Result<std::vector<StTensor>> parse_safetensors_header(
+    const std::string& header, std::uint64_t data_bytes, const std::string& source,
+    std::map<std::string, std::string>* metadata) {
+  if (header.empty() || header[0] != '{') {
+    return corrupt(source, "the header does not start with '{'; not a safetensors file");
+  }
+  // Writers pad the header with spaces to an 8-byte boundary; nothing else may follow the object.
+  std::size_t used = header.size();
+  while (used > 0 && header[used - 1] == ' ')
+    --used;
+  JsonLimits limits;
+  limits.bytes_max = kSafetensorsHeaderBytesMax;
+  limits.depth_max = kSafetensorsHeaderDepthMax;
+  Result<Json::Value> parsed =
+      parse_json_bounded(std::string_view(header.data(), used), source, limits);
+  if (!parsed.is_ok()) {
+    return corrupt(source, "the header is not a valid JSON object: " + parsed.status().message());
+  }
+  const Json::Value& root = *parsed;
+  try {
+    return check_header(root, data_bytes, source, metadata);
+  } catch (const std::exception& e) {
+    // jsoncpp throws on a type it did not expect; every access above is checked, so this is a
+    // last line of defence that still names the file.
+    return corrupt(source, fmt::format("the header cannot be read: {}", e.what()));
+  }
+}
+
 SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
 }
@@ -192,25 +214,18 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
       data_(other.data_),
       tensors_(std::move(other.tensors_)),
       index_(std::move(other.index_)),
-      metadata_(std::move(other.metadata_)) {
+      metadata_(std::move(other.metadata_)),
+      header_xxh3_(other.header_xxh3_) {
   other.map_ = nullptr;
   other.map_bytes_ = 0;
   other.data_ = nullptr;
 }
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  fmt::format("cannot open: {}", std::strerror(err)), path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status(ErrorCode::kIo, "not a regular file", path);
-  }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  STRATA_ASSIGN_OR_RETURN(const RegularFile opened,
+                          open_regular_file(path, "the safetensors file"));
+  const int fd = opened.fd;
+  const std::uint64_t size = opened.bytes;
   if (size < 8) {
     ::close(fd);
     return corrupt(path, fmt::format("{} bytes is too short for a safetensors file (at least 8 "
@@ -239,12 +254,17 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                                      header_bytes, size));
   }
   const std::string header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
+  file.header_xxh3_ = XXH3_64bits(bytes, 8 + header_bytes);
   STRATA_ASSIGN_OR_RETURN(file.tensors_, parse_safetensors_header(header, size - 8 - header_bytes,
                                                                   path, &file.metadata_));
   file.data_ = bytes + 8 + header_bytes;
   for (std::size_t i = 0; i < file.tensors_.size(); ++i)
     file.index_[file.tensors_[i].name] = i;
   return file;
+}
+
+std::uint64_t SafetensorsFile::tensor_xxh3(const StTensor& tensor) const {
+  return XXH3_64bits(data(tensor), tensor.end - tensor.begin);
 }
 
 const StTensor* SafetensorsFile::find(const std::string& name) const {
@@ -294,9 +314,41 @@ Status SafetensorsFile::read_f32(const std::string& name, const std::vector<std:
   }
 }
 
+namespace {
+
+// Streams the file's bytes to `file` and hashes them: the length and header as one digest, each
+// tensor as its own.
+class HashingWriter {
+ public:
+  explicit HashingWriter(DurableFile& file) : file_(file), state_(XXH3_createState()) {
+    STRATA_ASSERT(state_ != nullptr);
+    XXH3_64bits_reset(state_);
+  }
+  ~HashingWriter() { XXH3_freeState(state_); }
+  HashingWriter(const HashingWriter&) = delete;
+  HashingWriter& operator=(const HashingWriter&) = delete;
+
+  Status write(const void* data, std::uint64_t bytes) {
+    XXH3_64bits_update(state_, data, static_cast<std::size_t>(bytes));
+    return file_.write(data, bytes);
+  }
+  // The digest of everything since the last call, and a fresh start.
+  std::uint64_t next_digest() {
+    const std::uint64_t d = XXH3_64bits_digest(state_);
+    XXH3_64bits_reset(state_);
+    return d;
+  }
+
+ private:
+  DurableFile& file_;
+  XXH3_state_t* state_;
+};
+
+}  // namespace
+
 Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata,
-                         const std::vector<StProduceFn>& producers) {
+                         const std::vector<StProduceFn>& producers, StDigest* digest) {
   std::string header = "{";
   bool first = true;
   if (!metadata.empty()) {
@@ -329,54 +381,50 @@ Status write_safetensors(const std::string& path, const std::vector<StTensorToWr
     header += ' ';
 
   const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return Status(ErrorCode::kIo, fmt::format("cannot create: {}", std::strerror(errno)), tmp);
-  }
-  std::uint8_t length[8];
-  std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i)
-    length[i] = static_cast<std::uint8_t>(n >> (8 * i));
-  bool ok = std::fwrite(length, 1, 8, f) == 8 &&
-            std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  Status produced;
-  for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
-    if (i >= producers.size() || !producers[i]) {
-      if (sizes[i] > 0) ok = std::fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
-      continue;
-    }
-    std::uint64_t written = 0;
-    produced = producers[i]([&](const void* data, std::uint64_t bytes) -> Status {
-      if (written + bytes > sizes[i]) {
-        return Status(
-            ErrorCode::kInternal,
-            fmt::format("tensor '{}' produced more than its {} bytes", tensors[i].name, sizes[i]));
+  StDigest made;
+  Status written = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(DurableFile file, DurableFile::create(tmp));
+    HashingWriter out(file);
+    std::uint8_t length[8];
+    const std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i)
+      length[i] = static_cast<std::uint8_t>(n >> (8 * i));
+    STRATA_TRY(out.write(length, 8));
+    STRATA_TRY(out.write(header.data(), header.size()));
+    made.header_xxh3 = out.next_digest();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (i >= producers.size() || !producers[i]) {
+        if (sizes[i] > 0) STRATA_TRY(out.write(tensors[i].data, sizes[i]));
+        made.tensor_xxh3.push_back(out.next_digest());
+        continue;
       }
-      if (bytes > 0 && std::fwrite(data, 1, bytes, f) != bytes) {
-        return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(errno)), tmp);
+      std::uint64_t produced = 0;
+      STRATA_TRY(producers[i]([&](const void* data, std::uint64_t bytes) -> Status {
+        if (produced + bytes > sizes[i]) {
+          return Status(ErrorCode::kInternal,
+                        fmt::format("tensor '{}' produced more than its {} bytes", tensors[i].name,
+                                    sizes[i]));
+        }
+        if (bytes > 0) STRATA_TRY(out.write(data, bytes));
+        produced += bytes;
+        return Status::ok();
+      }));
+      if (produced != sizes[i]) {
+        return Status(ErrorCode::kInternal, fmt::format("tensor '{}' produced {} of its {} bytes",
+                                                        tensors[i].name, produced, sizes[i]));
       }
-      written += bytes;
-      return Status::ok();
-    });
-    if (produced.is_ok() && written != sizes[i]) {
-      produced = Status(ErrorCode::kInternal, fmt::format("tensor '{}' produced {} of its {} bytes",
-                                                          tensors[i].name, written, sizes[i]));
+      made.tensor_xxh3.push_back(out.next_digest());
     }
-    ok = produced.is_ok();
+    made.file_bytes = file.bytes_written();
+    STRATA_TRY(file.sync());
+    return file.close();
+  }();
+  if (written.is_ok()) written = rename_durably(tmp, path);
+  if (!written.is_ok()) {
+    ::unlink(tmp.c_str());
+    return written;
   }
-  const int write_err = errno;
-  if (std::fclose(f) != 0) ok = false;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    if (!produced.is_ok()) return produced;
-    return Status(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(write_err)), tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return Status(ErrorCode::kIo, "cannot rename into place: " + ec.message(), path);
-  }
+  if (digest != nullptr) *digest = std::move(made);
   return Status::ok();
 }
 

@@ -1,9 +1,12 @@
 // The safetensors format (8-byte little-endian header length, a JSON header, then the tensor
-// bytes), read as hostile input: the header length, JSON, dtypes, shapes and offsets are all
-// checked against each other and the file size before any tensor byte is touched, and every
-// problem is a clear error naming the file, tensor and value, never a crash. The data is
-// memory-mapped read-only. The writer produces files `transformers` loads (metadata
-// {"format": "pt"}), atomically (temporary file, then rename).
+// bytes), read as hostile input: only a regular file is opened (never a FIFO or a device); the
+// header length, JSON (at most kSafetensorsHeaderBytesMax bytes, nested at most
+// kSafetensorsHeaderDepthMax deep), dtypes, shapes and offsets are all checked against each other
+// and the file size before any tensor byte is touched, and every problem is a clear error naming
+// the file, tensor and value, never a crash. The data is memory-mapped read-only. The writer
+// produces files `transformers` loads (metadata {"format": "pt"}), atomically and durably
+// (temporary file, fsync, rename, fsync of the directory), and can return xxHash3 digests of what
+// it wrote (the header and each tensor) for a manifest.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +49,11 @@ struct StTensor {
   std::uint64_t numel() const;
 };
 
-// The largest header accepted (the format's own limit).
+// The largest header accepted (the format's own limit), its deepest nesting (a tensor's shape is
+// at depth 3), and the most tensors one file may describe.
 inline constexpr std::uint64_t kSafetensorsHeaderBytesMax = 100ull << 20;
+inline constexpr int kSafetensorsHeaderDepthMax = 4;
+inline constexpr std::uint64_t kSafetensorsTensorsMax = 1u << 20;
 
 class SafetensorsFile {
  public:
@@ -67,6 +73,12 @@ class SafetensorsFile {
   const StTensor* find(const std::string& name) const;
   // The tensor's bytes (valid while this object lives).
   const std::uint8_t* data(const StTensor& tensor) const { return data_ + tensor.begin; }
+  // Size of the file in bytes, and the xxHash3-64 of its first 8 + header bytes (the length and
+  // the JSON header, padding included): what write_safetensors' digest says for it.
+  std::uint64_t file_bytes() const { return map_bytes_; }
+  std::uint64_t header_xxh3() const { return header_xxh3_; }
+  // xxHash3-64 of the tensor's bytes (reads them all).
+  std::uint64_t tensor_xxh3(const StTensor& tensor) const;
 
   // Copies tensor `name` into dst as fp32, converting from F32, F64, F16 or BF16, after checking
   // its shape equals `shape`. Errors name the file, tensor, and expected vs found.
@@ -82,6 +94,7 @@ class SafetensorsFile {
   std::vector<StTensor> tensors_;
   std::map<std::string, std::uint64_t> index_;
   std::map<std::string, std::string> metadata_;
+  std::uint64_t header_xxh3_ = 0;
 };
 
 // Parses and validates a header (the JSON text) against a data section of `data_bytes`;
@@ -102,11 +115,21 @@ struct StTensorToWrite {
   const void* data = nullptr;  // numel * dtype bytes (null when a producer streams them)
 };
 
-// Writes the tensors, in order, to `path` (via path + ".tmp" and rename). Tensor i's bytes come
-// from `producers[i]` when that is given and set (state that is not in memory all at once),
-// else from its `data`.
+// What write_safetensors wrote: the file's size, the xxHash3-64 of its length and header, and of
+// each tensor's bytes (in the order given).
+struct StDigest {
+  std::uint64_t file_bytes = 0;
+  std::uint64_t header_xxh3 = 0;
+  std::vector<std::uint64_t> tensor_xxh3;
+};
+
+// Writes the tensors, in order, to `path` (via path + ".tmp", fsync, rename, fsync of the
+// directory: see common/durable_file.h). Tensor i's bytes come from `producers[i]` when that is
+// given and set (state that is not in memory all at once), else from its `data`. Fills `digest`
+// when given. A write error (a full disk: kNoSpace) names the file; the temporary file is removed.
 Status write_safetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata,
-                         const std::vector<StProduceFn>& producers = {});
+                         const std::vector<StProduceFn>& producers = {},
+                         StDigest* digest = nullptr);
 
 }  // namespace strata::model

@@ -1,5 +1,5 @@
-// Checkpoint reading at any world size (see checkpoint_reader.h), and read_checkpoint /
-// find_checkpoint of checkpoint.h.
+// Checkpoint reading at any world size (see checkpoint_reader.h), and read_checkpoint of
+// checkpoint.h.
 #include "train/checkpoint_reader.h"
 
 #include <fmt/format.h>
@@ -8,60 +8,48 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "common/assert.h"
+#include "common/bounded_read.h"
+#include "common/log.h"
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 
 namespace strata::train {
-namespace fs = std::filesystem;
 namespace {
-
-constexpr const char* kFormatV1 = "strata-checkpoint-1";  // one state.safetensors, whole units
-constexpr const char* kFormatV2 = "strata-checkpoint-2";  // rank files
-constexpr int kStateFilesMax = 1 << 16;
-
-Result<Json::Value> read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorCode::kNotFound, "cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  Json::CharReaderBuilder builder;
-  builder["rejectDupKeys"] = true;
-  std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
-  Json::Value root;
-  std::string errors;
-  const std::string s = text.str();
-  if (!reader->parse(s.data(), s.data() + s.size(), &root, &errors) || !root.isObject()) {
-    return Status(ErrorCode::kCorrupt, "not a JSON object: " + errors, path);
-  }
-  return root;
-}
-
-// An integer key of trainer_state.json within [lo, hi].
-Result<int> int_key(const Json::Value& j, const char* key, int lo, int hi,
-                    const std::string& path) {
-  const Json::Value& v = j[key];
-  if (!v.isIntegral() || v.asInt64() < lo || v.asInt64() > hi) {
-    std::string shown = v.isNull() ? "missing" : v.toStyledString();
-    while (!shown.empty() && shown.back() == '\n')
-      shown.pop_back();
-    return Status(ErrorCode::kCorrupt,
-                  fmt::format("'{}' is {}; valid: an integer in [{}, {}]", key, shown, lo, hi),
-                  path);
-  }
-  return static_cast<int>(v.asInt64());
-}
 
 struct StateFile {
   model::SafetensorsFile file;
-  bool whole_units = false;  // format 1: every tensor is a whole unit from element 0
+  bool whole_units = false;                 // format 1: every tensor is a whole unit from element 0
+  const StateFileDigest* digest = nullptr;  // format 3: what the manifest says of it
+  // Tensors whose digest was checked (by index in file.tensors()); reads are single-threaded.
+  mutable std::vector<bool> checked;
 };
+
+// Checks, once, that `t`'s bytes are the ones the manifest recorded.
+Status check_tensor(const StateFile& f, const model::StTensor& t) {
+  if (f.digest == nullptr) return Status::ok();
+  const auto index = static_cast<std::size_t>(&t - f.file.tensors().data());
+  if (f.checked.empty()) f.checked.assign(f.file.tensors().size(), false);
+  if (f.checked[index]) return Status::ok();
+  auto it = f.digest->tensor_xxh3.find(t.name);
+  if (it == f.digest->tensor_xxh3.end()) {
+    return Status(ErrorCode::kCorrupt,
+                  fmt::format("tensor '{}' has no digest in the manifest", t.name), f.file.path());
+  }
+  const std::uint64_t computed = f.file.tensor_xxh3(t);
+  if (computed != it->second) {
+    return Status(ErrorCode::kCorrupt,
+                  fmt::format("tensor '{}' fails its checksum (recorded xxh3 {:016x}, computed "
+                              "{:016x}): the file was damaged after it was written",
+                              t.name, it->second, computed),
+                  f.file.path());
+  }
+  f.checked[index] = true;
+  return Status::ok();
+}
 
 // Metadata key `key` of `f` as a non-negative integer.
 Result<std::int64_t> meta_int(const StateFile& f, const std::string& key) {
@@ -87,11 +75,7 @@ Result<std::int64_t> meta_int(const StateFile& f, const std::string& key) {
 struct CheckpointReader::Impl {
   std::string dir;
   std::string meta_path;
-  Json::Value j;
-  std::string model_json;
-  std::string precision;
-  int world = 1;
-  int stage = 0;
+  CheckpointManifest manifest;
   std::vector<StateFile> files;
 };
 
@@ -104,19 +88,25 @@ const std::string& CheckpointReader::dir() const {
   return impl_->dir;
 }
 const std::string& CheckpointReader::model_json() const {
-  return impl_->model_json;
+  return impl_->manifest.model_json;
 }
 const std::string& CheckpointReader::precision() const {
-  return impl_->precision;
+  return impl_->manifest.precision;
 }
 std::uint64_t CheckpointReader::seed() const {
-  return impl_->j["seed"].asUInt64();
+  return impl_->manifest.seed;
 }
 int CheckpointReader::world_size() const {
-  return impl_->world;
+  return impl_->manifest.world_size;
 }
 int CheckpointReader::zero_stage() const {
-  return impl_->stage;
+  return impl_->manifest.zero_stage;
+}
+int CheckpointReader::format_version() const {
+  return impl_->manifest.version;
+}
+bool CheckpointReader::verified() const {
+  return impl_->manifest.version >= 3;
 }
 int CheckpointReader::state_files() const {
   return static_cast<int>(impl_->files.size());
@@ -126,31 +116,18 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& dir) {
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
   impl->meta_path = dir + "/trainer_state.json";
-  STRATA_ASSIGN_OR_RETURN(impl->j, read_json(impl->meta_path));
-  const Json::Value& j = impl->j;
-  const std::string format = j["format"].asString();
-  if (format != kFormatV1 && format != kFormatV2) {
-    return Status(ErrorCode::kCorrupt,
-                  fmt::format("format '{}' is not '{}' or '{}'", format, kFormatV2, kFormatV1),
-                  impl->meta_path);
-  }
-  if (!j["model"].isString() || !j["precision"].isString() || !j["seed"].isIntegral()) {
-    return Status(ErrorCode::kCorrupt, "'model', 'precision' or 'seed' is missing",
-                  impl->meta_path);
-  }
-  impl->model_json = j["model"].asString();
-  impl->precision = j["precision"].asString();
-  if (format == kFormatV1) {
+  STRATA_ASSIGN_OR_RETURN(
+      const std::string text,
+      read_regular_file(impl->meta_path, kManifestBytesMax, "the checkpoint's trainer_state.json"));
+  STRATA_ASSIGN_OR_RETURN(impl->manifest, parse_checkpoint_manifest(text, impl->meta_path));
+  const CheckpointManifest& m = impl->manifest;
+  if (m.version == 1) {
     const std::string path = dir + "/state.safetensors";
     STRATA_ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::open(path));
-    impl->files.push_back(StateFile{std::move(file), true});
+    impl->files.push_back(StateFile{std::move(file), true, nullptr, {}});
     return CheckpointReader(std::move(impl));
   }
-  STRATA_ASSIGN_OR_RETURN(impl->world,
-                          int_key(j, "world_size", 1, kStateFilesMax, impl->meta_path));
-  STRATA_ASSIGN_OR_RETURN(impl->stage, int_key(j, "zero_stage", 0, 3, impl->meta_path));
-  STRATA_ASSIGN_OR_RETURN(const int files,
-                          int_key(j, "state_files", 1, impl->world, impl->meta_path));
+  const int files = m.state_files;
   for (int r = 0; r < files; ++r) {
     const std::string path = dir + "/" + state_file_name(r, files);
     Result<model::SafetensorsFile> file = model::SafetensorsFile::open(path);
@@ -160,7 +137,7 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& dir) {
                                 file.status().message()),
                     path);
     }
-    StateFile f{std::move(*file), false};
+    StateFile f{std::move(*file), false, nullptr, {}};
     STRATA_ASSIGN_OR_RETURN(const std::int64_t rank, meta_int(f, "rank"));
     STRATA_ASSIGN_OR_RETURN(const std::int64_t count, meta_int(f, "state_files"));
     if (rank != r || count != files) {
@@ -169,6 +146,28 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& dir) {
                                 rank, count, r, files),
                     path);
     }
+    if (m.version >= 3) {
+      const StateFileDigest& d = m.files[static_cast<std::size_t>(r)];
+      STRATA_ASSIGN_OR_RETURN(const std::int64_t step, meta_int(f, "step"));
+      STRATA_ASSIGN_OR_RETURN(const std::int64_t world, meta_int(f, "world_size"));
+      if (step != m.counters.step || world != m.world_size) {
+        return Status(ErrorCode::kCorrupt,
+                      fmt::format("the file is of step {} at world size {}, the checkpoint of "
+                                  "step {} at world size {}: a file of another checkpoint",
+                                  step, world, m.counters.step, m.world_size),
+                      path);
+      }
+      if (f.file.file_bytes() != d.bytes || f.file.header_xxh3() != d.header_xxh3) {
+        return Status(
+            ErrorCode::kCorrupt,
+            fmt::format("the file ({} bytes, header xxh3 {:016x}) is not the one the "
+                        "manifest lists ({} bytes, header xxh3 {:016x}): damaged, "
+                        "truncated or replaced",
+                        f.file.file_bytes(), f.file.header_xxh3(), d.bytes, d.header_xxh3),
+            path);
+      }
+      f.digest = &d;
+    }
     impl->files.push_back(std::move(f));
   }
   return CheckpointReader(std::move(impl));
@@ -176,9 +175,10 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& dir) {
 
 Result<model::ModelShape> CheckpointReader::shape() const {
   const std::string source = impl_->meta_path + ": model";
-  STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, model::parse_hf_config(impl_->model_json, source));
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig m,
+                          model::parse_hf_config(impl_->manifest.model_json, source));
   STRATA_ASSIGN_OR_RETURN(model::ModelShape s, model::resolve_shape(m));
-  if (model::hf_config_json(s, "float32") != impl_->model_json) {
+  if (model::hf_config_json(s, "float32") != impl_->manifest.model_json) {
     return Status(ErrorCode::kCorrupt, "the model config does not describe a shape Strata wrote",
                   source);
   }
@@ -186,27 +186,7 @@ Result<model::ModelShape> CheckpointReader::shape() const {
 }
 
 Result<TrainerCounters> CheckpointReader::counters() const {
-  const Json::Value& j = impl_->j;
-  TrainerCounters c;
-  c.step = j["step"].asInt64();
-  c.adam_step = j["adam_step"].asInt64();
-  c.scheduler_iteration = j["scheduler_last_batch_iteration"].asInt64();
-  c.skipped_steps = j["skipped_steps"].asInt64();
-  c.tokens_seen = j["tokens_seen"].asInt64();
-  c.scaler.scale = j["loss_scaler"]["scale"].asDouble();
-  c.scaler.iteration = j["loss_scaler"]["iteration"].asInt64();
-  c.scaler.last_overflow_iteration = j["loss_scaler"]["last_overflow_iteration"].asInt64();
-  c.scaler.hysteresis = j["loss_scaler"]["hysteresis"].asInt64();
-  c.data.epoch = j["data"]["epoch"].asInt64();
-  c.data.sample = j["data"]["sample"].asInt64();
-  for (const Json::Value& l : j["recent_losses"])
-    c.recent_losses.push_back(l.asDouble());
-  if (c.step < 0 || c.adam_step < 0 || c.adam_step > c.step) {
-    return Status(ErrorCode::kCorrupt,
-                  fmt::format("inconsistent counters: step {}, adam_step {}", c.step, c.adam_step),
-                  impl_->meta_path);
-  }
-  return c;
+  return impl_->manifest.counters;
 }
 
 Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind kind,
@@ -247,8 +227,18 @@ Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind k
     const std::int64_t lo = std::max(begin, file_begin);
     const std::int64_t hi = std::min(end, file_begin + file_numel);
     if (lo >= hi) continue;
-    std::memcpy(dst + (lo - begin), f.file.data(*t) + (lo - file_begin) * 4,
+    STRATA_TRY(check_tensor(f, *t));
+    float* out = dst + (lo - begin);
+    std::memcpy(out, f.file.data(*t) + (lo - file_begin) * 4,
                 static_cast<std::size_t>(hi - lo) * 4);
+    const std::int64_t bad = first_invalid_value(kind, out, hi - lo);
+    if (bad >= 0) {
+      return Status(ErrorCode::kCorrupt,
+                    fmt::format("tensor '{}' holds {} at element {}, which training cannot "
+                                "continue from (the run had diverged, or the file was damaged)",
+                                name, out[bad], lo + bad),
+                    f.file.path());
+    }
     covered.emplace_back(lo, hi);
   }
   // Every real element must have come from some file; the rest is padding and stays zero.
@@ -295,25 +285,15 @@ Status consolidate_checkpoint(const CheckpointReader& reader, const std::string&
       dtype);
 }
 
-Result<std::string> find_checkpoint(const std::string& path) {
-  if (fs::exists(path + "/trainer_state.json")) return path;
-  std::ifstream latest(path + "/latest");
-  std::string name;
-  if (latest >> name && name.find('/') == std::string::npos &&
-      fs::exists(path + "/" + name + "/trainer_state.json")) {
-    return path + "/" + name;
-  }
-  return Status(ErrorCode::kNotFound,
-                "no checkpoint here: expected trainer_state.json, or a 'latest' file naming a "
-                "checkpoint directory",
-                path);
-}
-
 Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::OffloadStore& state,
                                         const model::ModelShape& shape,
                                         const std::string& precision, std::uint64_t seed) {
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
   const std::string meta_path = dir + "/trainer_state.json";
+  if (!reader.verified()) {
+    STRATA_LOG_WARN("{}: format {} carries no checksums; its files are loaded unverified",
+                    meta_path, checkpoint_format(reader.format_version()));
+  }
   if (reader.model_json() != model::hf_config_json(shape, "float32")) {
     return Status(ErrorCode::kInvalidArgument,
                   "the checkpoint is of a different model shape than strata.model describes",

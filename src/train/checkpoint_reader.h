@@ -1,7 +1,10 @@
 // Reading a checkpoint (format in checkpoint.h) without a training state: its metadata and any
 // range of any unit's master or moments, assembled from the rank files that cover it. Used by
 // read_checkpoint (resume at any world size) and `strata convert` (consolidation into a Hugging
-// Face directory). Every file is validated when opened; every error names the file and tensor.
+// Face directory). Every file is validated when opened (the manifest's checksum and fields; each
+// rank file's size, header digest and identity); each tensor's digest is checked before its
+// first bytes are used, and every value read must be finite (exp_avg_sq also >= 0). Every error
+// names the file and tensor.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,7 @@ class CheckpointReader {
 
   // Opens the step directory `dir` (trainer_state.json and every state file it lists; their
   // headers and metadata are checked, their tensors are mapped, not read). kNotFound naming a
-  // missing file, kCorrupt naming a malformed one.
+  // missing file, kCorrupt naming a malformed, damaged or foreign (another step's) one.
   static Result<CheckpointReader> open(const std::string& dir);
 
   const std::string& dir() const;
@@ -40,12 +43,17 @@ class CheckpointReader {
   int world_size() const;
   int zero_stage() const;
   int state_files() const;
-  // The counters of trainer_state.json (kCorrupt when inconsistent).
+  // The format version (1, 2 or 3) and whether the files carry digests that are checked (3).
+  int format_version() const;
+  bool verified() const;
+  // The counters of trainer_state.json (checked against each other when opened).
   Result<TrainerCounters> counters() const;
 
   // dst[0 .. numel) = elements [begin, begin + numel) of `unit`'s `kind` (master, exp_avg or
   // exp_avg_sq), from whichever rank files cover them. Elements no file covers read as zero when
-  // they are padding (>= unit.numel); a real one is kCorrupt naming the unit, kind and range.
+  // they are padding (>= unit.numel); a real one is kCorrupt naming the unit, kind and range. A
+  // tensor failing its digest, or a value that is not finite (or a negative exp_avg_sq), is
+  // kCorrupt naming the file, tensor and element.
   Status read(const model::UnitLayout& unit, offload::SlotKind kind, std::int64_t begin,
               std::int64_t numel, float* dst) const;
 

@@ -3,9 +3,17 @@
 
 #include <fmt/format.h>
 
+#include <stdio.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string_view>
+
+#include "common/bounded_read.h"
+#include "common/durable_file.h"
 
 namespace strata::train {
 
@@ -13,7 +21,54 @@ MetricsLog::~MetricsLog() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-Status MetricsLog::open(const std::string& path, bool append) {
+namespace {
+
+// The metrics of a run resumed from `resumed_step`: keeps every complete line up to that step
+// (and lines without a step, such as an earlier summary); rewrites the file (atomically) only
+// when something must go.
+Status repair(const std::string& path, std::int64_t resumed_step) {
+  Result<RegularFile> file = open_regular_file(path, "the metrics file");
+  if (file.status().code() == ErrorCode::kNotFound) return Status::ok();  // created on append
+  STRATA_TRY(file.status());
+  std::FILE* in = ::fdopen(file->fd, "rb");
+  if (in == nullptr) {
+    ::close(file->fd);
+    return Status(ErrorCode::kIo, fmt::format("cannot read: {}", std::strerror(errno)), path);
+  }
+  std::string kept;
+  bool dropped = false;
+  char* line = nullptr;
+  std::size_t capacity = 0;
+  ssize_t n = 0;
+  JsonLimits limits;
+  limits.bytes_max = 1 << 20;
+  limits.depth_max = 8;
+  while ((n = ::getline(&line, &capacity, in)) > 0) {
+    const std::string_view text(line, static_cast<std::size_t>(n));
+    bool keep = text.back() == '\n';  // a torn last line has no newline
+    if (keep) {
+      Result<Json::Value> v = parse_json_bounded(text, path, limits);
+      keep = !(v.is_ok() && v->isObject() && (*v)["step"].isInt64() &&
+               (*v)["step"].asInt64() > resumed_step);
+    }
+    if (keep) {
+      kept.append(text);
+    } else {
+      dropped = true;
+    }
+  }
+  std::free(line);
+  const bool failed = std::ferror(in) != 0;
+  std::fclose(in);
+  if (failed) return Status(ErrorCode::kIo, "cannot read the metrics to append to them", path);
+  return dropped ? write_file_atomically(path, kept) : Status::ok();
+}
+
+}  // namespace
+
+Status MetricsLog::open(const std::string& path, std::int64_t resumed_step) {
+  const bool append = resumed_step >= 0;
+  if (append) STRATA_TRY(repair(path, resumed_step));
   file_ = std::fopen(path.c_str(), append ? "ab" : "wb");
   if (file_ == nullptr) {
     return Status(ErrorCode::kIo, fmt::format("cannot open for writing: {}", std::strerror(errno)),

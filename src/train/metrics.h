@@ -21,8 +21,10 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  // Opens `path` for writing (truncating), or for appending when resuming.
-  Status open(const std::string& path, bool append);
+  // Opens `path` for writing: truncated for a fresh run (`resumed_step` -1); when resuming from
+  // the checkpoint of `resumed_step`, appended to after a repair: a torn last line (a crash or a
+  // full disk mid-write) and the lines of steps after `resumed_step` (trained again now) go.
+  Status open(const std::string& path, std::int64_t resumed_step);
   // Writes one compact JSON line and flushes it.
   Status write(const Json::Value& line);
   // One compact line of JSON, as written.

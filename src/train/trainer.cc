@@ -14,8 +14,10 @@
 #include "model/hf_io.h"
 #include "model/init.h"
 #include "offload/plan.h"
+#include "train/checkpoint_root.h"
 #include "train/rank_sync.h"
 #include "train/run_settings.h"
+#include "train/stop_signal.h"
 
 namespace strata::train {
 namespace fs = std::filesystem;
@@ -34,7 +36,7 @@ const char* precision_name(const config::Config& config) {
 }
 
 Trainer::Trainer(const config::Config& config, const TrainerOptions& options)
-    : config_(config), options_(options) {}
+    : config_(config), options_(options), breakdown_(std::make_unique<StepBreakdown>(config)) {}
 
 Trainer::~Trainer() = default;
 
@@ -66,6 +68,12 @@ Status Trainer::setup() {
                               config_.world_size, world_.comm->world_size()),
                   "launcher environment");
   }
+  // Before anything is written: the run's folders, and never over another run's checkpoints.
+  STRATA_TRY(prepare_run_directories(config_));
+  std::vector<std::string> removed;
+  STRATA_TRY(claim_output_dir(config_, rank() == 0, &removed));
+  for (const std::string& path : removed)
+    note("overwrite_output_dir: removed the old run's " + path);
   // The plan's settings; on several ranks each swaps to the NVMe paths nearest to it
   // (binding.h), when the machine says which.
   std::vector<std::string> path_notes;
@@ -111,6 +119,15 @@ Status Trainer::setup() {
   STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
 
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
+  constexpr std::int64_t kMicroBatchTokensMax = std::int64_t{1} << 31;
+  if (batch < 1 || batch > kMicroBatchTokensMax / s.data.seq_len) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("{} samples of {} tokens exceed the {} tokens one micro-batch may "
+                              "hold; valid: at most {}",
+                              batch, s.data.seq_len, kMicroBatchTokensMax,
+                              kMicroBatchTokensMax / s.data.seq_len),
+                  "train_micro_batch_size_per_gpu");
+  }
   const model::RunnerOptions runner = runner_options(config_, shape_);
 
   // Where every byte lives: the plan, checked against the budgets before anything is allocated.
@@ -164,7 +181,9 @@ Status Trainer::setup() {
     return Status(ErrorCode::kIo, "cannot create the output directory: " + ec.message(),
                   s.output_dir);
   }
-  if (rank() == 0) STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_));
+  if (rank() == 0) {
+    STRATA_TRY(metrics_.open(s.output_dir + "/metrics.jsonl", resumed_ ? counters_.step : -1));
+  }
 
   if (world_size() > 1) {
     note(fmt::format("{} ranks, ZeRO stage {}: {}", world_size(), config_.zero_optimization.stage,
@@ -204,10 +223,14 @@ Status Trainer::initialise_weights() {
     STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
     STRATA_ASSIGN_OR_RETURN(counters_,
                             read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
+    STRATA_TRY(check_resumable(counters_, config_, dir));
+    const std::string newer = newer_checkpoints_note(checkpoint_root(config_), counters_.step);
+    if (!newer.empty()) note(newer);
     scaler_->restore(counters_.scaler);
     schedule_->restore(counters_.scheduler_iteration);
     STRATA_TRY(dataset_->seek(counters_.data));
     resumed_ = true;
+    last_checkpoint_ = dir;
     note(fmt::format("resumed from {} at step {}", dir, counters_.step));
     return state_->refresh(false);
   }
@@ -265,23 +288,28 @@ Result<StepReport> Trainer::train_step() {
     double loss = 0.0;
     {
       TraceScope scope(trace_.get(), TraceLane::kCompute, "forward + backward");
-      STRATA_ASSIGN_OR_RETURN(loss, runner_->train_step(*state_, grad_scale));
+      breakdown_->begin_micro_batch();
+      STRATA_ASSIGN_OR_RETURN(loss,
+                              runner_->train_step(breakdown_->timed_store(*state_), grad_scale));
+      breakdown_->end_micro_batch();
     }
     loss_sum += plain ? loss : loss * static_cast<double>(b.counted);
     STRATA_TRY(state_->end_micro_batch());
   }
   STRATA_TRY(state_->finish_backward());
   // The step's loss is the mean over every rank's micro-batches; with ZeRO >= 1 each rank holds
-  // the sum of squares of its shard of the gradient, and the norm is over all of them.
-  double sums[2] = {loss_sum, state_->grad_sum_squares()};
+  // the sum of squares of its shard of the gradient, and the norm is over all of them. Whether
+  // any rank was asked to stop rides along, so that every rank stops after the same step.
+  double sums[3] = {loss_sum, stop_requested() != 0 ? 1.0 : 0.0, state_->grad_sum_squares()};
   if (world_size() > 1)
     STRATA_TRY(
-        sum_over_ranks(*state_, *world_.comm, sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
+        sum_over_ranks(*state_, *world_.comm, sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
   report.loss = plain ? sums[0] / static_cast<double>(accumulation * world_size())
                       : sums[0] / static_cast<double>(std::max<std::int64_t>(counted, 1));
   report.loss_tokens = counted;
+  report.stop = sums[1] > 0.0;
   report.compute_ms = seconds_since(start) * 1e3;
-  const double scaled_norm = std::sqrt(sums[1]);
+  const double scaled_norm = std::sqrt(sums[2]);
   if (!std::isfinite(scaled_norm)) {
     report.skipped = true;
     report.grad_norm = scaled_norm;
@@ -359,21 +387,39 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
 }
 
 Result<std::string> Trainer::save_checkpoint() {
-  const std::string root = config_.strata.checkpoint_dir.empty()
-                               ? config_.strata.output_dir + "/checkpoints"
-                               : config_.strata.checkpoint_dir;
-  if (world_size() > 1) {
-    // Each rank writes its shard; rank 0 commits once every rank's file is complete.
-    return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
-                            config_.strata.seed, static_cast<int>(config_.zero_optimization.stage),
-                            *world_.comm);
+  // Each rank writes its shard; rank 0 commits once every rank's file is complete.
+  CheckpointOptions options;
+  options.zero_stage = static_cast<int>(config_.zero_optimization.stage);
+  options.keep_last = static_cast<int>(config_.strata.checkpoint_keep_last);
+  Result<std::string> dir =
+      write_checkpoint(checkpoint_root(config_), counters_, *state_, shape_,
+                       precision_name(config_), config_.strata.seed, options, *world_.comm);
+  if (!dir.is_ok()) {
+    // Say what is left: the run stops, and the user resumes from the last good checkpoint.
+    const Status& s = dir.status();
+    return Status(
+        s.code(),
+        fmt::format("{} (the checkpoint of step {} is not written; {})", s.message(),
+                    counters_.step,
+                    last_checkpoint_.empty() ? "this run has no earlier one"
+                                             : "the last complete one is " + last_checkpoint_),
+        s.context());
   }
-  return write_checkpoint(root, counters_, *state_, shape_, precision_name(config_),
-                          config_.strata.seed);
+  last_checkpoint_ = *dir;
+  return last_checkpoint_;
 }
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
+  // stage3_gather_16bit_weights_on_model_save: the training's 16-bit type, as DeepSpeed's
+  // save_16bit_model writes it; else the fp32 master weights.
+  const kernels::DType saved_dtype =
+      config_.zero_optimization.stage3_gather_16bit_weights_on_model_save ? storage_
+                                                                          : kernels::DType::kF32;
+  // A diverged model is not published as a result.
+  auto check = [&](int u, const float* data) {
+    return check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
+  };
   const offload::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
@@ -393,9 +439,10 @@ Status Trainer::save_model(const std::string& dir) {
         [&](int u) -> Result<const float*> {
           while (gathered < u)
             STRATA_TRY(gather(++gathered));
+          STRATA_TRY(check(u, whole.data()));
           return static_cast<const float*>(whole.data());
         },
-        kernels::DType::kF32);
+        saved_dtype);
   }
   if (rank() != 0) return Status::ok();  // stage 0: every rank holds the same whole units
   int cached = -1;
@@ -405,11 +452,12 @@ Status Trainer::save_model(const std::string& dir) {
       [&](int u) -> Result<const float*> {
         if (u != cached) {
           STRATA_ASSIGN_OR_RETURN(data, state_->view(offload::SlotKind::kMaster, u));
+          STRATA_TRY(check(u, data));
           cached = u;
         }
         return data;
       },
-      kernels::DType::kF32);
+      saved_dtype);
 }
 
 Json::Value Trainer::memory_json() const {
@@ -453,7 +501,12 @@ Json::Value Trainer::summary() const {
     j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
     j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
   }
-  j["final_model"] = config_.strata.output_dir + "/final";
+  if (stopped_ != 0) {
+    j["stopped_by"] = stopped_ > 0 ? signal_name(stopped_) : "another rank";
+    j["checkpoint"] = last_checkpoint_;
+  } else {
+    j["final_model"] = config_.strata.output_dir + "/final";
+  }
   return j;
 }
 
@@ -462,16 +515,23 @@ Status Trainer::run() {
   const auto start = std::chrono::steady_clock::now();
   if (!options_.quiet) {
     progress_ =
-        std::make_unique<Progress>(s.train_steps, options_.progress_tty, config_.steps_per_print);
+        std::make_unique<Progress>(s.train_steps, options_.progress_tty, print_interval(config_));
   }
   bool checkpointed = false;
+  std::int64_t skipped_in_a_row = 0;
   while (counters_.step < s.train_steps) {
     STRATA_ASSIGN_OR_RETURN(StepReport r, train_step());
     checkpointed = false;
+    skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
     const double tokens_per_s =
         r.step_ms > 0 ? static_cast<double>(r.tokens) / (r.step_ms / 1e3) : 0.0;
+    Json::Value breakdown_metrics(Json::objectValue);
+    const std::vector<std::string> breakdown =
+        breakdown_->end_step(r.step, r.step_ms, r.compute_wait_ms, *state_, &breakdown_metrics);
     if (r.step % s.log_every_steps == 0 || r.step == s.train_steps) {
       Json::Value line = memory_json();
+      for (const std::string& key : breakdown_metrics.getMemberNames())
+        line[key] = breakdown_metrics[key];
       line["step"] = Json::Int64(r.step);
       line["loss"] = r.loss;
       line["lr"] = r.lr;
@@ -491,6 +551,21 @@ Status Trainer::run() {
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
                                   r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
                                   format_bytes(u.bytes_peak[1]), format_bytes(u.bytes_peak[2])));
+      if (r.step % print_interval(config_) == 0 || r.step == s.train_steps) {
+        for (const std::string& text : breakdown)
+          progress_->note(text);
+      }
+    }
+    if (skipped_in_a_row >= kSkippedInARowMax && !scaler_->dynamic()) {
+      return Status(
+          ErrorCode::kInvalidArgument,
+          fmt::format("steps {} to {} were all skipped: their gradients are not finite, "
+                      "and in {} no loss scale can change that (a non-finite weight, or "
+                      "a diverged run); no checkpoint or final model is written from "
+                      "this state{}",
+                      r.step - skipped_in_a_row + 1, r.step, precision_name(config_),
+                      last_checkpoint_.empty() ? "" : "; the last one is " + last_checkpoint_),
+          fmt::format("step {}", r.step));
     }
     const bool last = r.step == s.train_steps;
     if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {
@@ -506,6 +581,20 @@ Status Trainer::run() {
       STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
       checkpointed = true;
       note(fmt::format("checkpoint: {}", dir));
+    }
+    if (r.stop && !last) {
+      // Asked to stop (here or on another rank): keep what was trained, then end.
+      if (!checkpointed) {
+        STRATA_ASSIGN_OR_RETURN(std::string dir, save_checkpoint());
+        note(fmt::format("checkpoint: {}", dir));
+      }
+      stopped_ = stop_requested() != 0 ? stop_requested() : -1;
+      STRATA_TRY(finish_step());
+      if (progress_) progress_->finish();
+      elapsed_s_ = seconds_since(start);
+      if (trace_) STRATA_TRY(trace_->close());
+      STRATA_TRY(world_.comm->wait_all());
+      return rank() == 0 ? metrics_.write(summary()) : Status::ok();
     }
   }
   if (!checkpointed && counters_.step > 0 && !resumed_) {

@@ -26,6 +26,7 @@
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/breakdown.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 
@@ -44,6 +45,7 @@ struct StepReport {
   double compute_ms = 0.0;       // forward, backward and the gradients' trip home
   double optimizer_ms = 0.0;     // the rest: norm, and the optimizer unless it overlaps
   double compute_wait_ms = 0.0;  // compute blocked on parameters, updates or gradient buffers
+  bool stop = false;  // some rank was asked to stop (SIGINT/SIGTERM): every rank ends after it
 };
 
 struct TrainerOptions {
@@ -60,8 +62,16 @@ class Trainer {
                                                  const TrainerOptions& options);
   ~Trainer();
 
-  // Trains to strata.train_steps: steps, evaluations, checkpoints, metrics, the final model.
+  // Trains to strata.train_steps: steps, evaluations, checkpoints, metrics, the final model. When
+  // a stop is requested (stop_signal.h) it ends after the step in flight instead, with a
+  // checkpoint and without a final model; stopped() then says so. A run whose steps are all
+  // skipped (non-finite gradients) kSkippedInARowMax times in a row where no loss scale can help
+  // stops with an error, as does a non-finite master at a checkpoint or the final model.
   Status run();
+  // The signal that stopped run() early (SIGINT, SIGTERM; -1 when another rank's), or 0.
+  int stopped() const { return stopped_; }
+  // The newest checkpoint this run wrote ("" when none).
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
   // One optimizer step.
   Result<StepReport> train_step();
   // Mean token loss over `batches` validation micro-batches.
@@ -116,10 +126,17 @@ class Trainer {
   data::Batch eval_batch_;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<StepBreakdown> breakdown_;  // wall_clock_breakdown, memory_breakdown
   double elapsed_s_ = 0.0;
   std::optional<double> last_eval_loss_;
   bool resumed_ = false;
+  int stopped_ = 0;
+  std::string last_checkpoint_;
 };
+
+// Steps skipped in a row (non-finite gradients) after which a run without dynamic loss scaling
+// stops: no scale can make such gradients finite (docs/reliability.md).
+inline constexpr std::int64_t kSkippedInARowMax = 5;
 
 // "fp32", "bf16" or "fp16" for the config's precision.
 const char* precision_name(const config::Config& config);

@@ -131,5 +131,61 @@ TEST(SwapCleanup, AStaleFolderOfStrataFilesIsRemovedWhole) {
   EXPECT_FALSE(fs::exists(run));
 }
 
+TEST(SwapCleanup, AFolderALiveProcessIsMakingIsLeftAlone) {
+  // Made under the maker's own name, without its lock yet: the state another rank starting beside
+  // it could see (it removed such folders while they were being made, and the maker failed).
+  TempDir dir;
+  const std::string making = dir.path() + "/.strata-swap-u" + std::to_string(::geteuid()) +
+                             "-r1.p" + std::to_string(::getpid());
+  fs::create_directory(making);
+  StaleCleanup report = clean_stale_swap({dir.path()}, ::geteuid());
+  EXPECT_TRUE(fs::exists(making));
+  EXPECT_TRUE(report.removed_dirs.empty());
+  EXPECT_TRUE(report.kept.empty());
+}
+
+TEST(SwapCleanup, AFolderADeadProcessWasMakingIsRemoved) {
+  TempDir dir;
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const std::string making = dir.path() + "/.strata-swap-u" + std::to_string(::geteuid()) +
+                             "-r1.p" + std::to_string(child);
+  fs::create_directory(making);
+  StaleCleanup report = clean_stale_swap({dir.path()}, ::geteuid());
+  EXPECT_FALSE(fs::exists(making));
+  ASSERT_EQ(report.removed_dirs.size(), 1u);
+}
+
+TEST(SwapCleanup, RunsStartingTogetherBesideEachOtherAllGetTheirFolders) {
+  // Each starting run cleans the folder before it makes its own, as ranks on one node do.
+  TempDir dir;
+  constexpr int kRuns = 8;
+  constexpr int kRounds = 20;
+  std::vector<pid_t> children;
+  for (int i = 0; i < kRuns; ++i) {
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto engine = uring();
+      for (int round = 0; round < kRounds; ++round) {
+        auto space =
+            SwapSpace::create(engine.get(), options_in(dir.path(), "r" + std::to_string(i)));
+        if (!space.is_ok()) ::_exit(1);
+      }
+      ::_exit(0);
+    }
+    children.push_back(child);
+  }
+  for (pid_t child : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
 }  // namespace
 }  // namespace strata::io

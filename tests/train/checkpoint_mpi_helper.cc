@@ -23,12 +23,12 @@ Status run(strata::comm::Comm& comm, const std::string& root, int stage) {
   STRATA_ASSIGN_OR_RETURN(
       auto r, strata::testing::make_rank_state("gpt2", stage, comm.rank(), comm.world_size()));
   STRATA_TRY(strata::testing::fill_known(*r));
-  strata::train::TrainerCounters counters;
-  counters.step = 3;
-  counters.adam_step = 3;
+  const strata::train::TrainerCounters counters = strata::testing::counters_after(3);
+  strata::train::CheckpointOptions options;
+  options.zero_stage = stage;
   STRATA_ASSIGN_OR_RETURN(
       std::string dir, strata::train::write_checkpoint(root, counters, *r->state, r->shape, "fp32",
-                                                       11, stage, comm));
+                                                       11, options, comm));
   if (comm.rank() == 0) std::printf("checkpoint %s\n", dir.c_str());
   return Status::ok();
 }

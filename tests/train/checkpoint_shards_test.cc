@@ -1,7 +1,7 @@
 // Sharded checkpoints: every rank writes its shard, and a checkpoint loads at any world size
 // (2 -> 1, 1 -> 2, 2 -> 3, stage 0 at 2 ranks), element for element; the old single-file format
 // still loads; a missing rank file or an uncovered element is an error naming it. The ranks are
-// TrainStates built in-process (plans for rank r of W), so no MPI is needed.
+// offload stores built in-process (plans for rank r of W), so no MPI is needed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 #include "tests/support/run_strata.h"
+#include "tests/train/checkpoint_tamper.h"
 #include "tests/train/rank_state_checks.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_reader.h"
@@ -22,11 +23,7 @@ using testing::RankState;
 constexpr std::uint64_t kSeed = 11;  // tiny_config's seed
 
 TrainerCounters counters_at(std::int64_t step) {
-  TrainerCounters c;
-  c.step = step;
-  c.adam_step = step - 1;
-  c.scheduler_iteration = step - 1;
-  c.skipped_steps = 1;
+  TrainerCounters c = testing::counters_after(step, 1);
   c.tokens_seen = 64 * step;
   c.data.epoch = 1;
   c.data.sample = 5;
@@ -40,12 +37,16 @@ Result<std::string> write_all(const std::string& root,
                               std::int64_t step = 4) {
   const int world = static_cast<int>(ranks.size());
   STRATA_TRY(prepare_checkpoint(root, step).status());
+  std::vector<StateFileDigest> digests;
   for (int r = 0; r < world; ++r) {
-    STRATA_TRY(write_checkpoint_shard(root, step, *ranks[static_cast<std::size_t>(r)]->state,
-                                      CheckpointRank{r, world, stage}));
+    STRATA_ASSIGN_OR_RETURN(
+        StateFileDigest d,
+        write_checkpoint_shard(root, step, *ranks[static_cast<std::size_t>(r)]->state,
+                               CheckpointRank{r, world, stage}));
+    if (!d.name.empty()) digests.push_back(std::move(d));
   }
   return commit_checkpoint(root, counters_at(step), ranks[0]->shape, "fp32", kSeed,
-                           CheckpointRank{0, world, stage});
+                           CheckpointRank{0, world, stage}, digests);
 }
 
 std::vector<std::unique_ptr<RankState>> world_of(int world, int stage,
@@ -232,9 +233,12 @@ TEST(CheckpointShards, CommitNamesARankThatDidNotWrite) {
   testing::TempDir dir;
   auto ranks = world_of(2, 1);
   ASSERT_TRUE(prepare_checkpoint(dir.path(), 4).is_ok());
-  ASSERT_TRUE(write_checkpoint_shard(dir.path(), 4, *ranks[0]->state, {0, 2, 1}).is_ok());
-  auto committed =
-      commit_checkpoint(dir.path(), counters_at(4), ranks[0]->shape, "fp32", kSeed, {0, 2, 1});
+  auto digest = write_checkpoint_shard(dir.path(), 4, *ranks[0]->state, {0, 2, 1});
+  ASSERT_TRUE(digest.is_ok());
+  StateFileDigest missing;
+  missing.name = state_file_name(1, 2);
+  auto committed = commit_checkpoint(dir.path(), counters_at(4), ranks[0]->shape, "fp32", kSeed,
+                                     {0, 2, 1}, {*digest, missing});
   ASSERT_FALSE(committed.is_ok());
   EXPECT_NE(committed.status().to_string().find("state-rank00001-of-00002.safetensors"),
             std::string::npos)
@@ -272,6 +276,8 @@ TEST(CheckpointShards, UncoveredRealElementsAreNamed) {
   metadata["block.0.padded_numel"] = std::to_string(padded + 2048);
   ASSERT_LT(begin + 2048, ranks[1]->layout.units[1].numel);
   ASSERT_TRUE(model::write_safetensors(path, tensors, metadata).is_ok());
+  // The manifest is made to describe the changed file, so that its digests pass.
+  testing::rewrite_manifest(*written, testing::read_manifest(*written));
   auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   Status s = load(*written, *one);
   EXPECT_EQ(s.code(), ErrorCode::kCorrupt) << s.to_string();
@@ -297,7 +303,7 @@ TEST(CheckpointShards, CommVariantWritesAtWorldOne) {
   testing::checked_fill_known(*one, 3);
   auto comm = comm::create_single_comm();
   auto written = write_checkpoint(dir.path(), counters_at(5), *one->state, one->shape, "fp32",
-                                  kSeed, 0, *comm);
+                                  kSeed, CheckpointOptions{}, *comm);
   ASSERT_TRUE(written.is_ok()) << written.status().to_string();
   auto back = testing::checked_rank_state("gpt2", 0, 0, 1);
   ASSERT_TRUE(load(*written, *back).is_ok());

@@ -29,15 +29,16 @@ std::string two_rank_checkpoint(const std::string& root, const std::string& fami
   }
   one = testing::checked_rank_state(family, 0, 0, 1);
   testing::checked_fill_known(*one);
-  TrainerCounters c;
-  c.step = 7;
-  c.adam_step = 7;
+  const TrainerCounters c = testing::counters_after(7);
   EXPECT_TRUE(prepare_checkpoint(root, c.step).is_ok());
-  for (int r = 0; r < 2; ++r)
-    EXPECT_TRUE(
-        write_checkpoint_shard(root, c.step, *ranks[static_cast<std::size_t>(r)]->state, {r, 2, 2})
-            .is_ok());
-  auto dir = commit_checkpoint(root, c, ranks[0]->shape, "fp32", kSeed, {0, 2, 2});
+  std::vector<StateFileDigest> digests;
+  for (int r = 0; r < 2; ++r) {
+    auto d =
+        write_checkpoint_shard(root, c.step, *ranks[static_cast<std::size_t>(r)]->state, {r, 2, 2});
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    if (d.is_ok()) digests.push_back(*d);
+  }
+  auto dir = commit_checkpoint(root, c, ranks[0]->shape, "fp32", kSeed, {0, 2, 2}, digests);
   EXPECT_TRUE(dir.is_ok()) << dir.status().to_string();
   return dir.is_ok() ? *dir : std::string();
 }

@@ -161,16 +161,16 @@ TEST(OffloadFaults, NvmeBudgetBelowTheSwapFilesIsAConfigError) {
   EXPECT_EQ(small.status().context(), "strata.nvme_bytes_max");
 }
 
-TEST(OffloadFaults, MissingOrReadOnlyNvmePathIsRefusedByTheCli) {
+TEST(OffloadFaults, MissingNvmePathIsCreatedAndReadOnlyOneRefusedByTheCli) {
   TempDir dir;
   const std::string config =
       dir.write_file("c.json", testing::tiny_config("gpt2", "bf16", kBothNvme, dir.path() + "/out",
-                                                    dir.path() + "/nowhere", 2));
+                                                    dir.path() + "/nowhere/swap", 2));
+  // A missing nvme_path is created for the user, private to them.
   auto missing = testing::run_strata({"train", "--config", config, "--quiet"});
-  EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_NE(missing.err.find("zero_optimization.offload_param.nvme_path"), std::string::npos)
-      << missing.err;
-  EXPECT_NE(missing.err.find(dir.path() + "/nowhere"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.exit_code, 0) << missing.err;
+  EXPECT_EQ(std::filesystem::status(dir.path() + "/nowhere/swap").permissions(),
+            std::filesystem::perms::owner_all);
 
   // A directory nobody can create files in: chmod 0555 (as root that is not enough, so then a
   // read-only kernel directory).
@@ -184,6 +184,7 @@ TEST(OffloadFaults, MissingOrReadOnlyNvmePathIsRefusedByTheCli) {
     if (std::ofstream(read_only + "/strata-probe")) GTEST_SKIP() << "no read-only directory here";
   }
   auto ro = testing::run_strata({"train", "--config", config, "--quiet", "--set",
+                                 "strata.output_dir=" + dir.path() + "/out2", "--set",
                                  "zero_optimization.offload_param.nvme_path=" + read_only, "--set",
                                  "zero_optimization.offload_optimizer.nvme_path=" + read_only});
   EXPECT_EQ(ro.exit_code, 1);

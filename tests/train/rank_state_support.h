@@ -15,6 +15,7 @@
 #include "offload/plan.h"
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
+#include "train/checkpoint_manifest.h"
 #include "train/run_settings.h"
 
 namespace strata::testing {
@@ -70,6 +71,18 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
       r->state,
       offload::OffloadStore::create(*r->backend, r->layout, std::move(plan), *r->adam, options));
   return r;
+}
+
+// Counters as a trainer has them after `step` steps of which `skipped` were skipped (the manifest
+// checks these invariants: checkpoint_manifest.h).
+inline train::TrainerCounters counters_after(std::int64_t step, std::int64_t skipped = 0) {
+  train::TrainerCounters c;
+  c.step = step;
+  c.skipped_steps = skipped;
+  c.adam_step = step - skipped;
+  c.scheduler_iteration = c.adam_step - 1;
+  c.scaler.iteration = step;
+  return c;
 }
 
 inline constexpr offload::SlotKind kOptimizerKinds[3] = {
