@@ -99,15 +99,6 @@ Status Trainer::setup() {
                               shape_.max_seq_len),
                   "strata.data.seq_len");
   }
-  if (shape_.attention_window > 0 && s.data.seq_len > shape_.attention_window) {
-    return Status(ErrorCode::kConfig,
-                  fmt::format("{} is longer than the model's sliding_window ({}); Strata's "
-                              "attention is full causal and equals the model's only up to {} "
-                              "tokens: valid: at most {}",
-                              s.data.seq_len, shape_.attention_window, shape_.attention_window,
-                              shape_.attention_window),
-                  "strata.data.seq_len");
-  }
   STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
 
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
