@@ -8,6 +8,7 @@
 #include <json/writer.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -453,7 +454,9 @@ Result<config::ModelConfig> read_hf_config(const std::string& path, HfRead mode)
   text << in.rdbuf();
   STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, parse_hf_config(text.str(), file, mode));
   m.path = path;
-  m.arch.source_dir = dir;
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(dir, ec);
+  m.arch.source_dir = ec ? dir : absolute.lexically_normal().string();
   return m;
 }
 
@@ -474,6 +477,12 @@ Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::
                   fmt::format("model_type '{}' is not supported; valid: {}", type, kTypes), file);
   }
   if (!r.status().is_ok()) return r.status();
+  if (mode == HfRead::kShapeOnly) {
+    // The parameter count does not depend on the RoPE variant: keep only what sizes its tables.
+    const double partial = m.arch.rope.partial_rotary_factor;
+    m.arch.rope = config::RopeScaling{};
+    m.arch.rope.partial_rotary_factor = partial;
+  }
   m.arch.extra_config = carried_keys(root, type);
   return m;
 }

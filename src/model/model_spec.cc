@@ -122,9 +122,9 @@ std::string hf_model_type(const ModelShape& s) {
   return family_name(s.family);
 }
 
-Result<ModelShape> shape_of(const config::ModelConfig& model) {
+Result<ModelShape> shape_of(const config::ModelConfig& model, HfRead mode) {
   if (model.path.empty()) return resolve_shape(model);
-  STRATA_ASSIGN_OR_RETURN(config::ModelConfig from_file, read_hf_config(model.path));
+  STRATA_ASSIGN_OR_RETURN(config::ModelConfig from_file, read_hf_config(model.path, mode));
   from_file.activation_checkpointing = model.activation_checkpointing;
   from_file.activation_offload = model.activation_offload;
   return resolve_shape(from_file);

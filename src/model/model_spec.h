@@ -69,8 +69,9 @@ Result<config::ModelConfig> read_hf_config(const std::string& path, HfRead mode 
 Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::string& source,
                                             HfRead mode = HfRead::kTrain);
 
-// The model described by `model`: its own fields, or the config.json its `path` names.
-Result<ModelShape> shape_of(const config::ModelConfig& model);
+// The model described by `model`: its own fields, or the config.json its `path` names (read with
+// `mode`).
+Result<ModelShape> shape_of(const config::ModelConfig& model, HfRead mode = HfRead::kTrain);
 
 // Llama's default MLP width: 2/3 of 4*hidden, rounded up to a multiple of 256.
 std::int64_t llama_intermediate_size(std::int64_t hidden_size);

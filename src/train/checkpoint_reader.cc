@@ -182,6 +182,7 @@ Result<model::ModelShape> CheckpointReader::shape() const {
     return Status(ErrorCode::kCorrupt, "the model config does not describe a shape Strata wrote",
                   source);
   }
+  if (impl_->j["source_model"].isString()) s.arch.source_dir = impl_->j["source_model"].asString();
   return s;
 }
 

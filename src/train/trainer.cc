@@ -169,10 +169,10 @@ Status Trainer::setup() {
   note(
       fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
                   "KV heads, {} embeddings), {} parameters, activation checkpointing {}{}",
-                  model::family_name(shape_.family), model::total_params(shape_),
-                  layout_.units.size(), shape_.num_layers, shape_.hidden_size, shape_.num_heads,
-                  shape_.num_kv_heads, shape_.tie_word_embeddings ? "tied" : "untied",
-                  precision_name(config_), s.model.activation_checkpointing ? "on" : "off",
+                  model::hf_model_type(shape_), model::total_params(shape_), layout_.units.size(),
+                  shape_.num_layers, shape_.hidden_size, shape_.num_heads, shape_.num_kv_heads,
+                  shape_.tie_word_embeddings ? "tied" : "untied", precision_name(config_),
+                  s.model.activation_checkpointing ? "on" : "off",
                   s.model.activation_offload ? " (checkpoints on the host)" : ""));
   note(fmt::format("data: {}", dataset_->describe()));
   note(fmt::format("optimizer: {}; micro-batch {} x {} tokens, {} accumulation steps; seed {}",
