@@ -50,9 +50,12 @@ struct ModelArch {
   // Which layers use the sliding window (Qwen2/Qwen3 layer_types); empty = every layer does when
   // the model has a window.
   std::vector<bool> sliding_layers;
-  // The config.json keys Strata does not interpret (bos/eos/pad ids, torch_dtype, ...), as one
-  // JSON object's text ("" = none), written back into every config.json Strata saves.
+  // The config.json keys Strata does not interpret (bos/eos/pad ids, transformers_version, ...),
+  // as one JSON object's text ("" = none), written back into every config.json Strata saves.
   std::string extra_config;
+  // The dtype the source config.json names (torch_dtype, or transformers 5's dtype); "" = none,
+  // and a saved config then names the saved tensors' dtype.
+  std::string source_dtype;
   // The directory the model was read from ("" = none): tokenizer files and generation_config.json
   // are copied from it next to every model Strata saves. Not part of config.json.
   std::string source_dir;

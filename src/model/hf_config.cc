@@ -60,14 +60,29 @@ std::set<std::string> owned_keys(const std::string& type) {
             "n_inner",
             "activation_function",
             "layer_norm_epsilon",
-            "tie_word_embeddings"};
+            "tie_word_embeddings",
+            "torch_dtype",
+            "dtype"};
   }
-  std::set<std::string> keys = {
-      "architectures",        "model_type",        "vocab_size",        "max_position_embeddings",
-      "hidden_size",          "intermediate_size", "num_hidden_layers", "num_attention_heads",
-      "num_key_value_heads",  "head_dim",          "rms_norm_eps",      "hidden_act",
-      "tie_word_embeddings",  "rope_theta",        "rope_scaling",      "rope_parameters",
-      "partial_rotary_factor"};
+  std::set<std::string> keys = {"architectures",
+                                "model_type",
+                                "vocab_size",
+                                "max_position_embeddings",
+                                "hidden_size",
+                                "intermediate_size",
+                                "num_hidden_layers",
+                                "num_attention_heads",
+                                "num_key_value_heads",
+                                "head_dim",
+                                "rms_norm_eps",
+                                "hidden_act",
+                                "tie_word_embeddings",
+                                "rope_theta",
+                                "rope_scaling",
+                                "rope_parameters",
+                                "partial_rotary_factor",
+                                "torch_dtype",
+                                "dtype"};
   if (type == "llama") keys.insert({"attention_bias", "mlp_bias"});
   if (type == "qwen3") keys.insert("attention_bias");
   if (type != "llama") keys.insert("sliding_window");
@@ -476,6 +491,7 @@ Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::
     return Status(ErrorCode::kConfig,
                   fmt::format("model_type '{}' is not supported; valid: {}", type, kTypes), file);
   }
+  m.arch.source_dtype = r.string("torch_dtype", r.string("dtype", ""));
   if (!r.status().is_ok()) return r.status();
   if (mode == HfRead::kShapeOnly) {
     // The parameter count does not depend on the RoPE variant: keep only what sizes its tables.
@@ -489,14 +505,12 @@ Result<config::ModelConfig> parse_hf_config(const std::string& text, const std::
 
 namespace {
 
-Json::Value rope_json(const ModelShape& s, bool with_theta) {
+// rope_scaling's dictionary: the type and the keys it uses (rope_theta and partial_rotary_factor
+// stay at the top level, where transformers 4.x looks for them).
+Json::Value rope_json(const ModelShape& s) {
   const config::RopeScaling& rope = s.arch.rope;
   Json::Value d(Json::objectValue);
   d["rope_type"] = rope_type_name(rope.type);
-  if (with_theta) {
-    d["rope_theta"] = s.rope_theta;
-    if (rope.partial_rotary_factor != 1.0) d["partial_rotary_factor"] = rope.partial_rotary_factor;
-  }
   auto put = [&d](const char* key, double v) {
     if (v > 0) d[key] = v;
   };
@@ -538,11 +552,9 @@ void write_llama_like(const ModelShape& s, const std::string& type, Json::Value&
   root["head_dim"] = Json::Int64(s.head_dim);
   root["rms_norm_eps"] = s.norm_eps;
   root["hidden_act"] = "silu";
-  // Both spellings: rope_theta + rope_scaling for transformers 4.x, rope_parameters for 5.x.
+  // rope_theta + rope_scaling: what transformers 4.x reads, and 5.x turns into rope_parameters.
   root["rope_theta"] = s.rope_theta;
-  root["rope_scaling"] =
-      a.rope.type == RopeType::kDefault ? Json::Value() : rope_json(s, /*with_theta=*/false);
-  root["rope_parameters"] = rope_json(s, /*with_theta=*/true);
+  root["rope_scaling"] = a.rope.type == RopeType::kDefault ? Json::Value() : rope_json(s);
   if (a.rope.partial_rotary_factor != 1.0) {
     root["partial_rotary_factor"] = a.rope.partial_rotary_factor;
   }
@@ -570,6 +582,12 @@ void write_llama_like(const ModelShape& s, const std::string& type, Json::Value&
 
 }  // namespace
 
+bool same_model(const ModelShape& a, const ModelShape& b) {
+  ModelShape x = a, y = b;
+  x.arch.source_dtype = y.arch.source_dtype = "";
+  return hf_config_json(x, "") == hf_config_json(y, "");
+}
+
 std::string hf_config_json(const ModelShape& s, const std::string& torch_dtype) {
   Json::Value root(Json::objectValue);
   if (!s.arch.extra_config.empty()) {
@@ -577,12 +595,14 @@ std::string hf_config_json(const ModelShape& s, const std::string& torch_dtype) 
     STRATA_ASSERT_MSG(extra.is_ok(), "arch.extra_config holds a JSON object");
     root = *extra;
   }
-  // Values transformers would otherwise default differently (dropout) or that describe the file
-  // (dtype), unless the source model's config already says.
+  // Values transformers would otherwise default differently (dropout), unless the source model's
+  // config already says.
   auto if_absent = [&root](const char* key, const Json::Value& value) {
     if (!root.isMember(key)) root[key] = value;
   };
-  if (!root.isMember("dtype")) if_absent("torch_dtype", torch_dtype);
+  // The source's dtype (what users load the model as), else the saved tensors'.
+  const std::string& dtype = s.arch.source_dtype.empty() ? torch_dtype : s.arch.source_dtype;
+  if (!dtype.empty()) root["torch_dtype"] = dtype;
   if_absent("use_cache", true);
   if_absent("initializer_range", 0.02);
   const std::string type = hf_model_type(s);

@@ -91,9 +91,12 @@ double forward_flops_per_token(const ModelShape& shape, std::int64_t seq_len);
 
 // The config.json text `transformers` reads back as the same model (GPT2LMHeadModel,
 // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or Phi3ForCausalLM):
-// the keys Strata owns, over arch.extra_config's. `torch_dtype` ("float32", "bfloat16" or
-// "float16") is written unless the carried keys already name the model's dtype. Deterministic:
-// parse_hf_config of the text gives a shape whose hf_config_json is the same text.
+// the keys Strata owns, over arch.extra_config's. torch_dtype is arch.source_dtype, else
+// `torch_dtype` ("float32", "bfloat16" or "float16"; "" writes none). Deterministic:
+// parse_hf_config of the text gives a shape whose hf_config_json(shape, "") is the same text.
 std::string hf_config_json(const ModelShape& shape, const std::string& torch_dtype);
+
+// Whether two shapes are the same model (their config.json texts agree, whatever dtype they name).
+bool same_model(const ModelShape& a, const ModelShape& b);
 
 }  // namespace strata::model

@@ -201,7 +201,7 @@ Result<std::string> commit_checkpoint(const std::string& root, const TrainerCoun
   j["world_size"] = who.world;
   j["zero_stage"] = who.zero_stage;
   j["state_files"] = files;
-  j["model"] = model::hf_config_json(shape, "float32");
+  j["model"] = model::hf_config_json(shape, "");
   // Where the model came from: `strata convert` copies its tokenizer files from there.
   if (!shape.arch.source_dir.empty()) j["source_model"] = shape.arch.source_dir;
   Json::Value losses(Json::arrayValue);

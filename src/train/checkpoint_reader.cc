@@ -178,7 +178,7 @@ Result<model::ModelShape> CheckpointReader::shape() const {
   const std::string source = impl_->meta_path + ": model";
   STRATA_ASSIGN_OR_RETURN(config::ModelConfig m, model::parse_hf_config(impl_->model_json, source));
   STRATA_ASSIGN_OR_RETURN(model::ModelShape s, model::resolve_shape(m));
-  if (model::hf_config_json(s, "float32") != impl_->model_json) {
+  if (model::hf_config_json(s, "") != impl_->model_json) {
     return Status(ErrorCode::kCorrupt, "the model config does not describe a shape Strata wrote",
                   source);
   }
@@ -314,7 +314,8 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& stat
                                         const std::string& precision, std::uint64_t seed) {
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
   const std::string meta_path = dir + "/trainer_state.json";
-  if (reader.model_json() != model::hf_config_json(shape, "float32")) {
+  STRATA_ASSIGN_OR_RETURN(const model::ModelShape saved, reader.shape());
+  if (!model::same_model(saved, shape)) {
     return Status(ErrorCode::kInvalidArgument,
                   "the checkpoint is of a different model shape than strata.model describes",
                   meta_path);

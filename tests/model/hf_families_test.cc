@@ -77,11 +77,12 @@ TEST(HfFamilies, ConfigCarriesTheSourcesTokenIdsAndDtype) {
   ASSERT_TRUE(shape.is_ok());
   const std::string text = hf_config_json(*shape, "bfloat16");
   for (const char* key : {R"("bos_token_id" : 1)", R"("eos_token_id" : 2)", R"("pad_token_id" : 0)",
-                          R"("dtype" : "float32")", R"("max_window_layers" : 1)"}) {
+                          R"("torch_dtype" : "float32")", R"("max_window_layers" : 1)"}) {
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
   }
-  // The source names its dtype ("dtype", transformers 5): no second, contradicting torch_dtype.
-  EXPECT_EQ(text.find("torch_dtype"), std::string::npos) << text;
+  // The source's dtype (transformers 5's "dtype" key) wins over the saved tensors' bfloat16, and
+  // is written once.
+  EXPECT_EQ(text.find(R"("dtype")"), std::string::npos) << text;
   EXPECT_EQ(shape->arch.padding_idx, 0);
 }
 
