@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs, from Debian packages, everything Strata needs to build and test.
-# Idempotent: packages already present are not fetched again. Nothing else is
-# needed; CUDA is optional and is used when nvcc is found (it is not installed here).
+# Installs, from Debian packages, everything Strata needs to build and test, then the
+# data-preparation tool's Python environment from PyPI (tools/data_venv.sh; its tests run in
+# the default suite). Idempotent: packages already present are not fetched again. CUDA is
+# optional and is used when nvcc is found (it is not installed here).
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
   libopenblas-pthread-dev
   libopenmpi-dev openmpi-bin
   clang-format
+  python3 python3-venv
 )
 
 missing=()
@@ -23,14 +25,15 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  sudo_cmd=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: data-preparation environment $(bash "$(dirname "$0")/data_venv.sh")"

@@ -1,6 +1,9 @@
-// `strata train --config FILE [--set KEY.PATH=VALUE ...] [--trace FILE]`: trains a model as the
-// config says and prints the summary as one JSON line on stdout (start-up notes and progress go to
-// stderr).
+// `strata train --config FILE [--model DIR --data FILE --lr LR --steps N --bf16 ...]
+// [--set KEY.PATH=VALUE ...]`: trains a model as the config and the flags say and prints the
+// summary as one JSON line on stdout (start-up notes and progress go to stderr). The flags are
+// shorthands of --set key paths (config/flags.h); a config's problems and the flags' are
+// reported together.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,6 +12,9 @@
 #include "cli/command.h"
 #include "comm/world.h"
 #include "config/config.h"
+#include "config/flags.h"
+#include "config/report.h"
+#include "sys/gpu.h"
 #include "train/trainer.h"
 
 namespace strata::cli {
@@ -17,8 +23,8 @@ namespace {
 struct TrainOptions {
   std::string config;
   std::vector<std::string> overrides;
+  std::vector<config::FlagValue> flags;
   bool quiet = false;
-  std::string trace;
 };
 
 int run_train(const TrainOptions& options) {
@@ -26,15 +32,16 @@ int run_train(const TrainOptions& options) {
   Result<std::int64_t> world_size = config::world_size_from_environment();
   if (!world_size.is_ok()) return report_error(world_size.status());
   load.world_size = *world_size;
-  std::vector<std::string> overrides = options.overrides;
-  if (!options.trace.empty()) overrides.push_back("strata.trace_file=" + options.trace);
-  auto loaded = config::load_config_file(options.config, overrides, load);
-  if (!loaded.is_ok()) return report_error(loaded.status());
+  load.purpose = config::Purpose::kTrain;
+  load.flags = options.flags;
+  load.auto_precision = auto_precision_here;
+  config::Checked checked = config::check_config_file(options.config, options.overrides, load);
   if (!options.quiet) {
-    for (const config::Note& note : loaded->notes) {
-      std::fprintf(stderr, "strata: note: %s: %s\n", note.path.c_str(), note.message.c_str());
-    }
+    std::fputs(config::format_notes(checked.loaded).c_str(), stderr);
+    if (checked.status.is_ok()) std::fputs(config::format_autos(checked.loaded).c_str(), stderr);
   }
+  if (!checked.status.is_ok()) return report_error(checked.status);
+  const config::Config& config = checked.loaded.config;
   train::TrainerOptions trainer_options;
   trainer_options.progress_tty = ::isatty(STDERR_FILENO) == 1;
   trainer_options.quiet = options.quiet;
@@ -45,13 +52,13 @@ int run_train(const TrainOptions& options) {
     comm::abort_world_at_exit(code);
     return code;
   };
-  auto trainer = train::Trainer::create(loaded->config, trainer_options);
+  auto trainer = train::Trainer::create(config, trainer_options);
   if (!trainer.is_ok()) return fail(trainer.status());
   const bool first_rank = (*trainer)->rank() == 0;
   if (first_rank) {
     // The values in effect, next to the metrics they produced.
-    std::ofstream out(loaded->config.strata.output_dir + "/effective_config.json");
-    out << config::to_json(loaded->config);
+    std::ofstream out(config.strata.output_dir + "/effective_config.json");
+    out << config::to_json(config);
   }
   Status status = (*trainer)->run();
   if (!status.is_ok()) return fail(status);
@@ -61,21 +68,67 @@ int run_train(const TrainOptions& options) {
 
 }  // namespace
 
+std::pair<config::Precision, std::string> auto_precision_here() {
+  const sys::CudaProbe probe = sys::probe_cuda();
+  if (probe.gpus.empty()) {
+    return {config::Precision::kBf16,
+            "no GPU here, so the CPU backend: bf16 halves the memory and needs no loss scaling"};
+  }
+  for (const sys::GpuInfo& gpu : probe.gpus) {
+    if (gpu.compute_major < 8) {
+      return {config::Precision::kFp16,
+              fmt::format("GPU {} ({}, compute capability {}.{}) has no bf16, so fp16 with loss "
+                          "scaling",
+                          gpu.index, gpu.name, gpu.compute_major, gpu.compute_minor)};
+    }
+  }
+  return {config::Precision::kBf16,
+          fmt::format("GPU {} ({}) computes in bf16, which needs no loss scaling",
+                      probe.gpus[0].index, probe.gpus[0].name)};
+}
+
+void add_train_flags(CLI::App* app, std::vector<config::FlagValue>* flags) {
+  const std::string group = "Trainer flags (shorthands of --set; docs/trainer.md)";
+  for (const config::TrainFlag& flag : config::train_flags()) {
+    const std::string names(flag.names);
+    const std::string name(config::canonical_name(flag));
+    const std::string help(flag.help);
+    if (flag.kind == config::FlagKind::kSwitch) {
+      app->add_flag_callback(
+             names,
+             [flags, name] {
+               flags->push_back({name, ""});
+             },
+             help)
+          ->group(group);
+    } else {
+      app->add_option_function<std::string>(
+             names,
+             [flags, name](const std::string& value) {
+               flags->push_back({name, value});
+             },
+             help)
+          ->type_name(std::string(flag.value_name))
+          ->group(group);
+    }
+  }
+}
+
 void register_train(CLI::App& root, Registry& registry) {
   auto options = std::make_shared<TrainOptions>();
   CLI::App* train =
       root.add_subcommand("train",
-                          "Train a model as a DeepSpeed-style config describes; metrics go to "
-                          "<output_dir>/metrics.jsonl, the final model to <output_dir>/final");
+                          "Train a model as a DeepSpeed-style config and the flags describe; "
+                          "metrics go to <output_dir>/metrics.jsonl, the final model to "
+                          "<output_dir>/final");
   train
       ->add_option("--config,-c", options->config,
-                   "DeepSpeed-style JSON config with a strata section")
+                   "DeepSpeed-style JSON config (the one you use with DeepSpeed, with or without "
+                   "a strata section)")
       ->required();
+  add_train_flags(train, &options->flags);
   add_set_option(train, &options->overrides);
   train->add_flag("--quiet,-q", options->quiet, "No start-up notes or progress on stderr");
-  train->add_option("--trace", options->trace,
-                    "Write a Chrome/Perfetto trace (compute, copies, NVMe, Adam) to this file "
-                    "(same as --set strata.trace_file=FILE)");
   registry.add(train, [options] { return run_train(*options); });
 }
 

@@ -6,9 +6,11 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "config/config.h"
 
 namespace strata::cli {
 
@@ -36,6 +38,13 @@ int report_error(const Status& status);
 
 // Parses repeated `--set KEY.PATH=VALUE` options, shared by every command that reads a config.
 void add_set_option(CLI::App* app, std::vector<std::string>* overrides);
+
+// Adds the `strata train` flags (config/flags.h: --model, --data, --lr, --bf16, ...), shorthands
+// of --set key paths; the ones given are appended to `flags` for config::LoadOptions.
+void add_train_flags(CLI::App* app, std::vector<config::FlagValue>* flags);
+
+// What "auto" precision means on this machine: bf16, unless a GPU here has none (then fp16).
+std::pair<config::Precision, std::string> auto_precision_here();
 
 void register_config(CLI::App& root, Registry& registry);
 void register_report(CLI::App& root, Registry& registry);

@@ -6,8 +6,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -30,10 +32,12 @@ const char* to_string(OffloadDevice device);
 const char* to_string(Precision precision);
 
 // ---- DeepSpeed sections ---------------------------------------------------------------------
+// Only the keys Strata acts on have fields here. The DeepSpeed keys it accepts without acting on
+// them (and the ones it refuses) are listed in config/schema.h with the reason, and reported by
+// `strata config check` (docs/config.md, "What Strata does with each DeepSpeed key").
 
 struct Fp16Config {
   bool enabled = false;
-  bool auto_cast = false;
   double loss_scale = 0.0;  // 0 = dynamic loss scaling
   std::int64_t initial_scale_power = 16;
   std::int64_t loss_scale_window = 1000;
@@ -54,8 +58,6 @@ struct OptimizerParams {
   bool bias_correction = true;
   // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
   bool adam_w_mode = true;
-  bool torch_adam = false;  // accepted for compatibility; Strata always uses its own kernel
-  bool amsgrad = false;     // must stay false: Strata has no AMSGrad
 };
 
 struct OptimizerConfig {
@@ -72,7 +74,7 @@ struct SchedulerParams {
   double warmup_max_lr = 1e-3;
   std::int64_t warmup_num_steps = 1000;
   WarmupType warmup_type = WarmupType::kLog;
-  std::int64_t total_num_steps = 0;  // WarmupDecayLR / WarmupCosineLR: required, > warmup
+  std::int64_t total_num_steps = 0;  // WarmupDecayLR / WarmupCosineLR: 0 = strata.train_steps
   double warmup_min_ratio = 0.0;     // WarmupCosineLR
   double cos_min_ratio = 1e-4;       // WarmupCosineLR
 };
@@ -85,44 +87,32 @@ struct SchedulerConfig {
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;  // one path, or several to stripe over
-  bool pin_memory = false;
   std::int64_t buffer_count = 5;
-  std::uint64_t buffer_size = 100'000'000;   // elements per staging buffer
+  std::uint64_t buffer_size = 100'000'000;   // elements per staging buffer; 0 = the largest unit
   std::uint64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory with nvme offload
 };
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;
-  bool pin_memory = false;
-  std::int64_t buffer_count = 4;
-  bool pipeline_read = false;
-  bool pipeline_write = false;
-  bool fast_init = false;
-  double ratio = 1.0;  // fraction of the optimizer state offloaded; the rest stays on device
+  double ratio = 1.0;  // fraction of the optimizer state offloaded; the rest stays on the host
 };
 
 struct ZeroConfig {
   std::int64_t stage = 0;
-  bool contiguous_gradients = true;
-  bool reduce_scatter = true;
-  std::uint64_t reduce_bucket_size = 500'000'000;  // elements
-  bool allgather_partitions = true;
-  std::uint64_t allgather_bucket_size = 500'000'000;  // elements
-  std::optional<bool> overlap_comm;                   // unset: true at stage 3, else false
-  bool round_robin_gradients = false;
   // Elements per optimizer tile. DeepSpeed's default is 1e9 (4 GB per fp32 array); Strata's is
   // 2^25 (128 MiB per fp32 array), which keeps three pipeline stages of four arrays in ~1.5 GiB.
+  // 0 (valid in DeepSpeed) is read as Strata's default.
   std::uint64_t sub_group_size = 33'554'432;
   std::uint64_t stage3_prefetch_bucket_size = 50'000'000;      // elements
   std::uint64_t stage3_max_live_parameters = 1'000'000'000;    // elements
   std::uint64_t stage3_max_reuse_distance = 1'000'000'000;     // elements
   std::uint64_t stage3_param_persistence_threshold = 100'000;  // elements
+  // Write the final model in the training's 16-bit type (as DeepSpeed's save_16bit_model does)
+  // instead of the fp32 master weights.
   bool stage3_gather_16bit_weights_on_model_save = false;
   OffloadParamConfig offload_param;
   OffloadOptimizerConfig offload_optimizer;
-
-  bool effective_overlap_comm() const { return overlap_comm.value_or(stage == 3); }
 };
 
 struct AioConfig {
@@ -131,7 +121,17 @@ struct AioConfig {
   std::int64_t intra_op_parallelism = 1;  // I/O threads (old name: thread_count)
   bool single_submit = false;
   bool overlap_events = true;
-  bool use_gds = false;  // must stay false: GPUDirect Storage is not supported
+};
+
+// DeepSpeed's activation_checkpointing section, read into strata.model's own switches (it is
+// not printed in the effective configuration; the strata.model keys it set are).
+struct DsActivationCheckpointing {
+  bool cpu_checkpointing = false;  // -> strata.model.activation_offload
+};
+
+// DeepSpeed's data_types section: Strata accumulates gradients in fp32 and refuses the rest.
+struct DsDataTypes {
+  std::string grad_accum_dtype;  // "" or fp32 spellings; others are refused
 };
 
 // ---- Strata's own section -------------------------------------------------------------------
@@ -166,6 +166,8 @@ struct DataConfig {
   std::int64_t seq_len = 256;
   double val_fraction = 0.05;  // held out from `path` when val_path is empty
   bool shuffle = true;
+  // Pack whole documents into windows, positions restarting at each (needs a mask file).
+  bool packing = false;
   std::int64_t synthetic_vocab_size = 256;
   std::int64_t synthetic_branching = 4;  // successors per state of the synthetic Markov chain
 };
@@ -193,6 +195,9 @@ struct StrataConfig {
   std::string resume_from;                  // checkpoint directory to resume from
   std::string trace_file;                   // Chrome/Perfetto trace; "" = none
   std::int64_t log_every_steps = 1;
+  // Steps between progress lines on the console (and wall_clock_breakdown / memory_breakdown
+  // lines); 0 = auto: about 20 lines per run, at least every 100 steps.
+  std::int64_t print_every_steps = 0;
   bool nvme_checksum = true;  // verify every NVMe tile with xxHash3 on read
   // Seconds a collective may wait without progress before the run fails naming the silent rank.
   double comm_timeout_s = 300.0;
@@ -210,19 +215,18 @@ struct Config {
   std::uint64_t train_batch_size = 0;
   std::uint64_t train_micro_batch_size_per_gpu = 0;
   std::uint64_t gradient_accumulation_steps = 0;
-  double gradient_clipping = 0.0;  // 0 = no clipping
-  std::int64_t steps_per_print = 10;
-  bool wall_clock_breakdown = false;
-  bool memory_breakdown = false;
-  bool prescale_gradients = false;
-  double gradient_predivide_factor = 1.0;
-  bool zero_allow_untested_optimizer = false;
+  // DeepSpeed's default since 0.19.3 (earlier versions: 0, no clipping); 0 = no clipping.
+  double gradient_clipping = 1.0;
+  bool wall_clock_breakdown = false;  // print the step's forward/backward/optimizer/I/O split
+  bool memory_breakdown = false;      // print the tiers' bytes at every progress line
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroConfig zero_optimization;
   AioConfig aio;
+  DsActivationCheckpointing activation_checkpointing;
+  DsDataTypes data_types;
   StrataConfig strata;
 
   // Derived from the settings above, filled in by the loader.
@@ -232,26 +236,85 @@ struct Config {
   }
 };
 
-// A note the loader wants the user to see: an "auto" resolved, a key accepted but unused, an
-// old key name mapped to the new one.
+enum class Severity { kNote, kWarning };
+
+// A message the loader wants the user to see: an old key name mapped, a key accepted with no
+// effect (a warning when its value asks for something Strata does not do), a derived value.
 struct Note {
   std::string path;
   std::string message;
+  Severity severity = Severity::kNote;
+};
+
+// What Strata did with one key of the input, for the migration report (`config check`).
+enum class KeyUse {
+  kUsed,      // Strata acts on it (or its value is what Strata always does)
+  kNoEffect,  // accepted; changes nothing in Strata
+  kRefused,   // a feature Strata does not have that would change the arithmetic: an error
+  kInvalid,   // a bad value, an unknown key: an error
+};
+
+struct KeyReport {
+  std::string path;  // as written in the file (an alias or old name, not the name it maps to)
+  KeyUse use = KeyUse::kUsed;
+  std::string detail;  // "auto" resolution, the name it was read as, why it has no effect
+  std::string origin;  // "file:LINE:COL" or the override ("--lr 2e-5", "--set a.b=1")
+};
+
+// An "auto" resolved to a value that shapes the job (learning rate, batch, precision,
+// clipping, ...): printed together, loudly, before a run starts.
+struct AutoChoice {
+  std::string path;
+  std::string value;   // as JSON text
+  std::string reason;  // where the value came from, and the flag that chooses it
+};
+
+// A `strata train` flag as given on the command line (config/flags.h lists them): the flag name
+// and its value ("" for switches such as --bf16).
+struct FlagValue {
+  std::string flag;
+  std::string value;
+};
+
+enum class Purpose {
+  kCheck,  // config check / estimate: a config without a model or data is fine
+  kTrain,  // strata train: the config (or the flags) must name the model and the data
 };
 
 struct LoadOptions {
+  LoadOptions() = default;
+  explicit LoadOptions(std::int64_t world_size_in) : world_size(world_size_in) {}
+
   std::int64_t world_size = 1;  // data-parallel ranks; derives the batch-size triple
+  Purpose purpose = Purpose::kCheck;
+  std::vector<FlagValue> flags;  // applied before the --set overrides
+  // What "auto" precision (fp16/bf16.enabled = "auto") means on this machine: bf16 or fp16, and
+  // why. Called only when a config says "auto" there; empty = bf16 ("the CPU backend").
+  std::function<std::pair<Precision, std::string>()> auto_precision;
 };
 
 struct Loaded {
   Config config;
   std::vector<Note> notes;
+  std::vector<AutoChoice> autos;
+  std::vector<KeyReport> keys;  // every key given, in file order, then the overrides
+  // True when `path` (dotted) was given in the file or by an override.
+  bool given(const std::string& path) const;
+};
+
+// Everything known about a config, valid or not: `status` is ok or the kConfig/kUsage error
+// listing every problem; `loaded` holds what could be read (the key report is complete either
+// way).
+struct Checked {
+  Status status;
+  Loaded loaded;
 };
 
 // Reads a DeepSpeed-style JSON file (// and /* */ comments allowed, duplicate keys rejected),
-// applies `overrides` ("dotted.key.path=VALUE", VALUE parsed as JSON, else taken as a string),
-// fills in defaults, validates, and derives the batch sizes. Errors are kConfig and name the
-// file, line, column and key path at fault and what would be valid.
+// applies the flags and `overrides` ("dotted.key.path=VALUE", VALUE parsed as JSON, else taken
+// as a string), fills in defaults, resolves "auto", validates, and derives the batch sizes.
+// Errors are kConfig and name the file, line, column and key path at fault and what would be
+// valid; every problem is reported at once.
 Result<Loaded> load_config_file(const std::string& path, const std::vector<std::string>& overrides,
                                 const LoadOptions& options = {});
 
@@ -260,13 +323,30 @@ Result<Loaded> load_config_text(const std::string& text, const std::string& sour
                                 const std::vector<std::string>& overrides,
                                 const LoadOptions& options = {});
 
+// The same, keeping what was learnt when the config is not valid (for `config check`).
+Checked check_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                          const LoadOptions& options = {});
+Checked check_config_text(const std::string& text, const std::string& source_name,
+                          const std::vector<std::string>& overrides,
+                          const LoadOptions& options = {});
+
 // The effective configuration as pretty-printed JSON, every key with its value in effect, in
 // the schema's order. Loading this text again yields the same configuration.
 std::string to_json(const Config& config);
 
-// Every leaf key path the schema knows ("zero_optimization.offload_param.device", ...), in
-// schema order. Used by the documentation test and for suggestions.
+// Every leaf key path Strata acts on ("zero_optimization.offload_param.device", ...), in schema
+// order: the keys of the effective configuration.
 std::vector<std::string> all_key_paths();
+
+// Every key path Strata accepts, with what it does with it: the keys above, the DeepSpeed keys
+// accepted with no effect, the refused ones, and other names (aliases, old names). For the
+// documentation test and for the lists of valid keys in errors.
+struct AcceptedKey {
+  std::string path;
+  KeyUse use = KeyUse::kUsed;  // kUsed, kNoEffect or kRefused
+  std::string note;            // why it has no effect / is refused, or "alias of X"
+};
+std::vector<AcceptedKey> accepted_keys();
 
 // The world size the launcher announced (comm/launch.h: OMPI_COMM_WORLD_SIZE, PMI_SIZE,
 // WORLD_SIZE with RANK, or an srun step's size), or 1 when there is no launcher. Errors (kConfig)

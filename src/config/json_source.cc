@@ -1,8 +1,15 @@
 #include "config/json_source.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <memory>
 #include <sstream>
 
@@ -42,7 +49,30 @@ std::unique_ptr<Json::CharReader> make_reader() {
   builder["rejectDupKeys"] = true;
   builder["allowSpecialFloats"] = false;
   builder["skipBom"] = true;
+  // A second fence behind find_excess_nesting: jsoncpp throws past this depth.
+  builder["stackLimit"] = kConfigDepthMax + 8;
   return std::unique_ptr<Json::CharReader>(builder.newCharReader());
+}
+
+// Parses `text` with jsoncpp, which throws on some hostile input (depth past stackLimit): every
+// exception becomes `errors`.
+bool parse_json(const std::string& text, Json::Value* out, std::string* errors) {
+  try {
+    auto reader = make_reader();
+    return reader->parse(text.data(), text.data() + text.size(), out, errors);
+  } catch (const std::exception& e) {
+    *errors = e.what();
+    return false;
+  }
+}
+
+std::string describe_file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
 }
 
 }  // namespace
@@ -89,19 +119,130 @@ std::string blank_hash_comments(std::string text) {
   return text;
 }
 
+std::size_t find_excess_nesting(const std::string& text, int depth_max) {
+  enum class State { kCode, kString, kLineComment, kBlockComment };
+  State state = State::kCode;
+  int depth = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    switch (state) {
+      case State::kCode:
+        if (c == '"') {
+          state = State::kString;
+        } else if (c == '/' && next == '/') {
+          state = State::kLineComment;
+          ++i;
+        } else if (c == '/' && next == '*') {
+          state = State::kBlockComment;
+          ++i;
+        } else if (c == '{' || c == '[') {
+          if (++depth > depth_max) return i;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+          --depth;
+        }
+        break;
+      case State::kString:
+        if (c == '\\') {
+          ++i;
+        } else if (c == '"' || c == '\n') {
+          state = State::kCode;
+        }
+        break;
+      case State::kLineComment:
+        if (c == '\n') state = State::kCode;
+        break;
+      case State::kBlockComment:
+        if (c == '*' && next == '/') {
+          state = State::kCode;
+          ++i;
+        }
+        break;
+    }
+  }
+  return std::string::npos;
+}
+
+Result<std::string> JsonSource::read_file(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer; the type check below
+  // refuses it before any read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("cannot read the config file: {}", std::strerror(errno)), path);
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("cannot stat the config file: {}", std::strerror(errno)), path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status(
+        ErrorCode::kConfig,
+        fmt::format("is {}, not a config file; give a JSON file", describe_file_type(st.st_mode)),
+        path);
+  }
+  const auto too_big = [&](std::uint64_t bytes) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("the config file is {} bytes; a config may be at most {} MiB "
+                              "(DeepSpeed configs are a few KiB)",
+                              bytes, kConfigBytesMax >> 20),
+                  path);
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > kConfigBytesMax) return too_big(st.st_size);
+  std::string text;
+  text.resize(static_cast<std::size_t>(st.st_size) + 1);
+  std::size_t used = 0;
+  for (int attempt = 0;;) {
+    if (used == text.size()) {
+      // The file grew while it was read: read on, up to the limit.
+      if (text.size() > kConfigBytesMax) return too_big(text.size());
+      text.resize(std::min<std::size_t>(text.size() * 2, kConfigBytesMax + 1));
+    }
+    const ssize_t n = ::read(fd, text.data() + used, text.size() - used);
+    if (n < 0) {
+      if ((errno == EINTR || errno == EAGAIN) && ++attempt < 100) continue;
+      return Status(ErrorCode::kConfig,
+                    fmt::format("error while reading the config file: {}", std::strerror(errno)),
+                    path);
+    }
+    if (n == 0) break;
+    used += static_cast<std::size_t>(n);
+  }
+  if (used > kConfigBytesMax) return too_big(used);
+  text.resize(used);
+  return text;
+}
+
 Result<JsonSource> JsonSource::parse(std::string text, std::string name) {
   JsonSource source;
   source.text_ = blank_hash_comments(std::move(text));
   source.name_ = std::move(name);
+  source.line_starts_.push_back(0);
+  for (std::size_t i = 0; i < source.text_.size(); ++i) {
+    if (source.text_[i] == '\n') source.line_starts_.push_back(i + 1);
+  }
   std::size_t first = source.text_.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) {
     return Status(ErrorCode::kConfig, "the file is empty; a config is a JSON object like {}",
                   source.name_);
   }
-  auto reader = make_reader();
+  const std::size_t deep = find_excess_nesting(source.text_, kConfigDepthMax);
+  if (deep != std::string::npos) {
+    Json::Value at;
+    at.setOffsetStart(static_cast<std::ptrdiff_t>(deep));
+    return Status(ErrorCode::kConfig,
+                  fmt::format("sections and lists nest more than {} levels deep here; a "
+                              "DeepSpeed config nests about 4",
+                              kConfigDepthMax),
+                  source.locate(at, ""));
+  }
   std::string errors;
-  const char* begin = source.text_.data();
-  if (!reader->parse(begin, begin + source.text_.size(), &source.root_, &errors)) {
+  if (!parse_json(source.text_, &source.root_, &errors)) {
     return Status(ErrorCode::kConfig, "malformed JSON:\n" + reformat_errors(errors, source.name_));
   }
   if (!source.root_.isObject()) {
@@ -121,8 +262,22 @@ Status JsonSource::apply_override(const std::string& assignment) {
                               "got '{}'",
                               assignment));
   }
-  std::string path = assignment.substr(0, eq);
-  std::string value_text = assignment.substr(eq + 1);
+  const std::string value_text = assignment.substr(eq + 1);
+  Json::Value value;
+  std::string ignored;
+  if (find_excess_nesting(value_text, kConfigDepthMax) != std::string::npos) {
+    return Status(
+        ErrorCode::kUsage,
+        fmt::format("--set {}: the value nests more than {} levels deep",
+                    assignment.substr(0, std::min<std::size_t>(eq + 20, 80)), kConfigDepthMax));
+  }
+  if (!parse_json(value_text, &value, &ignored)) {
+    value = Json::Value(value_text);  // not JSON: a bare string such as a path
+  }
+  return set(assignment.substr(0, eq), std::move(value), "--set " + assignment);
+}
+
+Status JsonSource::set(const std::string& path, Json::Value value, const std::string& origin) {
   std::vector<std::string> keys;
   std::size_t start = 0;
   while (true) {
@@ -130,61 +285,56 @@ Status JsonSource::apply_override(const std::string& assignment) {
     std::string key =
         path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (key.empty()) {
-      return Status(ErrorCode::kUsage,
-                    fmt::format("--set {}: empty key in the dotted path", assignment));
+      return Status(ErrorCode::kUsage, fmt::format("{}: empty key in the dotted path", origin));
     }
     keys.push_back(key);
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
-
-  Json::Value value;
-  std::string ignored;
-  auto reader = make_reader();
-  if (!reader->parse(value_text.data(), value_text.data() + value_text.size(), &value, &ignored)) {
-    value = Json::Value(value_text);  // not JSON: a bare string such as a path
-  }
-
   Json::Value* node = &root_;
   std::string walked;
   for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
     walked += (walked.empty() ? "" : ".") + keys[i];
+    if (!node->isMember(keys[i]) || (*node)[keys[i]].isNull()) {
+      (*node)[keys[i]] = Json::Value(Json::objectValue);
+    }
     Json::Value& child = (*node)[keys[i]];
-    if (child.isNull()) child = Json::Value(Json::objectValue);
     if (!child.isObject()) {
-      return Status(
-          ErrorCode::kConfig,
-          fmt::format("--set {}: '{}' is not a section (it holds a {}), so it has no "
-                      "key '{}'",
-                      assignment, walked, child.isArray() ? "list" : "value", keys[i + 1]));
+      return Status(ErrorCode::kConfig,
+                    fmt::format("{}: '{}' is not a section (it holds a {}), so it has no key '{}'",
+                                origin, walked, child.isArray() ? "list" : "value", keys[i + 1]));
     }
     node = &child;
   }
-  (*node)[keys.back()] = value;
-  overrides_[path] = assignment;
+  (*node)[keys.back()] = std::move(value);
+  overrides_[path] = origin;
   return Status::ok();
 }
 
+const std::string* JsonSource::override_origin(const std::string& path) const {
+  // A value under an overridden path came from the command line, not the file. Overrides are
+  // few (a handful of flags), so a scan is fine.
+  for (const auto& [override_path, origin] : overrides_) {
+    if (path == override_path || (path.size() > override_path.size() &&
+                                  path.compare(0, override_path.size(), override_path) == 0 &&
+                                  path[override_path.size()] == '.')) {
+      return &origin;
+    }
+  }
+  return nullptr;
+}
+
 std::string JsonSource::locate(const Json::Value& value, const std::string& path) const {
-  // A value under an overridden path came from the command line, not the file.
-  for (const auto& [override_path, assignment] : overrides_) {
-    if (path == override_path || path.rfind(override_path + ".", 0) == 0) {
-      return "--set " + assignment;
-    }
+  if (!overrides_.empty()) {
+    if (const std::string* origin = override_origin(path)) return *origin;
   }
-  std::ptrdiff_t offset = value.getOffsetStart();
+  const std::ptrdiff_t offset = value.getOffsetStart();
   if (offset < 0 || static_cast<std::size_t>(offset) > text_.size()) return name_;
-  int line = 1;
-  int column = 1;
-  for (std::ptrdiff_t i = 0; i < offset; ++i) {
-    if (text_[static_cast<std::size_t>(i)] == '\n') {
-      ++line;
-      column = 1;
-    } else {
-      ++column;
-    }
-  }
-  return fmt::format("{}:{}:{}", name_, line, column);
+  // Binary search in the line index keeps locating linear in the number of problems, not
+  // quadratic (a file of 200k unknown keys).
+  const auto at = static_cast<std::size_t>(offset);
+  const auto line = std::upper_bound(line_starts_.begin(), line_starts_.end(), at) - 1;
+  return fmt::format("{}:{}:{}", name_, (line - line_starts_.begin()) + 1, at - *line + 1);
 }
 
 }  // namespace strata::config

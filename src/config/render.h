@@ -37,3 +37,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 std::size_t suggestion_distance_max(std::size_t length);
 
 }  // namespace strata::config
+
+namespace strata::config {
+
+// The value of one key path of `config` as the effective configuration prints it ("" when the
+// path is not a key Strata acts on).
+std::string render_path(const Config& config, const std::string& path);
+
+}  // namespace strata::config

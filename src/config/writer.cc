@@ -1,4 +1,4 @@
-// The effective configuration as JSON, in schema order, and the list of every key path.
+// The effective configuration as JSON, in schema order, and the lists of key paths.
 #include <string>
 #include <vector>
 
@@ -9,7 +9,17 @@
 namespace strata::config {
 namespace {
 
-class Writer {
+// Visitor methods every printing/listing visitor ignores: the keys Strata does not act on.
+struct IgnoreUnused {
+  void unused(const char*, const Check&, const Unused&) {}
+  void refused(const char*, const Check&, const Refuse&) {}
+  void alias(const char*, const char*) {}
+  void renamed(const char*, const char*) {}
+  void legacy(const char*, const char*) {}
+  void unknown_keys(UnknownKeys) {}
+};
+
+class Writer : public IgnoreUnused {
  public:
   template <typename S>
   void object(S& target) {
@@ -34,14 +44,9 @@ class Writer {
   void text(const char* key, std::string& v) { emit(key, render(v)); }
   void paths(const char* key, std::vector<std::string>& v) { emit(key, render(v)); }
   void pair(const char* key, std::array<double, 2>& v, double, double) { emit(key, render(v)); }
-  void optional_boolean(const char* key, std::optional<bool>& v) {
-    emit(key, v ? render(*v) : "null");
-  }
-  void batch(const char* key, std::uint64_t& v) { emit(key, render(v)); }
-  void ignored(const char*) {}
-  void renamed(const char*, const char*) {}
+  void batch(const char* key, std::uint64_t& v, std::uint64_t) { emit(key, render(v)); }
   template <typename E>
-  void choice(const char* key, E& v, const EnumNames<E>& names) {
+  void choice(const char* key, E& v, const EnumNames<E>& names, const Refusals& = {}) {
     emit(key, render_choice(v, names));
   }
   template <typename S>
@@ -49,6 +54,9 @@ class Writer {
     start_key(key);
     object(v);
   }
+  // Read into Strata's own keys, which are printed where they live.
+  template <typename S>
+  void mapped_section(const char*, S&) {}
 
   std::string take() { return std::move(out_); }
 
@@ -68,9 +76,11 @@ class Writer {
   bool first_ = true;
 };
 
+// Lists key paths. `all` adds the keys Strata does not act on, and the other names.
 class KeyLister {
  public:
-  std::vector<std::string> keys;
+  explicit KeyLister(bool all) : all_(all) {}
+  std::vector<AcceptedKey> keys;
 
   void boolean(const char* k, bool&) { add(k); }
   void integer(const char* k, std::int64_t&, std::int64_t, std::int64_t) { add(k); }
@@ -80,12 +90,9 @@ class KeyLister {
   void text(const char* k, std::string&) { add(k); }
   void paths(const char* k, std::vector<std::string>&) { add(k); }
   void pair(const char* k, std::array<double, 2>&, double, double) { add(k); }
-  void optional_boolean(const char* k, std::optional<bool>&) { add(k); }
-  void batch(const char* k, std::uint64_t&) { add(k); }
-  void ignored(const char*) {}
-  void renamed(const char*, const char*) {}
+  void batch(const char* k, std::uint64_t&, std::uint64_t) { add(k); }
   template <typename E>
-  void choice(const char* k, E&, const EnumNames<E>&) {
+  void choice(const char* k, E&, const EnumNames<E>&, const Refusals& = {}) {
     add(k);
   }
   template <typename S>
@@ -95,9 +102,73 @@ class KeyLister {
     visit_fields(*this, v);
     prefix_ = saved;
   }
+  template <typename S>
+  void mapped_section(const char* k, S& v) {
+    if (all_) section(k, v);
+  }
+  void unused(const char* k, const Check&, const Unused& u) {
+    if (all_) keys.push_back({prefix_ + k, KeyUse::kNoEffect, u.why});
+  }
+  void refused(const char* k, const Check&, const Refuse& r) {
+    if (all_) keys.push_back({prefix_ + k, KeyUse::kRefused, r.why});
+  }
+  void alias(const char* name, const char* key) {
+    if (all_) keys.push_back({prefix_ + name, KeyUse::kUsed, "another name of " + prefix_ + key});
+  }
+  void renamed(const char* old_key, const char* key) {
+    if (all_) keys.push_back({prefix_ + old_key, KeyUse::kUsed, "old name of " + prefix_ + key});
+  }
+  void legacy(const char* old_key, const char* target) {
+    if (all_) {
+      keys.push_back({prefix_ + old_key, KeyUse::kUsed, std::string("old switch for ") + target});
+    }
+  }
+  void unknown_keys(UnknownKeys) {}
 
  private:
-  void add(const char* k) { keys.push_back(prefix_ + k); }
+  void add(const char* k) { keys.push_back({prefix_ + k, KeyUse::kUsed, ""}); }
+  bool all_;
+  std::string prefix_;
+};
+
+// Renders the value of one key path of a config, as the effective configuration shows it.
+class PathRenderer : public IgnoreUnused {
+ public:
+  explicit PathRenderer(std::string path) : path_(std::move(path)) {}
+  std::string value;
+
+  void boolean(const char* k, bool& v) { match(k, render(v)); }
+  void integer(const char* k, std::int64_t& v, std::int64_t, std::int64_t) { match(k, render(v)); }
+  void count(const char* k, std::uint64_t& v, std::uint64_t, std::uint64_t, std::uint64_t) {
+    match(k, render(v));
+  }
+  void bytes(const char* k, std::uint64_t& v) { match(k, render(v)); }
+  void real(const char* k, double& v, double, double, bool) { match(k, render(v)); }
+  void text(const char* k, std::string& v) { match(k, render(v)); }
+  void paths(const char* k, std::vector<std::string>& v) { match(k, render(v)); }
+  void pair(const char* k, std::array<double, 2>& v, double, double) { match(k, render(v)); }
+  void batch(const char* k, std::uint64_t& v, std::uint64_t) { match(k, render(v)); }
+  template <typename E>
+  void choice(const char* k, E& v, const EnumNames<E>& names, const Refusals& = {}) {
+    match(k, render_choice(v, names));
+  }
+  template <typename S>
+  void section(const char* k, S& v) {
+    std::string saved = prefix_;
+    prefix_ += std::string(k) + ".";
+    visit_fields(*this, v);
+    prefix_ = saved;
+  }
+  template <typename S>
+  void mapped_section(const char* k, S& v) {
+    section(k, v);
+  }
+
+ private:
+  void match(const char* k, std::string text) {
+    if (prefix_ + k == path_) value = std::move(text);
+  }
+  std::string path_;
   std::string prefix_;
 };
 
@@ -105,8 +176,6 @@ class KeyLister {
 
 std::string to_json(const Config& config) {
   Config copy = config;
-  // Print what is in effect: overlap_comm's default depends on the stage.
-  copy.zero_optimization.overlap_comm = config.zero_optimization.effective_overlap_comm();
   Writer writer;
   writer.object(copy);
   return writer.take() + "\n";
@@ -114,9 +183,35 @@ std::string to_json(const Config& config) {
 
 std::vector<std::string> all_key_paths() {
   Config config;
-  KeyLister lister;
+  KeyLister lister(false);
   visit_fields(lister, config);
+  std::vector<std::string> paths;
+  for (const AcceptedKey& key : lister.keys)
+    paths.push_back(key.path);
+  return paths;
+}
+
+std::vector<AcceptedKey> accepted_keys() {
+  Config config;
+  KeyLister lister(true);
+  visit_fields(lister, config);
+  // Another name of a key does what the key does.
+  for (AcceptedKey& key : lister.keys) {
+    const std::string prefix = "another name of ";
+    if (key.note.rfind(prefix, 0) != 0) continue;
+    const std::string target = key.note.substr(prefix.size());
+    for (const AcceptedKey& other : lister.keys) {
+      if (other.path == target) key.use = other.use;
+    }
+  }
   return lister.keys;
+}
+
+std::string render_path(const Config& config, const std::string& path) {
+  Config copy = config;
+  PathRenderer renderer(path);
+  visit_fields(renderer, copy);
+  return renderer.value;
 }
 
 }  // namespace strata::config

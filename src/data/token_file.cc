@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,6 +19,31 @@ std::int32_t read_i32(const std::uint8_t* p) {
   for (int i = 3; i >= 0; --i)
     v = (v << 8) | p[i];
   return static_cast<std::int32_t>(v);
+}
+
+// Whether the first bytes of a file read as headerless uint16 tokens are printable UTF-8 text.
+// Token ids in both bytes of a uint16 rarely all land in printable text (for ids below 256 the
+// high byte is 0), so 32 or more such bytes in a row mean a text file given as tokens.
+bool looks_like_text(const std::uint8_t* p, std::uint64_t size) {
+  const std::uint64_t n = std::min<std::uint64_t>(size, 64 << 10);
+  if (n < 32) return false;
+  std::uint64_t i = 0;
+  while (i < n) {
+    const std::uint8_t c = p[i];
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    const int extra = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : -1;
+    if (extra < 0 || (extra == 1 && c < 0xc2)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      if (i + k >= n) return true;  // cut at the end of the sample
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+    }
+    i += static_cast<std::uint64_t>(extra) + 1;
+  }
+  return true;
 }
 
 }  // namespace
@@ -128,6 +154,15 @@ Result<TokenFile> TokenFile::open(const std::string& path, bool text) {
       return Status(ErrorCode::kInvalidArgument, "the llm.c file holds no tokens", path);
     }
     return file;
+  }
+  if (looks_like_text(bytes, size)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "looks like text, not tokens (its first bytes are printable UTF-8, and it has "
+                  "no llm.c header): tokenize it with the model's tokenizer, "
+                  "tools/prepare_data.py --model MODEL_DIR --input FILE --output DIR, and use "
+                  "DIR/train.bin; or read it as bytes (strata.data.source \"text\", strata eval "
+                  "--format text)",
+                  path);
   }
   if (size % 2 != 0) {
     return Status(ErrorCode::kCorrupt,

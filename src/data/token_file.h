@@ -4,7 +4,9 @@
 //   - nanoGPT: headerless uint16 tokens (np.memmap(..., dtype=np.uint16));
 //   - text: any file, each byte one token (vocabulary 256).
 // A file starting with the llm.c magic is read as llm.c, anything else as nanoGPT. Missing,
-// empty, truncated or inconsistent files are errors naming the file and what is wrong.
+// empty, truncated or inconsistent files are errors naming the file and what is wrong, and so is
+// a headerless file whose first bytes are printable text (text given as tokens: the error names
+// tools/prepare_data.py, which tokenizes it).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,9 @@ class TokenFile {
   std::int64_t id_max() const;
   // Byte offset in the file of token i (for error messages).
   std::uint64_t byte_offset(std::int64_t i) const;
+  // The token bytes, header excluded (what a mask file's checksum covers).
+  const std::uint8_t* token_bytes() const { return tokens_begin_; }
+  std::uint64_t token_bytes_size() const { return map_bytes_ - header_bytes_; }
 
  private:
   TokenFile() = default;

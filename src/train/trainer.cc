@@ -32,7 +32,7 @@ const char* precision_name(const config::Config& config) {
 }
 
 Trainer::Trainer(const config::Config& config, const TrainerOptions& options)
-    : config_(config), options_(options) {}
+    : config_(config), options_(options), breakdown_(std::make_unique<StepBreakdown>(config)) {}
 
 Trainer::~Trainer() = default;
 
@@ -99,6 +99,16 @@ Status Trainer::setup() {
                               shape_.max_seq_len),
                   "strata.data.seq_len");
   }
+  if (s.data.source == config::DataSource::kText && !s.model.path.empty() &&
+      fs::exists(fs::path(s.model.path) / "tokenizer.json")) {
+    return Status(ErrorCode::kConfig,
+                  fmt::format("\"text\" feeds each byte of {} as a token id, but the model in {} "
+                              "has its own tokenizer (tokenizer.json): tokenize the text first "
+                              "with tools/prepare_data.py --model {} --input {} --output DIR, "
+                              "then train on source \"tokens\" with path DIR/train.bin",
+                              s.data.path, s.model.path, s.model.path, s.data.path),
+                  "strata.data.source");
+  }
   STRATA_ASSIGN_OR_RETURN(dataset_, data::make_dataset(s.data, shape_.vocab_size, s.seed));
 
   const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
@@ -144,12 +154,11 @@ Status Trainer::setup() {
       runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
-  inputs_.assign(static_cast<std::size_t>(batch * s.data.seq_len), 0);
-  targets_.assign(inputs_.size(), 0);
-  if (world_size() > 1) {
-    other_inputs_.assign(inputs_.size(), 0);
-    other_targets_.assign(inputs_.size(), 0);
-  }
+  step_batches_.resize(config_.gradient_accumulation_steps);
+  for (data::Batch& b : step_batches_)
+    b.resize(batch, s.data.seq_len);
+  if (world_size() > 1) other_batch_.resize(batch, s.data.seq_len);
+  eval_batch_.resize(batch, s.data.seq_len);
   STRATA_TRY(initialise_weights());
   counters_.scaler = scaler_->state();
 
@@ -175,6 +184,8 @@ Status Trainer::setup() {
                   s.model.activation_checkpointing ? "on" : "off",
                   s.model.activation_offload ? " (checkpoints on the host)" : ""));
   note(fmt::format("data: {}", dataset_->describe()));
+  for (const std::string& line : dataset_->warnings())
+    note("warning: " + line);
   note(fmt::format("optimizer: {}; micro-batch {} x {} tokens, {} accumulation steps; seed {}",
                    adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
                    s.seed));
@@ -238,20 +249,32 @@ Result<StepReport> Trainer::train_step() {
   const std::int64_t tokens = batch * seq * accumulation * world_size();  // over all ranks
   StepReport report;
   report.loss_scale = scaler_->scale();
-  const double grad_scale = report.loss_scale / static_cast<double>(tokens);
   const double wait_before = state_->counters().compute_wait_ms;
+
+  // The step's micro-batches first (every rank reads all ranks'), so that the gradient can be the
+  // mean over the targets that count in the whole step, however a mask spreads them. Without a
+  // mask they are all `tokens`, and the arithmetic is what it was before masks.
+  std::int64_t counted = 0;
+  bool plain = true;
+  for (data::Batch& b : step_batches_)
+    STRATA_TRY(next_micro_batch(b, counted, plain));
+  const double grad_scale =
+      report.loss_scale / static_cast<double>(std::max<std::int64_t>(counted, 1));
 
   double loss_sum = 0.0;
   for (std::int64_t m = 0; m < accumulation; ++m) {
-    STRATA_TRY(next_micro_batch(batch));
-    STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
+    const data::Batch& b = step_batches_[static_cast<std::size_t>(m)];
+    STRATA_TRY(data::feed_batch(*runner_, b));
     state_->begin_micro_batch(m == 0, m == accumulation - 1);
     double loss = 0.0;
     {
       TraceScope scope(trace_.get(), TraceLane::kCompute, "forward + backward");
-      STRATA_ASSIGN_OR_RETURN(loss, runner_->train_step(*state_, grad_scale));
+      breakdown_->begin_micro_batch();
+      STRATA_ASSIGN_OR_RETURN(loss,
+                              runner_->train_step(breakdown_->timed_store(*state_), grad_scale));
+      breakdown_->end_micro_batch();
     }
-    loss_sum += loss;
+    loss_sum += plain ? loss : loss * static_cast<double>(b.counted);
     STRATA_TRY(state_->end_micro_batch());
   }
   STRATA_TRY(state_->finish_backward());
@@ -260,7 +283,9 @@ Result<StepReport> Trainer::train_step() {
   double sums[2] = {loss_sum, state_->grad_sum_squares()};
   if (world_size() > 1)
     STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 2 : 1));
-  report.loss = sums[0] / static_cast<double>(accumulation * world_size());
+  report.loss = plain ? sums[0] / static_cast<double>(accumulation * world_size())
+                      : sums[0] / static_cast<double>(std::max<std::int64_t>(counted, 1));
+  report.loss_tokens = counted;
   report.compute_ms = seconds_since(start) * 1e3;
   const double scaled_norm = std::sqrt(sums[1]);
   if (!std::isfinite(scaled_norm)) {
@@ -301,16 +326,15 @@ Result<StepReport> Trainer::train_step() {
   return report;
 }
 
-Status Trainer::next_micro_batch(std::int64_t batch) {
+Status Trainer::next_micro_batch(data::Batch& mine, std::int64_t& counted, bool& plain) {
   // The ranks take turns through one stream of micro-batches: at step s, micro-batch m, rank r
   // trains on micro-batch (s * accumulation + m) * world + r, so W ranks x b equals one rank
   // accumulating W micro-batches of b, and the data position is the same on every rank.
   for (int r = 0; r < world_size(); ++r) {
-    if (r == rank()) {
-      STRATA_TRY(dataset_->next_train(batch, inputs_.data(), targets_.data()));
-    } else {
-      STRATA_TRY(dataset_->next_train(batch, other_inputs_.data(), other_targets_.data()));
-    }
+    data::Batch& b = r == rank() ? mine : other_batch_;
+    STRATA_TRY(dataset_->next_train(b));
+    counted += b.counted;
+    plain = plain && b.plain();
   }
   return Status::ok();
 }
@@ -320,16 +344,23 @@ Status Trainer::finish_step() {
 }
 
 Result<double> Trainer::evaluate(std::int64_t batches) {
-  const auto batch = static_cast<std::int64_t>(config_.train_micro_batch_size_per_gpu);
-  double total = 0.0;
+  // Without a mask every batch counts all its targets and the mean of the batch means is the
+  // mean; with one, each batch weighs by the targets it counts.
+  double total = 0.0, weighted = 0.0;
+  std::int64_t counted = 0;
+  bool plain = true;
   for (std::int64_t i = 0; i < batches; ++i) {
-    STRATA_TRY(dataset_->val_batch(i, batch, inputs_.data(), targets_.data()));
-    STRATA_TRY(runner_->set_batch(inputs_.data(), targets_.data()));
+    STRATA_TRY(dataset_->val_batch(i, eval_batch_));
+    STRATA_TRY(data::feed_batch(*runner_, eval_batch_));
     state_->begin_eval_batch();
     STRATA_ASSIGN_OR_RETURN(double loss, runner_->evaluate(*state_));
     state_->end_eval_batch();
     total += loss;
+    weighted += loss * static_cast<double>(eval_batch_.counted);
+    counted += eval_batch_.counted;
+    plain = plain && eval_batch_.plain();
   }
+  if (!plain) return weighted / static_cast<double>(std::max<std::int64_t>(counted, 1));
   return total / static_cast<double>(std::max<std::int64_t>(batches, 1));
 }
 
@@ -349,6 +380,11 @@ Result<std::string> Trainer::save_checkpoint() {
 
 Status Trainer::save_model(const std::string& dir) {
   STRATA_TRY(state_->finish_optimizer());
+  // stage3_gather_16bit_weights_on_model_save: the training's 16-bit type, as DeepSpeed's
+  // save_16bit_model writes it; else the fp32 master weights.
+  const kernels::DType saved_dtype =
+      config_.zero_optimization.stage3_gather_16bit_weights_on_model_save ? storage_
+                                                                          : kernels::DType::kF32;
   const tier::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
@@ -368,7 +404,7 @@ Status Trainer::save_model(const std::string& dir) {
             STRATA_TRY(gather(++gathered));
           return static_cast<const float*>(whole.data());
         },
-        kernels::DType::kF32);
+        saved_dtype);
   }
   if (rank() != 0) return Status::ok();  // stage 0: every rank holds the same whole units
   int cached = -1;
@@ -382,7 +418,7 @@ Status Trainer::save_model(const std::string& dir) {
         }
         return data;
       },
-      kernels::DType::kF32);
+      saved_dtype);
 }
 
 Json::Value Trainer::memory_json() const {
@@ -435,7 +471,7 @@ Status Trainer::run() {
   const auto start = std::chrono::steady_clock::now();
   if (!options_.quiet) {
     progress_ =
-        std::make_unique<Progress>(s.train_steps, options_.progress_tty, config_.steps_per_print);
+        std::make_unique<Progress>(s.train_steps, options_.progress_tty, print_interval(config_));
   }
   bool checkpointed = false;
   while (counters_.step < s.train_steps) {
@@ -443,8 +479,13 @@ Status Trainer::run() {
     checkpointed = false;
     const double tokens_per_s =
         r.step_ms > 0 ? static_cast<double>(r.tokens) / (r.step_ms / 1e3) : 0.0;
+    Json::Value breakdown_metrics(Json::objectValue);
+    const std::vector<std::string> breakdown =
+        breakdown_->end_step(r.step, r.step_ms, r.compute_wait_ms, *state_, &breakdown_metrics);
     if (r.step % s.log_every_steps == 0 || r.step == s.train_steps) {
       Json::Value line = memory_json();
+      for (const std::string& key : breakdown_metrics.getMemberNames())
+        line[key] = breakdown_metrics[key];
       line["step"] = Json::Int64(r.step);
       line["loss"] = r.loss;
       line["lr"] = r.lr;
@@ -452,6 +493,7 @@ Status Trainer::run() {
       line["loss_scale"] = r.loss_scale;
       line["skipped"] = r.skipped;
       line["tokens"] = Json::Int64(r.tokens);
+      if (r.loss_tokens != r.tokens) line["loss_tokens"] = Json::Int64(r.loss_tokens);
       line["tokens_per_s"] = tokens_per_s;
       line["step_ms"] = r.step_ms;
       line["compute_wait_ms"] = r.compute_wait_ms;
@@ -463,6 +505,10 @@ Status Trainer::run() {
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
                                   r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
                                   format_bytes(u.bytes_peak[1]), format_bytes(u.bytes_peak[2])));
+      if (r.step % print_interval(config_) == 0 || r.step == s.train_steps) {
+        for (const std::string& text : breakdown)
+          progress_->note(text);
+      }
     }
     const bool last = r.step == s.train_steps;
     if ((s.eval_every_steps > 0 && r.step % s.eval_every_steps == 0) || last) {

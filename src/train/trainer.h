@@ -25,6 +25,7 @@
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/breakdown.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/train_state.h"
@@ -32,13 +33,14 @@
 namespace strata::train {
 
 struct StepReport {
-  std::int64_t step = 0;    // 1-based
-  double loss = 0.0;        // mean token loss over the step's micro-batches
-  double lr = 0.0;          // the lr the step used (0 when skipped)
-  double grad_norm = 0.0;   // global L2 norm of the unscaled gradient, before clipping
-  double loss_scale = 1.0;  // the scale the step ran with
-  bool skipped = false;     // gradient not finite: no update
-  std::int64_t tokens = 0;  // tokens in the step
+  std::int64_t step = 0;         // 1-based
+  double loss = 0.0;             // mean token loss over the step's micro-batches
+  double lr = 0.0;               // the lr the step used (0 when skipped)
+  double grad_norm = 0.0;        // global L2 norm of the unscaled gradient, before clipping
+  double loss_scale = 1.0;       // the scale the step ran with
+  bool skipped = false;          // gradient not finite: no update
+  std::int64_t tokens = 0;       // tokens in the step
+  std::int64_t loss_tokens = 0;  // of those, targets the loss counts (a mask leaves some out)
   double step_ms = 0.0;
   double compute_ms = 0.0;       // forward, backward and the gradients' trip home
   double optimizer_ms = 0.0;     // the rest: norm, and the optimizer unless it overlaps
@@ -91,8 +93,9 @@ class Trainer {
   void note(const std::string& message);
   Json::Value memory_json() const;
   Status initialise_weights();
-  // This rank's next micro-batch (see trainer.cc: the ranks take turns).
-  Status next_micro_batch(std::int64_t batch);
+  // This rank's next micro-batch into `mine` (see trainer.cc: the ranks take turns); adds the
+  // targets that count on every rank to `counted` and clears `plain` unless all are plain.
+  Status next_micro_batch(data::Batch& mine, std::int64_t& counted, bool& plain);
 
   config::Config config_;
   TrainerOptions options_;
@@ -109,11 +112,12 @@ class Trainer {
   std::unique_ptr<optim::LossScaler> scaler_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   TrainerCounters counters_;
-  std::vector<std::int32_t> inputs_;
-  std::vector<std::int32_t> targets_;
-  std::vector<std::int32_t> other_inputs_, other_targets_;  // other ranks' micro-batches
+  std::vector<data::Batch> step_batches_;  // this rank's micro-batches of one step
+  data::Batch other_batch_;                // other ranks' micro-batches (read, not trained)
+  data::Batch eval_batch_;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<StepBreakdown> breakdown_;  // wall_clock_breakdown, memory_breakdown
   double elapsed_s_ = 0.0;
   std::optional<double> last_eval_loss_;
   bool resumed_ = false;

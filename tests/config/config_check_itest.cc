@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 #include <json/json.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
+#include "config/flags.h"
 #include "support/run_strata.h"
 
 namespace strata {
@@ -50,7 +54,8 @@ TEST(ConfigCheck, CommentedConfigDerivesBatchSizeAndKeepsOffload) {
   EXPECT_EQ(c["train_batch_size"].asUInt64(), 8u);  // "0" meant: derive it
   EXPECT_EQ(c["zero_optimization"]["stage"].asInt(), 2);
   EXPECT_EQ(c["zero_optimization"]["offload_optimizer"]["device"].asString(), "cpu");
-  EXPECT_TRUE(c["zero_optimization"]["offload_optimizer"]["pin_memory"].asBool());
+  // pin_memory: Strata always pins, so the effective configuration has no such key.
+  EXPECT_FALSE(c["zero_optimization"]["offload_optimizer"].isMember("pin_memory"));
 }
 
 TEST(ConfigCheck, WorldSizeOptionAndEnvironmentDeriveTheTriple) {
@@ -137,12 +142,113 @@ TEST(ConfigCheck, HelpDescribesTheCommand) {
   EXPECT_NE(r.out.find("--set"), std::string::npos) << r.out;
 }
 
-TEST(ConfigDocs, ConfigReferenceDocumentsEveryKey) {
+TEST(ConfigDocs, ConfigReferenceDocumentsEveryAcceptedKey) {
   std::string doc = testing::read_file(source_path("docs/config.md"));
-  for (const std::string& path : config::all_key_paths()) {
-    EXPECT_NE(doc.find("`" + path + "`"), std::string::npos)
-        << "docs/config.md does not document `" << path << "`";
+  for (const config::AcceptedKey& key : config::accepted_keys()) {
+    EXPECT_NE(doc.find("`" + key.path + "`"), std::string::npos)
+        << "docs/config.md does not document `" << key.path << "`";
   }
+}
+
+TEST(ConfigDocs, TrainerDocsAndHelpListEveryFlag) {
+  const std::string doc = testing::read_file(source_path("docs/trainer.md"));
+  const auto help = run_strata({"train", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  for (const config::TrainFlag& flag : config::train_flags()) {
+    const std::string name(config::canonical_name(flag));
+    EXPECT_NE(doc.find("`" + name), std::string::npos) << "docs/trainer.md lacks " << name;
+    EXPECT_NE(help.out.find(name), std::string::npos) << "strata train --help lacks " << name;
+    for (const config::FlagTarget& target : flag.targets) {
+      EXPECT_NE(doc.find("`" + std::string(target.path)), std::string::npos)
+          << name << " -> " << target.path;
+    }
+  }
+}
+
+// The public configs (tests/fixtures/ds-configs-public/README.md says where each came from)
+// that turn on a feature changing the arithmetic, and the key each error must name.
+const std::map<std::string, std::vector<std::string>> kRefusedPublicConfigs = {
+    {"deepspeedexamples/BingBertSquad_1-bit_adam_nccl_deepspeed_onebitadam_bsz96_config.json",
+     {"optimizer.type: 'OnebitAdam' is not supported"}},
+    {"deepspeedexamples/DeepSpeed-ZenFlow_finetuning_zf_config.json",
+     {"zero_optimization.zenflow: not supported"}},
+    {"deepspeedexamples/bing_bert_01_adam_nccl_deepspeed_bsz4k_01adam_config_seq128_nccl.json",
+     {"optimizer.type: 'ZeroOneAdam' is not supported"}},
+    {"deepspeedexamples/"
+     "bing_bert_1-bit_lamb_nccl_deepspeed_bsz64k_onebitlamb_config_seq128_nccl.json",
+     {"optimizer.type: 'OneBitLamb' is not supported"}},
+    {"deepspeedexamples/bing_bert_deepspeed_bsz4k_progressive_layer_drop_config_seq128.json",
+     {"progressive_layer_drop: not supported"}},
+    {"deepspeedexamples/bing_bert_deepspeed_bsz64k_lamb_config_seq128.json",
+     {"optimizer.type: 'Lamb' is not supported", "sparse_attention: not supported"}},
+    {"deepspeedexamples/compression_gpt2_config_ds_config_W8A8_Qgroup64_fp16.json",
+     {"compression_training: not supported"}},
+    {"deepspeedexamples/data_efficiency_gpt_finetuning_config_ds_config_gpt_base_random_ltd.json",
+     {"data_efficiency: not supported"}},
+    {"deepspeedexamples/inference_sglang_ds_offload_nvme_gds.json", {"aio.use_gds: not supported"}},
+};
+
+TEST(ConfigCheck, PublicDeepSpeedConfigsAreAcceptedOrRefusedByName) {
+  const std::string root = source_path("tests/fixtures/ds-configs-public");
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 60u);
+  std::size_t refused = 0;
+  for (const std::string& file : files) {
+    const std::string name = file.substr(root.size() + 1);
+    auto r = run_strata({"config", "check", "-q", file}, {"WORLD_SIZE=1", "RANK=0"});
+    auto expected = kRefusedPublicConfigs.find(name);
+    if (expected == kRefusedPublicConfigs.end()) {
+      EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.err;
+      EXPECT_TRUE(parse_json(r.out).isMember("zero_optimization")) << name;
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(r.exit_code, 2) << name;
+    for (const std::string& message : expected->second) {
+      EXPECT_NE(r.err.find(message), std::string::npos) << name << "\n" << r.err;
+    }
+  }
+  EXPECT_EQ(refused, kRefusedPublicConfigs.size());
+}
+
+TEST(ConfigCheck, EndsWithTheMigrationReport) {
+  const std::string file =
+      source_path("tests/fixtures/ds-configs-public/transformers/ds_config_zero3.json");
+  auto r = run_strata({"config", "check", file}, {"WORLD_SIZE=1", "RANK=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("what Strata does with each key of"), std::string::npos) << r.err;
+  for (const char* row : {"steps_per_print  ", "zero_optimization.overlap_comm  ",
+                          "zero_optimization.stage3_gather_fp16_weights_on_model_save  used"}) {
+    EXPECT_NE(r.err.find(row), std::string::npos) << row << "\n" << r.err;
+  }
+  EXPECT_NE(r.err.find("35 keys: "), std::string::npos) << r.err;
+  // The "auto" values that shape the job, loudly.
+  EXPECT_NE(r.err.find("warning: the config leaves these to \"auto\""), std::string::npos);
+  EXPECT_NE(r.err.find("optimizer.params.lr = 5e-05"), std::string::npos) << r.err;
+  // A refused config still gets its report, before the error.
+  auto refused = run_strata({"config", "check",
+                             source_path("tests/fixtures/ds-configs-public/deepspeedexamples/"
+                                         "inference_sglang_ds_offload_nvme_gds.json")},
+                            {"WORLD_SIZE=1", "RANK=0"});
+  EXPECT_EQ(refused.exit_code, 2);
+  const std::size_t table = refused.err.find("aio.use_gds");
+  const std::size_t error = refused.err.find("configuration error");
+  ASSERT_NE(table, std::string::npos) << refused.err;
+  EXPECT_LT(table, error) << refused.err;
+  EXPECT_TRUE(refused.out.empty());
+}
+
+TEST(ConfigCheck, TakesTheTrainFlags) {
+  auto r = run_strata({"config", "check", "-q", source_path("configs/demo.json"), "--lr", "2e-5",
+                       "--steps", "7", "--bf16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value c = parse_json(r.out);
+  EXPECT_DOUBLE_EQ(c["optimizer"]["params"]["lr"].asDouble(), 2e-5);
+  EXPECT_EQ(c["strata"]["train_steps"].asInt(), 7);
 }
 
 }  // namespace

@@ -33,14 +33,10 @@ std::string load_error(const std::string& text, const std::vector<std::string>& 
 TEST(ConfigDefaults, EmptyConfigGetsDeepSpeedDefaults) {
   Config c = load_ok("{}");
   EXPECT_EQ(c.zero_optimization.stage, 0);
-  EXPECT_TRUE(c.zero_optimization.contiguous_gradients);
-  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000u);
   EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 50'000'000u);
   EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 100'000u);
   EXPECT_EQ(c.zero_optimization.offload_param.buffer_count, 5);
   EXPECT_EQ(c.zero_optimization.offload_param.buffer_size, 100'000'000u);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.buffer_count, 4);
-  EXPECT_FALSE(c.zero_optimization.effective_overlap_comm());
   EXPECT_EQ(c.aio.block_size, 1'048'576u);
   EXPECT_EQ(c.aio.queue_depth, 8);
   EXPECT_EQ(c.aio.intra_op_parallelism, 1);
@@ -51,17 +47,11 @@ TEST(ConfigDefaults, EmptyConfigGetsDeepSpeedDefaults) {
   EXPECT_EQ(c.fp16.hysteresis, 2);
   EXPECT_DOUBLE_EQ(c.optimizer.params.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.params.betas[1], 0.999);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);  // DeepSpeed's default since 0.19.3
   EXPECT_EQ(c.precision(), Precision::kFp32);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1u);
   EXPECT_EQ(c.gradient_accumulation_steps, 1u);
   EXPECT_EQ(c.train_batch_size, 1u);
-}
-
-TEST(ConfigDefaults, OverlapCommDefaultsOnAtStageThree) {
-  EXPECT_TRUE(
-      load_ok(R"({"zero_optimization": {"stage": 3}})").zero_optimization.effective_overlap_comm());
-  EXPECT_FALSE(load_ok(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")
-                   .zero_optimization.effective_overlap_comm());
 }
 
 TEST(ConfigDialect, AcceptsCommentsTrailingCommasAndExponentIntegers) {
@@ -69,12 +59,12 @@ TEST(ConfigDialect, AcceptsCommentsTrailingCommasAndExponentIntegers) {
     // line comment
     "zero_optimization": {   /* block comment */
       "stage": 3,            # hjson-style comment, "quotes" inside
-      "reduce_bucket_size": 5e8,
+      "stage3_prefetch_bucket_size": 5e8,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/mnt/a#b"},
     },
   })");
   EXPECT_EQ(c.zero_optimization.stage, 3);
-  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000u);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 500'000'000u);
   ASSERT_EQ(c.zero_optimization.offload_optimizer.nvme_path.size(), 1u);
   EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path[0], "/mnt/a#b");
 }
@@ -113,9 +103,13 @@ TEST(ConfigErrors, UnknownKeySuggestsTheNearestValidKey) {
   EXPECT_CONTAINS(e, "did you mean 'pin_memory'?");
 }
 
-TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheValidKeys) {
-  std::string e = load_error(R"({"aio": {"frobnicate": 1}})");
-  EXPECT_CONTAINS(e, "aio.frobnicate: unknown key; valid keys in 'aio': block_size, queue_depth");
+TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsEveryValidKey) {
+  std::string e = load_error(R"({"zero_optimization": {"offload_param": {"frobnicate": 1}}})");
+  // Every key accepted there, the ones with no effect included.
+  EXPECT_CONTAINS(e,
+                  "zero_optimization.offload_param.frobnicate: unknown key; valid keys in "
+                  "'zero_optimization.offload_param': device, nvme_path, pin_memory, buffer_count, "
+                  "buffer_size, max_in_cpu");
 }
 
 TEST(ConfigErrors, KeyValidInAnotherSectionIsStillUnknownHere) {
@@ -146,7 +140,7 @@ TEST(ConfigErrors, OutOfRangeValuesSayWhatIsValid) {
                   "out of range");
   EXPECT_CONTAINS(load_error(R"({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}})"),
                   "ratio: 1.5 is out of range");
-  EXPECT_CONTAINS(load_error(R"({"strata": {"train_steps": 0}})"), "at least 1");
+  EXPECT_CONTAINS(load_error(R"({"strata": {"train_steps": 0}})"), "valid: from 1 to 268435456");
 }
 
 TEST(ConfigErrors, BadEnumListsTheValidValues) {
@@ -192,12 +186,27 @@ TEST(ConfigErrors, AioBlockSizeMustBeAMultipleOf4096) {
 }
 
 TEST(ConfigErrors, EveryProblemIsReportedAtOnce) {
-  std::string e =
-      load_error(R"({"foo": 1, "zero_optimization": {"stage": 9}, "aio": {"queue_depth": 0}})");
+  std::string e = load_error(
+      R"({"gradient_clippng": 1, "zero_optimization": {"stage": 9}, "aio": {"queue_depth": 0}})");
   EXPECT_CONTAINS(e, "3 problems");
-  EXPECT_CONTAINS(e, "foo: unknown key");
+  EXPECT_CONTAINS(e, "gradient_clippng: unknown key; did you mean 'gradient_clipping'?");
   EXPECT_CONTAINS(e, "zero_optimization.stage");
   EXPECT_CONTAINS(e, "aio.queue_depth");
+}
+
+TEST(ConfigErrors, CrossKeyProblemsArriveWithTheValueProblems) {
+  // Before, the checks spanning several keys ran only once every value was valid, so these came
+  // in a second round.
+  std::string e = load_error(R"({"aio": {"queue_depth": 0}, "fp16": {"enabled": true},
+      "bf16": {"enabled": true}, "train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_CONTAINS(e, "3 problems");
+  EXPECT_CONTAINS(e, "aio.queue_depth");
+  EXPECT_CONTAINS(e, "fp16 and bf16 are both enabled");
+  EXPECT_CONTAINS(e, "10 is not a whole multiple of");
+  // A check built on a bad value is skipped rather than reporting nonsense.
+  e = load_error(R"({"strata": {"model": {"hidden_size": "big", "num_heads": 5}}})");
+  EXPECT_CONTAINS(e, "strata.model.hidden_size: expected a whole number");
+  EXPECT_EQ(e.find("heads do not divide"), std::string::npos) << e;
 }
 
 TEST(ConfigErrors, EmptyFileAndNonObjectRoot) {
@@ -227,8 +236,11 @@ TEST(ConfigBatch, AnyTwoOfTheTripleDeriveTheThird) {
       {R"({"train_batch_size": 8})", 4, 8, 2, 1},
       {R"({"train_micro_batch_size_per_gpu": 2})", 3, 6, 2, 1},
       {R"({"train_batch_size": 0, "gradient_accumulation_steps": 8})", 1, 8, 1, 8},
+      // Nothing to derive the micro-batch from: "auto" is the Trainer's default of 8.
       {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4})",
-       2, 8, 1, 4},
+       2, 64, 8, 4},
+      {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})",
+       2, 32, 16, 1},
       {R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})",
        2, 24, 4, 3},
   };
@@ -256,32 +268,27 @@ TEST(ConfigBatch, IndivisibleTotalIsAnError) {
   EXPECT_CONTAINS(load_error(R"({"train_batch_size": 3})", {}, 2), "not a whole multiple");
 }
 
-TEST(ConfigAuto, AutoResolvesToStrataDefaultsWithANote) {
+TEST(ConfigAuto, DeepSpeedOnlyAutoTakesDeepSpeedsDefaultWithANote) {
   auto loaded = load_config_text(
-      R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
-          "gradient_clipping": "auto", "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
-          "stage3_prefetch_bucket_size": "auto"}, "fp16": {"enabled": "auto"}})",
+      R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+          "stage3_prefetch_bucket_size": "auto"}})",
       "hf.json", {});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  EXPECT_DOUBLE_EQ(loaded->config.optimizer.params.lr, 1e-3);
   EXPECT_EQ(loaded->config.zero_optimization.stage3_prefetch_bucket_size, 50'000'000u);
-  bool saw_lr_note = false;
+  bool saw_note = false;
   for (const Note& note : loaded->notes) {
-    if (note.path == "optimizer.params.lr") {
-      saw_lr_note = true;
-      EXPECT_CONTAINS(note.message, "0.001");
+    if (note.path == "zero_optimization.stage3_prefetch_bucket_size") {
+      saw_note = true;
+      EXPECT_CONTAINS(note.message, "\"auto\" -> 50000000 (DeepSpeed's default");
     }
   }
-  EXPECT_TRUE(saw_lr_note);
+  EXPECT_TRUE(saw_note);
 }
 
 TEST(ConfigAuto, DecayingSchedulerTakesTotalStepsFromTrainSteps) {
   Config c = load_ok(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10,
       "total_num_steps": "auto"}}, "strata": {"train_steps": 500}})");
   EXPECT_EQ(c.scheduler.params.total_num_steps, 500);
-  EXPECT_CONTAINS(load_error(R"({"scheduler": {"type": "WarmupCosineLR", "params":
-      {"warmup_num_steps": 600, "total_num_steps": 500}}})"),
-                  "exceed total_num_steps");
 }
 
 TEST(ConfigCompat, OldNamesAreMappedWithANote) {
@@ -302,13 +309,18 @@ TEST(ConfigCompat, LegacyCpuOffloadSwitchMapsToOffloadOptimizer) {
                   "an old switch for 'zero_optimization.offload_optimizer.device'");
 }
 
-TEST(ConfigCompat, KnownButUnusedDeepSpeedKeysAreAcceptedWithANote) {
+TEST(ConfigCompat, KnownButUnusedDeepSpeedKeysAreAcceptedWithAWarningEach) {
   auto loaded = load_config_text(
       R"({"tensorboard": {"enabled": true}, "zero_optimization": {"stage": 2, "elastic_checkpoint": true}})",
       "t.json", {});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  ASSERT_EQ(loaded->notes.size(), 3u);  // two ignored keys + the batch-size default
-  EXPECT_EQ(loaded->notes[0].path, "zero_optimization.elastic_checkpoint");
+  std::vector<std::string> warned;
+  for (const Note& note : loaded->notes) {
+    if (note.severity == Severity::kWarning && note.message.find("no effect") != std::string::npos)
+      warned.push_back(note.path);
+  }
+  EXPECT_EQ(warned,
+            (std::vector<std::string>{"zero_optimization.elastic_checkpoint", "tensorboard"}));
 }
 
 TEST(ConfigOverrides, SetReplacesCreatesAndParsesJson) {

@@ -109,13 +109,16 @@ TEST(FileDataset, WindowsShiftTargetsAndSplitOffValidation) {
   auto ds = make_dataset(c, 1000, 1);
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
   EXPECT_EQ((*ds)->train_samples(), 6);
-  std::vector<std::int32_t> in(8), tg(8);
-  ASSERT_TRUE((*ds)->next_train(2, in.data(), tg.data()).is_ok());
-  EXPECT_EQ(in, (std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(tg, (std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-  ASSERT_TRUE((*ds)->val_batch(0, 2, in.data(), tg.data()).is_ok());
-  EXPECT_EQ(in[0], 24);  // the held-out tail
-  EXPECT_EQ(tg[7], 32);
+  Batch b;
+  b.resize(2, 4);
+  ASSERT_TRUE((*ds)->next_train(b).is_ok());
+  EXPECT_EQ(b.inputs, (std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.targets, (std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(b.positions, (std::vector<std::int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
+  EXPECT_TRUE(b.plain());
+  ASSERT_TRUE((*ds)->val_batch(0, b).is_ok());
+  EXPECT_EQ(b.inputs[0], 24);  // the held-out tail
+  EXPECT_EQ(b.targets[7], 32);
 }
 
 TEST(FileDataset, ShuffleIsSeededAndResumesExactly) {
@@ -125,26 +128,28 @@ TEST(FileDataset, ShuffleIsSeededAndResumesExactly) {
   auto a = std::move(make_dataset(c, 500, 42)).value();
   auto b = std::move(make_dataset(c, 500, 42)).value();
   auto other = std::move(make_dataset(c, 500, 43)).value();
-  std::vector<std::int32_t> ia(30), ta(30), ib(30), tb(30);
+  Batch ba, bb;
+  ba.resize(3, 10);
+  bb.resize(3, 10);
   // Run past an epoch boundary (300 training windows).
   for (int step = 0; step < 110; ++step) {
-    ASSERT_TRUE(a->next_train(3, ia.data(), ta.data()).is_ok());
-    ASSERT_TRUE(b->next_train(3, ib.data(), tb.data()).is_ok());
-    ASSERT_EQ(ia, ib);
+    ASSERT_TRUE(a->next_train(ba).is_ok());
+    ASSERT_TRUE(b->next_train(bb).is_ok());
+    ASSERT_EQ(ba.inputs, bb.inputs);
   }
-  ASSERT_TRUE(other->next_train(3, ib.data(), tb.data()).is_ok());
+  ASSERT_TRUE(other->next_train(bb).is_ok());
   const DataPosition saved = a->position();
   EXPECT_EQ(saved.epoch, 1);
   std::vector<std::vector<std::int32_t>> expected;
   for (int step = 0; step < 5; ++step) {
-    ASSERT_TRUE(a->next_train(3, ia.data(), ta.data()).is_ok());
-    expected.push_back(ia);
+    ASSERT_TRUE(a->next_train(ba).is_ok());
+    expected.push_back(ba.inputs);
   }
   auto resumed = std::move(make_dataset(c, 500, 42)).value();
   ASSERT_TRUE(resumed->seek(saved).is_ok());
   for (int step = 0; step < 5; ++step) {
-    ASSERT_TRUE(resumed->next_train(3, ib.data(), tb.data()).is_ok());
-    EXPECT_EQ(ib, expected[step]);
+    ASSERT_TRUE(resumed->next_train(bb).is_ok());
+    EXPECT_EQ(bb.inputs, expected[step]);
   }
 }
 
@@ -160,8 +165,9 @@ TEST(FileDataset, TooShortOutOfVocabularyAndMissingFilesAreErrors) {
   config::DataConfig c = tokens_config(dir.write_file("v.bin", llmc_file(tokens, 1)), 4);
   c.shuffle = false;
   auto ds = std::move(make_dataset(c, 100, 1)).value();
-  std::vector<std::int32_t> in(16), tg(16);
-  Status s = ds->next_train(4, in.data(), tg.data());
+  Batch b;
+  b.resize(4, 4);
+  Status s = ds->next_train(b);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.to_string().find("token id 60000 at byte offset 1050"), std::string::npos)
       << s.to_string();
@@ -222,20 +228,23 @@ TEST(SyntheticDataset, ReportsItsFloorAndResumes) {
   auto ds = std::move(make_dataset(c, 64, 9)).value();
   ASSERT_TRUE(ds->entropy_floor().has_value());
   EXPECT_DOUBLE_EQ(*ds->entropy_floor(), std::log(4.0));
-  std::vector<std::int32_t> in(16), tg(16), in2(16), tg2(16);
-  ASSERT_TRUE(ds->next_train(2, in.data(), tg.data()).is_ok());
+  Batch b, b2;
+  b.resize(2, 8);
+  b2.resize(2, 8);
+  ASSERT_TRUE(ds->next_train(b).is_ok());
+  EXPECT_TRUE(b.plain());
   for (int i = 0; i < 15; ++i) {
     if (i % 8 != 7) {
-      EXPECT_EQ(tg[i], in[i + 1]);
+      EXPECT_EQ(b.targets[i], b.inputs[i + 1]);
     }
   }
   const DataPosition p = ds->position();
-  ASSERT_TRUE(ds->next_train(2, in.data(), tg.data()).is_ok());
+  ASSERT_TRUE(ds->next_train(b).is_ok());
   auto again = std::move(make_dataset(c, 64, 9)).value();
   ASSERT_TRUE(again->seek(p).is_ok());
-  ASSERT_TRUE(again->next_train(2, in2.data(), tg2.data()).is_ok());
-  EXPECT_EQ(in, in2);
-  EXPECT_EQ(tg, tg2);
+  ASSERT_TRUE(again->next_train(b2).is_ok());
+  EXPECT_EQ(b.inputs, b2.inputs);
+  EXPECT_EQ(b.targets, b2.targets);
   c.synthetic_vocab_size = 100;
   EXPECT_EQ(make_dataset(c, 64, 9).status().code(), ErrorCode::kConfig);
 }

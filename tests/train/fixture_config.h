@@ -1,5 +1,6 @@
 // The training config that replays a PyTorch fixture (tools/make_fixtures.py): its batch, AdamW
-// hyper-parameters, model directory and token file, three steps, no shuffling or validation split.
+// hyper-parameters (no clipping, as the fixture's torch.optim.AdamW), model directory and token
+// file, three steps, no shuffling or validation split.
 // Shared by the CPU and the CUDA trainer tests against torch.optim.AdamW.
 #pragma once
 
@@ -18,6 +19,7 @@ inline std::string fixture_train_config(const Fixture& fx, const std::string& na
                                         const std::string& strata_keys) {
   return fmt::format(
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+          "gradient_clipping": 0.0,
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [{}, {}], "eps": {},
                                                    "weight_decay": {}}}}},
           "strata": {{"output_dir": "{}/out", "train_steps": 3, {}
