@@ -1,4 +1,5 @@
-// A fine-tune of a Hugging Face model as users run it: `strata train` from a model directory with
+// `strata eval` on each family's model as transformers wrote it gives transformers' loss; and a
+// fine-tune of a Hugging Face model as users run it: `strata train` from a model directory with
 // a tokenizer writes output_dir/final with the source's tokenizer files, generation_config.json
 // and config keys (token ids, dtype), and `strata convert` of the run's checkpoint writes the same
 // directory (the checkpoint remembers where the model came from); resuming from that checkpoint
@@ -8,6 +9,8 @@
 #include <filesystem>
 
 #include "support/run_strata.h"
+#include "tests/model/fixture_support.h"
+#include "tests/train/llmc_tokens.h"
 
 namespace strata {
 namespace {
@@ -29,6 +32,26 @@ std::string config(const std::string& out, int steps) {
          source_path("tests/fixtures/models/qwen2_tied") + R"("},
       "data": {"source": "synthetic", "seq_len": 16, "synthetic_vocab_size": 64}}})";
 }
+
+class EvalFamilies : public ::testing::TestWithParam<std::string> {};
+
+// The fixture's token stream as an llm.c file: strata eval's windows of 16 are the fixture's batch
+// rows, so its mean loss is the float64 reference's.
+TEST_P(EvalFamilies, StrataEvalGivesTransformersLoss) {
+  const testing::Fixture fx = testing::load_fixture(GetParam());
+  TempDir dir;
+  const std::string tokens = dir.write_file("tokens.bin", testing::llmc_file(fx.tokens));
+  auto r = run_strata({"eval", "--model", testing::fixture_dir(GetParam()), "--data", tokens,
+                       "--seq-len", std::to_string(fx.seq_len), "--threads", "2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json::Value v = testing::parse_json(r.out);
+  EXPECT_EQ(v["tokens"].asInt64(), fx.batch * fx.seq_len);
+  const double want = fx.tensor("loss")[0];
+  EXPECT_NEAR(v["loss"].asDouble(), want, 1e-5 * want) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EvalFamilies, ::testing::ValuesIn(testing::fixture_names()),
+                         [](const auto& info) { return info.param; });
 
 TEST(HfFamiliesCli, FinalAndConvertCarryTheTokenizerAndConfigKeys) {
   TempDir dir;
