@@ -402,6 +402,9 @@ std::string carried_keys(const Json::Value& root, const std::string& type) {
   Json::StreamWriterBuilder w;
   w["indentation"] = "";
   w["precision"] = 17;
+  // Comments in the source (config.json may carry // comments) are not carried: jsoncpp writes
+  // them back where they do not always parse again.
+  w["commentStyle"] = "None";
   return Json::writeString(w, extra);
 }
 
