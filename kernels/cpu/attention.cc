@@ -1,6 +1,9 @@
 // Causal attention with grouped KV heads, blocked in 64 x 64 tiles (flash-attention style):
 // the forward keeps a running max and sum per query row and never materialises T x T scores;
-// the backward recomputes each tile's probabilities from the saved log-sum-exp.
+// the backward recomputes each tile's probabilities from the saved log-sum-exp. Packed documents
+// and sliding windows (nn_ops.h) narrow each query row's keys to [lo(t), t]: key tiles wholly
+// below a query tile's first lo are skipped, and within a tile only the row's own key range
+// counts. Without them every range is the causal one, and the arithmetic is the plain kernel's.
 //
 // Parallel split: forward tasks are (batch, head, query block); backward tasks are (batch, KV
 // head), each walking its query heads, query blocks and key blocks in a fixed order and writing
@@ -18,6 +21,13 @@ namespace strata::kernels {
 namespace {
 
 constexpr std::int64_t kBlock = 64;
+
+// Query row t0 + i's keys within the key tile starting at s0 with nk keys: [*begin, *end).
+void key_range(const AttentionShape& s, std::int64_t b, std::int64_t t, std::int64_t s0,
+               std::int64_t nk, std::int64_t* begin, std::int64_t* end) {
+  *begin = std::max<std::int64_t>(0, attention_first_key(s, b, t) - s0);
+  *end = std::min<std::int64_t>(nk, t - s0 + 1);
+}
 
 void check(const AttentionShape& s) {
   STRATA_ASSERT(s.batch > 0 && s.seq_len > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0);
@@ -58,7 +68,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       row_sum[i] = T(0);
       std::fill(op + i * s.out_stride, op + i * s.out_stride + D, T(0));
     }
-    for (std::int64_t kb = 0; kb <= qb; ++kb) {
+    for (std::int64_t kb = attention_first_key(s, b, t0) / kBlock; kb <= qb; ++kb) {
       const std::int64_t s0 = kb * kBlock;
       const std::int64_t nk = std::min(kBlock, T_ - s0);
       const T* kp = k + (b * T_ + s0) * s.kv_stride + g * D;
@@ -68,17 +78,24 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                      kBlock);
       for (std::int64_t i = 0; i < nq; ++i) {
         T* sr = scores + i * kBlock;
-        const std::int64_t valid = (kb == qb) ? std::min(nk, i + 1) : nk;  // causal mask
+        std::int64_t begin = 0, end = 0;
+        key_range(s, b, t0 + i, s0, nk, &begin, &end);
+        if (begin >= end) {  // none of this tile's keys: the row's running values stay
+          std::fill(sr, sr + nk, T(0));
+          continue;
+        }
         T m = row_max[i];
-        for (std::int64_t j = 0; j < valid; ++j)
+        for (std::int64_t j = begin; j < end; ++j)
           m = std::max(m, sr[j]);
         const T correction = (row_max[i] == neg_inf) ? T(0) : std::exp(row_max[i] - m);
         T sum = T(0);
-        for (std::int64_t j = 0; j < valid; ++j) {
+        for (std::int64_t j = 0; j < begin; ++j)
+          sr[j] = T(0);
+        for (std::int64_t j = begin; j < end; ++j) {
           sr[j] = std::exp(sr[j] - m);
           sum += sr[j];
         }
-        for (std::int64_t j = valid; j < nk; ++j)
+        for (std::int64_t j = end; j < nk; ++j)
           sr[j] = T(0);
         row_sum[i] = row_sum[i] * correction + sum;
         row_max[i] = m;
@@ -141,7 +158,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           delta[i] = acc;
           std::fill(dqp + i * s.q_stride, dqp + i * s.q_stride + D, T(0));
         }
-        for (std::int64_t kb = 0; kb <= qb; ++kb) {
+        for (std::int64_t kb = attention_first_key(s, b, t0) / kBlock; kb <= qb; ++kb) {
           const std::int64_t s0 = kb * kBlock;
           const std::int64_t nk = std::min(kBlock, T_ - s0);
           const T* kp = k + (b * T_ + s0) * s.kv_stride + g * D;
@@ -151,10 +168,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                          probs, kBlock);
           for (std::int64_t i = 0; i < nq; ++i) {
             T* pr = probs + i * kBlock;
-            const std::int64_t valid = (kb == qb) ? std::min(nk, i + 1) : nk;
-            for (std::int64_t j = 0; j < valid; ++j)
+            std::int64_t begin = 0, end = 0;
+            key_range(s, b, t0 + i, s0, nk, &begin, &end);
+            for (std::int64_t j = 0; j < std::min(begin, nk); ++j)
+              pr[j] = T(0);
+            for (std::int64_t j = begin; j < end; ++j)
               pr[j] = std::exp(pr[j] - lp[i]);
-            for (std::int64_t j = valid; j < nk; ++j)
+            for (std::int64_t j = std::max(begin, end); j < nk; ++j)
               pr[j] = T(0);
           }
           // dV(nk, D) += P^T dO

@@ -54,7 +54,7 @@ void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targe
   parallel_chunks(rows, rows_grain(vocab, 1 << 16), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* row = logits + r * vocab;
-      losses[r] = row_logsumexp(row, vocab) - row[targets[r]];
+      losses[r] = targets[r] < 0 ? T(0) : row_logsumexp(row, vocab) - row[targets[r]];
     }
   });
 }
@@ -67,6 +67,11 @@ void cross_entropy_fused(T* logits, T* losses, const std::int32_t* targets, std:
     for (std::int64_t r = r0; r < r1; ++r) {
       T* row = logits + r * vocab;
       const std::int32_t target = targets[r];
+      if (target < 0) {  // ignored: no loss, no gradient
+        losses[r] = T(0);
+        std::fill(row, row + vocab, T(0));
+        continue;
+      }
       const T lse = row_logsumexp(row, vocab);
       losses[r] = lse - row[target];
       const T g = static_cast<T>(grad_scale);

@@ -1,6 +1,6 @@
-// CPU kernels for every operation of the GPT-2 and Llama models, forward and backward, templated
-// on the compute type (float for training, double for the finite-difference gradient checks).
-// Conventions:
+// CPU kernels for every operation of the GPT-2 and Llama-family models, forward and backward,
+// templated on the compute type (float for training, double for the finite-difference gradient
+// checks). Conventions:
 //   - row-major; shapes in comments, e.g. (N,C) = N rows of C values;
 //   - backward kernels ACCUMULATE (+=) into parameter gradients and into input gradients, except
 //     where a contract says "writes"; callers zero what must start at zero;
@@ -12,15 +12,21 @@
 
 namespace strata::kernels {
 
+// Row r = b*T + t of a (B,T) batch sits at position positions[r] of its document (packed
+// sequences), or at t = r % T when `positions` is null.
+
 // ---- embedding ---------------------------------------------------------------------------------
-// out(B*T,C) = wte[tokens[r]] + wpe[r % T] (wpe may be null: no learned positions).
+// out(B*T,C) = wte[tokens[r]] + wpe[position of r] (wpe may be null: no learned positions).
 template <typename T>
-void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
-                       std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
-// dwte[tokens[r]] += dout[r]; dwpe[r % T] += dout[r] (dwpe may be null).
+void embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
+                       const T* wte, const T* wpe, std::int64_t rows, std::int64_t seq_len,
+                       std::int64_t channels);
+// dwte[tokens[r]] += dout[r]; dwpe[position of r] += dout[r] (dwpe may be null). Rows whose
+// token is padding_idx add nothing to dwte (nn.Embedding's padding_idx); -1 = none.
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
-                        std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
+                        const std::int32_t* positions, std::int64_t rows, std::int64_t seq_len,
+                        std::int64_t channels, std::int32_t padding_idx);
 
 // ---- normalisation -----------------------------------------------------------------------------
 // out(N,C) = (x - mean) * rstd * w + b; writes mean(N), rstd(N) for backward.
@@ -38,6 +44,18 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
 template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
                       std::int64_t rows, std::int64_t channels);
+// RMSNorm of every head on its own (Qwen3's q_norm / k_norm): row r holds `heads` vectors of D
+// values at x + r*x_stride + h*D, each normalised over its D values and multiplied by w(D); out has
+// the same layout at out_stride; writes rstd(rows*heads).
+template <typename T>
+void rmsnorm_heads_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
+                           std::int64_t heads, std::int64_t head_dim, std::int64_t x_stride,
+                           std::int64_t out_stride, double eps);
+// In place: d (layout of x at d_stride) holds dout on entry and dx on return; dw += ...
+template <typename T>
+void rmsnorm_heads_backward(T* d, T* dw, const T* x, const T* w, const T* rstd, std::int64_t rows,
+                            std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
+                            std::int64_t x_stride);
 
 // ---- pointwise ---------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's gelu_new): out(n) = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715
@@ -66,17 +84,34 @@ void bias_backward(T* dbias, const T* dout, std::int64_t rows, std::int64_t chan
 
 // ---- rotary embeddings ------------------------------------------------------------------------
 // Rotates, in place, `heads` heads of head_dim D starting at column 0 of x's rows (row r at
-// x + r*stride) by the angles of position r % T, with Hugging Face's rotate_half pairing
-// (d, d + D/2). cos/sin are (T, D/2) tables.
+// x + r*stride) by the angles of row r's position, with Hugging Face's rotate_half pairing over
+// the first R = rotary_dim dimensions of each head: (d, d + R/2) for d < R/2; dimensions R..D-1
+// pass unchanged (Phi-3's partial rotary). cos/sin are (T, R/2) tables; every position is < T.
+struct RopeShape {
+  std::int64_t rows = 0;
+  std::int64_t stride = 0;
+  std::int64_t seq_len = 0;  // T
+  std::int64_t heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t rotary_dim = 0;              // even, <= head_dim
+  const std::int32_t* positions = nullptr;  // (rows), or null: row r is at r % T
+};
 template <typename T>
-void rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                  std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin);
-// The inverse rotation, applied in place to the gradient.
+void rope_forward(T* x, const RopeShape& shape, const T* cos, const T* sin);
+// The transposed map, applied in place to the gradient (the inverse rotation, scaled alike).
 template <typename T>
-void rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                   std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin);
-// Fills cos/sin (T, D/2) for positions 0..T-1: inv_freq[d] = theta^(-2d/D), computed in T's
-// precision the way Hugging Face computes it (for float: float32 pow and product).
+void rope_backward(T* dx, const RopeShape& shape, const T* cos, const T* sin);
+// Fills cos/sin (T, half) for positions 0..T-1 from inv_freq(half): angle = t * inv_freq[d] in T's
+// precision, cos and sin times `scaling` (YaRN's and LongRoPE's attention factor), as Hugging Face
+// computes them (for float: float32 product and float32 scaling).
+template <typename T>
+void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t half, const T* inv_freq,
+                 double scaling);
+// Plain RoPE's inverse frequencies: inv_freq[d] = 1 / theta^(2d/D) for d < D/2, computed in T's
+// precision the way Hugging Face computes them (for float: float32 pow and division).
+template <typename T>
+void rope_default_inv_freq(T* inv_freq, std::int64_t head_dim, double theta);
+// Plain RoPE's tables (T, D/2): rope_default_inv_freq, then rope_tables with scaling 1.
 template <typename T>
 void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t head_dim, double theta);
 
@@ -85,6 +120,10 @@ void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t head_dim, do
 // matrix, only 64 x 64 tiles. Row r = b*T + t of q holds H heads of D values at q + r*q_stride;
 // k and v hold KV heads at k + r*kv_stride, v + r*kv_stride (query head h reads KV head
 // h / (H/KV)). out(B*T, H*D) at out + r*out_stride; lse(B,H,T) = log-sum-exp of each softmax row.
+// Query t of a row sees the keys [lo(t), t]: lo(t) = max(0, t - positions[t]) (its own document;
+// 0 without positions) and, with a sliding window W, at least t - W + 1. lo never decreases
+// along a row (positions restart at 0 or count up by one), so key tiles below a query tile's
+// first lo are skipped whole.
 struct AttentionShape {
   std::int64_t batch = 0;
   std::int64_t seq_len = 0;
@@ -94,8 +133,18 @@ struct AttentionShape {
   std::int64_t q_stride = 0;
   std::int64_t kv_stride = 0;
   std::int64_t out_stride = 0;
-  double scale = 0.0;  // usually 1/sqrt(D)
+  double scale = 0.0;                       // usually 1/sqrt(D)
+  std::int64_t window = 0;                  // sliding window W; 0 = none
+  const std::int32_t* positions = nullptr;  // (B*T) positions in their documents, or null
 };
+
+// The first key query row t of batch row b sees (see above).
+inline std::int64_t attention_first_key(const AttentionShape& s, std::int64_t b, std::int64_t t) {
+  std::int64_t lo = 0;
+  if (s.positions != nullptr) lo = t - s.positions[b * s.seq_len + t];
+  if (s.window > 0 && t - s.window + 1 > lo) lo = t - s.window + 1;
+  return lo < 0 ? 0 : lo;
+}
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& shape);
@@ -107,6 +156,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 
 // ---- loss --------------------------------------------------------------------------------------
 // Softmax + cross-entropy over logits(N,V): losses[r] = logsumexp(logits[r]) - logits[r][target].
+// A target of -1 (PyTorch's ignore_index) counts for nothing: its loss is 0 and, fused, its
+// gradient row is 0.
 template <typename T>
 void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targets,
                            std::int64_t rows, std::int64_t vocab);

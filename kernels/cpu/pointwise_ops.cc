@@ -1,5 +1,6 @@
 // GELU, SwiGLU, residual add, bias and rotary embeddings (contracts in nn_ops.h).
 #include <cmath>
+#include <vector>
 
 #include "common/assert.h"
 #include "kernels/cpu/nn_ops.h"
@@ -111,35 +112,55 @@ void bias_backward(T* dbias, const T* dout, std::int64_t rows, std::int64_t chan
 }
 
 template <typename T>
-void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t head_dim, double theta) {
-  STRATA_ASSERT(head_dim % 2 == 0);
-  const std::int64_t half = head_dim / 2;
+void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t half, const T* inv_freq,
+                 double scaling) {
+  const T scale = static_cast<T>(scaling);
   for (std::int64_t d = 0; d < half; ++d) {
-    // Hugging Face: inv_freq = 1 / base ** (arange(0, D, 2).float() / D), all in T's precision.
-    const T exponent = static_cast<T>(2 * d) / static_cast<T>(head_dim);
-    const T inv_freq = T(1) / static_cast<T>(std::pow(static_cast<T>(theta), exponent));
     for (std::int64_t t = 0; t < seq_len; ++t) {
-      const T angle = static_cast<T>(t) * inv_freq;
-      cos[t * half + d] = static_cast<T>(std::cos(static_cast<double>(angle)));
-      sin[t * half + d] = static_cast<T>(std::sin(static_cast<double>(angle)));
+      const T angle = static_cast<T>(t) * inv_freq[d];
+      T c = static_cast<T>(std::cos(static_cast<double>(angle)));
+      T s = static_cast<T>(std::sin(static_cast<double>(angle)));
+      if (scaling != 1.0) {
+        c *= scale;
+        s *= scale;
+      }
+      cos[t * half + d] = c;
+      sin[t * half + d] = s;
     }
   }
+}
+
+template <typename T>
+void rope_default_inv_freq(T* inv_freq, std::int64_t head_dim, double theta) {
+  STRATA_ASSERT(head_dim % 2 == 0);
+  for (std::int64_t d = 0; d < head_dim / 2; ++d) {
+    // Hugging Face: inv_freq = 1 / base ** (arange(0, D, 2).float() / D), all in T's precision.
+    const T exponent = static_cast<T>(2 * d) / static_cast<T>(head_dim);
+    inv_freq[d] = T(1) / static_cast<T>(std::pow(static_cast<T>(theta), exponent));
+  }
+}
+
+template <typename T>
+void rope_tables(T* cos, T* sin, std::int64_t seq_len, std::int64_t head_dim, double theta) {
+  std::vector<T> inv_freq(static_cast<std::size_t>(head_dim / 2));
+  rope_default_inv_freq(inv_freq.data(), head_dim, theta);
+  rope_tables(cos, sin, seq_len, head_dim / 2, inv_freq.data(), 1.0);
 }
 
 namespace {
 
 template <typename T>
-void rope_rotate(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                 std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin,
-                 T direction) {
-  STRATA_ASSERT(head_dim % 2 == 0);
-  const std::int64_t half = head_dim / 2;
-  parallel_chunks(rows, rows_grain(heads * head_dim), [&](std::int64_t r0, std::int64_t r1) {
+void rope_rotate(T* x, const RopeShape& p, const T* cos, const T* sin, T direction) {
+  const std::int64_t rotary = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+  STRATA_ASSERT(rotary % 2 == 0 && rotary <= p.head_dim && p.seq_len > 0);
+  const std::int64_t half = rotary / 2;
+  parallel_chunks(p.rows, rows_grain(p.heads * rotary), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* cr = cos + (r % seq_len) * half;
-      const T* sr = sin + (r % seq_len) * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        T* x1 = x + r * stride + h * head_dim;
+      const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
+      const T* cr = cos + t * half;
+      const T* sr = sin + t * half;
+      for (std::int64_t h = 0; h < p.heads; ++h) {
+        T* x1 = x + r * p.stride + h * p.head_dim;
         T* x2 = x1 + half;
         for (std::int64_t d = 0; d < half; ++d) {
           const T a = x1[d];
@@ -156,31 +177,30 @@ void rope_rotate(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_
 }  // namespace
 
 template <typename T>
-void rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                  std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin) {
-  rope_rotate(x, rows, stride, seq_len, heads, head_dim, cos, sin, T(1));
+void rope_forward(T* x, const RopeShape& shape, const T* cos, const T* sin) {
+  rope_rotate(x, shape, cos, sin, T(1));
 }
 
 template <typename T>
-void rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                   std::int64_t heads, std::int64_t head_dim, const T* cos, const T* sin) {
-  // The rotation is orthogonal: its Jacobian's transpose is the rotation by the opposite angle.
-  rope_rotate(dx, rows, stride, seq_len, heads, head_dim, cos, sin, T(-1));
+void rope_backward(T* dx, const RopeShape& shape, const T* cos, const T* sin) {
+  // The map is a rotation times the tables' scaling: its transpose is the rotation by the opposite
+  // angle with the same scaling.
+  rope_rotate(dx, shape, cos, sin, T(-1));
 }
 
-#define STRATA_INSTANTIATE_POINTWISE(T)                                                      \
-  template void gelu_forward<T>(T*, const T*, std::int64_t);                                 \
-  template void gelu_backward<T>(T*, const T*, const T*, std::int64_t);                      \
-  template void swiglu_forward<T>(T*, const T*, std::int64_t, std::int64_t);                 \
-  template void swiglu_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t);      \
-  template void add<T>(T*, const T*, const T*, std::int64_t);                                \
-  template void add_bias<T>(T*, const T*, std::int64_t, std::int64_t);                       \
-  template void bias_backward<T>(T*, const T*, std::int64_t, std::int64_t);                  \
-  template void rope_tables<T>(T*, T*, std::int64_t, std::int64_t, double);                  \
-  template void rope_forward<T>(T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,  \
-                                std::int64_t, const T*, const T*);                           \
-  template void rope_backward<T>(T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
-                                 std::int64_t, const T*, const T*);
+#define STRATA_INSTANTIATE_POINTWISE(T)                                                 \
+  template void gelu_forward<T>(T*, const T*, std::int64_t);                            \
+  template void gelu_backward<T>(T*, const T*, const T*, std::int64_t);                 \
+  template void swiglu_forward<T>(T*, const T*, std::int64_t, std::int64_t);            \
+  template void swiglu_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t); \
+  template void add<T>(T*, const T*, const T*, std::int64_t);                           \
+  template void add_bias<T>(T*, const T*, std::int64_t, std::int64_t);                  \
+  template void bias_backward<T>(T*, const T*, std::int64_t, std::int64_t);             \
+  template void rope_tables<T>(T*, T*, std::int64_t, std::int64_t, const T*, double);   \
+  template void rope_default_inv_freq<T>(T*, std::int64_t, double);                     \
+  template void rope_tables<T>(T*, T*, std::int64_t, std::int64_t, double);             \
+  template void rope_forward<T>(T*, const RopeShape&, const T*, const T*);              \
+  template void rope_backward<T>(T*, const RopeShape&, const T*, const T*);
 STRATA_INSTANTIATE_POINTWISE(float)
 STRATA_INSTANTIATE_POINTWISE(double)
 #undef STRATA_INSTANTIATE_POINTWISE

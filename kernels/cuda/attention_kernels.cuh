@@ -1,7 +1,7 @@
 // Causal attention with grouped KV heads, flash-style, fp32 on CUDA cores (no tensor cores yet):
 // online softmax over 32-key tiles held in shared memory, so no T x T matrix ever exists.
 //
-// Mapping (cuda_plan.h's AttentionLaunch): blocks of 4 warps. A warp owns rows_per_warp rows; for
+// Mapping (launch_plan.h's AttentionLaunch): blocks of 4 warps. A warp owns rows_per_warp rows; for
 // scores, lane j takes key j of the tile (a full dot product over D from shared memory: K rows are
 // padded to PD + 1 floats so the 32 lanes hit 32 banks); for the weighted sums, lane l owns
 // dimensions l, l + 32, ... of the row (PER_LANE registers per row), and the tile's 32 weights are
@@ -13,6 +13,9 @@
 // Every output element is written by one thread after a fixed-order loop: deterministic, no
 // atomics. delta_i = dO_i . O_i is recomputed where needed, so no scratch is used. The launch
 // functions are generic over the launcher (device_math.cuh).
+// Packed documents and sliding windows (kernels/cpu/nn_ops.h) give query t the keys [lo(t), t];
+// lo never decreases along a row, so the forward and dq passes start at the key tile of their
+// first row's lo, and the dk/dv pass stops at the first query tile whose lo is past its keys.
 #pragma once
 
 #include "kernels/cuda/launch_plan.h"
@@ -48,7 +51,18 @@ struct AttnArgs {
   std::int64_t kv_stride;
   std::int64_t out_stride;
   float scale;
+  std::int64_t window;            // 0 = none
+  const std::int32_t* positions;  // (B*T) or null
 };
+
+// The first key query t of batch row b sees (kernels::attention_first_key).
+__device__ __forceinline__ std::int64_t first_key(const AttnArgs& a, std::int64_t b,
+                                                  std::int64_t t) {
+  std::int64_t lo = 0;
+  if (a.positions != nullptr) lo = t - a.positions[b * a.seq_len + t];
+  if (a.window > 0 && t - a.window + 1 > lo) lo = t - a.window + 1;
+  return lo < 0 ? 0 : lo;
+}
 
 template <int PL>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a) {
@@ -79,16 +93,19 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a)
   float m[R];
   float l[R];
   float o[R][PL];
+  std::int64_t lo[R];
   STRATA_UNROLL
   for (int i = 0; i < R; ++i) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
+    const std::int64_t t = t0 + warp * R + i;
+    lo[i] = t < T ? first_key(a, b, t) : 0;
     STRATA_UNROLL
     for (int p = 0; p < PL; ++p)
       o[i][p] = 0.0f;
   }
   const std::int64_t last_row = (t0 + kRows < T ? t0 + kRows : T) - 1;
-  for (std::int64_t s0 = 0; s0 <= last_row; s0 += kTile) {
+  for (std::int64_t s0 = first_key(a, b, t0) / kTile * kTile; s0 <= last_row; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and qs is written, first time)
     for (int idx = tid; idx < kTile * PD; idx += kThreads) {
       const int j = idx / PD;
@@ -104,8 +121,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a)
     for (int i = 0; i < R; ++i) {
       const int r = warp * R + i;
       const std::int64_t t = t0 + r;
-      if (t >= T || s0 > t) continue;  // uniform across the warp
-      const bool ok = s0 + lane <= t;
+      // Uniform across the warp; a tile that is not skipped holds at least one of the row's keys.
+      if (t >= T || s0 > t || s0 + kTile <= lo[i]) continue;
+      const bool ok = s0 + lane <= t && s0 + lane >= lo[i];
       float score = -INFINITY;
       if (ok) {
         const float* qr = qs + r * PD;
@@ -115,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a)
           dot += qr[d] * kr[d];
         score = dot * a.scale;
       }
-      const float m_new = fmaxf(m[i], warp_max(score));  // lane 0's key is valid: finite
+      const float m_new = fmaxf(m[i], warp_max(score));  // some lane's key is valid: finite
       const float p = ok ? expf(score - m_new) : 0.0f;
       const float correction = expf(m[i] - m_new);
       l[i] = l[i] * correction + warp_sum(p);
@@ -178,9 +196,11 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a) {
   float delta[R];
   float lse[R];
   float dq[R][PL];
+  std::int64_t lo[R];
   STRATA_UNROLL
   for (int i = 0; i < R; ++i) {
     const std::int64_t t = t0 + warp * R + i;
+    lo[i] = t < T ? first_key(a, b, t) : 0;
     float acc = 0.0f;
     if (t < T) {
       const float* o_row = a.out + (b * T + t) * a.out_stride + h * D;
@@ -195,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a) {
       dq[i][p] = 0.0f;
   }
   const std::int64_t last_row = (t0 + kRows < T ? t0 + kRows : T) - 1;
-  for (std::int64_t s0 = 0; s0 <= last_row; s0 += kTile) {
+  for (std::int64_t s0 = first_key(a, b, t0) / kTile * kTile; s0 <= last_row; s0 += kTile) {
     __syncthreads();
     for (int idx = tid; idx < kTile * PD; idx += kThreads) {
       const int j = idx / PD;
@@ -211,8 +231,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a) {
     for (int i = 0; i < R; ++i) {
       const int r = warp * R + i;
       const std::int64_t t = t0 + r;
-      if (t >= T || s0 > t) continue;
-      const bool ok = s0 + lane <= t;
+      if (t >= T || s0 > t || s0 + kTile <= lo[i]) continue;
+      const bool ok = s0 + lane <= t && s0 + lane >= lo[i];
       float ds = 0.0f;
       if (ok) {
         const float* qr = qs + r * PD;
@@ -292,8 +312,11 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a) {
     }
   }
   const std::int64_t first_tile = s_base / kTile * kTile;
+  const std::int64_t last_key = (s_base + kRows < T ? s_base + kRows : T) - 1;
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (std::int64_t t0 = first_tile; t0 < T; t0 += kTile) {
+      // No query from here on sees this block's keys (lo only grows); uniform over the block.
+      if (first_key(a, b, t0) > last_key) break;
       __syncthreads();  // the previous tile is consumed (and krows/vrows written, first time)
       for (int idx = tid; idx < kTile * PD; idx += kThreads) {
         const int j = idx / PD;
@@ -319,13 +342,14 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a) {
         }
       }
       __syncthreads();
+      const std::int64_t lane_lo = t0 + lane < T ? first_key(a, b, t0 + lane) : 0;
       STRATA_UNROLL
       for (int i = 0; i < R; ++i) {
         const int r = warp * R + i;
         const std::int64_t s = s_base + r;
         if (s >= T || t0 + kTile - 1 < s) continue;  // uniform: no query of the tile sees key s
         const std::int64_t t = t0 + lane;
-        const bool ok = t < T && t >= s;
+        const bool ok = t < T && t >= s && s >= lane_lo;
         float p = 0.0f;
         float ds = 0.0f;
         if (ok) {
@@ -425,6 +449,8 @@ AttnArgs attention_args(const AttentionShape& shape) {
   a.kv_stride = shape.kv_stride;
   a.out_stride = shape.out_stride;
   a.scale = static_cast<float>(shape.scale);
+  a.window = shape.window;
+  a.positions = shape.positions;
   return a;
 }
 

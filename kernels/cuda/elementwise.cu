@@ -5,10 +5,11 @@
 namespace strata::cuda_kernels {
 
 cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
-                              const float* wte, const float* wpe, std::int64_t rows,
-                              std::int64_t seq_len, std::int64_t channels) {
+                              const std::int32_t* positions, const float* wte, const float* wpe,
+                              std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
   if (rows * channels <= 0) return cudaSuccess;
-  return run_embedding_forward(CudaLauncher{s}, out, tokens, wte, wpe, rows, seq_len, channels);
+  return run_embedding_forward(CudaLauncher{s}, out, tokens, positions, wte, wpe, rows, seq_len,
+                               channels);
 }
 
 cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n) {
@@ -50,11 +51,10 @@ cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha) {
   return run_scale(CudaLauncher{s}, x, n, alpha);
 }
 
-cudaError_t rope(cudaStream_t s, float* x, std::int64_t rows, std::int64_t stride,
-                 std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+cudaError_t rope(cudaStream_t s, float* x, const RopeShape& shape, const float* cos,
                  const float* sin, float direction) {
-  if (rows * heads * (head_dim / 2) <= 0) return cudaSuccess;
-  return run_rope(CudaLauncher{s}, x, rows, stride, seq_len, heads, head_dim, cos, sin, direction);
+  if (shape.rows * shape.heads * shape.head_dim <= 0) return cudaSuccess;
+  return run_rope(CudaLauncher{s}, x, shape, cos, sin, direction);
 }
 
 cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,

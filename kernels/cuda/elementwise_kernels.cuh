@@ -4,6 +4,7 @@
 // 64-bit indices; precise expf/tanhf (no fast-math), so results track the CPU's to a few ulps.
 #pragma once
 
+#include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -16,7 +17,8 @@ using cuda::kElementwiseThreads;
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 
-__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
+__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
+                                         const std::int32_t* positions, const float* wte,
                                          const float* wpe, std::int64_t rows, std::int64_t seq_len,
                                          std::int64_t channels) {
   const std::int64_t total = rows * channels;
@@ -24,7 +26,10 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
     const std::int64_t r = i / channels;
     const std::int64_t c = i - r * channels;
     float v = wte[static_cast<std::int64_t>(tokens[r]) * channels + c];
-    if (wpe != nullptr) v += wpe[(r % seq_len) * channels + c];
+    if (wpe != nullptr) {
+      const std::int64_t t = positions != nullptr ? positions[r] : r % seq_len;
+      v += wpe[t * channels + c];
+    }
     out[i] = v;
   }
 }
@@ -93,17 +98,17 @@ __global__ void scale_kernel(float* x, std::int64_t n, float alpha) {
     x[i] *= alpha;
 }
 
-// One thread per (row, head, d < D/2) pair (d, d + D/2): Hugging Face's rotate_half.
-__global__ void rope_kernel(float* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                            std::int64_t heads, std::int64_t head_dim, const float* cos,
+// One thread per (row, head, d < R/2) pair (d, d + R/2) of the R rotated dimensions: Hugging
+// Face's rotate_half; the head's dimensions past R are left alone.
+__global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, const float* cos,
                             const float* sin, float direction) {
-  const std::int64_t half = head_dim / 2;
-  const std::int64_t total = rows * heads * half;
+  const std::int64_t total = p.rows * p.heads * half;
+  const std::int64_t stride = p.stride, heads = p.heads, head_dim = p.head_dim;
   for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
     const std::int64_t d = i % half;
     const std::int64_t h = (i / half) % heads;
     const std::int64_t r = i / (half * heads);
-    const std::int64_t t = r % seq_len;
+    const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
     float* x1 = x + r * stride + h * head_dim + d;
     float* x2 = x1 + half;
     const float a = *x1;
@@ -141,10 +146,11 @@ dim3 elementwise_grid(std::int64_t n) {
 
 template <typename L>
 auto run_embedding_forward(const L& launch, float* out, const std::int32_t* tokens,
-                           const float* wte, const float* wpe, std::int64_t rows,
-                           std::int64_t seq_len, std::int64_t channels) {
+                           const std::int32_t* positions, const float* wte, const float* wpe,
+                           std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
   return launch(embedding_forward_kernel, elementwise_grid(rows * channels),
-                dim3(kElementwiseThreads), 0, out, tokens, wte, wpe, rows, seq_len, channels);
+                dim3(kElementwiseThreads), 0, out, tokens, positions, wte, wpe, rows, seq_len,
+                channels);
 }
 
 template <typename L>
@@ -191,12 +197,11 @@ auto run_scale(const L& launch, float* x, std::int64_t n, float alpha) {
 }
 
 template <typename L>
-auto run_rope(const L& launch, float* x, std::int64_t rows, std::int64_t stride,
-              std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+auto run_rope(const L& launch, float* x, const kernels::RopeShape& shape, const float* cos,
               const float* sin, float direction) {
-  return launch(rope_kernel, elementwise_grid(rows * heads * (head_dim / 2)),
-                dim3(kElementwiseThreads), 0, x, rows, stride, seq_len, heads, head_dim, cos, sin,
-                direction);
+  const std::int64_t half = (shape.rotary_dim > 0 ? shape.rotary_dim : shape.head_dim) / 2;
+  return launch(rope_kernel, elementwise_grid(shape.rows * shape.heads * half),
+                dim3(kElementwiseThreads), 0, x, shape, half, cos, sin, direction);
 }
 
 template <typename L>

@@ -1,4 +1,4 @@
-// The walk over a GemmBlocking (backend/cuda_plan.h) that GemmEngine runs for bf16/fp16 GEMMs:
+// The walk over a GemmBlocking (launch_plan.h) that GemmEngine runs for bf16/fp16 GEMMs:
 // for each output block, in the plan's order, and each k piece, convert the operand blocks that
 // are not already in the workspace, then multiply them into C (beta for the first k piece, 1 for
 // the rest). The conversions and products are callbacks, so the walk is tested on the CPU

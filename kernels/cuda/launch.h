@@ -2,7 +2,7 @@
 // kernels/cpu/nn_ops.h and cast.h, on device pointers, fp32 compute). Each queues its kernels on
 // `stream` and returns the launch's cudaError_t (cudaSuccess for empty work, which launches
 // nothing); errors while a kernel runs surface at the next synchronisation. Shapes are checked by
-// the caller (CudaOps); launch configurations come from backend/cuda_plan.h. The kernels
+// the caller (CudaOps); launch configurations come from launch_plan.h. The kernels
 // themselves are in *_kernels.cuh.
 #pragma once
 
@@ -18,11 +18,12 @@
 namespace strata::cuda_kernels {
 
 using kernels::AttentionShape;
+using kernels::RopeShape;
 
 // ---- element-wise (elementwise.cu) ----
 cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
-                              const float* wte, const float* wpe, std::int64_t rows,
-                              std::int64_t seq_len, std::int64_t channels);
+                              const std::int32_t* positions, const float* wte, const float* wpe,
+                              std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
 cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n);
 cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
                           std::int64_t n);
@@ -35,8 +36,7 @@ cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t r
                      std::int64_t channels);
 cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha);
 // direction +1: the forward rotation; -1: its transpose (backward).
-cudaError_t rope(cudaStream_t s, float* x, std::int64_t rows, std::int64_t stride,
-                 std::int64_t seq_len, std::int64_t heads, std::int64_t head_dim, const float* cos,
+cudaError_t rope(cudaStream_t s, float* x, const RopeShape& shape, const float* cos,
                  const float* sin, float direction);
 // dst[i] = src[i] converted between DTypeCode types.
 cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,
@@ -48,7 +48,7 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
                              std::int64_t cols);
 
 // ---- normalisation and column reductions (norm.cu) ----
-// `scratch` holds at least plan.chunks * arrays * channels doubles (cuda_plan.h).
+// `scratch` holds at least plan.chunks * arrays * channels doubles (launch_plan.h).
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
                               std::int64_t channels, double eps);
@@ -62,13 +62,25 @@ cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* 
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,
                              double* scratch);
+cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,
+                                  const float* w, std::int64_t rows, std::int64_t heads,
+                                  std::int64_t head_dim, std::int64_t x_stride,
+                                  std::int64_t out_stride, double eps);
+// In place on d; `plan` splits rows * heads vectors of head_dim columns.
+cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const float* x,
+                                   const float* w, const float* rstd, std::int64_t rows,
+                                   std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
+                                   std::int64_t x_stride,
+                                   const cuda::ColumnReducePlan& plan, double* scratch);
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch);
-// Deterministic without atomics: each (token, column) gradient adds its rows in row order.
+// Deterministic without atomics: each (token, column) gradient adds its rows in row order (and
+// each (position, column) of dwpe likewise); rows of token padding_idx (-1: none) add nothing.
 cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
-                               const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
-                               std::int64_t channels);
+                               const std::int32_t* tokens, const std::int32_t* positions,
+                               std::int64_t rows, std::int64_t seq_len, std::int64_t channels,
+                               std::int32_t padding_idx);
 
 // ---- attention (attention.cu) ----
 // Flash-style (online softmax over 32-key tiles, never a T x T matrix), fp32 on CUDA cores.

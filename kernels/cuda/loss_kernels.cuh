@@ -14,7 +14,7 @@ using cuda::kReduceBlocks;
 using cuda::kReduceThreads;
 
 // One block per row: the row's max, then the sum of exp in double, then the loss (and, fused,
-// the gradient written over the logits).
+// the gradient written over the logits). A target of -1 gives loss 0 and a zero gradient row.
 template <bool kFused>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(float* logits, float* losses, const std::int32_t* targets,
@@ -23,6 +23,15 @@ __global__ void __launch_bounds__(kLossThreads)
   __shared__ double sum_shared[32];
   const std::int64_t row = blockIdx.x;
   float* x = logits + row * vocab;
+  const std::int32_t target = targets[row];
+  if (target < 0) {  // ignored (-1): no loss and, fused, no gradient; uniform over the block
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if constexpr (kFused) {
+      for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+        x[j] = 0.0f;
+    }
+    return;
+  }
   float m = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
     m = fmaxf(m, x[j]);
@@ -32,7 +41,6 @@ __global__ void __launch_bounds__(kLossThreads)
     sum += static_cast<double>(expf(x[j] - m));
   sum = block_sum(sum, sum_shared);
   const float lse = m + static_cast<float>(log(sum));
-  const std::int32_t target = targets[row];
   if (threadIdx.x == 0) losses[row] = lse - x[target];
   if constexpr (kFused) {
     __syncthreads();  // x[target] is read before anyone overwrites it

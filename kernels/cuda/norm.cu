@@ -36,6 +36,25 @@ cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* 
                               scratch);
 }
 
+cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,
+                                  const float* w, std::int64_t rows, std::int64_t heads,
+                                  std::int64_t head_dim, std::int64_t x_stride,
+                                  std::int64_t out_stride, double eps) {
+  if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
+  return run_rmsnorm_heads_forward(CudaLauncher{s}, out, rstd, x, w, rows, heads, head_dim,
+                                   x_stride, out_stride, eps);
+}
+
+cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const float* x,
+                                   const float* w, const float* rstd, std::int64_t rows,
+                                   std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
+                                   std::int64_t x_stride,
+                                   const cuda::ColumnReducePlan& plan, double* scratch) {
+  if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
+  return run_rmsnorm_heads_backward(CudaLauncher{s}, d, dw, x, w, rstd, rows, heads, head_dim,
+                                    d_stride, x_stride, plan, scratch);
+}
+
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch) {
@@ -44,10 +63,12 @@ cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::
 }
 
 cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
-                               const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
-                               std::int64_t channels) {
+                               const std::int32_t* tokens, const std::int32_t* positions,
+                               std::int64_t rows, std::int64_t seq_len, std::int64_t channels,
+                               std::int32_t padding_idx) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
-  return run_embedding_backward(CudaLauncher{s}, dwte, dwpe, dout, tokens, rows, seq_len, channels);
+  return run_embedding_backward(CudaLauncher{s}, dwte, dwpe, dout, tokens, positions, rows, seq_len,
+                                channels, padding_idx);
 }
 
 }  // namespace strata::cuda_kernels

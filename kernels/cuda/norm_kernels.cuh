@@ -2,7 +2,7 @@
 // their launch functions (generic over the launcher, see device_math.cuh). Row statistics
 // accumulate in double, as on the CPU. Parameter gradients are column reductions over rows done
 // deterministically in two passes: fixed chunks of rows write double partials to the scratch,
-// then one thread per column adds them in chunk order (cuda_plan.h). The embedding backward adds
+// then one thread per column adds them in chunk order (launch_plan.h). The embedding backward adds
 // each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
 #pragma once
 
@@ -104,6 +104,70 @@ __global__ void rmsnorm_dx_kernel(float* dx, const float* dout, const float* x, 
     dxr[c] += rs * (dr[c] * w[c] - (xr[c] * rs) * mdot);
 }
 
+// Per-head RMSNorm (Qwen3's q_norm / k_norm): a warp per (row, head) vector of D values at
+// x + row*x_stride + head*D.
+__global__ void rmsnorm_heads_forward_kernel(float* out, float* rstd, const float* x,
+                                             const float* w, std::int64_t rows, std::int64_t heads,
+                                             std::int64_t head_dim, std::int64_t x_stride,
+                                             std::int64_t out_stride, double eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (v >= rows * heads) return;
+  const std::int64_t r = v / heads, h = v - r * heads;
+  const float* xr = x + r * x_stride + h * head_dim;
+  double s = 0.0;
+  for (std::int64_t c = lane; c < head_dim; c += 32)
+    s += static_cast<double>(xr[c]) * static_cast<double>(xr[c]);
+  s = warp_sum(s);
+  const float rs = static_cast<float>(1.0 / sqrt(s / static_cast<double>(head_dim) + eps));
+  float* o = out + r * out_stride + h * head_dim;
+  for (std::int64_t c = lane; c < head_dim; c += 32)
+    o[c] = w[c] * (xr[c] * rs);
+  if (lane == 0) rstd[v] = rs;
+}
+
+// In place: d holds dout on entry and dx on return (each element depends on its own dout and the
+// vector's dot product, taken before any is overwritten).
+__global__ void rmsnorm_heads_dx_kernel(float* d, const float* x, const float* w, const float* rstd,
+                                        std::int64_t rows, std::int64_t heads,
+                                        std::int64_t head_dim, std::int64_t d_stride,
+                                        std::int64_t x_stride) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (v >= rows * heads) return;
+  const std::int64_t r = v / heads, h = v - r * heads;
+  const float* xr = x + r * x_stride + h * head_dim;
+  float* dr = d + r * d_stride + h * head_dim;
+  const float rs = rstd[v];
+  double dot = 0.0;
+  for (std::int64_t c = lane; c < head_dim; c += 32)
+    dot += static_cast<double>(dr[c] * w[c]) * static_cast<double>(xr[c] * rs);
+  const float mdot = static_cast<float>(warp_sum(dot) / static_cast<double>(head_dim));
+  for (std::int64_t c = lane; c < head_dim; c += 32)
+    dr[c] = rs * (dr[c] * w[c] - (xr[c] * rs) * mdot);
+}
+
+// dw of the per-head RMSNorm, pass 1: like column_partials_kernel over the rows*heads vectors
+// (vector v = row v / heads, head v % heads), in vector order within a chunk.
+__global__ void rmsnorm_heads_partials_kernel(const float* d, const float* x, const float* rstd,
+                                              std::int64_t vectors, std::int64_t heads,
+                                              std::int64_t head_dim, std::int64_t d_stride,
+                                              std::int64_t x_stride, std::int64_t per_chunk,
+                                              double* scratch) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= head_dim) return;
+  const std::int64_t chunk = blockIdx.y;
+  const std::int64_t v0 = chunk * per_chunk;
+  const std::int64_t v1 = v0 + per_chunk < vectors ? v0 + per_chunk : vectors;
+  double acc = 0.0;
+  for (std::int64_t v = v0; v < v1; ++v) {
+    const std::int64_t r = v / heads, h = v - r * heads;
+    const float xhat = x[r * x_stride + h * head_dim + c] * rstd[v];
+    acc += static_cast<double>(d[r * d_stride + h * head_dim + c] * xhat);
+  }
+  scratch[chunk * head_dim + c] = acc;
+}
+
 // What a column reduction adds per (row, column), for up to two arrays.
 enum class ColumnTerm { kLayerNorm, kRmsNorm, kBias };
 
@@ -179,11 +243,12 @@ constexpr int kEmbedColumnsPerBlock = kEmbedThreads * kEmbedColumnsPerThread;
 // with that token, in row order, into dwte[token] for its columns; other blocks exit.
 __global__ void embedding_wte_backward_kernel(float* dwte, const float* dout,
                                               const std::int32_t* tokens, std::int64_t rows,
-                                              std::int64_t channels) {
+                                              std::int64_t channels, std::int32_t padding_idx) {
   __shared__ int list[kEmbedThreads];
   __shared__ int warp_counts[kEmbedThreads / 32];
   const std::int64_t r = blockIdx.x;
   const std::int32_t token = tokens[r];
+  if (token == padding_idx) return;  // nn.Embedding's padding_idx: no gradient (uniform exit)
   for (std::int64_t base = 0; base < r; base += kEmbedThreads) {
     const std::int64_t i = base + threadIdx.x;
     const int hit = (i < r && tokens[i] == token) ? 1 : 0;
@@ -287,6 +352,37 @@ auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* do
 }
 
 template <typename L>
+auto run_rmsnorm_heads_forward(const L& launch, float* out, float* rstd, const float* x,
+                               const float* w, std::int64_t rows, std::int64_t heads,
+                               std::int64_t head_dim, std::int64_t x_stride,
+                               std::int64_t out_stride, double eps) {
+  return launch(rmsnorm_heads_forward_kernel, row_grid(rows * heads), dim3(kRowWarps * 32), 0, out,
+                rstd, x, w, rows, heads, head_dim, x_stride, out_stride, eps);
+}
+
+// dw first (it reads dout), then dx over dout. `plan` splits rows * heads vectors of head_dim.
+template <typename L>
+auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const float* x,
+                                const float* w, const float* rstd, std::int64_t rows,
+                                std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
+                                std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
+                                double* scratch) {
+  const unsigned col_blocks =
+      static_cast<unsigned>((head_dim + kColumnThreads - 1) / kColumnThreads);
+  auto err =
+      launch(rmsnorm_heads_partials_kernel, dim3(col_blocks, static_cast<unsigned>(plan.chunks)),
+             dim3(kColumnThreads), 0, static_cast<const float*>(d), x, rstd, rows * heads, heads,
+             head_dim, d_stride, x_stride, plan.rows_per_chunk, scratch);
+  if (!launched(err)) return err;
+  err = launch(column_finish_kernel, dim3(col_blocks), dim3(kColumnThreads), 0, dw,
+               static_cast<float*>(nullptr), static_cast<const double*>(scratch), plan.chunks,
+               head_dim, 1);
+  if (!launched(err)) return err;
+  return launch(rmsnorm_heads_dx_kernel, row_grid(rows * heads), dim3(kRowWarps * 32), 0, d, x, w,
+                rstd, rows, heads, head_dim, d_stride, x_stride);
+}
+
+template <typename L>
 auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
                        std::int64_t channels, const cuda::ColumnReducePlan& plan,
                        double* scratch) {
@@ -297,13 +393,19 @@ auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::in
 
 template <typename L>
 auto run_embedding_backward(const L& launch, float* dwte, float* dwpe, const float* dout,
-                            const std::int32_t* tokens, std::int64_t rows, std::int64_t seq_len,
-                            std::int64_t channels) {
+                            const std::int32_t* tokens, const std::int32_t* positions,
+                            std::int64_t rows, std::int64_t seq_len, std::int64_t channels,
+                            std::int32_t padding_idx) {
   const unsigned col_chunks =
       static_cast<unsigned>((channels + kEmbedColumnsPerBlock - 1) / kEmbedColumnsPerBlock);
   auto err = launch(embedding_wte_backward_kernel, dim3(static_cast<unsigned>(rows), col_chunks),
-                    dim3(kEmbedThreads), 0, dwte, dout, tokens, rows, channels);
+                    dim3(kEmbedThreads), 0, dwte, dout, tokens, rows, channels, padding_idx);
   if (!launched(err) || dwpe == nullptr) return err;
+  if (positions != nullptr) {
+    // Packed positions repeat like token ids: the same ordered gather, keyed by position.
+    return launch(embedding_wte_backward_kernel, dim3(static_cast<unsigned>(rows), col_chunks),
+                  dim3(kEmbedThreads), 0, dwpe, dout, positions, rows, channels, -1);
+  }
   return launch(embedding_wpe_backward_kernel,
                 dim3(static_cast<unsigned>(cuda::elementwise_blocks(seq_len * channels))),
                 dim3(cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);

@@ -18,14 +18,20 @@ void CpuOps<T>::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
   run([&] { k::gemm<T>(trans_a, trans_b, m, n, kk, alpha, a, lda, b, ldb, beta, c, ldc); });
 }
 template <typename T>
-void CpuOps<T>::embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
-                                  std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
-  run([&] { k::embedding_forward(out, tokens, wte, wpe, rows, seq_len, channels); });
+void CpuOps<T>::embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
+                                  const T* wte, const T* wpe, std::int64_t rows,
+                                  std::int64_t seq_len, std::int64_t channels) {
+  run([&] { k::embedding_forward(out, tokens, positions, wte, wpe, rows, seq_len, channels); });
 }
 template <typename T>
 void CpuOps<T>::embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
-                                   std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
-  run([&] { k::embedding_backward(dwte, dwpe, dout, tokens, rows, seq_len, channels); });
+                                   const std::int32_t* positions, std::int64_t rows,
+                                   std::int64_t seq_len, std::int64_t channels,
+                                   std::int32_t padding_idx) {
+  run([&] {
+    k::embedding_backward(dwte, dwpe, dout, tokens, positions, rows, seq_len, channels,
+                          padding_idx);
+  });
 }
 template <typename T>
 void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
@@ -47,6 +53,22 @@ template <typename T>
 void CpuOps<T>::rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
                                  std::int64_t rows, std::int64_t channels) {
   run([&] { k::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, channels); });
+}
+template <typename T>
+void CpuOps<T>::rmsnorm_heads_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
+                                      std::int64_t heads, std::int64_t head_dim,
+                                      std::int64_t x_stride, std::int64_t out_stride, double eps) {
+  run([&] {
+    k::rmsnorm_heads_forward(out, rstd, x, w, rows, heads, head_dim, x_stride, out_stride, eps);
+  });
+}
+template <typename T>
+void CpuOps<T>::rmsnorm_heads_backward(T* d, T* dw, const T* x, const T* w, const T* rstd,
+                                       std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                                       std::int64_t d_stride, std::int64_t x_stride) {
+  run([&] {
+    k::rmsnorm_heads_backward(d, dw, x, w, rstd, rows, heads, head_dim, d_stride, x_stride);
+  });
 }
 template <typename T>
 void CpuOps<T>::gelu_forward(T* out, const T* x, std::int64_t n) {
@@ -78,16 +100,12 @@ void CpuOps<T>::bias_backward(T* dbias, const T* dout, std::int64_t rows, std::i
   run([&] { k::bias_backward(dbias, dout, rows, channels); });
 }
 template <typename T>
-void CpuOps<T>::rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                             std::int64_t heads, std::int64_t head_dim, const T* cos,
-                             const T* sin) {
-  run([&] { k::rope_forward(x, rows, stride, seq_len, heads, head_dim, cos, sin); });
+void CpuOps<T>::rope_forward(T* x, const RopeShape& shape, const T* cos, const T* sin) {
+  run([&] { k::rope_forward(x, shape, cos, sin); });
 }
 template <typename T>
-void CpuOps<T>::rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                              std::int64_t heads, std::int64_t head_dim, const T* cos,
-                              const T* sin) {
-  run([&] { k::rope_backward(dx, rows, stride, seq_len, heads, head_dim, cos, sin); });
+void CpuOps<T>::rope_backward(T* dx, const RopeShape& shape, const T* cos, const T* sin) {
+  run([&] { k::rope_backward(dx, shape, cos, sin); });
 }
 template <typename T>
 void CpuOps<T>::attention_forward(T* out, T* lse, const T* q, const T* kp, const T* v,

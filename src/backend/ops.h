@@ -15,6 +15,7 @@ namespace strata::backend {
 
 using kernels::AttentionShape;
 using kernels::DType;
+using kernels::RopeShape;
 
 template <typename T>
 class Ops {
@@ -26,14 +27,16 @@ class Ops {
                     T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
                     T* c, std::int64_t ldc) = 0;
 
-  // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null).
-  virtual void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
-                                 std::int64_t rows, std::int64_t seq_len,
-                                 std::int64_t channels) = 0;
-  // dwte[tokens] += dout, dwpe[pos] += dout (dwpe may be null).
+  // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null; positions null: r % seq_len).
+  virtual void embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
+                                 const T* wte, const T* wpe, std::int64_t rows,
+                                 std::int64_t seq_len, std::int64_t channels) = 0;
+  // dwte[tokens] += dout, dwpe[pos] += dout (dwpe may be null); rows of token padding_idx add
+  // nothing to dwte (-1: none).
   virtual void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
-                                  std::int64_t rows, std::int64_t seq_len,
-                                  std::int64_t channels) = 0;
+                                  const std::int32_t* positions, std::int64_t rows,
+                                  std::int64_t seq_len, std::int64_t channels,
+                                  std::int32_t padding_idx) = 0;
   // LayerNorm; writes out, mean, rstd.
   virtual void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
                                  std::int64_t rows, std::int64_t channels, double eps) = 0;
@@ -47,6 +50,15 @@ class Ops {
   // Accumulates dx, dw.
   virtual void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
                                 std::int64_t rows, std::int64_t channels) = 0;
+  // RMSNorm of each head of strided rows; writes out, rstd(rows*heads).
+  virtual void rmsnorm_heads_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
+                                     std::int64_t heads, std::int64_t head_dim,
+                                     std::int64_t x_stride, std::int64_t out_stride,
+                                     double eps) = 0;
+  // In place on d (dout in, dx out); accumulates dw.
+  virtual void rmsnorm_heads_backward(T* d, T* dw, const T* x, const T* w, const T* rstd,
+                                      std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                                      std::int64_t d_stride, std::int64_t x_stride) = 0;
   // GELU (tanh form); writes out.
   virtual void gelu_forward(T* out, const T* x, std::int64_t n) = 0;
   // Accumulates dx.
@@ -63,21 +75,17 @@ class Ops {
   // dbias += column sums of dout.
   virtual void bias_backward(T* dbias, const T* dout, std::int64_t rows, std::int64_t channels) = 0;
   // Rotary embedding in place on `heads` heads of strided rows.
-  virtual void rope_forward(T* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                            std::int64_t heads, std::int64_t head_dim, const T* cos,
-                            const T* sin) = 0;
+  virtual void rope_forward(T* x, const RopeShape& shape, const T* cos, const T* sin) = 0;
   // Its transpose, in place on the gradient.
-  virtual void rope_backward(T* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                             std::int64_t heads, std::int64_t head_dim, const T* cos,
-                             const T* sin) = 0;
-  // Causal GQA attention; writes out and lse.
+  virtual void rope_backward(T* dx, const RopeShape& shape, const T* cos, const T* sin) = 0;
+  // Causal GQA attention (windowed, packed documents); writes out and lse.
   virtual void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                                  const AttentionShape& shape) = 0;
   // Writes dq, dk, dv.
   virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
                                   const T* q, const T* k, const T* v,
                                   const AttentionShape& shape) = 0;
-  // losses[r] = cross-entropy of logits row r.
+  // losses[r] = cross-entropy of logits row r (0 for a target of -1).
   virtual void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targets,
                                      std::int64_t rows, std::int64_t vocab) = 0;
   // Losses, then logits overwritten with their gradient times grad_scale.

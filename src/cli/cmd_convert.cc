@@ -71,6 +71,14 @@ Status convert(const ConvertOptions& o) {
   STRATA_ASSIGN_OR_RETURN(const train::TrainerCounters counters, reader.counters());
   STRATA_TRY(claim_out_dir(o.out_dir, o.overwrite));
   STRATA_TRY(train::consolidate_checkpoint(reader, o.out_dir, dtype));
+  const std::string& source = shape.arch.source_dir;
+  std::error_code ec;
+  if (!source.empty() && !std::filesystem::is_directory(source, ec)) {
+    std::fprintf(stderr,
+                 "strata convert: note: the source model directory %s is gone, so its tokenizer "
+                 "files and generation_config.json were not copied to %s\n",
+                 source.c_str(), o.out_dir.c_str());
+  }
   std::printf(
       "converted %s (step %lld, %d rank(s), ZeRO stage %d, %d state file(s), %s): %lld "
       "parameters in %s to %s\n",

@@ -143,11 +143,13 @@ Status run(const EstimateOptions& o, bool* all_fit) {
   } else {
     config::ModelConfig model = c.strata.model;
     if (!o.model.empty()) {
-      STRATA_ASSIGN_OR_RETURN(model, model::read_hf_config(o.model));
+      // Only the shape matters here: RoPE variants and attention patterns Strata cannot train are
+      // still counted.
+      STRATA_ASSIGN_OR_RETURN(model, model::read_hf_config(o.model, model::HfRead::kShapeOnly));
       model.activation_checkpointing = c.strata.model.activation_checkpointing;
       model.activation_offload = c.strata.model.activation_offload;
     }
-    STRATA_ASSIGN_OR_RETURN(input.shape, model::shape_of(model));
+    STRATA_ASSIGN_OR_RETURN(input.shape, model::shape_of(model, model::HfRead::kShapeOnly));
     input.params = model::total_params(input.shape);
   }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "config/model_arch.h"
 
 namespace strata::config {
 
@@ -150,10 +151,11 @@ struct ModelConfig {
   std::int64_t intermediate_size = 0;  // 0 = 4 * hidden (gpt2) or the Llama rule
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;  // llama
-  // Mistral's sliding_window from config.json: how many tokens back a query may attend; 0 = no
-  // limit. Strata's attention is full causal, which equals it for sequences up to this length.
+  // The sliding_window from config.json (Mistral, Qwen2/3, Phi-3): a query attends to itself and
+  // the window - 1 tokens before it; 0 = no limit.
   std::int64_t attention_window = 0;
   bool tie_word_embeddings = true;
+  ModelArch arch;  // what a config.json adds (model/model_spec.h); defaults for strata.model
   bool activation_checkpointing = false;
   bool activation_offload = false;  // keep activation checkpoints in host memory
 };

@@ -1,7 +1,7 @@
-// GPT-2 and Llama transformer blocks, forward and backward (see blocks.h). Linear layers:
+// GPT-2 and Llama-family transformer blocks, forward and backward (see blocks.h). Linear layers:
 // GPT-2's Conv1D stores W as (in, out), y = x W + b; Llama's nn.Linear stores W as (out, in),
-// y = x W^T. Llama's q/k/v and gate/up weights are adjacent in the unit (layout.h), so each group
-// is one GEMM.
+// y = x W^T + b. Llama's q/k/v and gate/up weights (and biases) are adjacent in the unit
+// (layout.h), so each group is one GEMM (one bias add).
 #include "model/blocks.h"
 
 #include <cmath>
@@ -17,10 +17,18 @@ std::int64_t fc_width(const ModelShape& s) {
   return s.family == Family::kGpt2 ? s.intermediate_size : 2 * s.intermediate_size;
 }
 
+std::int64_t qkv_raw_width(const ModelShape& s) {
+  return s.arch.qk_norm ? qkv_width(s) : 0;
+}
+
+std::int64_t qk_rstd_width(const ModelShape& s) {
+  return s.arch.qk_norm ? s.num_heads + s.num_kv_heads : 0;
+}
+
 namespace {
 
 template <typename T>
-kernels::AttentionShape attention_shape(const BlockContext<T>& ctx) {
+kernels::AttentionShape attention_shape(const BlockContext<T>& ctx, int layer) {
   const ModelShape& s = *ctx.spec;
   kernels::AttentionShape a;
   a.batch = ctx.batch;
@@ -32,7 +40,23 @@ kernels::AttentionShape attention_shape(const BlockContext<T>& ctx) {
   a.kv_stride = qkv_width(s);
   a.out_stride = s.num_heads * s.head_dim;
   a.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  a.window = attention_window_of(s, layer);
+  a.positions = ctx.positions;
   return a;
+}
+
+template <typename T>
+kernels::RopeShape rope_shape(const BlockContext<T>& ctx, std::int64_t heads) {
+  const ModelShape& s = *ctx.spec;
+  kernels::RopeShape r;
+  r.rows = ctx.rows;
+  r.stride = qkv_width(s);
+  r.seq_len = ctx.seq_len;
+  r.heads = heads;
+  r.head_dim = s.head_dim;
+  r.rotary_dim = rotary_dim(s);
+  r.positions = ctx.positions;
+  return r;
 }
 
 template <typename T>
@@ -46,7 +70,8 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
   ops.layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p(kLn1W), p(kLn1B), n, c, eps);
   ops.gemm(false, false, n, 3 * c, c, T(1), a.ln1, c, p(kAttnW), 3 * c, T(0), a.qkv, 3 * c);
   ops.add_bias(a.qkv, p(kAttnB), n, 3 * c);
-  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + c, a.qkv + 2 * c, attention_shape(ctx));
+  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + c, a.qkv + 2 * c,
+                        attention_shape(ctx, u.layer));
   ops.gemm(false, false, n, c, c, T(1), a.att, c, p(kProjW), c, T(0), a.res1, c);
   ops.add_bias(a.res1, p(kProjB), n, c);
   ops.add(a.res1, a.res1, x, n * c);
@@ -84,7 +109,7 @@ void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   ops.gemm(true, false, c, c, n, T(1), a.att, c, dout, c, T(1), gp(kProjW), c);
   ops.bias_backward(gp(kProjB), dout, n, c);
   ops.attention_backward(s.dqkv, s.dqkv + c, s.dqkv + 2 * c, s.datt, a.att, a.lse, a.qkv, a.qkv + c,
-                         a.qkv + 2 * c, attention_shape(ctx));
+                         a.qkv + 2 * c, attention_shape(ctx, u.layer));
   ops.gemm(false, true, n, c, 3 * c, T(1), s.dqkv, 3 * c, p(kAttnW), 3 * c, T(0), s.dln, c);
   ops.gemm(true, false, c, 3 * c, n, T(1), a.ln1, c, s.dqkv, 3 * c, T(1), gp(kAttnW), 3 * c);
   ops.bias_backward(gp(kAttnB), s.dqkv, n, 3 * c);
@@ -95,60 +120,82 @@ void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
 template <typename T>
 void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, const T* x, T* out,
                    const BlockActs<T>& a) {
-  using namespace llama;
   backend::Ops<T>& ops = *ctx.ops;
   const ModelShape& s = *ctx.spec;
+  const LlamaBlockSlots& slot = ctx.slots;
   const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
   const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
   const std::int64_t qkv = hd + 2 * kvd;
-  auto p = [&](int i) { return w + u.tensors[i].offset; };
+  auto p = [&](int i) { return w + u.tensors[static_cast<std::size_t>(i)].offset; };
   const double eps = s.norm_eps;
-  ops.rmsnorm_forward(a.ln1, a.rstd1, x, p(kInNorm), n, c, eps);
-  ops.gemm(false, true, n, qkv, c, T(1), a.ln1, c, p(kQ), c, T(0), a.qkv, qkv);
-  ops.rope_forward(a.qkv, n, qkv, ctx.seq_len, s.num_heads, s.head_dim, ctx.rope_cos, ctx.rope_sin);
-  ops.rope_forward(a.qkv + hd, n, qkv, ctx.seq_len, s.num_kv_heads, s.head_dim, ctx.rope_cos,
-                   ctx.rope_sin);
-  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, a.qkv + hd + kvd, attention_shape(ctx));
-  ops.gemm(false, true, n, c, hd, T(1), a.att, hd, p(kO), hd, T(0), a.res1, c);
+  ops.rmsnorm_forward(a.ln1, a.rstd1, x, p(slot.in_norm), n, c, eps);
+  // With q/k norms the projection lands in qkv_raw and the normalised q, k in qkv; v stays raw.
+  T* proj = s.arch.qk_norm ? a.qkv_raw : a.qkv;
+  ops.gemm(false, true, n, qkv, c, T(1), a.ln1, c, p(slot.qkv_w), c, T(0), proj, qkv);
+  if (slot.qkv_b >= 0) ops.add_bias(proj, p(slot.qkv_b), n, qkv);
+  if (s.arch.qk_norm) {
+    ops.rmsnorm_heads_forward(a.qkv, a.qk_rstd, proj, p(slot.q_norm), n, s.num_heads, s.head_dim,
+                              qkv, qkv, eps);
+    ops.rmsnorm_heads_forward(a.qkv + hd, a.qk_rstd + n * s.num_heads, proj + hd, p(slot.k_norm), n,
+                              s.num_kv_heads, s.head_dim, qkv, qkv, eps);
+  }
+  ops.rope_forward(a.qkv, rope_shape(ctx, s.num_heads), ctx.rope_cos, ctx.rope_sin);
+  ops.rope_forward(a.qkv + hd, rope_shape(ctx, s.num_kv_heads), ctx.rope_cos, ctx.rope_sin);
+  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd,
+                        attention_shape(ctx, u.layer));
+  ops.gemm(false, true, n, c, hd, T(1), a.att, hd, p(slot.o_w), hd, T(0), a.res1, c);
+  if (slot.o_b >= 0) ops.add_bias(a.res1, p(slot.o_b), n, c);
   ops.add(a.res1, a.res1, x, n * c);
-  ops.rmsnorm_forward(a.ln2, a.rstd2, a.res1, p(kPostNorm), n, c, eps);
-  ops.gemm(false, true, n, 2 * in, c, T(1), a.ln2, c, p(kGate), c, T(0), a.fc, 2 * in);
+  ops.rmsnorm_forward(a.ln2, a.rstd2, a.res1, p(slot.post_norm), n, c, eps);
+  ops.gemm(false, true, n, 2 * in, c, T(1), a.ln2, c, p(slot.gate_up_w), c, T(0), a.fc, 2 * in);
+  if (slot.gate_up_b >= 0) ops.add_bias(a.fc, p(slot.gate_up_b), n, 2 * in);
   ops.swiglu_forward(a.act, a.fc, n, in);
-  ops.gemm(false, true, n, c, in, T(1), a.act, in, p(kDown), in, T(0), out, c);
+  ops.gemm(false, true, n, c, in, T(1), a.act, in, p(slot.down_w), in, T(0), out, c);
+  if (slot.down_b >= 0) ops.add_bias(out, p(slot.down_b), n, c);
   ops.add(out, out, a.res1, n * c);
 }
 
 template <typename T>
 void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, T* g, const T* x,
                     const BlockActs<T>& a, const BlockScratch<T>& sc, T* dout, T* dx) {
-  using namespace llama;
   backend::Ops<T>& ops = *ctx.ops;
   const ModelShape& s = *ctx.spec;
+  const LlamaBlockSlots& slot = ctx.slots;
   const std::int64_t n = ctx.rows, c = s.hidden_size, in = s.intermediate_size;
   const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
   const std::int64_t qkv = hd + 2 * kvd;
-  auto p = [&](int i) { return w + u.tensors[i].offset; };
-  auto gp = [&](int i) { return g + u.tensors[i].offset; };
-  // MLP: out = res1 + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T
-  ops.gemm(false, false, n, in, c, T(1), dout, c, p(kDown), in, T(0), sc.dact, in);
-  ops.gemm(true, false, c, in, n, T(1), dout, c, a.act, in, T(1), gp(kDown), in);
+  auto p = [&](int i) { return w + u.tensors[static_cast<std::size_t>(i)].offset; };
+  auto gp = [&](int i) { return g + u.tensors[static_cast<std::size_t>(i)].offset; };
+  const T* proj = s.arch.qk_norm ? a.qkv_raw : a.qkv;
+  // MLP: out = res1 + (silu(ln2 Wg^T + bg) * (ln2 Wu^T + bu)) Wd^T + bd
+  ops.gemm(false, false, n, in, c, T(1), dout, c, p(slot.down_w), in, T(0), sc.dact, in);
+  ops.gemm(true, false, c, in, n, T(1), dout, c, a.act, in, T(1), gp(slot.down_w), in);
+  if (slot.down_b >= 0) ops.bias_backward(gp(slot.down_b), dout, n, c);
   ops.swiglu_backward(sc.dfc, a.fc, sc.dact, n, in);
-  ops.gemm(false, false, n, c, 2 * in, T(1), sc.dfc, 2 * in, p(kGate), c, T(0), sc.dln, c);
-  ops.gemm(true, false, 2 * in, c, n, T(1), sc.dfc, 2 * in, a.ln2, c, T(1), gp(kGate), c);
-  ops.rmsnorm_backward(dout, gp(kPostNorm), sc.dln, a.res1, p(kPostNorm), a.rstd2, n, c);
-  // Attention: res1 = x + attn(rope(ln1 Wqkv^T)) Wo^T
-  ops.gemm(false, false, n, hd, c, T(1), dout, c, p(kO), hd, T(0), sc.datt, hd);
-  ops.gemm(true, false, c, hd, n, T(1), dout, c, a.att, hd, T(1), gp(kO), hd);
+  ops.gemm(false, false, n, c, 2 * in, T(1), sc.dfc, 2 * in, p(slot.gate_up_w), c, T(0), sc.dln, c);
+  ops.gemm(true, false, 2 * in, c, n, T(1), sc.dfc, 2 * in, a.ln2, c, T(1), gp(slot.gate_up_w), c);
+  if (slot.gate_up_b >= 0) ops.bias_backward(gp(slot.gate_up_b), sc.dfc, n, 2 * in);
+  ops.rmsnorm_backward(dout, gp(slot.post_norm), sc.dln, a.res1, p(slot.post_norm), a.rstd2, n, c);
+  // Attention: res1 = x + attn(rope(norm(ln1 Wqkv^T + bqkv))) Wo^T + bo
+  ops.gemm(false, false, n, hd, c, T(1), dout, c, p(slot.o_w), hd, T(0), sc.datt, hd);
+  ops.gemm(true, false, c, hd, n, T(1), dout, c, a.att, hd, T(1), gp(slot.o_w), hd);
+  if (slot.o_b >= 0) ops.bias_backward(gp(slot.o_b), dout, n, c);
   ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
-                         a.qkv + hd, a.qkv + hd + kvd, attention_shape(ctx));
-  ops.rope_backward(sc.dqkv, n, qkv, ctx.seq_len, s.num_heads, s.head_dim, ctx.rope_cos,
-                    ctx.rope_sin);
-  ops.rope_backward(sc.dqkv + hd, n, qkv, ctx.seq_len, s.num_kv_heads, s.head_dim, ctx.rope_cos,
-                    ctx.rope_sin);
-  ops.gemm(false, false, n, c, qkv, T(1), sc.dqkv, qkv, p(kQ), c, T(0), sc.dln, c);
-  ops.gemm(true, false, qkv, c, n, T(1), sc.dqkv, qkv, a.ln1, c, T(1), gp(kQ), c);
+                         a.qkv + hd, proj + hd + kvd, attention_shape(ctx, u.layer));
+  ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads), ctx.rope_cos, ctx.rope_sin);
+  ops.rope_backward(sc.dqkv + hd, rope_shape(ctx, s.num_kv_heads), ctx.rope_cos, ctx.rope_sin);
+  if (s.arch.qk_norm) {
+    ops.rmsnorm_heads_backward(sc.dqkv, gp(slot.q_norm), proj, p(slot.q_norm), a.qk_rstd, n,
+                               s.num_heads, s.head_dim, qkv, qkv);
+    ops.rmsnorm_heads_backward(sc.dqkv + hd, gp(slot.k_norm), proj + hd, p(slot.k_norm),
+                               a.qk_rstd + n * s.num_heads, n, s.num_kv_heads, s.head_dim, qkv,
+                               qkv);
+  }
+  if (slot.qkv_b >= 0) ops.bias_backward(gp(slot.qkv_b), sc.dqkv, n, qkv);
+  ops.gemm(false, false, n, c, qkv, T(1), sc.dqkv, qkv, p(slot.qkv_w), c, T(0), sc.dln, c);
+  ops.gemm(true, false, qkv, c, n, T(1), sc.dqkv, qkv, a.ln1, c, T(1), gp(slot.qkv_w), c);
   ops.copy(dx, dout, n * c);
-  ops.rmsnorm_backward(dx, gp(kInNorm), sc.dln, x, p(kInNorm), a.rstd1, n, c);
+  ops.rmsnorm_backward(dx, gp(slot.in_norm), sc.dln, x, p(slot.in_norm), a.rstd1, n, c);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Forward and backward of one transformer block, for GPT-2 and Llama, written against Ops<T>.
-// Used by ModelRunner; shapes: N = batch * seq_len rows, C = hidden, I = intermediate,
-// H/KV heads of D values.
+// Forward and backward of one transformer block, for GPT-2 and the Llama family (Llama, Mistral,
+// Qwen2, Qwen3, Phi-3: optional q/k/v, o and MLP biases, per-head q/k norms, sliding windows,
+// partial rotary), written against Ops<T>. Used by ModelRunner; shapes: N = batch * seq_len rows,
+// C = hidden, I = intermediate, H/KV heads of D values.
 #pragma once
 
 #include <cstdint>
@@ -17,25 +18,30 @@ struct BlockContext {
   std::int64_t rows = 0;        // N
   std::int64_t batch = 0;       // B
   std::int64_t seq_len = 0;     // T
-  const T* rope_cos = nullptr;  // (T, D/2), Llama
+  const T* rope_cos = nullptr;  // (T, R/2) for R rotated dimensions, Llama family
   const T* rope_sin = nullptr;
+  // (N) each row's position in its document (packed sequences), or null: t = r % T.
+  const std::int32_t* positions = nullptr;
+  LlamaBlockSlots slots;  // llama_block_slots(*spec), Llama family
 };
 
 // What a block's forward keeps for its backward (Llama leaves mean1/mean2 unused).
 template <typename T>
 struct BlockActs {
-  T* ln1 = nullptr;    // (N,C) normalised input
-  T* mean1 = nullptr;  // (N)
-  T* rstd1 = nullptr;  // (N)
-  T* qkv = nullptr;    // (N, qkv_width): GPT-2 3C; Llama (H+2KV)D after rotary embedding
-  T* att = nullptr;    // (N, H*D) attention output
-  T* lse = nullptr;    // (B,H,T)
-  T* res1 = nullptr;   // (N,C) input + attention branch
-  T* ln2 = nullptr;    // (N,C)
-  T* mean2 = nullptr;  // (N)
-  T* rstd2 = nullptr;  // (N)
-  T* fc = nullptr;     // (N, fc_width): GPT-2 I (pre-GELU); Llama 2I ([gate | up])
-  T* act = nullptr;    // (N, I): GELU output / SwiGLU output
+  T* ln1 = nullptr;      // (N,C) normalised input
+  T* mean1 = nullptr;    // (N)
+  T* rstd1 = nullptr;    // (N)
+  T* qkv = nullptr;      // (N, qkv_width): GPT-2 3C; Llama (H+2KV)D after rotary embedding
+  T* qkv_raw = nullptr;  // (N, qkv_width) before the q/k norms (only with them; v is read here)
+  T* qk_rstd = nullptr;  // (N*H) then (N*KV): the q/k norms' statistics
+  T* att = nullptr;      // (N, H*D) attention output
+  T* lse = nullptr;      // (B,H,T)
+  T* res1 = nullptr;     // (N,C) input + attention branch
+  T* ln2 = nullptr;      // (N,C)
+  T* mean2 = nullptr;    // (N)
+  T* rstd2 = nullptr;    // (N)
+  T* fc = nullptr;       // (N, fc_width): GPT-2 I (pre-GELU); Llama 2I ([gate | up])
+  T* act = nullptr;      // (N, I): GELU output / SwiGLU output
 };
 
 // Backward scratch shared by all blocks.
@@ -50,6 +56,9 @@ struct BlockScratch {
 
 std::int64_t qkv_width(const ModelShape& spec);
 std::int64_t fc_width(const ModelShape& spec);
+// Elements of BlockActs::qkv_raw and qk_rstd per row (0 without q/k norms).
+std::int64_t qkv_raw_width(const ModelShape& spec);
+std::int64_t qk_rstd_width(const ModelShape& spec);
 
 // out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.
 template <typename T>

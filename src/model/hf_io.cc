@@ -47,12 +47,25 @@ Result<std::string> read_text(const std::string& path) {
   return text.str();
 }
 
+// Weights in PyTorch's pickle format, which Strata does not read (unpickling can run code).
+bool has_pytorch_bin(const std::string& dir) {
+  return fs::exists(dir + "/pytorch_model.bin") ||
+         fs::exists(dir + "/pytorch_model.bin.index.json");
+}
+
 // The shard files of `dir` and which file holds each tensor name.
 Result<std::vector<std::string>> shard_files(const std::string& dir,
                                              std::map<std::string, int>* owner) {
   const std::string single = dir + "/model.safetensors";
   if (fs::exists(single)) return std::vector<std::string>{single};
   const std::string index_path = dir + "/model.safetensors.index.json";
+  if (!fs::exists(index_path) && has_pytorch_bin(dir)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "the weights are PyTorch pickle files (pytorch_model.bin), which Strata does not "
+                  "read; convert them to safetensors first: tools/convert_pytorch_bin.sh " +
+                      dir + " (or save_pretrained(..., safe_serialization=True))",
+                  dir);
+  }
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text(index_path));
   Json::CharReaderBuilder builder;
   builder["rejectDupKeys"] = true;
@@ -91,7 +104,41 @@ Result<std::vector<std::string>> shard_files(const std::string& dir,
 
 bool has_hf_weights(const std::string& dir) {
   return fs::exists(dir + "/model.safetensors") ||
-         fs::exists(dir + "/model.safetensors.index.json");
+         fs::exists(dir + "/model.safetensors.index.json") || has_pytorch_bin(dir);
+}
+
+Result<std::vector<std::string>> copy_hf_side_files(const std::string& source_dir,
+                                                    const std::string& out_dir) {
+  static const char* const kFiles[] = {"generation_config.json",
+                                       "tokenizer.json",
+                                       "tokenizer_config.json",
+                                       "special_tokens_map.json",
+                                       "added_tokens.json",
+                                       "tokenizer.model",
+                                       "vocab.json",
+                                       "merges.txt",
+                                       "vocab.txt",
+                                       "chat_template.jinja",
+                                       "chat_template.json"};
+  std::vector<std::string> copied;
+  std::error_code ec;
+  if (source_dir.empty() || !fs::is_directory(source_dir, ec)) return copied;
+  if (fs::exists(out_dir, ec) && fs::equivalent(source_dir, out_dir, ec)) return copied;
+  for (const char* name : kFiles) {
+    const fs::path from = fs::path(source_dir) / name;
+    if (!fs::is_regular_file(from, ec)) continue;
+    const fs::path to = fs::path(out_dir) / name;
+    const fs::path tmp = fs::path(out_dir) / (std::string(name) + ".tmp");
+    fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(tmp, to, ec);
+    if (ec) {
+      return Status(ErrorCode::kIo,
+                    fmt::format("cannot copy {} from {}: {}", name, source_dir, ec.message()),
+                    out_dir);
+    }
+    copied.push_back(name);
+  }
+  return copied;
 }
 
 Result<ModelShape> read_hf_spec(const std::string& path) {
@@ -218,7 +265,7 @@ Status save_hf_model(const std::string& dir, const ModelShape& spec, const Model
   }
   fs::rename(tmp, dir + "/config.json", ec);
   if (ec) return Status(ErrorCode::kIo, "cannot rename into place: " + ec.message(), dir);
-  return Status::ok();
+  return copy_hf_side_files(spec.arch.source_dir, dir).status();
 }
 
 }  // namespace strata::model

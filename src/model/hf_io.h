@@ -13,7 +13,9 @@
 
 namespace strata::model {
 
-// True when `dir` holds model.safetensors or model.safetensors.index.json.
+// True when `dir` holds weights: model.safetensors, model.safetensors.index.json, or PyTorch's
+// pytorch_model.bin(.index.json), which load_hf_weights refuses with a message that says how to
+// convert them (tools/convert_pytorch_bin.sh).
 bool has_hf_weights(const std::string& dir);
 
 // Reads `dir`/config.json (or `path` itself when it is a .json file).
@@ -33,8 +35,14 @@ Status load_hf_weights(const std::string& dir, const ModelLayout& layout,
                        const std::function<float*(int unit)>& target,
                        const std::function<Status(int unit)>& done);
 
+// Copies the tokenizer files and generation_config.json that `source_dir` holds into `out_dir`
+// (nothing when source_dir is empty, missing, or out_dir itself); returns the names copied.
+Result<std::vector<std::string>> copy_hf_side_files(const std::string& source_dir,
+                                                    const std::string& out_dir);
+
 // Writes `dir`/config.json and `dir`/model.safetensors (tensors in `dtype`: f32, bf16 or f16),
-// creating `dir` if needed.
+// creating `dir` if needed, then copies spec.arch.source_dir's side files (copy_hf_side_files) so
+// AutoTokenizer and generate() find what the source model had.
 Status save_hf_model(const std::string& dir, const ModelShape& spec, const ModelLayout& layout,
                      const std::vector<const float*>& units, kernels::DType dtype);
 

@@ -37,8 +37,9 @@ void init_unit(const ModelShape& spec, const UnitLayout& unit, std::uint64_t see
     const std::string& name = slot.name;
     const bool is_norm = name.find("ln_") != std::string::npos ||
                          name.find("layernorm") != std::string::npos ||
-                         name.find(".norm.") != std::string::npos;
-    if (ends_with(name, ".bias")) continue;  // zeros
+                         name.find(".norm.") != std::string::npos ||
+                         ends_with(name, "_norm.weight");  // Qwen3's q_norm, k_norm
+    if (ends_with(name, ".bias")) continue;                // zeros
     if (is_norm) {
       std::fill(out, out + slot.numel, 1.0f);
       continue;

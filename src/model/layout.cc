@@ -17,6 +17,7 @@ class UnitBuilder {
     unit_.layer = layer;
     unit_.name = std::move(name);
   }
+  int count() const { return static_cast<int>(unit_.tensors.size()); }
   // Adds a tensor; `fused` keeps it back to back with the previous one.
   UnitBuilder& add(std::string name, std::vector<std::int64_t> shape, bool fused = false) {
     std::int64_t numel = 1;
@@ -42,7 +43,69 @@ class UnitBuilder {
   std::int64_t cursor_ = 0;
 };
 
+// A Llama-family block's tensors in layout order (prefix "model.layers.l."), noting where each
+// sits.
+LlamaBlockSlots add_llama_block(UnitBuilder& u, const std::string& p, const ModelShape& s) {
+  const config::ModelArch& a = s.arch;
+  const bool phi3 = a.hf_type == "phi3";
+  const std::int64_t c = s.hidden_size, inner = s.intermediate_size;
+  const std::int64_t q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
+  LlamaBlockSlots slots;
+  slots.in_norm = u.count();
+  u.add(p + "input_layernorm.weight", {c});
+  slots.qkv_w = u.count();
+  if (phi3) {
+    u.add(p + "self_attn.qkv_proj.weight", {q + 2 * kv, c});
+  } else {
+    u.add(p + "self_attn.q_proj.weight", {q, c})
+        .add(p + "self_attn.k_proj.weight", {kv, c}, true)
+        .add(p + "self_attn.v_proj.weight", {kv, c}, true);
+  }
+  if (a.qkv_bias) {
+    slots.qkv_b = u.count();
+    u.add(p + "self_attn.q_proj.bias", {q})
+        .add(p + "self_attn.k_proj.bias", {kv}, true)
+        .add(p + "self_attn.v_proj.bias", {kv}, true);
+  }
+  if (a.qk_norm) {
+    slots.q_norm = u.count();
+    u.add(p + "self_attn.q_norm.weight", {s.head_dim});
+    slots.k_norm = u.count();
+    u.add(p + "self_attn.k_norm.weight", {s.head_dim});
+  }
+  slots.o_w = u.count();
+  u.add(p + "self_attn.o_proj.weight", {c, q});
+  if (a.o_bias) {
+    slots.o_b = u.count();
+    u.add(p + "self_attn.o_proj.bias", {c});
+  }
+  slots.post_norm = u.count();
+  u.add(p + "post_attention_layernorm.weight", {c});
+  slots.gate_up_w = u.count();
+  if (phi3) {
+    u.add(p + "mlp.gate_up_proj.weight", {2 * inner, c});
+  } else {
+    u.add(p + "mlp.gate_proj.weight", {inner, c}).add(p + "mlp.up_proj.weight", {inner, c}, true);
+  }
+  if (a.mlp_bias) {
+    slots.gate_up_b = u.count();
+    u.add(p + "mlp.gate_proj.bias", {inner}).add(p + "mlp.up_proj.bias", {inner}, true);
+  }
+  slots.down_w = u.count();
+  u.add(p + "mlp.down_proj.weight", {c, inner});
+  if (a.mlp_bias) {
+    slots.down_b = u.count();
+    u.add(p + "mlp.down_proj.bias", {c});
+  }
+  return slots;
+}
+
 }  // namespace
+
+LlamaBlockSlots llama_block_slots(const ModelShape& spec) {
+  UnitBuilder scratch(UnitKind::kBlock, 1, 0, "block.0");
+  return add_llama_block(scratch, "", spec);
+}
 
 std::int64_t ModelLayout::padded_numel() const {
   std::int64_t total = 0;
@@ -84,23 +147,13 @@ ModelLayout build_layout(const ModelShape& s, int shards) {
     if (!s.tie_word_embeddings) head.add("lm_head.weight", {v, c});
     layout.units.push_back(head.finish());
   } else {
-    const std::int64_t q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
     layout.units.push_back(UnitBuilder(UnitKind::kEmbedding, 0, -1, "embedding")
                                .add("model.embed_tokens.weight", {v, c})
                                .finish());
     for (int l = 0; l < s.num_layers; ++l) {
-      const std::string p = fmt::format("model.layers.{}.", l);
-      layout.units.push_back(UnitBuilder(UnitKind::kBlock, l + 1, l, fmt::format("block.{}", l))
-                                 .add(p + "input_layernorm.weight", {c})
-                                 .add(p + "self_attn.q_proj.weight", {q, c})
-                                 .add(p + "self_attn.k_proj.weight", {kv, c}, true)
-                                 .add(p + "self_attn.v_proj.weight", {kv, c}, true)
-                                 .add(p + "self_attn.o_proj.weight", {c, q})
-                                 .add(p + "post_attention_layernorm.weight", {c})
-                                 .add(p + "mlp.gate_proj.weight", {inner, c})
-                                 .add(p + "mlp.up_proj.weight", {inner, c}, true)
-                                 .add(p + "mlp.down_proj.weight", {c, inner})
-                                 .finish());
+      UnitBuilder block(UnitKind::kBlock, l + 1, l, fmt::format("block.{}", l));
+      add_llama_block(block, fmt::format("model.layers.{}.", l), s);
+      layout.units.push_back(block.finish());
     }
     UnitBuilder head(UnitKind::kHead, head_index, -1, "head");
     head.add("model.norm.weight", {c});

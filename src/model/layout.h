@@ -3,8 +3,9 @@
 // Units, in order of use: 0 = embedding, 1..L = transformer blocks, L+1 = final norm + head.
 // Each unit's parameters are one flat buffer: tensors one after another (each starting at a
 // multiple of 64 elements, except the members of a fused group: Llama's q/k/v projections and
-// gate/up projections sit back to back so one GEMM computes them together), padded to a multiple
-// of 2048 elements so the buffer is a whole number of 4 KiB pages in fp32, bf16 and fp16 alike.
+// gate/up projections (and their biases) sit back to back so one GEMM computes them together,
+// which is also exactly Phi-3's fused qkv_proj / gate_up_proj tensors), padded to a multiple of
+// 2048 elements so the buffer is a whole number of 4 KiB pages in fp32, bf16 and fp16 alike.
 // A unit's gradient uses exactly the same layout.
 //
 // Tied embeddings: when tie_word_embeddings is set, the head unit holds only the final norm; it
@@ -75,9 +76,27 @@ enum HeadTensor { kLnfW = 0, kLnfB = 1, kLmHead = 2 };  // kLmHead only when unt
 }  // namespace gpt2
 namespace llama {
 enum EmbeddingTensor { kEmbed = 0 };
-enum BlockTensor { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
 enum HeadTensor { kNorm = 0, kLmHead = 1 };  // kLmHead only when untied
 }  // namespace llama
+
+// Where a Llama-family block's tensors sit in its unit: indices into UnitLayout::tensors, -1 when
+// the model has no such tensor. A fused group is named by its first member (q_proj, or Phi-3's
+// qkv_proj; gate_proj, or Phi-3's gate_up_proj), the rest follow back to back.
+struct LlamaBlockSlots {
+  int in_norm = -1;  // input_layernorm (C)
+  int qkv_w = -1;    // q/k/v projections ((H+2KV)D, C)
+  int qkv_b = -1;    // their biases ((H+2KV)D)
+  int q_norm = -1;   // per-head norm weights (D) each
+  int k_norm = -1;
+  int o_w = -1;        // o_proj (C, HD)
+  int o_b = -1;        // (C)
+  int post_norm = -1;  // post_attention_layernorm (C)
+  int gate_up_w = -1;  // gate/up projections (2I, C)
+  int gate_up_b = -1;  // (2I)
+  int down_w = -1;     // down_proj (C, I)
+  int down_b = -1;     // (C)
+};
+LlamaBlockSlots llama_block_slots(const ModelShape& spec);
 
 // `shards` > 1 (ZeRO across that many ranks) pads every unit to a multiple of shards x
 // kUnitPadElements instead, so each rank's shard is an equal, whole number of pages.

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/units.h"
+#include "model/rope.h"
 
 namespace strata::model {
 
@@ -76,13 +77,6 @@ Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend&
                   fmt::format("seq_len {} exceeds the model's max_seq_len {}", options.seq_len,
                               spec.max_seq_len));
   }
-  if (spec.attention_window > 0 && options.seq_len > spec.attention_window) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("seq_len {} exceeds the model's sliding_window {} (config.json): "
-                              "Strata's attention is full causal, which equals sliding-window "
-                              "attention only for sequences of at most {} tokens",
-                              options.seq_len, spec.attention_window, spec.attention_window));
-  }
   if (options.activation_offload && !options.activation_checkpointing) {
     return Status(ErrorCode::kInvalidArgument,
                   "activation_offload keeps activation checkpoints on the host, so it needs "
@@ -139,13 +133,15 @@ Status ModelRunner<T>::allocate() {
   ctx_.rows = n;
   ctx_.batch = b;
   ctx_.seq_len = t;
+  if (spec_.family == Family::kLlama) ctx_.slots = llama_block_slots(spec_);
   chunk_rows_ = std::clamp<std::int64_t>(
       static_cast<std::int64_t>(options_.logits_chunk_bytes / (sizeof(T) * spec_.vocab_size)), 1,
       n);
 
-  STRATA_ASSIGN_OR_RETURN(T * tokens, alloc((2 * n * 4 + sizeof(T) - 1) / sizeof(T), "token ids"));
+  STRATA_ASSIGN_OR_RETURN(T * tokens, alloc((3 * n * 4 + sizeof(T) - 1) / sizeof(T), "token ids"));
   inputs_ = reinterpret_cast<std::int32_t*>(tokens);
   targets_ = inputs_ + n;
+  positions_ = targets_ + n;
   // The residual stream: every block's input on the device (they are the activation
   // checkpoints), or, with activation_offload, two device buffers that blocks alternate between
   // and every block's input in pinned host memory.
@@ -167,6 +163,10 @@ Status ModelRunner<T>::allocate() {
     STRATA_ASSIGN_OR_RETURN(a.mean1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(n * qkv_width(spec_), what));
+    if (spec_.arch.qk_norm) {
+      STRATA_ASSIGN_OR_RETURN(a.qkv_raw, alloc(n * qkv_raw_width(spec_), what));
+      STRATA_ASSIGN_OR_RETURN(a.qk_rstd, alloc(n * qk_rstd_width(spec_), what));
+    }
     STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
     STRATA_ASSIGN_OR_RETURN(a.lse, alloc(b * spec_.num_heads * t, what));
     STRATA_ASSIGN_OR_RETURN(a.res1, alloc(n * c, what));
@@ -191,19 +191,12 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(logits_, alloc(chunk_rows_ * spec_.vocab_size, "logits chunk"));
   STRATA_ASSIGN_OR_RETURN(losses_, alloc(n, "token losses"));
   if (spec_.family == Family::kLlama) {
-    const std::int64_t half = spec_.head_dim / 2;
-    std::vector<T> cos(sizing_ ? 0 : static_cast<std::size_t>(t * half)), sin(cos.size());
-    if (!sizing_) kernels::rope_tables(cos.data(), sin.data(), t, spec_.head_dim, spec_.rope_theta);
-    STRATA_ASSIGN_OR_RETURN(T * dcos, alloc(t * half, "rotary tables"));
-    STRATA_ASSIGN_OR_RETURN(T * dsin, alloc(t * half, "rotary tables"));
-    if (!sizing_) {
-      STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, dcos, cos.data(),
-                                      cos.size() * sizeof(T)));
-      STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, dsin, sin.data(),
-                                      cos.size() * sizeof(T)));
-    }
-    ctx_.rope_cos = dcos;
-    ctx_.rope_sin = dsin;
+    // LongRoPE over sequences longer than its original context keeps both tables: which one a
+    // batch uses depends on its largest position (set_batch).
+    STRATA_TRY(allocate_rope_tables(false, &rope_short_));
+    if (rope_needs_long_tables(spec_, t)) STRATA_TRY(allocate_rope_tables(true, &rope_long_));
+    ctx_.rope_cos = rope_short_.cos;
+    ctx_.rope_sin = rope_short_.sin;
   }
   if (options_.activation_offload && !sizing_) {
     for (backend::Event& e : events_) {
@@ -214,27 +207,101 @@ Status ModelRunner<T>::allocate() {
 }
 
 template <typename T>
+Status ModelRunner<T>::allocate_rope_tables(bool long_factors, RopeTables* tables) {
+  const std::int64_t t = options_.seq_len, half = rotary_dim(spec_) / 2;
+  STRATA_ASSIGN_OR_RETURN(tables->cos, alloc(t * half, "rotary tables"));
+  STRATA_ASSIGN_OR_RETURN(tables->sin, alloc(t * half, "rotary tables"));
+  if (sizing_) return Status::ok();
+  const std::vector<T> inv_freq = rope_inv_freq<T>(spec_, long_factors);
+  std::vector<T> cos(static_cast<std::size_t>(t * half)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), t, half, inv_freq.data(),
+                       rope_attention_scaling(spec_));
+  // From pageable memory on the compute stream: complete when copy_async returns.
+  STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, tables->cos, cos.data(),
+                                  cos.size() * sizeof(T)));
+  return backend_->copy_async(backend::StreamKind::kCompute, tables->sin, sin.data(),
+                              sin.size() * sizeof(T));
+}
+
+template <typename T>
 BlockActs<T>& ModelRunner<T>::acts_for(int layer) {
   return options_.activation_checkpointing ? acts_[0] : acts_[static_cast<std::size_t>(layer)];
 }
 
 template <typename T>
-Status ModelRunner<T>::set_batch(const std::int32_t* inputs, const std::int32_t* targets) {
-  for (std::int64_t i = 0; i < rows_; ++i) {
-    for (const std::int32_t* tokens : {inputs, targets}) {
-      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size) {
+Status ModelRunner<T>::check_positions(const std::int32_t* positions) const {
+  const std::int64_t t_len = options_.seq_len;
+  for (std::int64_t b = 0; b < options_.batch; ++b) {
+    const std::int32_t* row = positions + b * t_len;
+    for (std::int64_t t = 0; t < t_len; ++t) {
+      const std::int32_t p = row[t];
+      if (p < 0 || p >= t_len) {
         return Status(ErrorCode::kInvalidArgument,
-                      fmt::format("token id {} at batch position {} is outside the model's "
-                                  "vocabulary [0, {})",
-                                  tokens[i], i, spec_.vocab_size),
-                      tokens == inputs ? "inputs" : "targets");
+                      fmt::format("position {} at row {} column {} is outside [0, seq_len {})", p,
+                                  b, t, t_len),
+                      "positions");
+      }
+      if (t >= 1 && p != 0 && p != row[t - 1] + 1) {
+        return Status(ErrorCode::kInvalidArgument,
+                      fmt::format("position {} at row {} column {} follows {}; a position either "
+                                  "starts a document (0) or continues one (previous + 1)",
+                                  p, b, t, row[t - 1]),
+                      "positions");
       }
     }
   }
+  return Status::ok();
+}
+
+template <typename T>
+Status ModelRunner<T>::set_batch(const std::int32_t* inputs, const std::int32_t* targets,
+                                 const std::int32_t* positions) {
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < rows_; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= spec_.vocab_size) {
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("token id {} at batch position {} is outside the model's "
+                                "vocabulary [0, {})",
+                                inputs[i], i, spec_.vocab_size),
+                    "inputs");
+    }
+    if (targets[i] == kIgnoredTarget) continue;
+    if (targets[i] < 0 || targets[i] >= spec_.vocab_size) {
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("token id {} at batch position {} is outside the model's "
+                                "vocabulary [0, {}) (and is not -1, which counts for nothing)",
+                                targets[i], i, spec_.vocab_size),
+                    "targets");
+    }
+    ++counted;
+  }
+  std::int32_t max_position = static_cast<std::int32_t>(options_.seq_len - 1);
+  if (positions != nullptr) {
+    STRATA_TRY(check_positions(positions));
+    max_position = *std::max_element(positions, positions + rows_);
+  }
+  counted_targets_ = counted;
   STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, inputs_, inputs,
                                   static_cast<std::uint64_t>(rows_) * 4));
-  return backend_->copy_async(backend::StreamKind::kCompute, targets_, targets,
-                              static_cast<std::uint64_t>(rows_) * 4);
+  STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, targets_, targets,
+                                  static_cast<std::uint64_t>(rows_) * 4));
+  ctx_.positions = nullptr;
+  if (positions != nullptr) {
+    STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, positions_, positions,
+                                    static_cast<std::uint64_t>(rows_) * 4));
+    ctx_.positions = positions_;
+  }
+  if (rope_long_.cos != nullptr) {
+    const bool long_factors = rope_uses_long_factors(spec_, max_position);
+    ctx_.rope_cos = long_factors ? rope_long_.cos : rope_short_.cos;
+    ctx_.rope_sin = long_factors ? rope_long_.sin : rope_short_.sin;
+  }
+  return Status::ok();
+}
+
+template <typename T>
+double ModelRunner<T>::mean_loss(double loss_sum) const {
+  return counted_targets_ > 0 ? loss_sum / static_cast<double>(counted_targets_) : 0.0;
 }
 
 template <typename T>
@@ -249,8 +316,8 @@ Status ModelRunner<T>::forward_blocks(UnitStore<T>& store, bool training) {
     STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, saved(0)));
     STRATA_TRY(backend_->wait(backend::StreamKind::kCompute, saved(1)));
   }
-  ops_->embedding_forward(block_input(0), inputs_, ew + eu.tensors[0].offset, wpe, n,
-                          options_.seq_len, c);
+  ops_->embedding_forward(block_input(0), inputs_, ctx_.positions, ew + eu.tensors[0].offset, wpe,
+                          n, options_.seq_len, c);
   store.release_params(emb);
   for (int l = 0; l < spec_.num_layers; ++l) {
     const int u = layout_.block_unit(l);
@@ -379,10 +446,11 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   STRATA_ASSIGN_OR_RETURN(T * g0, store.acquire_grads(emb));
   const UnitLayout& eu = layout_.units[static_cast<std::size_t>(emb)];
   T* dwpe = spec_.family == Family::kGpt2 ? g0 + eu.tensors[gpt2::kWpe].offset : nullptr;
-  ops_->embedding_backward(g0 + eu.tensors[0].offset, dwpe, dres_[current], inputs_, n,
-                           options_.seq_len, c);
+  ops_->embedding_backward(g0 + eu.tensors[0].offset, dwpe, dres_[current], inputs_, ctx_.positions,
+                           n, options_.seq_len, c,
+                           static_cast<std::int32_t>(spec_.arch.padding_idx));
   STRATA_TRY(store.grads_ready(emb));
-  return loss_sum / static_cast<double>(n);
+  return mean_loss(loss_sum);
 }
 
 template <typename T>
@@ -396,7 +464,7 @@ Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
   }
   const double loss_sum = ops_->sum(losses_, n);
   release_head(store);
-  return loss_sum / static_cast<double>(n);
+  return mean_loss(loss_sum);
 }
 
 template <typename T>

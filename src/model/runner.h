@@ -58,6 +58,9 @@ struct RunnerMemory {
 template <typename T>
 class ModelRunner {
  public:
+  // A target that counts for nothing (PyTorch's ignore_index): no loss, no gradient.
+  static constexpr std::int32_t kIgnoredTarget = -1;
+
   // Allocates every activation buffer; kOutOfMemory (naming the device budget) if they do not
   // fit; kInvalidArgument when seq_len exceeds the model's max_seq_len.
   static Result<std::unique_ptr<ModelRunner>> create(backend::Backend& backend,
@@ -71,14 +74,24 @@ class ModelRunner {
   static RunnerMemory memory_needed(const ModelShape& spec, const RunnerOptions& options);
 
   // Copies a micro-batch to the device: inputs and targets are (B, T) host arrays of token ids,
-  // each in [0, vocab_size) (checked: kInvalidArgument naming the position).
-  Status set_batch(const std::int32_t* inputs, const std::int32_t* targets);
+  // each in [0, vocab_size), a target also kIgnoredTarget (checked: kInvalidArgument naming the
+  // position). `positions` (B, T), when not null, gives each token's position in its own document
+  // (packed sequences, as transformers' restarting position_ids): each in [0, T), and in a row
+  // each either 0 (a document starts) or the previous + 1 (kInvalidArgument naming row and
+  // column). RoPE and GPT-2's learned positions use it, and a token attends only to the keys of
+  // its own document (within the sliding window, if any). Null: positions 0..T-1 in every row.
+  Status set_batch(const std::int32_t* inputs, const std::int32_t* targets,
+                   const std::int32_t* positions = nullptr);
+
+  // Targets of the current batch that count (not kIgnoredTarget): what mean losses divide by.
+  std::int64_t counted_targets() const { return counted_targets_; }
 
   // Forward, loss, and backward of the current batch. Unit gradients accumulate
-  // d(grad_scale * sum of token losses). Returns the mean token loss.
+  // d(grad_scale * sum of counted token losses). Returns the mean loss over the counted targets
+  // (0, with zero gradients, when none counts).
   Result<double> train_step(UnitStore<T>& store, double grad_scale);
 
-  // Forward and loss only; returns the mean token loss.
+  // Forward and loss only; returns the mean loss over the counted targets (0 when none counts).
   Result<double> evaluate(UnitStore<T>& store);
 
   // Forward, then every logit, (B*T, V) row-major, copied to host memory at `logits`.
@@ -93,6 +106,13 @@ class ModelRunner {
   ModelRunner(backend::Backend* backend, const ModelShape& spec, const ModelLayout& layout,
               const RunnerOptions& options);
   Status allocate();
+  struct RopeTables {
+    T* cos = nullptr;  // (T, R/2)
+    T* sin = nullptr;
+  };
+  Status allocate_rope_tables(bool long_factors, RopeTables* tables);
+  Status check_positions(const std::int32_t* positions) const;
+  double mean_loss(double loss_sum) const;
   Result<T*> alloc(std::int64_t elements, const char* purpose);
   Result<T*> alloc_host(std::int64_t elements, const char* purpose);
   BlockActs<T>& acts_for(int layer);
@@ -128,6 +148,10 @@ class ModelRunner {
   std::vector<backend::Buffer> buffers_;
   std::int32_t* inputs_ = nullptr;
   std::int32_t* targets_ = nullptr;
+  std::int32_t* positions_ = nullptr;  // used when set_batch was given positions
+  std::int64_t counted_targets_ = 0;
+  RopeTables rope_short_;     // the tables (LongRoPE: of short_factor)
+  RopeTables rope_long_;      // LongRoPE's long_factor tables, when a batch may need them
   std::vector<T*> residual_;  // L+1 of (N,C); 2 with activation_offload
   std::vector<BlockActs<T>> acts_;
   BlockScratch<T> scratch_;

@@ -285,6 +285,7 @@ Status SafetensorsFile::read_f32(const std::string& name, const std::vector<std:
   // The data section may be unaligned (the header length is any number): copy first.
   const std::uint64_t bytes = t->end - t->begin;
   const std::int64_t n = static_cast<std::int64_t>(t->numel());
+  if (n == 0) return Status::ok();  // an empty tensor (a 0 in its shape): nothing to copy
   switch (t->dtype) {
     case StDType::kF32:
       std::memcpy(dst, data(*t), bytes);

@@ -283,7 +283,8 @@ Result<std::string> commit_checkpoint(const std::string& root, const TrainerCoun
   m.counters = c;
   m.seed = seed;
   m.precision = precision;
-  m.model_json = model::hf_config_json(shape, "float32");
+  m.model_json = model::hf_config_json(shape, "");
+  m.source_model = shape.arch.source_dir;
   m.world_size = who.world;
   m.zero_stage = who.zero_stage;
   m.state_files = count;

@@ -272,6 +272,7 @@ Result<CheckpointManifest> parse_fields(const Json::Value& root, std::string_vie
     f.fail("precision", fmt::format("is '{}'; valid: fp32, bf16, fp16", m.precision));
   }
   m.model_json = f.text(root, "model", kModelJsonBytesMax);
+  if (root.isMember("source_model")) m.source_model = f.text(root, "source_model", 4096);
   if (m.version >= 2) {
     m.world_size = static_cast<int>(f.integer(root, "", "world_size", 1, kStateFilesMax));
     m.zero_stage = static_cast<int>(f.integer(root, "", "zero_stage", 0, 3));
@@ -371,6 +372,7 @@ std::string render_checkpoint_manifest(const CheckpointManifest& m) {
   j["zero_stage"] = m.zero_stage;
   j["state_files"] = m.state_files;
   j["model"] = m.model_json;
+  if (!m.source_model.empty()) j["source_model"] = m.source_model;
   Json::Value losses(Json::arrayValue);
   for (double l : c.recent_losses)
     losses.append(std::isfinite(l) ? Json::Value(l) : Json::Value());

@@ -58,7 +58,12 @@ struct CheckpointManifest {
   TrainerCounters counters;
   std::uint64_t seed = 0;
   std::string precision;   // "fp32", "bf16" or "fp16"
-  std::string model_json;  // config.json text of the model (hf_config_json, "float32")
+  // config.json text of the model (hf_config_json, naming no dtype unless the source model's
+  // config did).
+  std::string model_json;
+  // The Hugging Face directory the model came from ("" if none): `strata convert` copies its
+  // tokenizer files and generation_config.json from there.
+  std::string source_model;
   int world_size = 1;
   int zero_stage = 0;
   int state_files = 1;

@@ -178,10 +178,11 @@ Result<model::ModelShape> CheckpointReader::shape() const {
   STRATA_ASSIGN_OR_RETURN(config::ModelConfig m,
                           model::parse_hf_config(impl_->manifest.model_json, source));
   STRATA_ASSIGN_OR_RETURN(model::ModelShape s, model::resolve_shape(m));
-  if (model::hf_config_json(s, "float32") != impl_->manifest.model_json) {
+  if (model::hf_config_json(s, "") != impl_->manifest.model_json) {
     return Status(ErrorCode::kCorrupt, "the model config does not describe a shape Strata wrote",
                   source);
   }
+  s.arch.source_dir = impl_->manifest.source_model;
   return s;
 }
 
@@ -294,7 +295,8 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::Offload
     STRATA_LOG_WARN("{}: format {} carries no checksums; its files are loaded unverified",
                     meta_path, checkpoint_format(reader.format_version()));
   }
-  if (reader.model_json() != model::hf_config_json(shape, "float32")) {
+  STRATA_ASSIGN_OR_RETURN(const model::ModelShape saved, reader.shape());
+  if (!model::same_model(saved, shape)) {
     return Status(ErrorCode::kInvalidArgument,
                   "the checkpoint is of a different model shape than strata.model describes",
                   meta_path);

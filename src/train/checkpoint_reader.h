@@ -32,7 +32,8 @@ class CheckpointReader {
   static Result<CheckpointReader> open(const std::string& dir);
 
   const std::string& dir() const;
-  // The model as saved: config.json text (hf_config_json of the run's shape, "float32").
+  // The model as saved: config.json text (hf_config_json of the run's shape, naming no dtype
+  // unless the source model's config did).
   const std::string& model_json() const;
   // That text parsed back into a shape (kCorrupt when it does not round-trip).
   Result<model::ModelShape> shape() const;

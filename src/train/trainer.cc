@@ -97,15 +97,6 @@ Status Trainer::setup() {
                               shape_.max_seq_len),
                   "strata.data.seq_len");
   }
-  if (shape_.attention_window > 0 && s.data.seq_len > shape_.attention_window) {
-    return Status(ErrorCode::kConfig,
-                  fmt::format("{} is longer than the model's sliding_window ({}); Strata's "
-                              "attention is full causal and equals the model's only up to {} "
-                              "tokens: valid: at most {}",
-                              s.data.seq_len, shape_.attention_window, shape_.attention_window,
-                              shape_.attention_window),
-                  "strata.data.seq_len");
-  }
   if (s.data.source == config::DataSource::kText && !s.model.path.empty() &&
       fs::exists(fs::path(s.model.path) / "tokenizer.json")) {
     return Status(ErrorCode::kConfig,
@@ -193,10 +184,10 @@ Status Trainer::setup() {
   note(
       fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
                   "KV heads, {} embeddings), {} parameters, activation checkpointing {}{}",
-                  model::family_name(shape_.family), model::total_params(shape_),
-                  layout_.units.size(), shape_.num_layers, shape_.hidden_size, shape_.num_heads,
-                  shape_.num_kv_heads, shape_.tie_word_embeddings ? "tied" : "untied",
-                  precision_name(config_), s.model.activation_checkpointing ? "on" : "off",
+                  model::hf_model_type(shape_), model::total_params(shape_), layout_.units.size(),
+                  shape_.num_layers, shape_.hidden_size, shape_.num_heads, shape_.num_kv_heads,
+                  shape_.tie_word_embeddings ? "tied" : "untied", precision_name(config_),
+                  s.model.activation_checkpointing ? "on" : "off",
                   s.model.activation_offload ? " (checkpoints on the host)" : ""));
   note(fmt::format("data: {}", dataset_->describe()));
   for (const std::string& line : dataset_->warnings())

@@ -82,11 +82,11 @@ TEST_F(CudaOpsTest, EmbeddingForwardIsExact) {
   Pair ids = pair(tokens);
   Pair wte = random(vocab * c, 1), wpe = random(t * c, 2), out = random(b * t * c, 3);
   both([&](Ops<float>& ops, Side s) {
-    ops.embedding_forward(out(s), ids.ints(s), wte(s), wpe(s), b * t, t, c);
+    ops.embedding_forward(out(s), ids.ints(s), nullptr, wte(s), wpe(s), b * t, t, c);
   });
   expect_same("gpt2 embedding", out);
   both([&](Ops<float>& ops, Side s) {
-    ops.embedding_forward(out(s), ids.ints(s), wte(s), nullptr, b * t, t, c);
+    ops.embedding_forward(out(s), ids.ints(s), nullptr, wte(s), nullptr, b * t, t, c);
   });
   expect_same("llama embedding", out);
 }
@@ -100,7 +100,7 @@ TEST_F(CudaOpsTest, EmbeddingBackwardAddsRepeatedTokensInRowOrder) {
   Pair ids = pair(tokens);
   Pair dout = random(b * t * c, 4), dwte = random(vocab * c, 5), dwpe = random(t * c, 6);
   both([&](Ops<float>& ops, Side s) {
-    ops.embedding_backward(dwte(s), dwpe(s), dout(s), ids.ints(s), b * t, t, c);
+    ops.embedding_backward(dwte(s), dwpe(s), dout(s), ids.ints(s), nullptr, b * t, t, c, -1);
   });
   expect_same("dwte", dwte);
   expect_same("dwpe", dwpe);
@@ -185,11 +185,12 @@ TEST_F(CudaOpsTest, RotaryEmbeddingOnStridedHeads) {
   kernels::rope_tables(cos.data(), sin.data(), t, d, 10000.0);
   Pair pc = pair(cos), ps = pair(sin), x = random(rows * stride, 60);
   both([&](Ops<float>& ops, Side s) {
-    ops.rope_forward(x(s), rows, stride, t, heads, d, pc(s), ps(s));
+    ops.rope_forward(x(s), kernels::RopeShape{rows, stride, t, heads, d, d, nullptr}, pc(s), ps(s));
   });
   expect_close("rope", x, kFp32Elementwise);
   both([&](Ops<float>& ops, Side s) {
-    ops.rope_backward(x(s) + heads * d, rows, stride, t, 2, d, pc(s), ps(s));
+    ops.rope_backward(x(s) + heads * d, kernels::RopeShape{rows, stride, t, 2, d, d, nullptr},
+                      pc(s), ps(s));
   });
   expect_close("rope backward", x, kFp32Elementwise);
 }
@@ -214,6 +215,73 @@ TEST_F(CudaOpsTest, CrossEntropyPlainAndFused) {
     // ~2e-6 relative; the target's (p - 1) * g then differs by ~2e-6 * g absolute.
     expect_close("gradient", logits, Tolerance{1e-7, 2e-5});
   }
+}
+
+TEST_F(CudaOpsTest, IgnoredTargetsGiveZeroLossAndGradient) {
+  const std::int64_t rows = 9, vocab = 1000;
+  std::vector<std::int32_t> targets = {3, -1, 999, -1, -1, 0, 7, -1, 500};
+  Pair ids = pair(targets), logits = random(rows * vocab, 72, -8.0f, 8.0f);
+  Pair losses = random(rows, 73);
+  both([&](Ops<float>& ops, Side s) {
+    ops.cross_entropy_fused(logits(s), losses(s), ids.ints(s), rows, vocab, 0.25);
+  });
+  expect_close("losses", losses, kFp32Elementwise);
+  expect_close("gradient", logits, Tolerance{1e-7, 2e-5});
+  const std::vector<float> grad = host(kGpu, logits);
+  for (std::int64_t j = 0; j < vocab; ++j)
+    ASSERT_EQ(grad[static_cast<std::size_t>(vocab + j)], 0.0f) << j;
+}
+
+// GPT-2's position embedding and RoPE at packed positions; Qwen3's per-head norm.
+TEST_F(CudaOpsTest, PackedPositionsAndPerHeadNorm) {
+  const std::int64_t b = 2, t = 50, c = 70, vocab = 30;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(b * t)), positions;
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int32_t>((i * 11) % vocab);
+  for (int length : {20, 30, 7, 43})
+    for (int p = 0; p < length; ++p)
+      positions.push_back(p);
+  Pair ids = pair(tokens), pos = pair(positions);
+  Pair wte = random(vocab * c, 90), wpe = random(t * c, 91), out = random(b * t * c, 92);
+  both([&](Ops<float>& ops, Side s) {
+    ops.embedding_forward(out(s), ids.ints(s), pos.ints(s), wte(s), wpe(s), b * t, t, c);
+  });
+  expect_same("embedding", out);
+  Pair dout = random(b * t * c, 93);
+  both([&](Ops<float>& ops, Side s) {
+    ops.embedding_backward(wte(s), wpe(s), dout(s), ids.ints(s), pos.ints(s), b * t, t, c, 7);
+  });
+  expect_same("dwte", wte);
+  expect_same("dwpe", wpe);
+
+  const std::int64_t heads = 4, d = 128, rotary = 96, stride = heads * d + 3;
+  std::vector<float> inv_freq(static_cast<std::size_t>(rotary / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / rotary);
+  std::vector<float> cos(static_cast<std::size_t>(t * rotary / 2)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), t, rotary / 2, inv_freq.data(), 1.1);
+  Pair pc = pair(cos), ps = pair(sin), x = random(b * t * stride, 94);
+  both([&](Ops<float>& ops, Side s) {
+    const kernels::RopeShape shape{b * t, stride, t, heads, d, rotary, pos.ints(s)};
+    ops.rope_forward(x(s), shape, pc(s), ps(s));
+    ops.rope_backward(x(s) + d, kernels::RopeShape{b * t, stride, t, 1, d, rotary, pos.ints(s)},
+                      pc(s), ps(s));
+  });
+  expect_close("rope", x, kFp32Elementwise);
+
+  Pair w = random(d, 95), normed = random(b * t * stride, 96), rstd = random(b * t * heads, 97);
+  both([&](Ops<float>& ops, Side s) {
+    ops.rmsnorm_heads_forward(normed(s), rstd(s), x(s), w(s), b * t, heads, d, stride, stride,
+                              1e-6);
+  });
+  expect_close("per-head norm", normed, kFp32Elementwise);
+  expect_close("per-head rstd", rstd, kFp32Elementwise);
+  Pair g = random(b * t * stride, 98), dw = random(d, 99);
+  both([&](Ops<float>& ops, Side s) {
+    ops.rmsnorm_heads_backward(g(s), dw(s), x(s), w(s), rstd(s), b * t, heads, d, stride, stride);
+  });
+  expect_close("per-head norm dx", g, kFp32Reduction);
+  expect_close("per-head norm dw", dw, kFp32Reduction);
 }
 
 TEST_F(CudaOpsTest, SumsAreDoublePrecision) {

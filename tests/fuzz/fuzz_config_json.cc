@@ -1,4 +1,4 @@
-// Fuzz target: a Hugging Face config.json (model_type gpt2, llama or mistral) read into a model
+// Fuzz target: a Hugging Face config.json (any model_type Strata reads) read into a model
 // shape with its bounds checked, as `strata train` with strata.model.path and `strata eval` do.
 #include <string>
 

@@ -99,17 +99,49 @@ TEST(OpGradients, BiasAndResidual) {
 TEST(OpGradients, EmbeddingWithRepeatedTokens) {
   const std::int64_t vocab = 6, seq = 4, rows = 12, c = 5;
   const std::vector<std::int32_t> tokens = {1, 3, 3, 0, 5, 1, 1, 2, 3, 4, 0, 1};
-  Vec wte = random_vector(vocab * c, 16), wpe = random_vector(seq * c, 17);
-  const Vec weight = random_vector(rows * c, 18);
-  Vec out(rows * c);
+  // Packed documents: positions restart inside rows (and the default, r % T).
+  const std::vector<std::int32_t> packed = {0, 1, 0, 1, 0, 1, 2, 3, 0, 0, 1, 2};
+  for (const std::int32_t* positions : {static_cast<const std::int32_t*>(nullptr), packed.data()}) {
+    Vec wte = random_vector(vocab * c, 16), wpe = random_vector(seq * c, 17);
+    const Vec weight = random_vector(rows * c, 18);
+    Vec out(rows * c);
+    auto loss = [&] {
+      embedding_forward(out.data(), tokens.data(), positions, wte.data(), wpe.data(), rows, seq, c);
+      return weighted_sum(out, weight);
+    };
+    Vec dwte(vocab * c, 0.0), dwpe(seq * c, 0.0);
+    embedding_backward(dwte.data(), dwpe.data(), weight.data(), tokens.data(), positions, rows, seq,
+                       c, -1);
+    expect_gradient_matches("dwte", wte, dwte, loss);
+    expect_gradient_matches("dwpe", wpe, dwpe, loss);
+  }
+}
+
+TEST(OpGradients, PerHeadRmsNormInPlaceOnStridedRows) {
+  const std::int64_t rows = 5, heads = 3, d = 6, stride = heads * d + 4;
+  Vec x = random_vector(rows * stride, 40), w = random_vector(d, 41, 0.5, 1.5);
+  const Vec weight = random_vector(rows * stride, 42);
+  Vec out(rows * stride, 0.0), rstd(rows * heads);
   auto loss = [&] {
-    embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), rows, seq, c);
-    return weighted_sum(out, weight);
+    rmsnorm_heads_forward(out.data(), rstd.data(), x.data(), w.data(), rows, heads, d, stride,
+                          stride, 1e-6);
+    double total = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < heads * d; ++j)
+        total += out[r * stride + j] * weight[r * stride + j];
+    return total;
   };
-  Vec dwte(vocab * c, 0.0), dwpe(seq * c, 0.0);
-  embedding_backward(dwte.data(), dwpe.data(), weight.data(), tokens.data(), rows, seq, c);
-  expect_gradient_matches("dwte", wte, dwte, loss);
-  expect_gradient_matches("dwpe", wpe, dwpe, loss);
+  loss();
+  Vec d_inout = weight, dw(d, 0.0);
+  rmsnorm_heads_backward(d_inout.data(), dw.data(), x.data(), w.data(), rstd.data(), rows, heads, d,
+                         stride, stride);
+  // Columns past the heads are neither read nor written: their "gradient" stays the weight, which
+  // the finite differences see as 0, so compare the head columns only.
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = heads * d; j < stride; ++j)
+      d_inout[r * stride + j] = 0.0;
+  expect_gradient_matches("dx", x, d_inout, loss);
+  expect_gradient_matches("dw", w, dw, loss);
 }
 
 TEST(OpGradients, RotaryEmbeddingOnStridedHeads) {
@@ -118,28 +150,40 @@ TEST(OpGradients, RotaryEmbeddingOnStridedHeads) {
   rope_tables(cos.data(), sin.data(), seq, d, 10000.0);
   Vec x = random_vector(rows * stride, 19);
   const Vec weight = random_vector(rows * stride, 20);
+  RopeShape shape{rows, stride, seq, heads, d, d, nullptr};
   auto loss = [&] {
     Vec y = x;
-    rope_forward(y.data(), rows, stride, seq, heads, d, cos.data(), sin.data());
+    rope_forward(y.data(), shape, cos.data(), sin.data());
     return weighted_sum(y, weight);
   };
   Vec dx = weight;
-  rope_backward(dx.data(), rows, stride, seq, heads, d, cos.data(), sin.data());
+  rope_backward(dx.data(), shape, cos.data(), sin.data());
   // Columns past the heads pass through unchanged, so their gradient is the weight itself.
   expect_gradient_matches("dx", x, dx, loss);
 }
 
-TEST(OpGradients, CausalAttentionWithGroupedKvHeadsAcrossBlocks) {
-  AttentionShape s;
-  s.batch = 2;
-  s.seq_len = 70;  // crosses the 64-row block boundary
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.q_stride = s.heads * s.head_dim + 3;
-  s.kv_stride = s.kv_heads * s.head_dim + 1;
-  s.out_stride = s.heads * s.head_dim + 2;
-  s.scale = 1.0 / std::sqrt(8.0);
+// Phi-3's partial rotary (the first 4 of 8 dimensions turn), packed positions, and tables scaled
+// by an attention factor (YaRN / LongRoPE): the backward is still the exact transpose.
+TEST(OpGradients, PartialScaledRotaryAtPackedPositions) {
+  const std::int64_t rows = 6, seq = 3, heads = 2, d = 8, rotary = 4, stride = heads * d + 1;
+  const Vec inv_freq = {0.7, 0.05};
+  Vec cos(seq * rotary / 2), sin(seq * rotary / 2);
+  rope_tables(cos.data(), sin.data(), seq, rotary / 2, inv_freq.data(), 1.3);
+  const std::vector<std::int32_t> positions = {0, 1, 2, 0, 0, 1};
+  Vec x = random_vector(rows * stride, 43);
+  const Vec weight = random_vector(rows * stride, 44);
+  RopeShape shape{rows, stride, seq, heads, d, rotary, positions.data()};
+  auto loss = [&] {
+    Vec y = x;
+    rope_forward(y.data(), shape, cos.data(), sin.data());
+    return weighted_sum(y, weight);
+  };
+  Vec dx = weight;
+  rope_backward(dx.data(), shape, cos.data(), sin.data());
+  expect_gradient_matches("dx", x, dx, loss);
+}
+
+void check_attention_gradients(const AttentionShape& s) {
   const std::int64_t rows = s.batch * s.seq_len;
   Vec q = random_vector(rows * s.q_stride, 21, -2, 2),
       k = random_vector(rows * s.kv_stride, 22, -2, 2), v = random_vector(rows * s.kv_stride, 23);
@@ -162,9 +206,49 @@ TEST(OpGradients, CausalAttentionWithGroupedKvHeadsAcrossBlocks) {
   expect_gradient_matches("dv", v, dv, loss, 1e-7, 300);
 }
 
+// A sliding window of 9 over 70 positions, and packed documents (row 0: 30 + 40 tokens, row 1:
+// 66 + 4 tokens, crossing the 64-row block boundary), each query only seeing its own keys.
+TEST(OpGradients, WindowedAttentionOverPackedDocuments) {
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_len = 70;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 4;
+  s.q_stride = s.heads * s.head_dim;
+  s.kv_stride = s.kv_heads * s.head_dim;
+  s.out_stride = s.heads * s.head_dim;
+  s.scale = 0.5;
+  s.window = 9;
+  check_attention_gradients(s);
+  std::vector<std::int32_t> positions;
+  for (int doc : {30, 40, 66, 4})
+    for (int p = 0; p < doc; ++p)
+      positions.push_back(p);
+  s.window = 0;
+  s.positions = positions.data();
+  check_attention_gradients(s);
+  s.window = 20;
+  check_attention_gradients(s);
+}
+
+TEST(OpGradients, CausalAttentionWithGroupedKvHeadsAcrossBlocks) {
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_len = 70;  // crosses the 64-row block boundary
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.q_stride = s.heads * s.head_dim + 3;
+  s.kv_stride = s.kv_heads * s.head_dim + 1;
+  s.out_stride = s.heads * s.head_dim + 2;
+  s.scale = 1.0 / std::sqrt(8.0);
+  check_attention_gradients(s);
+}
+
 TEST(OpGradients, FusedSoftmaxCrossEntropy) {
   const std::int64_t rows = 5, vocab = 17;
-  const std::vector<std::int32_t> targets = {0, 16, 3, 3, 9};
+  const std::vector<std::int32_t> targets = {0, 16, -1, 3, 9};  // -1: ignored
   const double grad_scale = 0.37;
   Vec logits = random_vector(rows * vocab, 25, -3, 3);
   Vec losses(rows);
@@ -183,6 +267,9 @@ TEST(OpGradients, FusedSoftmaxCrossEntropy) {
   for (double l : fused_losses)
     fused_total += l * grad_scale;
   EXPECT_NEAR(fused_total, before, 1e-12);
+  EXPECT_EQ(fused_losses[2], 0.0);
+  for (std::int64_t j = 0; j < vocab; ++j)
+    EXPECT_EQ(grad[2 * vocab + j], 0.0) << j;
   expect_gradient_matches("dlogits", logits, grad, loss);
 }
 

@@ -15,8 +15,10 @@
 namespace strata::testing {
 
 inline const std::vector<std::string>& fixture_names() {
-  static const std::vector<std::string> names = {"gpt2_tied", "gpt2_untied", "llama_gqa_tied",
-                                                 "llama_gqa_untied"};
+  static const std::vector<std::string> names = {
+      "gpt2_tied",   "gpt2_untied",       "llama_gqa_tied", "llama_gqa_untied",
+      "llama3_rope", "llama_linear_rope", "qwen2_tied",     "qwen2_untied_yarn",
+      "qwen3",       "mistral_window",    "phi3",           "phi3_partial_longrope"};
   return names;
 }
 

@@ -1,6 +1,7 @@
 // Whole-model gradient checks in double precision: GPT-2 and Llama (grouped KV heads), tied and
-// untied embeddings, with and without activation checkpointing, against central differences of
-// the mean token loss.
+// untied embeddings, with and without activation checkpointing, and the Llama family's options
+// (biases, q/k norms, sliding windows, scaled and partial RoPE, fused names) with packed positions
+// and ignored targets, against central differences of the mean token loss.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,48 +12,18 @@
 #include "model/resident_store.h"
 #include "model/runner.h"
 #include "tests/kernels/grad_check.h"
+#include "tests/model/tiny_models.h"
 
 namespace strata::model {
 namespace {
 
+using testing::tiny_gpt2;
+using testing::tiny_llama;
+using testing::tiny_phi3_like;
+using testing::tiny_qwen_like;
+
 std::unique_ptr<backend::Backend> make_backend() {
-  backend::CpuBackendOptions options;
-  options.device_bytes_max = 256ull << 20;
-  options.host_bytes_max = 256ull << 20;
-  options.threads = 2;
-  return std::move(backend::make_cpu_backend(options)).value();
-}
-
-ModelShape tiny_gpt2(bool tied) {
-  ModelShape s;
-  s.family = Family::kGpt2;
-  s.vocab_size = 11;
-  s.max_seq_len = 8;
-  s.hidden_size = 12;
-  s.num_layers = 2;
-  s.num_heads = 3;
-  s.num_kv_heads = 3;
-  s.head_dim = 4;
-  s.intermediate_size = 20;
-  s.tie_word_embeddings = tied;
-  return s;
-}
-
-ModelShape tiny_llama(bool tied) {
-  ModelShape s;
-  s.family = Family::kLlama;
-  s.vocab_size = 13;
-  s.max_seq_len = 16;
-  s.hidden_size = 16;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 4;
-  s.intermediate_size = 24;
-  s.norm_eps = 1e-6;
-  s.rope_theta = 500.0;
-  s.tie_word_embeddings = tied;
-  return s;
+  return testing::make_cpu_test_backend();
 }
 
 // Random parameters large enough that every path carries signal; norm weights near 1.
@@ -85,7 +56,9 @@ Batch make_batch(const ModelShape& spec, std::int64_t rows, std::uint64_t seed) 
   return b;
 }
 
-void check_model(const ModelShape& spec, bool checkpointing) {
+// `packed`: two documents per row (positions restart); `masked`: two targets are -1.
+void check_model(const ModelShape& spec, bool checkpointing, bool packed = false,
+                 bool masked = false) {
   auto backend = make_backend();
   const ModelLayout layout = build_layout(spec);
   auto store = std::move(ResidentStore<double>::create(*backend, layout)).value();
@@ -97,11 +70,17 @@ void check_model(const ModelShape& spec, bool checkpointing) {
   options.logits_chunk_bytes = 3 * spec.vocab_size * sizeof(double);  // several head chunks
   auto runner = std::move(ModelRunner<double>::create(*backend, spec, layout, options)).value();
   const std::int64_t rows = options.batch * options.seq_len;
-  const Batch batch = make_batch(spec, rows, 3);
-  ASSERT_TRUE(runner->set_batch(batch.inputs.data(), batch.targets.data()).is_ok());
+  Batch batch = make_batch(spec, rows, 3);
+  const std::vector<std::int32_t> positions = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3};
+  if (masked) batch.targets[3] = batch.targets[7] = -1;
+  ASSERT_TRUE(runner
+                  ->set_batch(batch.inputs.data(), batch.targets.data(),
+                              packed ? positions.data() : nullptr)
+                  .is_ok());
+  EXPECT_EQ(runner->counted_targets(), masked ? rows - 2 : rows);
 
   store->zero_grads();
-  auto loss = runner->train_step(*store, 1.0 / static_cast<double>(rows));
+  auto loss = runner->train_step(*store, 1.0 / static_cast<double>(runner->counted_targets()));
   ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
   auto eval = runner->evaluate(*store);
   ASSERT_TRUE(eval.is_ok());
@@ -140,11 +119,26 @@ TEST(ModelGradients, LlamaGroupedKvUntied) {
 TEST(ModelGradients, LlamaGroupedKvTiedWithCheckpointing) {
   check_model(tiny_llama(true), true);
 }
+TEST(ModelGradients, QwenLikeBiasesNormsYarnAndOneWindowedLayer) {
+  check_model(tiny_qwen_like(), false);
+}
+TEST(ModelGradients, PhiLikeFusedPartialLongRopeWindowedTiedWithCheckpointing) {
+  check_model(tiny_phi3_like(), true);
+}
+TEST(ModelGradients, PhiLikePackedDocumentsUseTheShortFactors) {
+  check_model(tiny_phi3_like(), false, true, false);
+}
+TEST(ModelGradients, Gpt2PackedDocumentsAndIgnoredTargets) {
+  check_model(tiny_gpt2(false), false, true, true);
+}
+TEST(ModelGradients, QwenLikePackedDocumentsAndIgnoredTargets) {
+  check_model(tiny_qwen_like(), true, true, true);
+}
 
 // Activation checkpointing recomputes with the same deterministic kernels: gradients are
 // bit-identical to keeping every activation.
 TEST(ModelRunner, CheckpointingGivesBitIdenticalGradients) {
-  for (const ModelShape& spec : {tiny_gpt2(true), tiny_llama(false)}) {
+  for (const ModelShape& spec : {tiny_gpt2(true), tiny_llama(false), tiny_qwen_like()}) {
     auto backend = make_backend();
     const ModelLayout layout = build_layout(spec);
     std::vector<std::vector<float>> grads[2];
@@ -222,10 +216,10 @@ TEST(ModelRunner, SequenceLongerThanThePositionTableIsAnError) {
   const ModelShape spec = tiny_gpt2(true);
   auto backend = make_backend();
   RunnerOptions options;
-  options.seq_len = 9;
+  options.seq_len = 17;
   auto runner = ModelRunner<float>::create(*backend, spec, build_layout(spec), options);
   ASSERT_FALSE(runner.is_ok());
-  EXPECT_NE(runner.status().to_string().find("max_seq_len 8"), std::string::npos);
+  EXPECT_NE(runner.status().to_string().find("max_seq_len 16"), std::string::npos);
 }
 
 TEST(ModelRunner, ActivationsThatDoNotFitNameTheDeviceBudget) {

@@ -80,9 +80,10 @@ TEST(ModelSpec, HfConfigErrorsNameFileAndKey) {
   EXPECT_NE(unknown.status().context().find("a.json"), std::string::npos);
 
   auto scaled = read_hf_config(dir.write_file(
-      "b.json", R"({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2}})"));
+      "b.json", R"({"model_type": "llama", "rope_scaling": {"type": "axial", "factor": 2}})"));
   ASSERT_FALSE(scaled.is_ok());
-  EXPECT_NE(scaled.status().message().find("rope_scaling"), std::string::npos);
+  EXPECT_NE(scaled.status().message().find("rope_scaling.rope_type is 'axial'"), std::string::npos)
+      << scaled.status().to_string();
 
   auto negative =
       read_hf_config(dir.write_file("c.json", R"({"model_type": "gpt2", "n_layer": -2})"));

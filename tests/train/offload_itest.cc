@@ -1,8 +1,9 @@
 // Offloading does not change the arithmetic, and budgets hold: the same seed, data and config
 // trained with state homed on the device, in host memory or on NVMe (parameters, optimizer
 // state, both; several tiles per unit; activation checkpoints on the host; with and without the
-// optimizer overlapping the next forward) give bit-identical losses and final state, for both
-// model families; each tier's recorded peak stays within its budget and equals the estimate.
+// optimizer overlapping the next forward) give bit-identical losses and final state, for GPT-2,
+// Llama and Llama-family fixtures (Qwen2, Phi-3); each tier's recorded peak stays within its
+// budget and equals the estimate.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -126,9 +127,13 @@ TEST_P(OffloadArithmetic, PeaksStayWithinBudgetsAndEqualTheEstimate) {
   }
 }
 
+// The Llama-family fixtures switch on what plain Llama lacks: Qwen2's biases, tied embeddings and
+// a sliding window in one layer; Phi-3's fused tensors, partial rotary, LongRoPE and window.
 INSTANTIATE_TEST_SUITE_P(Families, OffloadArithmetic,
                          ::testing::Values(std::make_pair("gpt2", "bf16"),
-                                           std::make_pair("llama", "fp16")),
+                                           std::make_pair("llama", "fp16"),
+                                           std::make_pair("qwen2_tied", "bf16"),
+                                           std::make_pair("phi3_partial_longrope", "fp32")),
                          [](const auto& info) { return info.param.first; });
 
 TEST(Offload, DeviceBudgetBelowTheMinimumWorkingSetFailsAtStartNamingIt) {

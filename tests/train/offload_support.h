@@ -1,6 +1,7 @@
-// Helpers for the offload tests: a tiny GPT-2 or Llama config with every tier choice, a trainer
-// built in-process (so tests can read the state and inject the I/O fault twin), and the state's
-// bytes for bit-for-bit comparisons.
+// Helpers for the offload tests: a tiny GPT-2 or Llama config with every tier choice, or one of the
+// Llama-family fixtures of tests/fixtures/models (Qwen2, Qwen3, Mistral, Phi-3, ...: family names
+// the fixture), a trainer built in-process (so tests can read the state and inject the I/O fault
+// twin), and the state's bytes for bit-for-bit comparisons.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,6 +25,24 @@ struct Tiers {
   std::string extra_strata;        // more strata keys
   int prefetch_bucket = 20000;     // stage3_prefetch_bucket_size
 };
+
+// The strata.model keys of `family`: gpt2 and llama are built from strata.model; any other name is
+// a fixture directory of tests/fixtures/models (vocabulary 64, positions 32).
+inline std::string tiny_model_keys(const std::string& family) {
+  if (family == "gpt2" || family == "llama") {
+    return R"("family": ")" + family +
+           R"(", "vocab_size": 64, "max_seq_len": 32, "hidden_size": 32,
+                "num_layers": 3, "num_heads": 4)" +
+           (family == "llama" ? R"(, "num_kv_heads": 2, "tie_word_embeddings": false)" : "");
+  }
+#if defined(STRATA_SOURCE_DIR)
+  return R"("family": "llama", "path": ")" + std::string(STRATA_SOURCE_DIR) +
+         "/tests/fixtures/models/" + family + R"(")";
+#else
+  // Helper programs are built without the source tree's path: the model load then fails naming it.
+  return "\"family\": \"llama\", \"path\": \"fixture " + family + ", test targets only\"";
+#endif
+}
 
 inline std::string tiny_config(const std::string& family, const std::string& precision,
                                const Tiers& t, const std::string& out, const std::string& nvme,
@@ -51,10 +70,8 @@ inline std::string tiny_config(const std::string& family, const std::string& pre
          out + R"(", "train_steps": )" + std::to_string(steps) + R"(, "seed": 11, "cpu_threads": 2,
       "device_bytes_max": "64MiB", "host_bytes_max": "256MiB", "eval_batches": 1,)" +
          t.extra_strata + R"(
-      "model": {"family": ")" +
-         family + R"(", "vocab_size": 64, "max_seq_len": 32, "hidden_size": 32,
-                "num_layers": 3, "num_heads": 4)" +
-         (family == "llama" ? R"(, "num_kv_heads": 2, "tie_word_embeddings": false)" : "") + R"(},
+      "model": {)" +
+         tiny_model_keys(family) + R"(},
       "data": {"source": "synthetic", "seq_len": 16, "synthetic_vocab_size": 64,
                "synthetic_branching": 3}}})";
 }

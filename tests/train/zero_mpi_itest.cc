@@ -150,16 +150,24 @@ std::vector<Tiers> cases() {
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroTwoRanks, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(ZeroMpi, LlamaAtStage3EqualsOneRank) {
+// Llama, and Llama-family fixtures with what plain Llama lacks (tied embeddings, biases, per-head
+// norms, windows, fused tensors, scaled and partial RoPE).
+class ZeroFamilies : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZeroFamilies, Stage3EqualsOneRank) {
   SKIP_WITHOUT_MPIRUN();
   TempDir tmp;
   const Tiers tiers = tiers_of("stage3", 3, "nvme", "cpu");
-  const TrainRun one = train(tmp, "one", 1, 2, tiers, 3, "llama");
+  const TrainRun one = train(tmp, "one", 1, 2, tiers, 3, GetParam());
   ASSERT_EQ(one.out.exit_code, 0) << one.out.err;
-  const TrainRun two = train(tmp, "two", 2, 1, tiers, 3, "llama");
+  const TrainRun two = train(tmp, "two", 2, 1, tiers, 3, GetParam());
   ASSERT_EQ(two.out.exit_code, 0) << two.out.err;
   EXPECT_LE(relative_difference(one.dir, two.dir), kRelativeTolerance);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, ZeroFamilies,
+                         ::testing::Values("llama", "qwen2_tied", "qwen3", "phi3_partial_longrope"),
+                         [](const auto& info) { return info.param; });
 
 TEST(ZeroMpi, TwoRankRunsRepeatBitIdentically) {
   SKIP_WITHOUT_MPIRUN();

@@ -42,21 +42,23 @@ void CudaOps::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   sink_->add(gemm_->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 
-void CudaOps::embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
-                                const float* wpe, std::int64_t rows, std::int64_t seq_len,
-                                std::int64_t channels) {
+void CudaOps::embedding_forward(float* out, const std::int32_t* tokens,
+                                const std::int32_t* positions, const float* wte, const float* wpe,
+                                std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
   STRATA_ASSERT(seq_len > 0 && channels > 0);
-  STRATA_OPS_CHECK(ck::embedding_forward(stream_, out, tokens, wte, wpe, rows, seq_len, channels),
-                   "embedding_forward");
+  STRATA_OPS_CHECK(
+      ck::embedding_forward(stream_, out, tokens, positions, wte, wpe, rows, seq_len, channels),
+      "embedding_forward");
 }
 
 void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                 const std::int32_t* tokens, std::int64_t rows,
-                                 std::int64_t seq_len, std::int64_t channels) {
+                                 const std::int32_t* tokens, const std::int32_t* positions,
+                                 std::int64_t rows, std::int64_t seq_len, std::int64_t channels,
+                                 std::int32_t padding_idx) {
   STRATA_ASSERT(seq_len > 0 && channels > 0);
-  STRATA_OPS_CHECK(
-      ck::embedding_backward(stream_, dwte, dwpe, dout, tokens, rows, seq_len, channels),
-      "embedding_backward");
+  STRATA_OPS_CHECK(ck::embedding_backward(stream_, dwte, dwpe, dout, tokens, positions, rows,
+                                          seq_len, channels, padding_idx),
+                   "embedding_backward");
 }
 
 void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
@@ -92,6 +94,28 @@ void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const fl
   STRATA_OPS_CHECK(
       ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p, scratch_.reduce),
       "rmsnorm_backward");
+}
+
+void CudaOps::rmsnorm_heads_forward(float* out, float* rstd, const float* x, const float* w,
+                                    std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                                    std::int64_t x_stride, std::int64_t out_stride, double eps) {
+  STRATA_ASSERT(x_stride >= heads * head_dim && out_stride >= heads * head_dim);
+  STRATA_OPS_CHECK(ck::rmsnorm_heads_forward(stream_, out, rstd, x, w, rows, heads, head_dim,
+                                             x_stride, out_stride, eps),
+                   "rmsnorm_heads_forward");
+}
+
+void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const float* w,
+                                     const float* rstd, std::int64_t rows, std::int64_t heads,
+                                     std::int64_t head_dim, std::int64_t d_stride,
+                                     std::int64_t x_stride) {
+  STRATA_ASSERT(x_stride >= heads * head_dim && d_stride >= heads * head_dim);
+  if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
+  const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
+  if (p.chunks == 0) return;
+  STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
+                                              d_stride, x_stride, p, scratch_.reduce),
+                   "rmsnorm_heads_backward");
 }
 
 void CudaOps::gelu_forward(float* out, const float* x, std::int64_t n) {
@@ -130,20 +154,25 @@ void CudaOps::bias_backward(float* dbias, const float* dout, std::int64_t rows,
                    "bias_backward");
 }
 
-void CudaOps::rope_forward(float* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                           std::int64_t heads, std::int64_t head_dim, const float* cos,
-                           const float* sin) {
-  STRATA_ASSERT(head_dim % 2 == 0 && seq_len > 0);
-  STRATA_OPS_CHECK(ck::rope(stream_, x, rows, stride, seq_len, heads, head_dim, cos, sin, 1.0f),
-                   "rope_forward");
+namespace {
+
+void check_rope(const backend::RopeShape& s) {
+  const std::int64_t rotary = s.rotary_dim > 0 ? s.rotary_dim : s.head_dim;
+  STRATA_ASSERT(rotary % 2 == 0 && rotary <= s.head_dim && s.seq_len > 0);
 }
 
-void CudaOps::rope_backward(float* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                            std::int64_t heads, std::int64_t head_dim, const float* cos,
+}  // namespace
+
+void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
+                           const float* sin) {
+  check_rope(shape);
+  STRATA_OPS_CHECK(ck::rope(stream_, x, shape, cos, sin, 1.0f), "rope_forward");
+}
+
+void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
                             const float* sin) {
-  STRATA_ASSERT(head_dim % 2 == 0 && seq_len > 0);
-  STRATA_OPS_CHECK(ck::rope(stream_, dx, rows, stride, seq_len, heads, head_dim, cos, sin, -1.0f),
-                   "rope_backward");
+  check_rope(shape);
+  STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f), "rope_backward");
 }
 
 namespace {

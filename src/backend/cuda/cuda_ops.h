@@ -35,10 +35,12 @@ class CudaOps final : public backend::Ops<float> {
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
             const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
             float* c, std::int64_t ldc) override;
-  void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                         std::int64_t rows, std::int64_t seq_len, std::int64_t channels) override;
+  void embedding_forward(float* out, const std::int32_t* tokens, const std::int32_t* positions,
+                         const float* wte, const float* wpe, std::int64_t rows,
+                         std::int64_t seq_len, std::int64_t channels) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
-                          std::int64_t rows, std::int64_t seq_len, std::int64_t channels) override;
+                          const std::int32_t* positions, std::int64_t rows, std::int64_t seq_len,
+                          std::int64_t channels, std::int32_t padding_idx) override;
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, std::int64_t rows, std::int64_t channels,
                          double eps) override;
@@ -49,6 +51,13 @@ class CudaOps final : public backend::Ops<float> {
                        std::int64_t channels, double eps) override;
   void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                         const float* rstd, std::int64_t rows, std::int64_t channels) override;
+  void rmsnorm_heads_forward(float* out, float* rstd, const float* x, const float* w,
+                             std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                             std::int64_t x_stride, std::int64_t out_stride, double eps) override;
+  void rmsnorm_heads_backward(float* d, float* dw, const float* x, const float* w,
+                              const float* rstd, std::int64_t rows, std::int64_t heads,
+                              std::int64_t head_dim, std::int64_t d_stride,
+                              std::int64_t x_stride) override;
   void gelu_forward(float* out, const float* x, std::int64_t n) override;
   void gelu_backward(float* dx, const float* x, const float* dout, std::int64_t n) override;
   void swiglu_forward(float* out, const float* gate_up, std::int64_t rows,
@@ -59,11 +68,9 @@ class CudaOps final : public backend::Ops<float> {
   void add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) override;
   void bias_backward(float* dbias, const float* dout, std::int64_t rows,
                      std::int64_t channels) override;
-  void rope_forward(float* x, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                    std::int64_t heads, std::int64_t head_dim, const float* cos,
+  void rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
                     const float* sin) override;
-  void rope_backward(float* dx, std::int64_t rows, std::int64_t stride, std::int64_t seq_len,
-                     std::int64_t heads, std::int64_t head_dim, const float* cos,
+  void rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
                      const float* sin) override;
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const backend::AttentionShape& shape) override;
