@@ -1,7 +1,6 @@
 #include "io/engine.h"
 
 #include "common/log.h"
-#include "config/config.h"
 #include "io/posix/posix_engine.h"
 #include "io/probe.h"
 #include "io/sim/sim_engine.h"
@@ -29,16 +28,6 @@ std::optional<EngineKind> parse_engine_kind(std::string_view text) {
     if (text == engine_kind_name(kind)) return kind;
   }
   return std::nullopt;
-}
-
-EngineOptions engine_options_from_config(const config::AioConfig& aio) {
-  EngineOptions options;
-  options.block_size_bytes = aio.block_size;
-  options.queue_depth = static_cast<std::uint32_t>(aio.queue_depth);
-  options.threads = static_cast<std::uint32_t>(aio.intra_op_parallelism);
-  options.single_submit = aio.single_submit;
-  options.overlap_events = aio.overlap_events;
-  return options;
 }
 
 Status validate(const EngineOptions& o) {

@@ -27,10 +27,6 @@
 
 #include "common/status.h"
 
-namespace strata::config {
-struct AioConfig;
-}
-
 namespace strata::io {
 
 enum class EngineKind { kAuto, kUring, kPosix, kSim };
@@ -58,9 +54,6 @@ struct EngineOptions {
   std::uint32_t buffers_max = 64;            // registered buffers at once
   DirectIo direct_io = DirectIo::kAuto;
 };
-
-// The engine options that a DeepSpeed-style `aio` section asks for.
-EngineOptions engine_options_from_config(const config::AioConfig& aio);
 
 // Checks the options against their valid ranges; the error names the option and the range.
 Status validate(const EngineOptions& options);

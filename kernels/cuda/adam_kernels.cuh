@@ -5,7 +5,7 @@
 // copies are bit-identical to CPU Adam's.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/adam_constants.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -37,8 +37,8 @@ template <typename L>
 auto run_adam_step(const L& launch, const AdamDeviceConstants& c, float* master, float* exp_avg,
                    float* exp_avg_sq, const void* grad, int grad_code, void* copy_out,
                    int copy_code, std::int64_t n, const double* skip_flag) {
-  return launch(adam_kernel, dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(n))),
-                dim3(backend::cuda::kElementwiseThreads), 0, c, master, exp_avg, exp_avg_sq, grad,
+  return launch(adam_kernel, dim3(static_cast<unsigned>(cuda::elementwise_blocks(n))),
+                dim3(cuda::kElementwiseThreads), 0, c, master, exp_avg, exp_avg_sq, grad,
                 grad_code, copy_out, copy_code, n, skip_flag);
 }
 

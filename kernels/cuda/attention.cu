@@ -6,7 +6,7 @@ namespace strata::cuda_kernels {
 
 cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                               const float* k, const float* v, const AttentionShape& shape,
-                              const backend::cuda::AttentionLaunch& launch) {
+                              const cuda::AttentionLaunch& launch) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (launch.per_lane != 1 && launch.per_lane != 2 && launch.per_lane != 4 &&
       launch.per_lane != 8) {
@@ -18,7 +18,7 @@ cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const floa
 cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, const float* dout,
                                const float* out, const float* lse, const float* q, const float* k,
                                const float* v, const AttentionShape& shape,
-                               const backend::cuda::AttentionLaunch& launch) {
+                               const cuda::AttentionLaunch& launch) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (launch.per_lane != 1 && launch.per_lane != 2 && launch.per_lane != 4 &&
       launch.per_lane != 8) {

@@ -1,7 +1,7 @@
 // Causal attention with grouped KV heads, flash-style, fp32 on CUDA cores (no tensor cores yet):
 // online softmax over 32-key tiles held in shared memory, so no T x T matrix ever exists.
 //
-// Mapping (cuda_plan.h's AttentionLaunch): blocks of 4 warps. A warp owns rows_per_warp rows; for
+// Mapping (launch_plan.h's AttentionLaunch): blocks of 4 warps. A warp owns rows_per_warp rows; for
 // scores, lane j takes key j of the tile (a full dot product over D from shared memory: K rows are
 // padded to PD + 1 floats so the 32 lanes hit 32 banks); for the weighted sums, lane l owns
 // dimensions l, l + 32, ... of the row (PER_LANE registers per row), and the tile's 32 weights are
@@ -18,7 +18,7 @@
 // first row's lo, and the dk/dv pass stops at the first query tile whose lo is past its keys.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -27,9 +27,9 @@ namespace {
 
 using kernels::AttentionShape;
 
-constexpr int kWarps = backend::cuda::kAttentionWarps;
+constexpr int kWarps = cuda::kAttentionWarps;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTile = backend::cuda::kAttentionKeyTile;
+constexpr int kTile = cuda::kAttentionKeyTile;
 
 struct AttnArgs {
   const float* q;
@@ -401,7 +401,7 @@ enum class AttentionPass { kForward, kDq, kDkv };
 
 template <int PL, typename L>
 auto run_attention_pass(const L& launch, AttentionPass pass, const AttnArgs& args,
-                        const AttentionShape& shape, const backend::cuda::AttentionLaunch& l) {
+                        const AttentionShape& shape, const cuda::AttentionLaunch& l) {
   const unsigned row_blocks =
       static_cast<unsigned>((shape.seq_len + l.rows_per_block - 1) / l.rows_per_block);
   const unsigned batch = static_cast<unsigned>(shape.batch);
@@ -426,7 +426,7 @@ auto run_attention_pass(const L& launch, AttentionPass pass, const AttnArgs& arg
 // Runs one pass with the kernels for l.per_lane (1, 2, 4 or 8; the caller checked it).
 template <typename L>
 auto run_attention(const L& launch, AttentionPass pass, const AttnArgs& args,
-                   const AttentionShape& shape, const backend::cuda::AttentionLaunch& l) {
+                   const AttentionShape& shape, const cuda::AttentionLaunch& l) {
   switch (l.per_lane) {
     case 1:
       return run_attention_pass<1>(launch, pass, args, shape, l);
@@ -457,7 +457,7 @@ AttnArgs attention_args(const AttentionShape& shape) {
 template <typename L>
 auto run_attention_forward(const L& launch, float* out, float* lse, const float* q, const float* k,
                            const float* v, const AttentionShape& shape,
-                           const backend::cuda::AttentionLaunch& l) {
+                           const cuda::AttentionLaunch& l) {
   AttnArgs a = attention_args(shape);
   a.q = q;
   a.k = k;
@@ -471,7 +471,7 @@ template <typename L>
 auto run_attention_backward(const L& launch, float* dq, float* dk, float* dv, const float* dout,
                             const float* out, const float* lse, const float* q, const float* k,
                             const float* v, const AttentionShape& shape,
-                            const backend::cuda::AttentionLaunch& l) {
+                            const cuda::AttentionLaunch& l) {
   AttnArgs a = attention_args(shape);
   a.q = q;
   a.k = k;

@@ -4,15 +4,15 @@
 // 64-bit indices; precise expf/tanhf (no fast-math), so results track the CPU's to a few ulps.
 #pragma once
 
-#include "backend/cuda_plan.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {
 namespace {
 
-using backend::cuda::elementwise_blocks;
-using backend::cuda::kElementwiseThreads;
+using cuda::elementwise_blocks;
+using cuda::kElementwiseThreads;
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
@@ -141,7 +141,7 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
 }
 
 dim3 elementwise_grid(std::int64_t n) {
-  return dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(n)));
+  return dim3(static_cast<unsigned>(cuda::elementwise_blocks(n)));
 }
 
 template <typename L>

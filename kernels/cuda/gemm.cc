@@ -13,7 +13,7 @@
 namespace strata::cuda {
 namespace {
 
-using backend::cuda::GemmPrecision;
+using cuda::GemmPrecision;
 
 // The largest power of two (up to 256) that divides the address: what cuBLASLt may assume.
 std::uint32_t alignment_of(const void* p) {
@@ -34,14 +34,14 @@ cudaDataType_t data_type(int code) {
 
 Result<std::unique_ptr<GemmEngine>> GemmEngine::create(const GemmEngineConfig& config,
                                                        cudaStream_t stream) {
-  if (backend::cuda::converts_operands(config.precision) &&
+  if (cuda::converts_operands(config.precision) &&
       (config.convert_workspace == nullptr ||
-       config.convert_elements < backend::cuda::kGemmWorkspaceMinElements)) {
+       config.convert_elements < cuda::kGemmWorkspaceMinElements)) {
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("the {} GEMM conversion workspace holds {} elements; it needs at "
                               "least {}",
-                              backend::cuda::to_string(config.precision), config.convert_elements,
-                              backend::cuda::kGemmWorkspaceMinElements));
+                              cuda::to_string(config.precision), config.convert_elements,
+                              cuda::kGemmWorkspaceMinElements));
   }
   std::unique_ptr<GemmEngine> engine(new GemmEngine(config, stream));
   if (!config.use_cublaslt) return engine;
@@ -67,7 +67,7 @@ GemmEngine::~GemmEngine() {
 
 std::string GemmEngine::description() const {
   const std::string inputs =
-      fmt::format("GEMM inputs {}, fp32 accumulation", backend::cuda::to_string(config_.precision));
+      fmt::format("GEMM inputs {}, fp32 accumulation", cuda::to_string(config_.precision));
   if (api_ == nullptr) return fmt::format("Strata's fallback GEMM kernel only, {}", inputs);
   return fmt::format("cuBLASLt {} ({}), {}", api_->get_version(), api_->path, inputs);
 }
@@ -200,8 +200,8 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
                                  std::int64_t ldc) {
-  const backend::cuda::GemmBlocking blocking =
-      backend::cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
+  const cuda::GemmBlocking blocking =
+      cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
   const int code =
       config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
@@ -224,7 +224,7 @@ Status GemmEngine::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
   if (m == 0 || n == 0) return Status::ok();
-  if (k > 0 && backend::cuda::converts_operands(config_.precision)) {
+  if (k > 0 && cuda::converts_operands(config_.precision)) {
     return run_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,

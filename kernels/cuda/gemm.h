@@ -1,6 +1,6 @@
 // GEMMs of the CUDA backend: row-major C(m,n) = alpha op(A) op(B) + beta C on fp32 device arrays,
 // through cuBLASLt with fp32 accumulation. With GemmPrecision bf16/fp16 the operands are first
-// rounded into a fixed 16-bit workspace, in blocks when they do not fit (cuda_plan.h); fp32/tf32
+// rounded into a fixed 16-bit workspace, in blocks when they do not fit (launch_plan.h); fp32/tf32
 // multiply the fp32 arrays directly. Algorithms come from cuBLASLt's heuristic once per shape and
 // alignment and are kept in a fixed-size cache (no allocation once the shapes have been seen);
 // where cuBLASLt has none, Strata's own tiled kernel runs (gemm_fallback.cu).
@@ -14,14 +14,14 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda_plan.h"
 #include "common/status.h"
 #include "kernels/cuda/cublaslt_api.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda {
 
 struct GemmEngineConfig {
-  backend::cuda::GemmPrecision precision = backend::cuda::GemmPrecision::kFp32;
+  cuda::GemmPrecision precision = cuda::GemmPrecision::kFp32;
   bool use_cublaslt = true;          // false: only the fallback kernel (tests)
   void* cublas_workspace = nullptr;  // device memory for cuBLASLt
   std::uint64_t cublas_workspace_bytes = 0;

@@ -1,4 +1,4 @@
-// The walk over a GemmBlocking (backend/cuda_plan.h) that GemmEngine runs for bf16/fp16 GEMMs:
+// The walk over a GemmBlocking (launch_plan.h) that GemmEngine runs for bf16/fp16 GEMMs:
 // for each output block, in the plan's order, and each k piece, convert the operand blocks that
 // are not already in the workspace, then multiply them into C (beta for the first k piece, 1 for
 // the rest). The conversions and products are callbacks, so the walk is tested on the CPU
@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda_plan.h"
 #include "common/status.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda {
 
@@ -33,7 +33,7 @@ struct BlockProduct {
 };
 
 template <typename ConvertA, typename ConvertB, typename Multiply>
-Status walk_gemm_blocks(const backend::cuda::GemmBlocking& plan, bool trans_a, bool trans_b,
+Status walk_gemm_blocks(const cuda::GemmBlocking& plan, bool trans_a, bool trans_b,
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         float beta, float* c, std::int64_t ldc, ConvertA&& convert_a,
                         ConvertB&& convert_b, Multiply&& multiply) {
@@ -50,8 +50,8 @@ Status walk_gemm_blocks(const backend::cuda::GemmBlocking& plan, bool trans_a, b
       product.m = mb;
       product.n = nb;
       product.k = kb;
-      product.a_ld = backend::cuda::padded_ld(trans_a ? mb : kb);
-      product.b_ld = backend::cuda::padded_ld(trans_b ? kb : nb);
+      product.a_ld = cuda::padded_ld(trans_a ? mb : kb);
+      product.b_ld = cuda::padded_ld(trans_b ? kb : nb);
       product.beta = k0 == 0 ? beta : 1.0f;
       product.c = c + m0 * ldc + n0;
       if (a_at[0] != m0 || a_at[1] != k0) {

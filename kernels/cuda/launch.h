@@ -2,7 +2,7 @@
 // kernels/cpu/nn_ops.h and cast.h, on device pointers, fp32 compute). Each queues its kernels on
 // `stream` and returns the launch's cudaError_t (cudaSuccess for empty work, which launches
 // nothing); errors while a kernel runs surface at the next synchronisation. Shapes are checked by
-// the caller (CudaOps); launch configurations come from backend/cuda_plan.h. The kernels
+// the caller (CudaOps); launch configurations come from launch_plan.h. The kernels
 // themselves are in *_kernels.cuh.
 #pragma once
 
@@ -10,10 +10,10 @@
 
 #include <cstdint>
 
-#include "backend/cuda_plan.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/adam_constants.h"
 #include "kernels/cuda/dtype_codes.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda_kernels {
 
@@ -48,19 +48,19 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
                              std::int64_t cols);
 
 // ---- normalisation and column reductions (norm.cu) ----
-// `scratch` holds at least plan.chunks * arrays * channels doubles (cuda_plan.h).
+// `scratch` holds at least plan.chunks * arrays * channels doubles (launch_plan.h).
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
                               std::int64_t channels, double eps);
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const backend::cuda::ColumnReducePlan& plan, double* scratch);
+                               const cuda::ColumnReducePlan& plan, double* scratch);
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
                             std::int64_t rows, std::int64_t channels, double eps);
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
-                             std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                             std::int64_t channels, const cuda::ColumnReducePlan& plan,
                              double* scratch);
 cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,
                                   const float* w, std::int64_t rows, std::int64_t heads,
@@ -71,9 +71,9 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                    std::int64_t x_stride,
-                                   const backend::cuda::ColumnReducePlan& plan, double* scratch);
+                                   const cuda::ColumnReducePlan& plan, double* scratch);
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch);
 // Deterministic without atomics: each (token, column) gradient adds its rows in row order (and
 // each (position, column) of dwpe likewise); rows of token padding_idx (-1: none) add nothing.
@@ -86,12 +86,12 @@ cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const f
 // Flash-style (online softmax over 32-key tiles, never a T x T matrix), fp32 on CUDA cores.
 cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                               const float* k, const float* v, const AttentionShape& shape,
-                              const backend::cuda::AttentionLaunch& launch);
+                              const cuda::AttentionLaunch& launch);
 // WRITES dq, dk, dv; deterministic (dq and dk/dv come from separate kernels, no atomics).
 cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, const float* dout,
                                const float* out, const float* lse, const float* q, const float* k,
                                const float* v, const AttentionShape& shape,
-                               const backend::cuda::AttentionLaunch& launch);
+                               const cuda::AttentionLaunch& launch);
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

@@ -3,15 +3,15 @@
 // with their launch functions (generic over the launcher, see device_math.cuh).
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {
 namespace {
 
 constexpr int kLossThreads = 256;
-using backend::cuda::kReduceBlocks;
-using backend::cuda::kReduceThreads;
+using cuda::kReduceBlocks;
+using cuda::kReduceThreads;
 
 // One block per row: the row's max, then the sum of exp in double, then the loss (and, fused,
 // the gradient written over the logits). A target of -1 gives loss 0 and a zero gradient row.

@@ -15,7 +15,7 @@ cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rs
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                               const cuda::ColumnReducePlan& plan, double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_layernorm_backward(CudaLauncher{s}, dx, dw, db, dout, x, w, mean, rstd, rows, channels,
                                 plan, scratch);
@@ -29,7 +29,7 @@ cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float
 
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
-                             std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                             std::int64_t channels, const cuda::ColumnReducePlan& plan,
                              double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_rmsnorm_backward(CudaLauncher{s}, dx, dw, dout, x, w, rstd, rows, channels, plan,
@@ -49,14 +49,14 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                    std::int64_t x_stride,
-                                   const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                                   const cuda::ColumnReducePlan& plan, double* scratch) {
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
   return run_rmsnorm_heads_backward(CudaLauncher{s}, d, dw, x, w, rstd, rows, heads, head_dim,
                                     d_stride, x_stride, plan, scratch);
 }
 
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_bias_backward(CudaLauncher{s}, dbias, dout, rows, channels, plan, scratch);

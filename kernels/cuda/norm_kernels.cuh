@@ -2,11 +2,11 @@
 // their launch functions (generic over the launcher, see device_math.cuh). Row statistics
 // accumulate in double, as on the CPU. Parameter gradients are column reductions over rows done
 // deterministically in two passes: fixed chunks of rows write double partials to the scratch,
-// then one thread per column adds them in chunk order (cuda_plan.h). The embedding backward adds
+// then one thread per column adds them in chunk order (launch_plan.h). The embedding backward adds
 // each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
 #pragma once
 
-#include "backend/cuda_plan.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace strata::cuda_kernels {
@@ -300,7 +300,7 @@ dim3 row_grid(std::int64_t rows) {
 template <ColumnTerm kTerm, typename L>
 auto run_column_reduce(const L& launch, float* out_a, float* out_b, const ColumnInputs& in,
                        std::int64_t rows, std::int64_t channels,
-                       const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                       const cuda::ColumnReducePlan& plan, double* scratch) {
   constexpr int kArrays = kTerm == ColumnTerm::kLayerNorm ? 2 : 1;
   const unsigned col_blocks =
       static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
@@ -324,7 +324,7 @@ template <typename L>
 auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, const float* dout,
                             const float* x, const float* w, const float* mean, const float* rstd,
                             std::int64_t rows, std::int64_t channels,
-                            const backend::cuda::ColumnReducePlan& plan, double* scratch) {
+                            const cuda::ColumnReducePlan& plan, double* scratch) {
   auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
                     mean, rstd, rows, channels);
   if (!launched(err)) return err;
@@ -342,7 +342,7 @@ auto run_rmsnorm_forward(const L& launch, float* out, float* rstd, const float* 
 template <typename L>
 auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* dout, const float* x,
                           const float* w, const float* rstd, std::int64_t rows,
-                          std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                          std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch) {
   auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
                     rstd, rows, channels);
@@ -365,7 +365,7 @@ template <typename L>
 auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const float* x,
                                 const float* w, const float* rstd, std::int64_t rows,
                                 std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
-                                std::int64_t x_stride, const backend::cuda::ColumnReducePlan& plan,
+                                std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
                                 double* scratch) {
   const unsigned col_blocks =
       static_cast<unsigned>((head_dim + kColumnThreads - 1) / kColumnThreads);
@@ -384,7 +384,7 @@ auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const floa
 
 template <typename L>
 auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
-                       std::int64_t channels, const backend::cuda::ColumnReducePlan& plan,
+                       std::int64_t channels, const cuda::ColumnReducePlan& plan,
                        double* scratch) {
   return run_column_reduce<ColumnTerm::kBias>(launch, dbias, nullptr,
                                               ColumnInputs{dout, nullptr, nullptr, nullptr}, rows,
@@ -407,8 +407,8 @@ auto run_embedding_backward(const L& launch, float* dwte, float* dwpe, const flo
                   dim3(kEmbedThreads), 0, dwpe, dout, positions, rows, channels, -1);
   }
   return launch(embedding_wpe_backward_kernel,
-                dim3(static_cast<unsigned>(backend::cuda::elementwise_blocks(seq_len * channels))),
-                dim3(backend::cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);
+                dim3(static_cast<unsigned>(cuda::elementwise_blocks(seq_len * channels))),
+                dim3(cuda::kElementwiseThreads), 0, dwpe, dout, rows, seq_len, channels);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu_backend.h"
-#include "backend/cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "common/units.h"
 
 namespace strata::backend {
@@ -131,18 +131,6 @@ Result<MadeBackend> make_backend(const BackendRequest& request) {
   }
   STRATA_ASSIGN_OR_RETURN(made.backend, make_cpu(request));
   return made;
-}
-
-BackendRequest backend_request(const config::Config& config) {
-  const config::StrataConfig& s = config.strata;
-  BackendRequest request;
-  request.kind = s.backend;
-  request.device_bytes_max = s.device_bytes_max;
-  request.host_bytes_max = s.host_bytes_max;
-  request.cpu_threads = static_cast<int>(s.cpu_threads);
-  request.gemm_precision = s.gemm_precision;
-  request.precision = config.precision();
-  return request;
 }
 
 }  // namespace strata::backend

@@ -8,13 +8,14 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/cuda_plan.h"
 #include "common/status.h"
 #include "config/config.h"
+#include "kernels/cuda/launch_plan.h"
 #include "sys/gpu.h"
 
 namespace strata::backend {
 
+// train/run_settings.h fills one from a training config.
 struct BackendRequest {
   config::Backend kind = config::Backend::kAuto;
   std::uint64_t device_bytes_max = 0;  // 0 = auto: free GPU memory, or a 4 GiB CPU arena
@@ -51,8 +52,5 @@ struct MadeBackend {
 // Probes CUDA, chooses, creates. With `auto`, a GPU whose backend cannot be created (for example
 // libcublasLt missing) falls back to the CPU backend and the note says why.
 Result<MadeBackend> make_backend(const BackendRequest& request);
-
-// The request a training config makes.
-BackendRequest backend_request(const config::Config& config);
 
 }  // namespace strata::backend

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "comm/launch.h"
 #include "config/config.h"
 #include "config/report.h"
 
@@ -22,7 +23,7 @@ int run_check(const CheckOptions& options) {
   if (options.world_size > 0) {
     load.world_size = options.world_size;
   } else {
-    Result<std::int64_t> world_size = config::world_size_from_environment();
+    Result<std::int64_t> world_size = comm::world_size_from_environment();
     if (!world_size.is_ok()) return report_error(world_size.status());
     load.world_size = *world_size;
   }

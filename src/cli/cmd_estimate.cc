@@ -1,14 +1,16 @@
 // `strata estimate`: bytes per tier per rank for a model under a config, and whether they fit the
-// budgets (see tier/estimate.h and docs/estimate.md).
+// budgets (see offload/estimate.h and docs/estimate.md).
 #include <json/writer.h>
 
 #include <cstdio>
 
 #include "cli/command.h"
+#include "comm/launch.h"
 #include "common/units.h"
 #include "config/config.h"
 #include "model/model_spec.h"
-#include "tier/estimate.h"
+#include "offload/estimate.h"
+#include "train/run_settings.h"
 
 namespace strata::cli {
 namespace {
@@ -42,16 +44,16 @@ Result<std::uint64_t> budget_of(const std::string& flag, const std::string& text
   return *bytes;
 }
 
-void print_text(const tier::Estimate& e, const std::vector<tier::Verdict>& verdicts) {
-  for (int t = 0; t < tier::kTierCount; ++t) {
-    const auto tier = static_cast<tier::Tier>(t);
-    std::printf("%s: %s per rank", tier::to_string(tier), format_bytes(e.bytes(tier)).c_str());
-    if (tier != tier::Tier::kDevice && e.ranks_per_node > 1) {
+void print_text(const offload::Estimate& e, const std::vector<offload::Verdict>& verdicts) {
+  for (int t = 0; t < offload::kTierCount; ++t) {
+    const auto tier = static_cast<offload::Tier>(t);
+    std::printf("%s: %s per rank", offload::to_string(tier), format_bytes(e.bytes(tier)).c_str());
+    if (tier != offload::Tier::kDevice && e.ranks_per_node > 1) {
       std::printf(", %s per node (%lld ranks)", format_bytes(e.node_bytes(tier)).c_str(),
                   static_cast<long long>(e.ranks_per_node));
     }
     std::printf("\n");
-    for (const tier::EstimateItem& item : e.items) {
+    for (const offload::EstimateItem& item : e.items) {
       if (item.tier == tier) {
         std::printf("  %12s  %s\n", format_bytes(item.bytes).c_str(), item.what.c_str());
       }
@@ -60,37 +62,37 @@ void print_text(const tier::Estimate& e, const std::vector<tier::Verdict>& verdi
   std::printf("assumptions:\n");
   for (const std::string& a : e.assumptions)
     std::printf("  - %s\n", a.c_str());
-  for (const tier::Verdict& v : verdicts) {
-    const char* scope = v.tier == tier::Tier::kDevice ? "per rank" : "per node";
+  for (const offload::Verdict& v : verdicts) {
+    const char* scope = v.tier == offload::Tier::kDevice ? "per rank" : "per node";
     if (v.fits) {
-      std::printf("fits: %s needs %s %s of its %s budget\n", tier::to_string(v.tier),
+      std::printf("fits: %s needs %s %s of its %s budget\n", offload::to_string(v.tier),
                   format_bytes(v.needed_bytes).c_str(), scope,
                   format_bytes(v.budget_bytes).c_str());
     } else {
       std::printf("DOES NOT FIT: %s needs %s %s but the budget is %s (%s short)\n",
-                  tier::to_string(v.tier), format_bytes(v.needed_bytes).c_str(), scope,
+                  offload::to_string(v.tier), format_bytes(v.needed_bytes).c_str(), scope,
                   format_bytes(v.budget_bytes).c_str(),
                   format_bytes(v.needed_bytes - v.budget_bytes).c_str());
     }
   }
 }
 
-void print_json(const tier::Estimate& e, const std::vector<tier::Verdict>& verdicts) {
+void print_json(const offload::Estimate& e, const std::vector<offload::Verdict>& verdicts) {
   using U = Json::UInt64;
   Json::Value root(Json::objectValue);
-  root["device_bytes"] = U{e.bytes(tier::Tier::kDevice)};
-  root["host_bytes"] = U{e.bytes(tier::Tier::kHost)};
-  root["nvme_bytes"] = U{e.bytes(tier::Tier::kNvme)};
-  root["host_bytes_per_node"] = U{e.node_bytes(tier::Tier::kHost)};
-  root["nvme_bytes_per_node"] = U{e.node_bytes(tier::Tier::kNvme)};
+  root["device_bytes"] = U{e.bytes(offload::Tier::kDevice)};
+  root["host_bytes"] = U{e.bytes(offload::Tier::kHost)};
+  root["nvme_bytes"] = U{e.bytes(offload::Tier::kNvme)};
+  root["host_bytes_per_node"] = U{e.node_bytes(offload::Tier::kHost)};
+  root["nvme_bytes_per_node"] = U{e.node_bytes(offload::Tier::kNvme)};
   root["params"] = Json::Int64{e.params};
   root["largest_unit_params"] = Json::Int64{e.largest_unit_params};
   root["world_size"] = Json::Int64{e.world_size};
   root["ranks_per_node"] = Json::Int64{e.ranks_per_node};
   Json::Value& items = root["items"] = Json::Value(Json::arrayValue);
-  for (const tier::EstimateItem& item : e.items) {
+  for (const offload::EstimateItem& item : e.items) {
     Json::Value one;
-    one["tier"] = tier::to_string(item.tier);
+    one["tier"] = offload::to_string(item.tier);
     one["what"] = item.what;
     one["bytes"] = U{item.bytes};
     items.append(one);
@@ -99,9 +101,9 @@ void print_json(const tier::Estimate& e, const std::vector<tier::Verdict>& verdi
   for (const std::string& a : e.assumptions)
     assumptions.append(a);
   Json::Value& fits = root["verdicts"] = Json::Value(Json::arrayValue);
-  for (const tier::Verdict& v : verdicts) {
+  for (const offload::Verdict& v : verdicts) {
     Json::Value one;
-    one["tier"] = tier::to_string(v.tier);
+    one["tier"] = offload::to_string(v.tier);
     one["needed_bytes"] = U{v.needed_bytes};
     one["budget_bytes"] = U{v.budget_bytes};
     one["fits"] = v.fits;
@@ -119,14 +121,14 @@ Status run(const EstimateOptions& o, bool* all_fit) {
   config::LoadOptions load;
   std::int64_t ranks_per_node = o.gpus;
   if (ranks_per_node <= 0) {
-    STRATA_ASSIGN_OR_RETURN(ranks_per_node, config::world_size_from_environment());
+    STRATA_ASSIGN_OR_RETURN(ranks_per_node, comm::world_size_from_environment());
   }
   load.world_size = ranks_per_node * o.nodes;
   STRATA_ASSIGN_OR_RETURN(config::Loaded loaded,
                           config::load_config_file(o.config_file, o.overrides, load));
   const config::Config& c = loaded.config;
 
-  tier::EstimateInput input;
+  offload::EstimateInput input;
   input.ranks_per_node = ranks_per_node;
   if (!o.params.empty()) {
     std::optional<std::uint64_t> count = parse_count(o.params);
@@ -136,7 +138,7 @@ Status run(const EstimateOptions& o, bool* all_fit) {
                                            o.params));
     }
     input.params = static_cast<std::int64_t>(*count);
-    input.shape = tier::assumed_shape(input.params);
+    input.shape = offload::assumed_shape(input.params);
     input.shape_assumed = true;
   } else {
     config::ModelConfig model = c.strata.model;
@@ -151,20 +153,20 @@ Status run(const EstimateOptions& o, bool* all_fit) {
     input.params = model::total_params(input.shape);
   }
 
-  std::vector<tier::Budget> budgets;
+  std::vector<offload::Budget> budgets;
   STRATA_ASSIGN_OR_RETURN(std::uint64_t device,
                           budget_of("--device-bytes", o.device_bytes, c.strata.device_bytes_max));
   input.device_budget_bytes = device;
-  tier::Estimate estimate = tier::estimate(c, input);
+  offload::Estimate estimate = train::estimate(c, input);
   STRATA_ASSIGN_OR_RETURN(std::uint64_t host,
                           budget_of("--host-bytes", o.host_bytes, c.strata.host_bytes_max));
   STRATA_ASSIGN_OR_RETURN(std::uint64_t nvme,
                           budget_of("--nvme-bytes", o.nvme_bytes, c.strata.nvme_bytes_max));
-  if (device > 0) budgets.push_back({tier::Tier::kDevice, device});
-  if (host > 0) budgets.push_back({tier::Tier::kHost, host});
-  if (nvme > 0) budgets.push_back({tier::Tier::kNvme, nvme});
-  std::vector<tier::Verdict> verdicts = tier::check_budgets(estimate, budgets);
-  for (const tier::Verdict& v : verdicts)
+  if (device > 0) budgets.push_back({offload::Tier::kDevice, device});
+  if (host > 0) budgets.push_back({offload::Tier::kHost, host});
+  if (nvme > 0) budgets.push_back({offload::Tier::kNvme, nvme});
+  std::vector<offload::Verdict> verdicts = offload::check_budgets(estimate, budgets);
+  for (const offload::Verdict& v : verdicts)
     *all_fit = *all_fit && v.fits;
   if (o.json) {
     print_json(estimate, verdicts);

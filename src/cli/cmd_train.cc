@@ -43,7 +43,7 @@ void print_summary(const Json::Value& summary, const std::string& output_dir) {
 
 int run_train(const TrainOptions& options) {
   config::LoadOptions load;
-  Result<std::int64_t> world_size = config::world_size_from_environment();
+  Result<std::int64_t> world_size = comm::world_size_from_environment();
   if (!world_size.is_ok()) return report_error(world_size.status());
   load.world_size = *world_size;
   load.purpose = config::Purpose::kTrain;

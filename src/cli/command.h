@@ -1,5 +1,6 @@
-// How `strata` subcommands plug into the program: each src/cli/cmd_*.cc file has a register_*
-// function that adds its CLI11 subcommand and the function that runs it.
+// How `strata` subcommands plug into the program: each src/cli/cmd_*.cc file (and src/bench/ for
+// `strata bench`) has a register_* function that adds its CLI11 subcommand and the function that
+// runs it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -49,16 +50,10 @@ std::pair<config::Precision, std::string> auto_precision_here();
 void register_config(CLI::App& root, Registry& registry);
 void register_report(CLI::App& root, Registry& registry);
 void register_estimate(CLI::App& root, Registry& registry);
+// `strata bench`: src/bench/ (bench.h) registers the family.
 void register_bench(CLI::App& root, Registry& registry);
 void register_train(CLI::App& root, Registry& registry);
 void register_eval(CLI::App& root, Registry& registry);
 void register_convert(CLI::App& root, Registry& registry);
-
-// `strata bench` subcommands; register_bench calls each with the `bench` command.
-void register_bench_io(CLI::App* bench, Registry& registry);
-void register_bench_adam(CLI::App* bench, Registry& registry);
-void register_bench_step(CLI::App* bench, Registry& registry);
-void register_bench_comm(CLI::App* bench, Registry& registry);
-void register_bench_offload(CLI::App* bench, Registry& registry);
 
 }  // namespace strata::cli

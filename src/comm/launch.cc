@@ -284,4 +284,9 @@ std::string describe(const LaunchInfo& info) {
                      to_string(info.launcher));
 }
 
+Result<std::int64_t> world_size_from_environment() {
+  STRATA_ASSIGN_OR_RETURN(LaunchInfo launch, launch_from_environment());
+  return std::int64_t{launch.world_size};
+}
+
 }  // namespace strata::comm

@@ -48,6 +48,11 @@ EnvLookup process_environment();
 Result<LaunchInfo> launch_from_environment(const EnvLookup& env);
 Result<LaunchInfo> launch_from_environment();
 
+// The world size the launcher announced (OMPI_COMM_WORLD_SIZE, PMI_SIZE, WORLD_SIZE with RANK,
+// or an srun step's size), or 1 when there is no launcher: what a config's batch sizes are derived
+// with. Errors as launch_from_environment.
+Result<std::int64_t> world_size_from_environment();
+
 // One line for logs: "rank 1 of 4 (local 1 of 2) from mpirun (OpenMPI)".
 std::string describe(const LaunchInfo& info);
 

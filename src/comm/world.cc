@@ -16,22 +16,6 @@
 
 namespace strata::comm {
 
-WorldOptions world_options_from(const config::Config& config) {
-  WorldOptions options;
-  options.backend = config.strata.backend;
-  options.comm.timeout_s = config.strata.comm_timeout_s;
-  const auto& zero = config.zero_optimization;
-  for (const auto* paths : {&zero.offload_param.nvme_path, &zero.offload_optimizer.nvme_path}) {
-    for (const std::string& path : *paths) {
-      if (std::find(options.nvme_paths.begin(), options.nvme_paths.end(), path) ==
-          options.nvme_paths.end()) {
-        options.nvme_paths.push_back(path);
-      }
-    }
-  }
-  return options;
-}
-
 Result<int> bootstrap_port(const LaunchInfo& launch, const EnvLookup& env) {
   if (const char* text = env("STRATA_BOOTSTRAP_PORT"); text != nullptr && *text != '\0') {
     char* end = nullptr;
@@ -67,9 +51,9 @@ Result<int> bootstrap_port(const LaunchInfo& launch, const EnvLookup& env) {
 
 namespace {
 
-bool resolve_cuda(config::Backend backend) {
-  if (backend == config::Backend::kCuda) return true;
-  if (backend == config::Backend::kCpu) return false;
+bool resolve_cuda(Device device) {
+  if (device == Device::kCuda) return true;
+  if (device == Device::kCpu) return false;
   return !sys::probe_cuda().gpus.empty();
 }
 
@@ -154,7 +138,7 @@ Result<World> join_world(const WorldOptions& options, const EnvLookup& env) {
   World world;
   STRATA_ASSIGN_OR_RETURN(world.launch, launch_from_environment(env));
   const LaunchInfo& launch = world.launch;
-  const bool cuda = resolve_cuda(options.backend);
+  const bool cuda = resolve_cuda(options.device);
   if (launch.world_size > 1 && !cuda && !launch.mpi_launched) return cpu_needs_mpi(launch);
   if (launch.world_size == 1 && !cuda) {
     // One rank on the CPU backend uses the whole machine: nothing to split.

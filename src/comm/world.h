@@ -11,6 +11,7 @@
 //                                              MASTER_ADDR:MASTER_PORT (tcp_bootstrap.h)
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,20 +19,19 @@
 #include "comm/binding.h"
 #include "comm/comm.h"
 #include "comm/launch.h"
-#include "config/config.h"
 
 namespace strata::comm {
 
+// What the ranks compute on, which decides their transport (the table above).
+enum class Device : std::uint8_t { kAuto = 0, kCpu, kCuda };  // kAuto: CUDA when a GPU is visible
+
+// train/run_settings.h fills these from a training config.
 struct WorldOptions {
-  config::Backend backend = config::Backend::kCpu;  // kAuto: CUDA when a GPU is visible
+  Device device = Device::kCpu;
   CommOptions comm;
   bool bind = true;                     // bind to GPU, cores and NVMe paths (binding.h)
   std::vector<std::string> nvme_paths;  // the configured NVMe paths, for the nearest choice
 };
-
-// The options a training config implies: strata.backend, strata.comm_timeout_s, the nvme_path
-// lists of zero_optimization.offload_param and offload_optimizer.
-WorldOptions world_options_from(const config::Config& config);
 
 struct World {
   LaunchInfo launch;

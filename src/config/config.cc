@@ -13,7 +13,6 @@
 #include <map>
 #include <numeric>
 
-#include "comm/launch.h"
 #include "config/flags.h"
 #include "config/json_source.h"
 #include "config/reader.h"
@@ -425,11 +424,6 @@ Result<Loaded> load_config_text(const std::string& text, const std::string& sour
 Result<Loaded> load_config_file(const std::string& path, const std::vector<std::string>& overrides,
                                 const LoadOptions& options) {
   return to_result(check_config_file(path, overrides, options));
-}
-
-Result<std::int64_t> world_size_from_environment() {
-  STRATA_ASSIGN_OR_RETURN(comm::LaunchInfo launch, comm::launch_from_environment());
-  return std::int64_t{launch.world_size};
 }
 
 }  // namespace strata::config

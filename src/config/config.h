@@ -101,8 +101,9 @@ struct OffloadOptimizerConfig {
 struct ZeroConfig {
   std::int64_t stage = 0;
   // Elements per optimizer tile. DeepSpeed's default is 1e9 (4 GB per fp32 array); Strata's is
-  // 2^25 (128 MiB per fp32 array), which keeps three pipeline stages of four arrays in ~1.5 GiB.
-  // 0 (valid in DeepSpeed) is read as Strata's default.
+  // 2^25 (128 MiB per fp32 array), which keeps the five pipeline stages of four arrays (and their
+  // 16-bit copy-out) in ~2.9 GiB (docs/tiers.md). 0 (valid in DeepSpeed) is read as Strata's
+  // default.
   std::uint64_t sub_group_size = 33'554'432;
   std::uint64_t stage3_prefetch_bucket_size = 50'000'000;      // elements
   std::uint64_t stage3_max_live_parameters = 1'000'000'000;    // elements
@@ -349,10 +350,5 @@ struct AcceptedKey {
   std::string note;            // why it has no effect / is refused, or "alias of X"
 };
 std::vector<AcceptedKey> accepted_keys();
-
-// The world size the launcher announced (comm/launch.h: OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// WORLD_SIZE with RANK, or an srun step's size), or 1 when there is no launcher. Errors (kConfig)
-// for launcher variables that are inconsistent (WORLD_SIZE=2 without RANK, rank >= size, ...).
-Result<std::int64_t> world_size_from_environment();
 
 }  // namespace strata::config

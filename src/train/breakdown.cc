@@ -60,12 +60,13 @@ void StepBreakdown::end_micro_batch() {
 }
 
 std::vector<std::string> StepBreakdown::end_step(std::int64_t step, double step_ms,
-                                                 double compute_wait_ms, TrainState& state,
+                                                 double compute_wait_ms,
+                                                 offload::OffloadStore& state,
                                                  Json::Value* metrics) {
   std::vector<std::string> lines;
-  const tier::IoCounters io = state.tiers().io_counters();
+  const offload::IoCounters io = state.tiers().io_counters();
   std::uint64_t read = 0, written = 0;
-  for (int k = 0; k < tier::kSlotKinds; ++k) {
+  for (int k = 0; k < offload::kSlotKinds; ++k) {
     read += io.read_bytes[k];
     written += io.write_bytes[k];
   }
@@ -93,7 +94,7 @@ std::vector<std::string> StepBreakdown::end_step(std::int64_t step, double step_
         format_bytes(step_written), format_bytes(step_to_device)));
   }
   if (memory_) {
-    const tier::TierUsage u = state.tiers().usage();
+    const offload::TierUsage u = state.tiers().usage();
     auto tier = [&](int t, const char* name) {
       return fmt::format("{} {} in use, peak {}{}", name, format_bytes(u.bytes_in_use[t]),
                          format_bytes(u.bytes_peak[t]),

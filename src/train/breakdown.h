@@ -15,7 +15,7 @@
 
 #include "config/config.h"
 #include "model/runner.h"
-#include "train/train_state.h"
+#include "offload/offload_store.h"
 
 namespace strata::train {
 
@@ -39,7 +39,7 @@ class StepBreakdown {
   // times to `metrics` (a metrics.jsonl line) and returns the lines to print (empty unless
   // wall_clock_breakdown or memory_breakdown is on).
   std::vector<std::string> end_step(std::int64_t step, double step_ms, double compute_wait_ms,
-                                    TrainState& state, Json::Value* metrics);
+                                    offload::OffloadStore& state, Json::Value* metrics);
 
  private:
   class TimedStore;

@@ -20,8 +20,8 @@ namespace strata::train {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr tier::SlotKind kStateKinds[3] = {tier::SlotKind::kMaster, tier::SlotKind::kExpAvg,
-                                           tier::SlotKind::kExpAvgSq};
+constexpr offload::SlotKind kStateKinds[3] = {
+    offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq};
 
 void check_who(const CheckpointRank& who) {
   STRATA_ASSERT(who.world >= 1 && who.rank >= 0 && who.rank < who.world && who.zero_stage >= 0 &&
@@ -95,8 +95,8 @@ Status agree(comm::Comm& comm, const Status& mine, const std::string& phase,
 std::vector<std::string> tensor_names(const model::ModelLayout& layout) {
   std::vector<std::string> names;
   for (const model::UnitLayout& unit : layout.units) {
-    for (tier::SlotKind kind : kStateKinds)
-      names.push_back(unit.name + "." + tier::to_string(kind));
+    for (offload::SlotKind kind : kStateKinds)
+      names.push_back(unit.name + "." + offload::to_string(kind));
   }
   return names;
 }
@@ -142,8 +142,8 @@ std::string checkpoint_dir(const std::string& root, std::int64_t step) {
   return root + "/" + fmt::format("step_{:08d}", step);
 }
 
-std::int64_t first_invalid_value(tier::SlotKind kind, const float* data, std::int64_t n) {
-  const bool non_negative = kind == tier::SlotKind::kExpAvgSq;
+std::int64_t first_invalid_value(offload::SlotKind kind, const float* data, std::int64_t n) {
+  const bool non_negative = kind == offload::SlotKind::kExpAvgSq;
   for (std::int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(data[i]) || (non_negative && data[i] < 0.0f)) return i;
   }
@@ -152,7 +152,7 @@ std::int64_t first_invalid_value(tier::SlotKind kind, const float* data, std::in
 
 Status check_final_masters(const model::UnitLayout& unit, const float* masters,
                            const std::string& dir) {
-  const std::int64_t bad = first_invalid_value(tier::SlotKind::kMaster, masters, unit.numel);
+  const std::int64_t bad = first_invalid_value(offload::SlotKind::kMaster, masters, unit.numel);
   if (bad < 0) return Status::ok();
   return Status(ErrorCode::kCorrupt,
                 fmt::format("the master weights of '{}' hold {} at element {}: the run diverged; "
@@ -180,7 +180,8 @@ Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t ste
 }
 
 Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int64_t step,
-                                               TrainState& state, const CheckpointRank& who) {
+                                               offload::OffloadStore& state,
+                                               const CheckpointRank& who) {
   check_who(who);
   // State homed on NVMe is streamed through the unit scratch, one unit and kind at a time.
   STRATA_TRY(state.finish_optimizer());
@@ -198,11 +199,11 @@ Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int
   std::vector<model::StTensorToWrite> tensors;
   std::vector<model::StProduceFn> producers;
   const model::ModelLayout& layout = state.layout();
-  const tier::TierPlan& plan = state.tiers().plan();
+  const offload::TierPlan& plan = state.tiers().plan();
   const std::string path = tmp_dir + "/" + state_file_name(who.rank, files);
   for (int u = 0; u < state.units(); ++u) {
     const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
-    const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
+    const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     if (files == 1 && (up.shard_begin != 0 || up.shard_numel != up.padded_numel)) {
       return Status(ErrorCode::kInvalidArgument,
                     fmt::format("ZeRO stage {} at world size {} keeps whole units, but this "
@@ -213,8 +214,8 @@ Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int
     }
     metadata[unit.name + ".shard_begin"] = std::to_string(up.shard_begin);
     metadata[unit.name + ".padded_numel"] = std::to_string(up.padded_numel);
-    for (tier::SlotKind kind : kStateKinds) {
-      const std::string name = unit.name + "." + tier::to_string(kind);
+    for (offload::SlotKind kind : kStateKinds) {
+      const std::string name = unit.name + "." + offload::to_string(kind);
       tensors.push_back(
           model::StTensorToWrite{name, model::StDType::kF32, {up.shard_numel}, nullptr});
       producers.push_back([&, u, kind, name, begin = up.shard_begin,
@@ -305,7 +306,7 @@ Result<std::string> commit_checkpoint(const std::string& root, const TrainerCoun
 }
 
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      const CheckpointOptions& options) {
   const CheckpointRank who{0, 1, options.zero_stage};
@@ -319,7 +320,7 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
 }
 
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      const CheckpointOptions& options, comm::Comm& comm) {
   const CheckpointRank who{comm.rank(), comm.world_size(), options.zero_stage};

@@ -47,8 +47,8 @@
 
 #include "common/status.h"
 #include "model/model_spec.h"
+#include "offload/offload_store.h"
 #include "train/checkpoint_manifest.h"
-#include "train/train_state.h"
 
 namespace strata::comm {
 class Comm;
@@ -72,7 +72,7 @@ std::string checkpoint_dir(const std::string& root, std::int64_t step);
 
 // The first element of `data[0, n)` a checkpoint may not hold as `kind`: a non-finite value, or
 // a negative exp_avg_sq. -1 when there is none.
-std::int64_t first_invalid_value(tier::SlotKind kind, const float* data, std::int64_t n);
+std::int64_t first_invalid_value(offload::SlotKind kind, const float* data, std::int64_t n);
 
 // kCorrupt naming the unit, element and `dir` when the masters of `unit` (its numel elements)
 // hold a non-finite value: a final model must not be written from them.
@@ -90,7 +90,8 @@ Result<std::string> prepare_checkpoint(const std::string& root, std::int64_t ste
 // not be checkpointed (first_invalid_value); kNoSpace / kIo naming the file when it cannot be
 // written.
 Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int64_t step,
-                                               TrainState& state, const CheckpointRank& who);
+                                               offload::OffloadStore& state,
+                                               const CheckpointRank& who);
 
 // Phase 3, rank 0 only (after phase 2 completed on every rank): checks that every rank file is
 // there, whole and the one its digest describes (`files`: every rank's digest in rank order),
@@ -108,7 +109,7 @@ struct CheckpointOptions {
 
 // The three phases at world size 1 (no Comm needed); returns the checkpoint's directory.
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      const CheckpointOptions& options = {});
 
@@ -117,7 +118,7 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
 // of leaving the others in a barrier). Every rank returns the same result: the checkpoint's
 // directory, or the first failure. Call on every rank with the same arguments but `state`.
 Result<std::string> write_checkpoint(const std::string& root, const TrainerCounters& counters,
-                                     TrainState& state, const model::ModelShape& shape,
+                                     offload::OffloadStore& state, const model::ModelShape& shape,
                                      const std::string& precision, std::uint64_t seed,
                                      const CheckpointOptions& options, comm::Comm& comm);
 
@@ -129,7 +130,7 @@ Result<std::string> find_checkpoint(const std::string& path);
 // moments, as its plan says; call refresh after) and returns its counters. Errors when the model
 // shape, precision or seed differ from the run's, and name any missing, corrupt (failing a
 // digest) or foreign (another step's) rank file and any value that may not be loaded.
-Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& state,
+Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::OffloadStore& state,
                                         const model::ModelShape& shape,
                                         const std::string& precision, std::uint64_t seed);
 

@@ -190,12 +190,12 @@ Result<TrainerCounters> CheckpointReader::counters() const {
   return impl_->manifest.counters;
 }
 
-Status CheckpointReader::read(const model::UnitLayout& unit, tier::SlotKind kind,
+Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind kind,
                               std::int64_t begin, std::int64_t numel, float* dst) const {
   STRATA_ASSERT(begin >= 0 && numel >= 0 && (dst != nullptr || numel == 0));
-  STRATA_ASSERT(kind == tier::SlotKind::kMaster || kind == tier::SlotKind::kExpAvg ||
-                kind == tier::SlotKind::kExpAvgSq);
-  const std::string name = unit.name + "." + tier::to_string(kind);
+  STRATA_ASSERT(kind == offload::SlotKind::kMaster || kind == offload::SlotKind::kExpAvg ||
+                kind == offload::SlotKind::kExpAvgSq);
+  const std::string name = unit.name + "." + offload::to_string(kind);
   const std::int64_t end = begin + numel;
   if (numel > 0) std::memset(dst, 0, static_cast<std::size_t>(numel) * sizeof(float));
   std::vector<std::pair<std::int64_t, std::int64_t>> covered;  // [lo, hi) copied
@@ -279,13 +279,14 @@ Status consolidate_checkpoint(const CheckpointReader& reader, const std::string&
       out_dir, shape, layout,
       [&](int u) -> Result<const float*> {
         const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
-        STRATA_TRY(reader.read(unit, tier::SlotKind::kMaster, 0, unit.padded_numel, buffer.data()));
+        STRATA_TRY(
+            reader.read(unit, offload::SlotKind::kMaster, 0, unit.padded_numel, buffer.data()));
         return static_cast<const float*>(buffer.data());
       },
       dtype);
 }
 
-Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& state,
+Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::OffloadStore& state,
                                         const model::ModelShape& shape,
                                         const std::string& precision, std::uint64_t seed) {
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
@@ -316,12 +317,12 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, TrainState& stat
   }
   STRATA_ASSIGN_OR_RETURN(TrainerCounters counters, reader.counters());
   const model::ModelLayout& layout = state.layout();
-  const tier::TierPlan& plan = state.tiers().plan();
+  const offload::TierPlan& plan = state.tiers().plan();
   for (int u = 0; u < state.units(); ++u) {
     const model::UnitLayout& unit = layout.units[static_cast<std::size_t>(u)];
-    const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
-    for (tier::SlotKind kind :
-         {tier::SlotKind::kMaster, tier::SlotKind::kExpAvg, tier::SlotKind::kExpAvgSq}) {
+    const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
+    for (offload::SlotKind kind :
+         {offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq}) {
       float* buffer = state.fill_buffer(kind, u);
       STRATA_TRY(reader.read(unit, kind, up.shard_begin, up.shard_numel, buffer));
       STRATA_TRY(state.store(kind, u, buffer));

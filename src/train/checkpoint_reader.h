@@ -15,7 +15,7 @@
 #include "kernels/cpu/dtype.h"
 #include "model/layout.h"
 #include "model/model_spec.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 #include "train/checkpoint.h"
 
 namespace strata::train {
@@ -55,7 +55,7 @@ class CheckpointReader {
   // they are padding (>= unit.numel); a real one is kCorrupt naming the unit, kind and range. A
   // tensor failing its digest, or a value that is not finite (or a negative exp_avg_sq), is
   // kCorrupt naming the file, tensor and element.
-  Status read(const model::UnitLayout& unit, tier::SlotKind kind, std::int64_t begin,
+  Status read(const model::UnitLayout& unit, offload::SlotKind kind, std::int64_t begin,
               std::int64_t numel, float* dst) const;
 
  private:

@@ -13,8 +13,10 @@
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
-#include "tier/plan.h"
+#include "offload/plan.h"
 #include "train/checkpoint_root.h"
+#include "train/rank_sync.h"
+#include "train/run_settings.h"
 #include "train/stop_signal.h"
 
 namespace strata::train {
@@ -57,7 +59,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const config::Config& config,
 Status Trainer::setup() {
   const config::StrataConfig& s = config_.strata;
   // Join the data-parallel world first: it binds this rank to its cores and GPU.
-  comm::WorldOptions world_options = comm::world_options_from(config_);
+  comm::WorldOptions world_options = train::world_options(config_);
   world_options.bind = config_.world_size > 1;
   STRATA_ASSIGN_OR_RETURN(world_, comm::join_world(world_options));
   if (world_.comm->world_size() != config_.world_size) {
@@ -72,35 +74,23 @@ Status Trainer::setup() {
   STRATA_TRY(claim_output_dir(config_, rank() == 0, &removed));
   for (const std::string& path : removed)
     note("overwrite_output_dir: removed the old run's " + path);
-  if (world_size() > 1) {
-    // Each rank swaps to the NVMe paths nearest to it (binding.h), when the machine says which.
-    auto nearest = [this](std::vector<std::string>& paths, const char* key) {
-      std::vector<std::string> kept;
-      for (const std::string& path : paths) {
-        if (std::find(world_.binding.nvme_paths.begin(), world_.binding.nvme_paths.end(), path) !=
-            world_.binding.nvme_paths.end())
-          kept.push_back(path);
-      }
-      if (!kept.empty() && kept.size() < paths.size()) {
-        note(fmt::format("{}: this rank uses the {} of {} paths on its NUMA node", key, kept.size(),
-                         paths.size()));
-        paths = std::move(kept);
-      }
-    };
-    nearest(config_.zero_optimization.offload_param.nvme_path,
-            "zero_optimization.offload_param.nvme_path");
-    nearest(config_.zero_optimization.offload_optimizer.nvme_path,
-            "zero_optimization.offload_optimizer.nvme_path");
-  }
+  // The plan's settings; on several ranks each swaps to the NVMe paths nearest to it
+  // (binding.h), when the machine says which.
+  std::vector<std::string> path_notes;
+  offload::PlanSettings settings = plan_settings(
+      config_, world_size() > 1 ? world_.binding.nvme_paths : std::vector<std::string>{},
+      &path_notes);
+  for (const std::string& line : path_notes)
+    note(line);
   STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
-                          backend::make_backend(backend::backend_request(config_)));
+                          backend::make_backend(backend_request(config_)));
   backend_ = std::move(made.backend);
   if (!made.note.empty()) note(made.note);
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   // From ZeRO stage 1, each rank owns an equal shard of every unit.
-  layout_ = model::build_layout(shape_, tier::layout_shards(config_));
-  storage_ = tier::storage_of(config_);
+  layout_ = model::build_layout(shape_, offload::layout_shards(settings, world_size()));
+  storage_ = settings.storage;
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
                   fmt::format("{} is longer than the model's max_seq_len ({})", s.data.seq_len,
@@ -129,17 +119,12 @@ Status Trainer::setup() {
                               kMicroBatchTokensMax / s.data.seq_len),
                   "train_micro_batch_size_per_gpu");
   }
-  model::RunnerOptions runner_options;
-  runner_options.batch = batch;
-  runner_options.seq_len = s.data.seq_len;
-  runner_options.activation_checkpointing = s.model.activation_checkpointing;
-  runner_options.activation_offload = s.model.activation_offload;
+  const model::RunnerOptions runner = runner_options(config_, shape_);
 
   // Where every byte lives: the plan, checked against the budgets before anything is allocated.
-  const model::RunnerMemory activations =
-      model::ModelRunner<float>::memory_needed(shape_, runner_options);
-  tier::PlanInput plan_input;
-  plan_input.config = &config_;
+  const model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
+  offload::PlanInput plan_input;
+  plan_input.settings = std::move(settings);
   plan_input.layout = &layout_;
   plan_input.rank = rank();
   plan_input.world = world_size();
@@ -148,7 +133,7 @@ Status Trainer::setup() {
   // The budget the user set (the arena itself is rounded up to whole pages).
   plan_input.device_budget_bytes =
       s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
-  STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(plan_input));
+  STRATA_ASSIGN_OR_RETURN(offload::TierPlan plan, offload::make_plan(plan_input));
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         trace_,
@@ -159,16 +144,18 @@ Status Trainer::setup() {
   int adam_threads = static_cast<int>(s.optimizer_threads);
   if (adam_threads == 0) {
     adam_threads = backend_->compute_threads();
-    if (plan.uses(tier::SlotKind::kMaster, tier::Tier::kNvme) && adam_threads > 1) --adam_threads;
+    if (plan.uses(offload::SlotKind::kMaster, offload::Tier::kNvme) && adam_threads > 1)
+      --adam_threads;
   }
   STRATA_ASSIGN_OR_RETURN(adam_, optim::AdamOptimizer::create(config_.optimizer, adam_threads));
-  tier::TierOptions tier_options;
+  offload::TierOptions tier_options;
   tier_options.engine_factory = options_.engine_factory;
   tier_options.trace = trace_.get();
-  STRATA_ASSIGN_OR_RETURN(state_, TrainState::create(*backend_, config_, layout_, std::move(plan),
-                                                     *adam_, tier_options, world_.comm.get()));
-  STRATA_ASSIGN_OR_RETURN(
-      runner_, model::ModelRunner<float>::create(*backend_, shape_, layout_, runner_options));
+  STRATA_ASSIGN_OR_RETURN(state_,
+                          offload::OffloadStore::create(*backend_, layout_, std::move(plan), *adam_,
+                                                        tier_options, world_.comm.get()));
+  STRATA_ASSIGN_OR_RETURN(runner_,
+                          model::ModelRunner<float>::create(*backend_, shape_, layout_, runner));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
   step_batches_.resize(config_.gradient_accumulation_steps);
@@ -209,9 +196,9 @@ Status Trainer::setup() {
                    adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
                    s.seed));
   for (const std::string& line :
-       tier::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
+       offload::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
     note(line);
-  const tier::TierUsage usage = state_->tiers().usage();
+  const offload::TierUsage usage = state_->tiers().usage();
   note(fmt::format("memory: device {} of {} (activations {}), host {} of {}, nvme {}",
                    format_bytes(usage.bytes_in_use[0]), format_bytes(usage.bytes_max[0]),
                    format_bytes(runner_->device_bytes()), format_bytes(usage.bytes_in_use[1]),
@@ -222,7 +209,7 @@ Status Trainer::setup() {
 
 Status Trainer::initialise_weights() {
   const config::StrataConfig& s = config_.strata;
-  const tier::SlotKind master = tier::SlotKind::kMaster;
+  const offload::SlotKind master = offload::SlotKind::kMaster;
   if (!s.resume_from.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
     STRATA_ASSIGN_OR_RETURN(counters_,
@@ -240,7 +227,7 @@ Status Trainer::initialise_weights() {
   }
   // Whole units are built and this rank keeps its shard: in place when the shard is the unit,
   // else through one unit of scratch.
-  const tier::TierPlan& plan = state_->tiers().plan();
+  const offload::TierPlan& plan = state_->tiers().plan();
   std::vector<float> whole;
   if (plan.world > 1 && config_.zero_optimization.stage >= 1)
     whole.resize(static_cast<std::size_t>(plan.largest_unit));
@@ -306,7 +293,8 @@ Result<StepReport> Trainer::train_step() {
   // any rank was asked to stop rides along, so that every rank stops after the same step.
   double sums[3] = {loss_sum, stop_requested() != 0 ? 1.0 : 0.0, state_->grad_sum_squares()};
   if (world_size() > 1)
-    STRATA_TRY(state_->sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
+    STRATA_TRY(
+        sum_over_ranks(*state_, *world_.comm, sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
   report.loss = plain ? sums[0] / static_cast<double>(accumulation * world_size())
                       : sums[0] / static_cast<double>(std::max<std::int64_t>(counted, 1));
   report.loss_tokens = counted;
@@ -325,7 +313,7 @@ Result<StepReport> Trainer::train_step() {
     report.lr = schedule_->lr();
     report.grad_norm = scaled_norm / report.loss_scale;
     ++counters_.adam_step;
-    optim::PipelineStep step;
+    offload::PipelineStep step;
     step.lr = report.lr;
     step.grad_multiplier = multiplier;
     step.step = counters_.adam_step;
@@ -423,12 +411,14 @@ Status Trainer::save_model(const std::string& dir) {
   auto check = [&](int u, const float* data) {
     return check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
   };
-  const tier::TierPlan& plan = state_->tiers().plan();
+  const offload::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
     // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
     std::vector<float> whole(static_cast<std::size_t>(plan.largest_unit));
-    auto gather = [&](int u) { return state_->gather_masters(u, whole.data()); };
+    auto gather = [&](int u) {
+      return gather_masters(*state_, world_.comm.get(), u, whole.data());
+    };
     if (rank() != 0) {
       for (int u = 0; u < state_->units(); ++u)
         STRATA_TRY(gather(u));
@@ -452,7 +442,7 @@ Status Trainer::save_model(const std::string& dir) {
       dir, shape_, layout_,
       [&](int u) -> Result<const float*> {
         if (u != cached) {
-          STRATA_ASSIGN_OR_RETURN(data, state_->view(tier::SlotKind::kMaster, u));
+          STRATA_ASSIGN_OR_RETURN(data, state_->view(offload::SlotKind::kMaster, u));
           STRATA_TRY(check(u, data));
           cached = u;
         }
@@ -463,7 +453,7 @@ Status Trainer::save_model(const std::string& dir) {
 
 Json::Value Trainer::memory_json() const {
   Json::Value j(Json::objectValue);
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   j["device_bytes"] = Json::UInt64(u.bytes_in_use[0]);
   j["host_bytes"] = Json::UInt64(u.bytes_in_use[1]);
   j["nvme_bytes"] = Json::UInt64(u.bytes_in_use[2]);
@@ -488,7 +478,7 @@ Json::Value Trainer::summary() const {
   j["tokens"] = Json::Int64(counters_.tokens_seen);
   j["skipped_steps"] = Json::Int64(counters_.skipped_steps);
   j["elapsed_s"] = elapsed_s_;
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
   j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
   j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
@@ -498,7 +488,7 @@ Json::Value Trainer::summary() const {
   j["compute_wait_ms"] = state_->counters().compute_wait_ms;
   if (world_size() > 1) {
     j["world_size"] = world_size();
-    const schedule::SchedulerStats& st = state_->scheduler().stats();
+    const offload::SchedulerStats& st = state_->scheduler().stats();
     j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
     j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
   }
@@ -547,7 +537,7 @@ Status Trainer::run() {
       if (rank() == 0) STRATA_TRY(metrics_.write(line));
     }
     if (progress_ && rank() == 0) {
-      const tier::TierUsage u = state_->tiers().usage();
+      const offload::TierUsage u = state_->tiers().usage();
       progress_->step(r.step, r.loss, r.lr, tokens_per_s, r.skipped,
                       fmt::format("wait {:.0f} ms  peak device {} host {} nvme {}",
                                   r.compute_wait_ms, format_bytes(u.bytes_peak[0]),
@@ -607,7 +597,7 @@ Status Trainer::run() {
   STRATA_TRY(save_model(s.output_dir + "/final"));
   elapsed_s_ = seconds_since(start);
   note(fmt::format("final model: {}/final", s.output_dir));
-  const tier::TierUsage u = state_->tiers().usage();
+  const offload::TierUsage u = state_->tiers().usage();
   note(fmt::format(
       "where the bytes lived (peaks): device {} of {}, host {} of {}, nvme {}{}",
       format_bytes(u.bytes_peak[0]), format_bytes(u.bytes_max[0]), format_bytes(u.bytes_peak[1]),

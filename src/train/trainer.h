@@ -1,12 +1,12 @@
-// The trainer (`strata train`) on one rank: the tier plan (tier/plan.h) decides where every byte
+// The trainer (`strata train`) on one rank: the tier plan (offload/plan.h) decides where every byte
 // of state lives — device, pinned host or NVMe, as offload_param / offload_optimizer say — and
-// TrainState (train_state.h) moves it. A step runs gradient_accumulation_steps micro-batches
-// through the ModelRunner (parameters prefetched ahead of use, gradients leaving the device once
-// per unit into fp32 accumulators in their home), computes the global gradient norm, skips the
-// step when it is not finite (fp16 loss scaling backs off), else starts the optimizer pipeline
-// (CPU Adam over tiles, new parameters straight to their home), which the next step's forward
-// overlaps. Evaluation, checkpoints (offloaded state included), metrics, the trace and the final
-// Hugging Face directory follow strata.* settings (docs/trainer.md, docs/tiers.md).
+// OffloadStore (offload/offload_store.h) moves it. A step runs gradient_accumulation_steps
+// micro-batches through the ModelRunner (parameters prefetched ahead of use, gradients leaving the
+// device once per unit into fp32 accumulators in their home), computes the global gradient norm,
+// skips the step when it is not finite (fp16 loss scaling backs off), else starts the optimizer
+// pipeline (CPU Adam over tiles, new parameters straight to their home), which the next step's
+// forward overlaps. Evaluation, checkpoints (offloaded state included), metrics, the trace and the
+// final Hugging Face directory follow strata.* settings (docs/trainer.md, docs/tiers.md).
 #pragma once
 
 #include <cstdint>
@@ -22,13 +22,13 @@
 #include "data/dataset.h"
 #include "model/layout.h"
 #include "model/runner.h"
+#include "offload/offload_store.h"
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "train/breakdown.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
-#include "train/train_state.h"
 
 namespace strata::train {
 
@@ -49,9 +49,9 @@ struct StepReport {
 };
 
 struct TrainerOptions {
-  bool progress_tty = false;           // draw a progress bar (stderr is a terminal)
-  bool quiet = false;                  // no start-up lines or progress on stderr
-  tier::EngineFactory engine_factory;  // the NVMe I/O engine (tests: the fault twin)
+  bool progress_tty = false;              // draw a progress bar (stderr is a terminal)
+  bool quiet = false;                     // no start-up lines or progress on stderr
+  offload::EngineFactory engine_factory;  // the NVMe I/O engine (tests: the fault twin)
 };
 
 class Trainer {
@@ -86,7 +86,7 @@ class Trainer {
   const model::ModelShape& shape() const { return shape_; }
   const model::ModelLayout& layout() const { return layout_; }
   const TrainerCounters& counters() const { return counters_; }
-  TrainState& state() { return *state_; }
+  offload::OffloadStore& state() { return *state_; }
   optim::AdamOptimizer& adam() { return *adam_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
@@ -116,7 +116,7 @@ class Trainer {
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<Trace> trace_;
   std::unique_ptr<optim::AdamOptimizer> adam_;
-  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<offload::OffloadStore> state_;
   std::unique_ptr<model::ModelRunner<float>> runner_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::unique_ptr<optim::LrSchedule> schedule_;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -237,7 +238,7 @@ TEST(JoinWorld, CpuBackendUnderTorchrunEnvironmentAsksForMpirun) {
   Env env{
       {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "29500"}};
   WorldOptions options;
-  options.backend = config::Backend::kCpu;
+  options.device = comm::Device::kCpu;
   Result<World> world = join_world(options, lookup(env));
   ASSERT_FALSE(world.is_ok());
   EXPECT_EQ(world.status().code(), ErrorCode::kConfig);
@@ -252,7 +253,7 @@ TEST(JoinWorld, CudaBackendWithoutAGpuSaysSo) {
   Env env{
       {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
   WorldOptions options;
-  options.backend = config::Backend::kCuda;
+  options.device = comm::Device::kCuda;
   options.comm.timeout_s = 1;
   Result<World> world = join_world(options, lookup(env));
   ASSERT_FALSE(world.is_ok());
@@ -261,11 +262,42 @@ TEST(JoinWorld, CudaBackendWithoutAGpuSaysSo) {
 
 TEST(JoinWorld, NoLauncherGivesTheSingleRankComm) {
   WorldOptions options;
-  options.backend = config::Backend::kCpu;
+  options.device = comm::Device::kCpu;
   Result<World> world = join_world(options, lookup({}));
   ASSERT_TRUE(world.is_ok()) << world.status().to_string();
   EXPECT_STREQ(world->comm->kind(), "single");
   EXPECT_EQ(world->comm->world_size(), 1);
+}
+
+// What a config's batch sizes are derived with (strata train, config check, estimate).
+TEST(LaunchEnvironment, WorldSizeComesFromLauncherVariables) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                           "PMIX_RANK", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    ::unsetenv(name);
+  }
+  auto world_size = [] {
+    Result<std::int64_t> w = world_size_from_environment();
+    return w.is_ok() ? *w : -1;
+  };
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  EXPECT_EQ(world_size(), 4);
+  ::setenv("WORLD_SIZE", "junk", 1);
+  Result<std::int64_t> junk = world_size_from_environment();
+  ASSERT_FALSE(junk.is_ok());
+  EXPECT_EQ(junk.status().exit_code(), 2);
+  EXPECT_CONTAINS(junk.status().to_string(), "WORLD_SIZE='junk' is not a whole number");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_STEP_NUM_TASKS", "3", 1);
+  EXPECT_EQ(world_size(), 3);
+  ::unsetenv("SLURM_STEP_NUM_TASKS");
+  ::setenv("SLURM_NTASKS", "3", 1);  // a batch script outside srun is one process
+  EXPECT_EQ(world_size(), 1);
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("SLURM_NTASKS");
+  EXPECT_EQ(world_size(), 1);
 }
 
 }  // namespace

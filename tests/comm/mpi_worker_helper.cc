@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   const long arg = std::strtol(argv[2], nullptr, 10);
   WorldOptions options;
-  options.backend = strata::config::Backend::kCpu;
+  options.device = strata::comm::Device::kCpu;
   options.comm.timeout_s = scenario == "hang" && argc > 3 ? std::strtod(argv[3], nullptr) : 600.0;
   Result<World> world = join_world(options);
   if (!world.is_ok()) {

@@ -389,35 +389,5 @@ TEST(ConfigJson, EveryKeyPathIsPrintedInTheEffectiveConfig) {
   EXPECT_GT(all_key_paths().size(), 90u);
 }
 
-TEST(ConfigEnvironment, WorldSizeComesFromLauncherVariables) {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-                           "PMIX_RANK", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
-    ::unsetenv(name);
-  }
-  auto world_size = [] {
-    Result<std::int64_t> w = world_size_from_environment();
-    return w.is_ok() ? *w : -1;
-  };
-  ::setenv("RANK", "1", 1);
-  ::setenv("WORLD_SIZE", "4", 1);
-  EXPECT_EQ(world_size(), 4);
-  ::setenv("WORLD_SIZE", "junk", 1);
-  Result<std::int64_t> junk = world_size_from_environment();
-  ASSERT_FALSE(junk.is_ok());
-  EXPECT_EQ(junk.status().exit_code(), 2);
-  EXPECT_CONTAINS(junk.status().to_string(), "WORLD_SIZE='junk' is not a whole number");
-  ::unsetenv("RANK");
-  ::unsetenv("WORLD_SIZE");
-  ::setenv("SLURM_PROCID", "0", 1);
-  ::setenv("SLURM_STEP_NUM_TASKS", "3", 1);
-  EXPECT_EQ(world_size(), 3);
-  ::unsetenv("SLURM_STEP_NUM_TASKS");
-  ::setenv("SLURM_NTASKS", "3", 1);  // a batch script outside srun is one process
-  EXPECT_EQ(world_size(), 1);
-  ::unsetenv("SLURM_PROCID");
-  ::unsetenv("SLURM_NTASKS");
-  EXPECT_EQ(world_size(), 1);
-}
-
 }  // namespace
 }  // namespace strata::config

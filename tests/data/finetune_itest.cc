@@ -123,7 +123,7 @@ TEST_P(FineTune, OffloadedTrainingOnMaskedDataMatchesPyTorch) {
   }
   ASSERT_TRUE((*trainer)->finish_step().is_ok());
   for (const model::UnitLayout& unit : (*trainer)->layout().units) {
-    auto master = (*trainer)->state().view(tier::SlotKind::kMaster, unit.index);
+    auto master = (*trainer)->state().view(offload::SlotKind::kMaster, unit.index);
     ASSERT_TRUE(master.is_ok()) << master.status().to_string();
     for (const model::TensorSlot& slot : unit.tensors) {
       testing::expect_close(prefix + "after3." + slot.name, *master + slot.offset,

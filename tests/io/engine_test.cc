@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <vector>
 
-#include "config/config.h"
 #include "io/sim/sim_engine.h"
 #include "io_test_util.h"
 #include "support/run_strata.h"
@@ -308,21 +307,6 @@ TEST(EngineFactory, AutoPicksIoUringWhereItWorks) {
   auto engine = make_engine(o);
   ASSERT_TRUE(engine.is_ok());
   EXPECT_STREQ((*engine)->name(), "uring");
-}
-
-TEST(EngineFactory, AioConfigMapsOntoTheOptions) {
-  config::AioConfig aio;
-  aio.block_size = 8 << 20;
-  aio.queue_depth = 32;
-  aio.intra_op_parallelism = 4;
-  aio.single_submit = true;
-  aio.overlap_events = false;
-  EngineOptions o = engine_options_from_config(aio);
-  EXPECT_EQ(o.block_size_bytes, 8u << 20);
-  EXPECT_EQ(o.queue_depth, 32u);
-  EXPECT_EQ(o.threads, 4u);
-  EXPECT_TRUE(o.single_submit);
-  EXPECT_FALSE(o.overlap_events);
 }
 
 TEST(EngineFactory, BadOptionsNameTheOptionAndRange) {

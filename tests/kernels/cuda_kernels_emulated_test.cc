@@ -109,7 +109,7 @@ TEST(EmulatedKernels, NormsAndColumnReductionsMatchTheCpu) {
   const std::vector<float> x = random_floats(n * c, 7, -2.0f, 3.0f), w = random_floats(c, 8);
   const std::vector<float> bias = random_floats(c, 9), dout = random_floats(n * c, 10);
   // A scratch that forces several chunks of rows.
-  const backend::cuda::ColumnReducePlan plan = backend::cuda::plan_column_reduce(n, c, 2, 1 << 20);
+  const cuda::ColumnReducePlan plan = cuda::plan_column_reduce(n, c, 2, 1 << 20);
   ASSERT_GT(plan.chunks, 1);
   std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * 2 * c));
 
@@ -188,7 +188,7 @@ TEST_P(EmulatedAttention, ForwardAndBackwardMatchTheCpu) {
   a.q_stride = a.kv_stride = (p.heads + 2 * p.kv_heads) * p.head_dim + 3;
   a.out_stride = p.heads * p.head_dim + 1;
   a.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
-  const backend::cuda::AttentionLaunch launch = backend::cuda::plan_attention(p.head_dim);
+  const cuda::AttentionLaunch launch = cuda::plan_attention(p.head_dim);
   ASSERT_GT(launch.per_lane, 0);
   const std::int64_t rows = p.batch * p.seq_len;
   const std::int64_t hd = p.heads * p.head_dim, kvd = p.kv_heads * p.head_dim;
@@ -247,7 +247,7 @@ TEST(EmulatedKernels, CrossEntropyMatchesTheCpu) {
 
 TEST(EmulatedKernels, ReductionsAccumulateInDoubleAndCountNonFinite) {
   std::vector<float> x = random_floats(5000, 15);
-  std::vector<double> partials(2 * backend::cuda::kReduceBlocks), result(2, -1.0);
+  std::vector<double> partials(2 * cuda::kReduceBlocks), result(2, -1.0);
   ASSERT_EQ(run_reduce_stats(kEmulator, x.data(), kCodeF32, 5000, true, partials.data(),
                              result.data(), false),
             0);

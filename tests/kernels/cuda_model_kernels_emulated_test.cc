@@ -63,7 +63,7 @@ TEST_P(EmulatedMaskedAttention, ForwardAndBackwardMatchTheCpu) {
   a.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   a.window = p.window;
   a.positions = p.positions.empty() ? nullptr : p.positions.data();
-  const backend::cuda::AttentionLaunch launch = backend::cuda::plan_attention(p.head_dim);
+  const cuda::AttentionLaunch launch = cuda::plan_attention(p.head_dim);
   const std::int64_t rows = p.batch * p.seq_len;
   const std::int64_t hd = p.heads * p.head_dim, kvd = p.kv_heads * p.head_dim;
   const std::vector<float> qkv = random_floats(rows * a.q_stride, 31, -2.0f, 2.0f);
@@ -128,8 +128,8 @@ TEST(EmulatedModelKernels, PerHeadRmsNormMatchesTheCpu) {
   expect_all_close("out", out, out_w, Tolerance{1e-6, 1e-5});
   expect_all_close("rstd", rstd, rstd_w, Tolerance{1e-6, 1e-5});
   // Several chunks of vectors in the weight gradient's reduction.
-  const backend::cuda::ColumnReducePlan plan =
-      backend::cuda::plan_column_reduce(rows * heads, d, 1, 1 << 20);
+  const cuda::ColumnReducePlan plan =
+      cuda::plan_column_reduce(rows * heads, d, 1, 1 << 20);
   ASSERT_GT(plan.chunks, 1);
   std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * d));
   std::vector<float> g = random_floats(x.size(), 36), g_w = g;

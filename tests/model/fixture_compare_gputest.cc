@@ -93,7 +93,7 @@ TEST_P(FixtureCompareGpu, Fp32GemmsMatchPyTorch) {
 
 TEST_P(FixtureCompareGpu, Bf16GemmsStayCloseToPyTorch) {
   backend::CudaBackendOptions options;
-  options.gemm_precision = backend::cuda::GemmPrecision::kBf16;
+  options.gemm_precision = cuda::GemmPrecision::kBf16;
   STRATA_GPU_OR_SKIP(gpu, options);
   const testing::Fixture fx = testing::load_fixture(GetParam());
   auto shape = read_hf_spec(testing::fixture_dir(GetParam()));

@@ -18,7 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu_backend.h"
-#include "backend/cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 namespace strata::testing {
 

@@ -1,7 +1,7 @@
 // What a checkpoint loader must refuse, by name: a flipped bit anywhere (a rank file's tensor or
 // header, the manifest), a shard of another step put beside the others (even with the manifest
 // made to match it), non-finite or impossible values, and a state that may not be checkpointed
-// in the first place. The ranks are TrainStates built in-process (rank_state_support.h).
+// in the first place. The ranks are offload stores built in-process (rank_state_support.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,12 +183,12 @@ TEST(CheckpointIntegrity, AStateWithANanIsNotCheckpointedAndLatestStays) {
   const std::string good = checkpoint_of(tmp.path(), 2);
   auto one = testing::checked_rank_state("gpt2", 0, 0, 1);
   testing::checked_fill_known(*one);
-  float* buffer = one->state->fill_buffer(tier::SlotKind::kMaster, 1);
-  auto view = one->state->view(tier::SlotKind::kMaster, 1);
+  float* buffer = one->state->fill_buffer(offload::SlotKind::kMaster, 1);
+  auto view = one->state->view(offload::SlotKind::kMaster, 1);
   ASSERT_TRUE(view.is_ok());
   std::memcpy(buffer, *view, static_cast<std::size_t>(one->layout.units[1].padded_numel) * 4);
   buffer[5] = std::numeric_limits<float>::quiet_NaN();
-  ASSERT_TRUE(one->state->store(tier::SlotKind::kMaster, 1, buffer).is_ok());
+  ASSERT_TRUE(one->state->store(offload::SlotKind::kMaster, 1, buffer).is_ok());
   auto written = write_checkpoint(tmp.path(), testing::counters_after(4), *one->state, one->shape,
                                   "fp32", kSeed);
   ASSERT_FALSE(written.is_ok());

@@ -1,6 +1,6 @@
-// A program the checkpoint MPI tests start under `mpirun -np N`: each rank builds its TrainState
-// (rank r of N, the tiny GPT-2 of offload_support.h), fills it with known values
-// (rank_state_support.h) and writes a checkpoint with write_checkpoint(..., comm).
+// A program the checkpoint MPI tests start under `mpirun -np N`: each rank builds its
+// offload::OffloadStore (rank r of N, the tiny GPT-2 of offload_support.h), fills it with known
+// values (rank_state_support.h) and writes a checkpoint with write_checkpoint(..., comm).
 //   write ROOT STAGE        every rank writes under ROOT at ZeRO STAGE; rank 0 prints
 //                           "checkpoint DIR" on success.
 //   fail ROOT STAGE RANK    RANK is given another root, which no rank prepared (as when the
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   std::string root = argv[2];
   const int stage = std::atoi(argv[3]);
   strata::comm::WorldOptions options;
-  options.backend = strata::config::Backend::kCpu;
+  options.device = strata::comm::Device::kCpu;
   options.bind = false;
   options.comm.timeout_s = 60.0;
   auto world = strata::comm::join_world(options);

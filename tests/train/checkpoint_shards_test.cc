@@ -1,7 +1,7 @@
 // Sharded checkpoints: every rank writes its shard, and a checkpoint loads at any world size
 // (2 -> 1, 1 -> 2, 2 -> 3, stage 0 at 2 ranks), element for element; the old single-file format
 // still loads; a missing rank file or an uncovered element is an error naming it. The ranks are
-// TrainStates built in-process (plans for rank r of W), so no MPI is needed.
+// offload stores built in-process (plans for rank r of W), so no MPI is needed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -82,7 +82,8 @@ TEST(CheckpointShards, EachRankWritesItsShardAndRankZeroTheMetadata) {
   for (int r = 0; r < 2; ++r) {
     auto file = model::SafetensorsFile::open(*written + "/" + state_file_name(r, 2));
     ASSERT_TRUE(file.is_ok()) << file.status().to_string();
-    const tier::UnitPlan& up = ranks[static_cast<std::size_t>(r)]->state->tiers().plan().units[1];
+    const offload::UnitPlan& up =
+        ranks[static_cast<std::size_t>(r)]->state->tiers().plan().units[1];
     const model::StTensor* t = file->find("block.0.exp_avg");
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(t->shape, std::vector<std::int64_t>{up.shard_numel});
@@ -180,7 +181,7 @@ TEST(CheckpointShards, SingleFileFormatStillLoads) {
   std::vector<model::StTensorToWrite> tensors;
   std::vector<std::vector<float>> data;
   for (const model::UnitLayout& unit : one->layout.units) {
-    for (tier::SlotKind kind : testing::kOptimizerKinds) {
+    for (offload::SlotKind kind : testing::kOptimizerKinds) {
       auto view = one->state->view(kind, unit.index);
       ASSERT_TRUE(view.is_ok());
       data.emplace_back(*view, *view + unit.padded_numel);
@@ -188,8 +189,8 @@ TEST(CheckpointShards, SingleFileFormatStillLoads) {
   }
   std::size_t i = 0;
   for (const model::UnitLayout& unit : one->layout.units) {
-    for (tier::SlotKind kind : testing::kOptimizerKinds) {
-      tensors.push_back({unit.name + "." + tier::to_string(kind),
+    for (offload::SlotKind kind : testing::kOptimizerKinds) {
+      tensors.push_back({unit.name + "." + offload::to_string(kind),
                          model::StDType::kF32,
                          {unit.padded_numel},
                          data[i++].data()});

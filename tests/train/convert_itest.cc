@@ -46,7 +46,7 @@ std::string two_rank_checkpoint(const std::string& root, const std::string& fami
 Status save_reference(RankState& one, const std::string& dir, kernels::DType dtype) {
   return model::save_hf_model(
       dir, one.shape, one.layout,
-      [&](int u) { return one.state->view(tier::SlotKind::kMaster, u); }, dtype);
+      [&](int u) { return one.state->view(offload::SlotKind::kMaster, u); }, dtype);
 }
 
 void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
@@ -91,7 +91,7 @@ TEST(Convert, TwoRanksConsolidateToTheOneRankModel) {
     for (const model::TensorSlot& slot : unit.tensors) {
       for (std::int64_t i = slot.offset; i < slot.offset + slot.numel; ++i)
         wrong += units[static_cast<std::size_t>(unit.index)][static_cast<std::size_t>(i)] !=
-                         testing::known_value(unit, tier::SlotKind::kMaster, i)
+                         testing::known_value(unit, offload::SlotKind::kMaster, i)
                      ? 1
                      : 0;
     }

@@ -42,7 +42,7 @@ TEST_P(FixtureAdamW, ThreeStepsMatchTorchAdamW) {
   const model::ModelLayout& layout = (*trainer)->layout();
   double worst = 0.0;
   for (const model::UnitLayout& unit : layout.units) {
-    auto master = (*trainer)->state().view(tier::SlotKind::kMaster, unit.index);
+    auto master = (*trainer)->state().view(offload::SlotKind::kMaster, unit.index);
     ASSERT_TRUE(master.is_ok()) << master.status().to_string();
     for (const model::TensorSlot& slot : unit.tensors) {
       const auto c =

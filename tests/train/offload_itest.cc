@@ -12,9 +12,10 @@
 
 #include <json/json.h>
 
+#include "offload/estimate.h"
 #include "support/run_strata.h"
-#include "tier/estimate.h"
 #include "train/offload_support.h"
+#include "train/run_settings.h"
 
 namespace strata {
 namespace {
@@ -43,8 +44,8 @@ const std::vector<Tiers>& tier_matrix() {
 struct TrainedRun {
   std::vector<double> losses;
   std::vector<float> state;
-  tier::TierUsage usage;
-  std::uint64_t estimate[tier::kTierCount] = {0, 0, 0};
+  offload::TierUsage usage;
+  std::uint64_t estimate[offload::kTierCount] = {0, 0, 0};
 };
 
 // The model section of extra_strata merges into the config's model section.
@@ -81,13 +82,13 @@ TrainedRun train_with(const std::string& family, const std::string& precision, c
   }
   run.state = testing::state_bytes(**trainer);
   run.usage = (*trainer)->state().tiers().usage();
-  tier::EstimateInput input;
+  offload::EstimateInput input;
   input.shape = (*trainer)->shape();
   input.params = model::total_params(input.shape);
   input.device_budget_bytes = config.strata.device_bytes_max;
-  const tier::Estimate e = tier::estimate(config, input);
-  for (int k = 0; k < tier::kTierCount; ++k)
-    run.estimate[k] = e.bytes(static_cast<tier::Tier>(k));
+  const offload::Estimate e = train::estimate(config, input);
+  for (int k = 0; k < offload::kTierCount; ++k)
+    run.estimate[k] = e.bytes(static_cast<offload::Tier>(k));
   return run;
 }
 
@@ -117,9 +118,9 @@ TEST_P(OffloadArithmetic, PeaksStayWithinBudgetsAndEqualTheEstimate) {
       EXPECT_GT(run.usage.bytes_peak[k], 0u) << t.name;
       EXPECT_LE(run.usage.bytes_peak[k], run.usage.bytes_max[k]) << t.name << " tier " << k;
     }
-    for (int k = 0; k < tier::kTierCount; ++k) {
+    for (int k = 0; k < offload::kTierCount; ++k) {
       EXPECT_EQ(run.usage.bytes_peak[k], run.estimate[k])
-          << t.name << ": " << tier::to_string(static_cast<tier::Tier>(k));
+          << t.name << ": " << offload::to_string(static_cast<offload::Tier>(k));
     }
     const bool nvme = t.param == "nvme" || t.optimizer == "nvme";
     EXPECT_EQ(run.usage.bytes_peak[2] > 0, nvme) << t.name;
@@ -142,7 +143,7 @@ TEST(Offload, DeviceBudgetBelowTheMinimumWorkingSetFailsAtStartNamingIt) {
   const std::string text =
       testing::tiny_config("gpt2", "bf16", t, dir.path() + "/out", dir.path() + "/nvme", 1);
   config::Config config = testing::load(text);
-  tier::EstimateInput input;
+  offload::EstimateInput input;
   auto shape = model::shape_of(config.strata.model);
   ASSERT_TRUE(shape.is_ok());
   input.shape = *shape;
@@ -153,11 +154,11 @@ TEST(Offload, DeviceBudgetBelowTheMinimumWorkingSetFailsAtStartNamingIt) {
   ro.batch = 2;
   ro.seq_len = 16;
   const model::RunnerMemory acts = model::ModelRunner<float>::memory_needed(*shape, ro);
-  tier::PlanInput pi;
-  pi.config = &config;
+  offload::PlanInput pi;
+  pi.settings = train::plan_settings(config);
   pi.layout = &layout;
   pi.activation_device_bytes = acts.device_bytes;
-  const std::uint64_t minimum = tier::make_plan_unchecked(pi).device_minimum_bytes;
+  const std::uint64_t minimum = offload::make_plan_unchecked(pi).device_minimum_bytes;
   config.strata.device_bytes_max = minimum - 1;
   train::TrainerOptions options;
   options.quiet = true;
@@ -202,11 +203,11 @@ TEST(Offload, PrefetchLeavesNoDemandFetchesAfterTheFirstStep) {
   auto trainer = train::Trainer::create(config, options);
   ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
   ASSERT_TRUE((*trainer)->train_step().is_ok());  // records the order; fetches on demand
-  const schedule::SchedulerStats first = (*trainer)->state().scheduler().stats();
+  const offload::SchedulerStats first = (*trainer)->state().scheduler().stats();
   EXPECT_GT(first.demand_fetches, 0u);
   ASSERT_TRUE((*trainer)->train_step().is_ok());
   ASSERT_TRUE((*trainer)->train_step().is_ok());
-  const schedule::SchedulerStats later = (*trainer)->state().scheduler().stats();
+  const offload::SchedulerStats later = (*trainer)->state().scheduler().stats();
   // Each unit's first use in a step waits for its own update (overlap), so it is demanded once
   // the update lands; every other use is prefetched.
   EXPECT_GT(later.prefetches, first.prefetches);

@@ -87,12 +87,12 @@ inline config::Config load(const std::string& text,
 inline std::vector<float> state_bytes(train::Trainer& trainer) {
   EXPECT_TRUE(trainer.finish_step().is_ok());
   std::vector<float> all;
-  train::TrainState& state = trainer.state();
+  offload::OffloadStore& state = trainer.state();
   for (int u = 0; u < state.units(); ++u) {
     const auto n =
         static_cast<std::size_t>(state.layout().units[static_cast<std::size_t>(u)].padded_numel);
-    for (tier::SlotKind kind :
-         {tier::SlotKind::kMaster, tier::SlotKind::kExpAvg, tier::SlotKind::kExpAvgSq}) {
+    for (offload::SlotKind kind :
+         {offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq}) {
       auto view = state.view(kind, u);
       EXPECT_TRUE(view.is_ok()) << view.status().to_string();
       if (!view.is_ok()) return {};

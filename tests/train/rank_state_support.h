@@ -1,5 +1,5 @@
-// Helpers for the checkpoint tests: the TrainState one rank of a data-parallel run holds (its
-// plan made for rank r of world W, the layout padded for W), built in-process without MPI, and
+// Helpers for the checkpoint tests: the offload::OffloadStore one rank of a data-parallel run holds
+// (its plan made for rank r of world W, the layout padded for W), built in-process without MPI, and
 // filled with values that say which unit, kind and element they are. Errors are values (no gtest
 // macros), so the MPI helper program (checkpoint_mpi_helper.cc) uses the same code.
 #pragma once
@@ -11,11 +11,12 @@
 #include "config/config.h"
 #include "io/sim/sim_engine.h"
 #include "model/layout.h"
+#include "offload/offload_store.h"
+#include "offload/plan.h"
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
-#include "tier/plan.h"
 #include "train/checkpoint_manifest.h"
-#include "train/train_state.h"
+#include "train/run_settings.h"
 
 namespace strata::testing {
 
@@ -25,7 +26,7 @@ struct RankState {
   model::ModelLayout layout;
   std::unique_ptr<backend::Backend> backend;
   std::unique_ptr<optim::AdamOptimizer> adam;
-  std::unique_ptr<train::TrainState> state;
+  std::unique_ptr<offload::OffloadStore> state;
 };
 
 // Rank `rank` of `world` at ZeRO `stage` for the tiny model of offload_support.h. `optimizer`
@@ -51,14 +52,14 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
   bo.threads = 1;
   STRATA_ASSIGN_OR_RETURN(r->backend, backend::make_cpu_backend(bo));
   STRATA_ASSIGN_OR_RETURN(r->adam, optim::AdamOptimizer::create(r->config.optimizer, 1));
-  tier::PlanInput in;
-  in.config = &r->config;
+  offload::PlanInput in;
+  in.settings = train::plan_settings(r->config);
   in.layout = &r->layout;
   in.rank = rank;
   in.world = world;
   in.device_budget_bytes = 64 << 20;
-  STRATA_ASSIGN_OR_RETURN(tier::TierPlan plan, tier::make_plan(in));
-  tier::TierOptions options;
+  STRATA_ASSIGN_OR_RETURN(offload::TierPlan plan, offload::make_plan(in));
+  offload::TierOptions options;
   static int states = 0;  // swap folders of live states must differ
   options.swap_tag = "rank" + std::to_string(rank) + "-" + std::to_string(states++);
   options.engine_factory = [](const io::EngineOptions& eo) {
@@ -66,8 +67,9 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
     so.capacity_bytes = 64 << 20;
     return io::make_sim_engine(eo, so);
   };
-  STRATA_ASSIGN_OR_RETURN(r->state, train::TrainState::create(*r->backend, r->config, r->layout,
-                                                              std::move(plan), *r->adam, options));
+  STRATA_ASSIGN_OR_RETURN(
+      r->state,
+      offload::OffloadStore::create(*r->backend, r->layout, std::move(plan), *r->adam, options));
   return r;
 }
 
@@ -83,12 +85,12 @@ inline train::TrainerCounters counters_after(std::int64_t step, std::int64_t ski
   return c;
 }
 
-inline constexpr tier::SlotKind kOptimizerKinds[3] = {
-    tier::SlotKind::kMaster, tier::SlotKind::kExpAvg, tier::SlotKind::kExpAvgSq};
+inline constexpr offload::SlotKind kOptimizerKinds[3] = {
+    offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq};
 
 // The value of element `i` of unit `u`'s `kind` (exact in fp32; 0 in the padding). `salt`
 // distinguishes one test state from another.
-inline float known_value(const model::UnitLayout& unit, tier::SlotKind kind, std::int64_t i,
+inline float known_value(const model::UnitLayout& unit, offload::SlotKind kind, std::int64_t i,
                          int salt = 0) {
   if (i >= unit.numel) return 0.0f;
   const int k = static_cast<int>(kind);
@@ -97,11 +99,11 @@ inline float known_value(const model::UnitLayout& unit, tier::SlotKind kind, std
 
 // Fills this rank's shard of every unit's master and moments with known_value.
 inline Status fill_known(RankState& r, int salt = 0) {
-  const tier::TierPlan& plan = r.state->tiers().plan();
+  const offload::TierPlan& plan = r.state->tiers().plan();
   for (int u = 0; u < r.state->units(); ++u) {
-    const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
+    const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     const model::UnitLayout& unit = r.layout.units[static_cast<std::size_t>(u)];
-    for (tier::SlotKind kind : kOptimizerKinds) {
+    for (offload::SlotKind kind : kOptimizerKinds) {
       float* buffer = r.state->fill_buffer(kind, u);
       for (std::int64_t j = 0; j < up.shard_numel; ++j)
         buffer[j] = known_value(unit, kind, up.shard_begin + j, salt);
@@ -113,12 +115,12 @@ inline Status fill_known(RankState& r, int salt = 0) {
 
 // Elements of this rank's shards that differ from known_value (0 when all equal).
 inline Result<std::int64_t> count_unknown(RankState& r, int salt = 0) {
-  const tier::TierPlan& plan = r.state->tiers().plan();
+  const offload::TierPlan& plan = r.state->tiers().plan();
   std::int64_t wrong = 0;
   for (int u = 0; u < r.state->units(); ++u) {
-    const tier::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
+    const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     const model::UnitLayout& unit = r.layout.units[static_cast<std::size_t>(u)];
-    for (tier::SlotKind kind : kOptimizerKinds) {
+    for (offload::SlotKind kind : kOptimizerKinds) {
       STRATA_ASSIGN_OR_RETURN(const float* view, r.state->view(kind, u));
       for (std::int64_t j = 0; j < up.shard_numel; ++j)
         wrong += view[j] != known_value(unit, kind, up.shard_begin + j, salt) ? 1 : 0;

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "config/config.h"
+#include "offload/plan.h"
 #include "tests/model/fixture_support.h"
 #include "tests/train/fixture_config.h"
 #include "tests/train/llmc_tokens.h"
-#include "tier/plan.h"
 #include "train/trainer.h"
 
 namespace strata::train {
@@ -60,7 +60,7 @@ TEST_P(FixtureAdamWCuda, ThreeStepsMatchTorchAdamW) {
   // The CPU test allows 1% of one step's lr (fp32 rounding noise on near-zero gradients moves an
   // element by up to lr per step); the GPU's other summation orders get 2%.
   for (const model::UnitLayout& unit : trainer->layout().units) {
-    auto master = trainer->state().view(tier::SlotKind::kMaster, unit.index);
+    auto master = trainer->state().view(offload::SlotKind::kMaster, unit.index);
     ASSERT_TRUE(master.is_ok()) << master.status().to_string();
     for (const model::TensorSlot& slot : unit.tensors) {
       testing::expect_close("after3." + slot.name, *master + slot.offset,
@@ -98,8 +98,8 @@ TEST(TrainCuda, TwoRunsGiveTheSameBits) {
     EXPECT_EQ(std::memcmp(&a->loss, &b->loss, sizeof(double)), 0) << "step " << step;
   }
   for (const model::UnitLayout& unit : first->layout().units) {
-    auto a = first->state().view(tier::SlotKind::kMaster, unit.index);
-    auto b = second->state().view(tier::SlotKind::kMaster, unit.index);
+    auto a = first->state().view(offload::SlotKind::kMaster, unit.index);
+    auto b = second->state().view(offload::SlotKind::kMaster, unit.index);
     ASSERT_TRUE(a.is_ok() && b.is_ok()) << unit.name;
     EXPECT_EQ(std::memcmp(*a, *b, static_cast<std::size_t>(unit.padded_numel) * sizeof(float)), 0)
         << unit.name;

@@ -1,0 +1,402 @@
+// CudaBackend (see src/backend/cuda_backend.h): one cudaMalloc'ed arena, registered pinned
+// mappings, three streams, a fixed event pool, and the ops of kernels/cuda.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <tbb/info.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/cpu_backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/memory_plan.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm.h"
+#include "sys/memory.h"
+
+namespace strata::backend {
+namespace {
+
+constexpr std::uint32_t kEventsMax = 4096;
+constexpr std::uint64_t kMiscBytes = 8192;  // reduce partials and result slots
+
+struct EventSlot {
+  cudaEvent_t event = nullptr;
+  bool in_use = false;
+  bool recorded = false;  // since create_event: a never-recorded event is complete
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
+
+  ~CudaBackend() override {
+    for (cudaStream_t stream : streams_) {
+      if (stream != nullptr) (void)STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    optimizer_ops_.reset();
+    ops_.reset();
+    gemm_.reset();
+    internal_.clear();
+    pinned_scratch_.reset();
+    for (EventSlot& slot : events_) {
+      if (slot.event != nullptr) (void)STRATA_CUDA_CHECK(cudaEventDestroy(slot.event));
+    }
+    for (cudaStream_t stream : streams_) {
+      if (stream != nullptr) (void)STRATA_CUDA_CHECK(cudaStreamDestroy(stream));
+    }
+    if (base_ != nullptr) (void)STRATA_CUDA_CHECK(cudaFree(base_));
+  }
+
+  Status init();
+
+  std::string name() const override { return fmt::format("cuda:{}", options_.device); }
+  std::string description() const override {
+    return fmt::format(
+        "cuda:{} {} (sm_{}{}, {} SMs, {}): device arena {} ({} for the backend's workspaces), "
+        "pinned limit {} ({}); {}; {} host threads",
+        options_.device, prop_.name, prop_.major, prop_.minor, prop_.multiProcessorCount,
+        format_bytes(prop_.totalGlobalMem), format_bytes(arena_->capacity()),
+        format_bytes(internal_bytes_), format_bytes(pinned_limit_.bytes), pinned_limit_.reason,
+        gemm_->description(), threads_);
+  }
+
+  Result<Buffer> allocate_device(std::uint64_t bytes, std::string_view purpose,
+                                 std::uint64_t alignment) override {
+    STRATA_ASSIGN_OR_RETURN(std::uint64_t offset, arena_->allocate(bytes, alignment, purpose));
+    return make_buffer(base_ + offset, bytes, MemoryKind::kDevice);
+  }
+
+  Result<Buffer> allocate_pinned(std::uint64_t bytes, std::string_view purpose) override {
+    const std::uint64_t size = align_up(std::max<std::uint64_t>(bytes, 1), 4096);
+    {
+      std::lock_guard<std::mutex> lock(pinned_mutex_);
+      if (pinned_in_use_ + size > pinned_limit_.bytes) {
+        const bool memlock = pinned_limit_.reason == "ulimit -l";
+        return Status(
+            ErrorCode::kOutOfMemory,
+            fmt::format("cannot pin {} for {}: {} of the {} limit ({}) are in use; {}",
+                        format_bytes(size), purpose, format_bytes(pinned_in_use_),
+                        format_bytes(pinned_limit_.bytes), pinned_limit_.reason,
+                        memlock ? "raise the locked-memory limit (ulimit -l unlimited, memlock in "
+                                  "/etc/security/limits.conf, or docker --ulimit memlock=-1)"
+                                : fmt::format("raise {} or shrink the job", pinned_limit_.reason)),
+            "pinned host memory");
+      }
+      pinned_in_use_ += size;
+      pinned_peak_ = std::max(pinned_peak_, pinned_in_use_);
+    }
+    auto undo = [&] {
+      std::lock_guard<std::mutex> lock(pinned_mutex_);
+      pinned_in_use_ -= size;
+    };
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      undo();
+      return Status(ErrorCode::kOutOfMemory,
+                    fmt::format("mmap of {} for {} failed: {}", format_bytes(size), purpose,
+                                std::strerror(err)),
+                    "pinned host memory");
+    }
+    const Status registered =
+        STRATA_CUDA_CHECK(cudaHostRegister(p, size, cudaHostRegisterPortable));
+    if (!registered.is_ok()) {
+      ::munmap(p, size);
+      undo();
+      return Status(ErrorCode::kOutOfMemory,
+                    fmt::format("cannot pin {} for {} ({}); check `ulimit -l`", format_bytes(size),
+                                purpose, registered.message()),
+                    "pinned host memory");
+    }
+    return make_buffer(p, bytes, MemoryKind::kPinnedHost);
+  }
+
+  MemoryStats device_memory() const override {
+    return {arena_->capacity(), arena_->bytes_in_use(), arena_->bytes_peak()};
+  }
+  MemoryStats pinned_memory() const override {
+    std::lock_guard<std::mutex> lock(pinned_mutex_);
+    return {pinned_limit_.bytes, pinned_in_use_, pinned_peak_};
+  }
+
+  Result<Event> create_event() override {
+    for (std::uint32_t i = 0; i < kEventsMax; ++i) {
+      const std::uint32_t index = (next_event_ + i) % kEventsMax;
+      if (!events_[index].in_use) {
+        events_[index].in_use = true;
+        events_[index].recorded = false;
+        next_event_ = index + 1;
+        return Event{index};
+      }
+    }
+    return Status(ErrorCode::kOutOfMemory,
+                  fmt::format("all {} events of the CUDA backend are in use", kEventsMax));
+  }
+
+  void destroy_event(Event event) override { slot_of(event).in_use = false; }
+
+  Status record(Event event, StreamKind stream) override {
+    STRATA_TRY(sticky());
+    EventSlot& slot = slot_of(event);
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaEventRecord(slot.event, stream_of(stream))));
+    slot.recorded = true;
+    return Status::ok();
+  }
+
+  Status wait(StreamKind stream, Event event) override {
+    STRATA_TRY(sticky());
+    EventSlot& slot = slot_of(event);
+    if (!slot.recorded) return Status::ok();
+    return STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_of(stream), slot.event, 0));
+  }
+
+  Status synchronize(Event event) override {
+    STRATA_TRY(sticky());
+    EventSlot& slot = slot_of(event);
+    if (!slot.recorded) return Status::ok();
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaEventSynchronize(slot.event)));
+    return sticky();
+  }
+
+  Status synchronize(StreamKind stream) override {
+    STRATA_TRY(sticky());
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream))));
+    return sticky();
+  }
+
+  bool query(Event event) override {
+    EventSlot& slot = slot_of(event);
+    if (!slot.recorded) return true;
+    const cudaError_t result = cudaEventQuery(slot.event);
+    if (result == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error for the next launch
+      return false;
+    }
+    // An error is reported by the next Status-returning call; waiting on it would never end.
+    sink_.add(STRATA_CUDA_CHECK(result));
+    return true;
+  }
+
+  Status launch_host_func(StreamKind stream, void (*fn)(void*), void* arg) override {
+    STRATA_ASSERT(fn != nullptr);
+    STRATA_TRY(sticky());
+    return STRATA_CUDA_CHECK(cudaLaunchHostFunc(stream_of(stream), fn, arg));
+  }
+
+  Status copy_async(StreamKind stream, void* dst, const void* src, std::uint64_t bytes) override {
+    if (bytes == 0) return Status::ok();
+    STRATA_ASSERT(dst != nullptr && src != nullptr);
+    STRATA_TRY(sticky());
+    const cudaStream_t s = stream_of(stream);
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s)));
+    // Pageable host memory: make the copy complete before returning, as the contract says (the
+    // caller may reuse or free the memory at once).
+    STRATA_ASSIGN_OR_RETURN(bool dst_pageable, pageable(dst));
+    STRATA_ASSIGN_OR_RETURN(bool src_pageable, pageable(src));
+    if (dst_pageable || src_pageable) {
+      STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(s)));
+    }
+    return Status::ok();
+  }
+
+  Ops<float>& ops_f32() override { return *ops_; }
+  Ops<double>* ops_f64() override { return nullptr; }
+  OptimizerOps& optimizer_ops() override { return *optimizer_ops_; }
+  int compute_threads() const override { return threads_; }
+
+ protected:
+  void release(void* data, std::uint64_t bytes, MemoryKind kind) override {
+    if (kind == MemoryKind::kDevice) {
+      arena_->free(static_cast<std::uint64_t>(static_cast<std::uint8_t*>(data) - base_));
+      return;
+    }
+    const std::uint64_t size = align_up(std::max<std::uint64_t>(bytes, 1), 4096);
+    (void)STRATA_CUDA_CHECK(cudaHostUnregister(data));
+    ::munmap(data, size);
+    std::lock_guard<std::mutex> lock(pinned_mutex_);
+    pinned_in_use_ -= size;
+  }
+
+ private:
+  Status sticky() const { return sink_.first(); }
+  EventSlot& slot_of(Event event) {
+    STRATA_ASSERT(event.valid() && event.index < kEventsMax && events_[event.index].in_use);
+    return events_[event.index];
+  }
+  cudaStream_t stream_of(StreamKind stream) const {
+    return streams_[static_cast<std::size_t>(stream)];
+  }
+  // Whether p is host memory CUDA does not know (neither the arena nor registered/pinned).
+  Result<bool> pageable(const void* p) const {
+    const auto* byte = static_cast<const std::uint8_t*>(p);
+    if (byte >= base_ && byte < base_ + arena_->capacity()) return false;
+    cudaPointerAttributes attributes{};
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p)));
+    return attributes.type == cudaMemoryTypeUnregistered;
+  }
+  Result<void*> internal(std::uint64_t bytes, const char* purpose) {
+    STRATA_ASSIGN_OR_RETURN(Buffer buffer, allocate_device(bytes, purpose, 4096));
+    internal_bytes_ += bytes;
+    void* p = buffer.data();
+    internal_.push_back(std::move(buffer));
+    return p;
+  }
+
+  CudaBackendOptions options_;
+  cudaDeviceProp prop_{};
+  int threads_ = 1;
+  cudaStream_t streams_[kStreamCount] = {nullptr, nullptr, nullptr};
+  std::vector<EventSlot> events_;
+  std::uint32_t next_event_ = 0;
+  std::uint8_t* base_ = nullptr;
+  std::unique_ptr<Arena> arena_;
+  PinnedLimit pinned_limit_;
+  mutable std::mutex pinned_mutex_;
+  std::uint64_t pinned_in_use_ = 0;
+  std::uint64_t pinned_peak_ = 0;
+  std::vector<Buffer> internal_;  // the backend's own workspaces in the arena
+  std::uint64_t internal_bytes_ = 0;
+  Buffer pinned_scratch_;
+  strata::cuda::ErrorSink sink_;
+  std::unique_ptr<strata::cuda::GemmEngine> gemm_;
+  std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<CudaOptimizerOps> optimizer_ops_;
+};
+
+Status CudaBackend::init() {
+  int count = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&count);
+  if (counted != cudaSuccess || count == 0) {
+    const std::string why =
+        counted != cudaSuccess
+            ? fmt::format("{} ({})", cudaGetErrorString(counted), cudaGetErrorName(counted))
+            : std::string("the CUDA runtime found no device");
+    cudaGetLastError();
+    return Status(ErrorCode::kUnavailable, "cudaGetDeviceCount: " + why, "CUDA");
+  }
+  if (options_.device < 0 || options_.device >= count) {
+    return Status(
+        ErrorCode::kInvalidArgument,
+        fmt::format("CUDA device {} does not exist; valid: 0 to {}", options_.device, count - 1),
+        "CUDA");
+  }
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaSetDevice(options_.device)));
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaFree(nullptr)));  // creates the context now
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop_, options_.device)));
+  threads_ = options_.cpu_threads > 0 ? options_.cpu_threads : tbb::info::default_concurrency();
+  for (cudaStream_t& stream : streams_)
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  events_.resize(kEventsMax);
+  for (EventSlot& slot : events_) {
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&slot.event, cudaEventDisableTiming)));
+  }
+
+  // Host budget and the locked-memory limit.
+  STRATA_ASSIGN_OR_RETURN(sys::HostMemory host, sys::probe_host_memory());
+  std::uint64_t host_budget = options_.host_bytes_max;
+  if (host_budget == 0) {
+    host_budget = host.available_bytes > 0 ? host.available_bytes / 5 * 4 : (8ull << 30);
+  }
+  pinned_limit_ = pinned_limit(host_budget, options_.host_budget_name, host.memlock_soft_bytes,
+                               host.can_lock_unlimited);
+
+  // The arena: the one cudaMalloc.
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes)));
+  std::uint64_t capacity = options_.device_bytes_max;
+  if (capacity == 0) {
+    if (free_bytes <= options_.device_reserve_bytes) {
+      return Status(ErrorCode::kOutOfMemory,
+                    fmt::format("GPU {} has only {} free; nothing is left after the {} kept "
+                                "for the CUDA context and libraries",
+                                options_.device, format_bytes(free_bytes),
+                                format_bytes(options_.device_reserve_bytes)),
+                    options_.device_budget_name);
+    }
+    capacity = free_bytes - options_.device_reserve_bytes;
+  } else if (capacity > free_bytes) {
+    return Status(
+        ErrorCode::kOutOfMemory,
+        fmt::format("{} is {} but GPU {} ({}) has only {} free", options_.device_budget_name,
+                    format_bytes(capacity), options_.device, prop_.name, format_bytes(free_bytes)),
+        options_.device_budget_name);
+  }
+  capacity = capacity / 4096 * 4096;
+  const WorkspaceSizes workspaces = plan_workspaces(
+      capacity, options_.cublas_workspace_bytes, options_.reduce_scratch_bytes,
+      options_.gemm_workspace_bytes, cuda::converts_operands(options_.gemm_precision));
+  const std::uint64_t needed = workspaces.total() + kMiscBytes;
+  if (capacity < needed + (1u << 20)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("a device budget of {} is too small: the CUDA backend's own "
+                              "workspaces take {}",
+                              format_bytes(capacity), format_bytes(needed)),
+                  options_.device_budget_name);
+  }
+  void* base = nullptr;
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaMalloc(&base, capacity)));
+  base_ = static_cast<std::uint8_t*>(base);
+  arena_ = std::make_unique<Arena>(capacity, "device arena", options_.device_budget_name);
+
+  // The backend's own workspaces, from the arena.
+  strata::cuda::GemmEngineConfig gemm;
+  gemm.precision = options_.gemm_precision;
+  gemm.use_cublaslt = options_.use_cublaslt;
+  if (workspaces.cublas_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(gemm.cublas_workspace,
+                            internal(workspaces.cublas_bytes, "cuBLASLt workspace"));
+    gemm.cublas_workspace_bytes = workspaces.cublas_bytes;
+  }
+  if (workspaces.convert_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(gemm.convert_workspace,
+                            internal(workspaces.convert_bytes, "GEMM operand conversion"));
+    gemm.convert_elements = static_cast<std::int64_t>(workspaces.convert_bytes / 2);
+  }
+  OpsScratch scratch;
+  STRATA_ASSIGN_OR_RETURN(void* reduce,
+                          internal(workspaces.reduce_bytes, "column-reduction scratch"));
+  scratch.reduce = static_cast<double*>(reduce);
+  scratch.reduce_doubles = static_cast<std::int64_t>(workspaces.reduce_bytes / 8);
+  STRATA_ASSIGN_OR_RETURN(void* misc, internal(kMiscBytes, "reduction results"));
+  auto* doubles = static_cast<double*>(misc);
+  scratch.partials = doubles;
+  scratch.sum_result = doubles + 2 * cuda::kReduceBlocks;
+  scratch.tile_result = scratch.sum_result + 2;
+  scratch.grad_stats = scratch.tile_result + 2;
+  static_assert((2 * cuda::kReduceBlocks + 6) * sizeof(double) <= kMiscBytes);
+  STRATA_ASSIGN_OR_RETURN(pinned_scratch_, allocate_pinned(64, "reduction read-back"));
+  scratch.host = pinned_scratch_.as<double>();
+
+  STRATA_ASSIGN_OR_RETURN(gemm_,
+                          strata::cuda::GemmEngine::create(gemm, stream_of(StreamKind::kCompute)));
+  ops_ = std::make_unique<CudaOps>(stream_of(StreamKind::kCompute), gemm_.get(), scratch, &sink_);
+  optimizer_ops_ =
+      std::make_unique<CudaOptimizerOps>(stream_of(StreamKind::kCompute), scratch, &sink_);
+  optimizer_ops_->grad_stats_reset();
+  STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_of(StreamKind::kCompute))));
+  return sticky();
+}
+
+}  // namespace
+
+bool cuda_backend_built() {
+  return true;
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  auto backend = std::make_unique<CudaBackend>(options);
+  STRATA_TRY(backend->init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace strata::backend

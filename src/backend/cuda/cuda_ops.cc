@@ -1,0 +1,359 @@
+// CudaOps and CudaOptimizerOps (see cuda_ops.h).
+#include "backend/cuda/cuda_ops.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/adam_internal.h"
+#include "kernels/cuda/launch.h"
+
+namespace strata::backend {
+
+namespace ck = strata::cuda_kernels;
+namespace plan = strata::cuda;
+
+#define STRATA_OPS_CHECK(call, op) check((call), op, __FILE__, __LINE__)
+
+void CudaOps::check(cudaError_t result, const char* op, const char* file, int line) {
+  if (result == cudaSuccess) return;
+  sink_->add(cuda::check_cuda(result, op, file, line));
+}
+
+plan::ColumnReducePlan CudaOps::reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
+                                            const char* op) {
+  const plan::ColumnReducePlan p =
+      plan::plan_column_reduce(rows, cols, arrays, scratch_.reduce_doubles);
+  if (p.chunks == 0) {
+    sink_->add(Status(ErrorCode::kInvalidArgument,
+                      fmt::format("{}: a gradient of {} columns needs {} doubles of reduction "
+                                  "scratch; the CUDA backend has {}",
+                                  op, cols, cols * arrays, scratch_.reduce_doubles),
+                      "CUDA"));
+  }
+  return p;
+}
+
+void CudaOps::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                   float beta, float* c, std::int64_t ldc) {
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
+  sink_->add(gemm_->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+}
+
+void CudaOps::embedding_forward(float* out, const std::int32_t* tokens,
+                                const std::int32_t* positions, const float* wte, const float* wpe,
+                                std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
+  STRATA_ASSERT(seq_len > 0 && channels > 0);
+  STRATA_OPS_CHECK(
+      ck::embedding_forward(stream_, out, tokens, positions, wte, wpe, rows, seq_len, channels),
+      "embedding_forward");
+}
+
+void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                 const std::int32_t* tokens, const std::int32_t* positions,
+                                 std::int64_t rows, std::int64_t seq_len, std::int64_t channels,
+                                 std::int32_t padding_idx) {
+  STRATA_ASSERT(seq_len > 0 && channels > 0);
+  STRATA_OPS_CHECK(ck::embedding_backward(stream_, dwte, dwpe, dout, tokens, positions, rows,
+                                          seq_len, channels, padding_idx),
+                   "embedding_backward");
+}
+
+void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
+                                const float* w, const float* b, std::int64_t rows,
+                                std::int64_t channels, double eps) {
+  STRATA_OPS_CHECK(ck::layernorm_forward(stream_, out, mean, rstd, x, w, b, rows, channels, eps),
+                   "layernorm_forward");
+}
+
+void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                                 const float* w, const float* mean, const float* rstd,
+                                 std::int64_t rows, std::int64_t channels) {
+  if (rows <= 0 || channels <= 0) return;
+  const plan::ColumnReducePlan p = reduce_plan(rows, channels, 2, "layernorm_backward");
+  if (p.chunks == 0) return;
+  STRATA_OPS_CHECK(ck::layernorm_backward(stream_, dx, dw, db, dout, x, w, mean, rstd, rows,
+                                          channels, p, scratch_.reduce),
+                   "layernorm_backward");
+}
+
+void CudaOps::rmsnorm_forward(float* out, float* rstd, const float* x, const float* w,
+                              std::int64_t rows, std::int64_t channels, double eps) {
+  STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, out, rstd, x, w, rows, channels, eps),
+                   "rmsnorm_forward");
+}
+
+void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
+                               const float* w, const float* rstd, std::int64_t rows,
+                               std::int64_t channels) {
+  if (rows <= 0 || channels <= 0) return;
+  const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "rmsnorm_backward");
+  if (p.chunks == 0) return;
+  STRATA_OPS_CHECK(
+      ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p, scratch_.reduce),
+      "rmsnorm_backward");
+}
+
+void CudaOps::rmsnorm_heads_forward(float* out, float* rstd, const float* x, const float* w,
+                                    std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                                    std::int64_t x_stride, std::int64_t out_stride, double eps) {
+  STRATA_ASSERT(x_stride >= heads * head_dim && out_stride >= heads * head_dim);
+  STRATA_OPS_CHECK(ck::rmsnorm_heads_forward(stream_, out, rstd, x, w, rows, heads, head_dim,
+                                             x_stride, out_stride, eps),
+                   "rmsnorm_heads_forward");
+}
+
+void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const float* w,
+                                     const float* rstd, std::int64_t rows, std::int64_t heads,
+                                     std::int64_t head_dim, std::int64_t d_stride,
+                                     std::int64_t x_stride) {
+  STRATA_ASSERT(x_stride >= heads * head_dim && d_stride >= heads * head_dim);
+  if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
+  const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
+  if (p.chunks == 0) return;
+  STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
+                                              d_stride, x_stride, p, scratch_.reduce),
+                   "rmsnorm_heads_backward");
+}
+
+void CudaOps::gelu_forward(float* out, const float* x, std::int64_t n) {
+  STRATA_OPS_CHECK(ck::gelu_forward(stream_, out, x, n), "gelu_forward");
+}
+
+void CudaOps::gelu_backward(float* dx, const float* x, const float* dout, std::int64_t n) {
+  STRATA_OPS_CHECK(ck::gelu_backward(stream_, dx, x, dout, n), "gelu_backward");
+}
+
+void CudaOps::swiglu_forward(float* out, const float* gate_up, std::int64_t rows,
+                             std::int64_t inner) {
+  STRATA_OPS_CHECK(ck::swiglu_forward(stream_, out, gate_up, rows, inner), "swiglu_forward");
+}
+
+void CudaOps::swiglu_backward(float* dgate_up, const float* gate_up, const float* dout,
+                              std::int64_t rows, std::int64_t inner) {
+  STRATA_OPS_CHECK(ck::swiglu_backward(stream_, dgate_up, gate_up, dout, rows, inner),
+                   "swiglu_backward");
+}
+
+void CudaOps::add(float* out, const float* a, const float* b, std::int64_t n) {
+  STRATA_OPS_CHECK(ck::add(stream_, out, a, b, n), "add");
+}
+
+void CudaOps::add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) {
+  STRATA_OPS_CHECK(ck::add_bias(stream_, x, bias, rows, channels), "add_bias");
+}
+
+void CudaOps::bias_backward(float* dbias, const float* dout, std::int64_t rows,
+                            std::int64_t channels) {
+  if (rows <= 0 || channels <= 0) return;
+  const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "bias_backward");
+  if (p.chunks == 0) return;
+  STRATA_OPS_CHECK(ck::bias_backward(stream_, dbias, dout, rows, channels, p, scratch_.reduce),
+                   "bias_backward");
+}
+
+namespace {
+
+void check_rope(const backend::RopeShape& s) {
+  const std::int64_t rotary = s.rotary_dim > 0 ? s.rotary_dim : s.head_dim;
+  STRATA_ASSERT(rotary % 2 == 0 && rotary <= s.head_dim && s.seq_len > 0);
+}
+
+}  // namespace
+
+void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
+                           const float* sin) {
+  check_rope(shape);
+  STRATA_OPS_CHECK(ck::rope(stream_, x, shape, cos, sin, 1.0f), "rope_forward");
+}
+
+void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
+                            const float* sin) {
+  check_rope(shape);
+  STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f), "rope_backward");
+}
+
+namespace {
+
+// The CPU kernel's preconditions (kernels/cpu/attention.cc), then the GPU kernels' own limit.
+Status attention_launch(const backend::AttentionShape& s, plan::AttentionLaunch* launch) {
+  STRATA_ASSERT(s.batch > 0 && s.seq_len > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0);
+  STRATA_ASSERT(s.heads % s.kv_heads == 0);
+  STRATA_ASSERT(s.q_stride >= s.heads * s.head_dim);
+  STRATA_ASSERT(s.kv_stride >= s.kv_heads * s.head_dim);
+  STRATA_ASSERT(s.out_stride >= s.heads * s.head_dim);
+  *launch = plan::plan_attention(s.head_dim);
+  if (launch->per_lane == 0) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("attention head_dim {} is not supported by the CUDA kernels; "
+                              "valid: 1 to {}",
+                              s.head_dim, plan::kAttentionHeadDimMax),
+                  "CUDA");
+  }
+  if (s.batch > 65535 || s.heads > 65535) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("attention with batch {} and {} heads exceeds the CUDA grid "
+                              "(at most 65535 each)",
+                              s.batch, s.heads),
+                  "CUDA");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                const float* v, const backend::AttentionShape& shape) {
+  plan::AttentionLaunch launch;
+  const Status ok = attention_launch(shape, &launch);
+  if (!ok.is_ok()) {
+    sink_->add(ok);
+    return;
+  }
+  STRATA_OPS_CHECK(ck::attention_forward(stream_, out, lse, q, k, v, shape, launch),
+                   "attention_forward");
+}
+
+void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q, const float* k,
+                                 const float* v, const backend::AttentionShape& shape) {
+  plan::AttentionLaunch launch;
+  const Status ok = attention_launch(shape, &launch);
+  if (!ok.is_ok()) {
+    sink_->add(ok);
+    return;
+  }
+  STRATA_OPS_CHECK(
+      ck::attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, shape, launch),
+      "attention_backward");
+}
+
+void CudaOps::cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
+                                    std::int64_t rows, std::int64_t vocab) {
+  STRATA_ASSERT(vocab > 0);
+  STRATA_OPS_CHECK(ck::cross_entropy_forward(stream_, losses, logits, targets, rows, vocab),
+                   "cross_entropy_forward");
+}
+
+void CudaOps::cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
+                                  std::int64_t rows, std::int64_t vocab, double grad_scale) {
+  STRATA_ASSERT(vocab > 0);
+  STRATA_OPS_CHECK(ck::cross_entropy_fused(stream_, logits, losses, targets, rows, vocab,
+                                           static_cast<float>(grad_scale)),
+                   "cross_entropy_fused");
+}
+
+double CudaOps::reduce(const float* x, std::int64_t n, bool squares) {
+  if (n <= 0) return 0.0;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  STRATA_OPS_CHECK(ck::reduce_stats(stream_, x, ck::kCodeF32, n, squares, scratch_.partials,
+                                    scratch_.sum_result, false),
+                   squares ? "sum_squares" : "sum");
+  STRATA_OPS_CHECK(cudaMemcpyAsync(scratch_.host, scratch_.sum_result, 2 * sizeof(double),
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "cudaMemcpyAsync (reduction result)");
+  STRATA_OPS_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (reduction result)");
+  return sink_->failed() ? nan : scratch_.host[0];
+}
+
+double CudaOps::sum_squares(const float* x, std::int64_t n) {
+  return reduce(x, n, true);
+}
+
+double CudaOps::sum(const float* x, std::int64_t n) {
+  return reduce(x, n, false);
+}
+
+void CudaOps::scale(float* x, std::int64_t n, double alpha) {
+  STRATA_OPS_CHECK(ck::scale(stream_, x, n, static_cast<float>(alpha)), "scale");
+}
+
+void CudaOps::zero(float* x, std::int64_t n) {
+  if (n <= 0) return;
+  STRATA_OPS_CHECK(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float), stream_),
+                   "cudaMemsetAsync (zero)");
+}
+
+void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
+  if (n <= 0) return;
+  STRATA_OPS_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   "cudaMemcpyAsync (copy)");
+}
+
+void CudaOps::cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) {
+  STRATA_OPS_CHECK(ck::cast(stream_, dst, ck::kCodeF32, src, static_cast<int>(src_type), n),
+                   "cast_from");
+}
+
+void CudaOps::cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) {
+  STRATA_OPS_CHECK(ck::cast(stream_, dst, static_cast<int>(dst_type), src, ck::kCodeF32, n),
+                   "cast_to");
+}
+
+// ---- CudaOptimizerOps
+// ----------------------------------------------------------------------------
+
+Status CudaOptimizerOps::read_back(const double* device) {
+  STRATA_TRY(STRATA_CUDA_CHECK(
+      cudaMemcpyAsync(scratch_.host, device, 2 * sizeof(double), cudaMemcpyDeviceToHost, stream_)));
+  return STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+Result<kernels::AdamResult> CudaOptimizerOps::adam_step(const kernels::AdamParams& params,
+                                                        const kernels::AdamFusion& fusion,
+                                                        const kernels::AdamTile& tile) {
+  STRATA_TRY(kernels::validate(params));
+  STRATA_ASSERT_MSG(tile.copy_out == nullptr || tile.copy_dtype != kernels::DType::kF32,
+                    "copy_out is bf16 or fp16; the fp32 result is master itself");
+  kernels::AdamResult result;
+  if (tile.n == 0) return result;
+  STRATA_ASSERT(tile.master != nullptr && tile.exp_avg != nullptr && tile.exp_avg_sq != nullptr &&
+                tile.grad != nullptr);
+  if (sink_->failed()) return sink_->first();
+  const kernels::detail::AdamConstants k = kernels::detail::make_constants(params, fusion);
+  const ck::AdamDeviceConstants c{k.beta1, k.one_minus_beta1, k.beta2,        k.one_minus_beta2,
+                                  k.eps,   k.step_size,       k.inv_sqrt_bc2, k.decay,
+                                  k.l2,    k.grad_scale};
+  const auto n = static_cast<std::int64_t>(tile.n);
+  const int grad_code = static_cast<int>(tile.grad_dtype);
+  const double* skip = nullptr;
+  if (fusion.check_finite) {
+    STRATA_TRY(STRATA_CUDA_CHECK(ck::reduce_stats(stream_, tile.grad, grad_code, n, true,
+                                                  scratch_.partials, scratch_.tile_result, false)));
+    skip = scratch_.tile_result;
+  }
+  STRATA_TRY(STRATA_CUDA_CHECK(ck::adam_step(
+      stream_, c, tile.master, tile.exp_avg, tile.exp_avg_sq, tile.grad, grad_code, tile.copy_out,
+      tile.copy_out == nullptr ? -1 : static_cast<int>(tile.copy_dtype), n, skip)));
+  if (fusion.check_finite) {
+    STRATA_TRY(read_back(scratch_.tile_result));
+    result.nonfinite_count = static_cast<std::uint64_t>(scratch_.host[1]);
+    result.skipped = result.nonfinite_count > 0;
+  }
+  return result;
+}
+
+void CudaOptimizerOps::grad_stats_reset() {
+  sink_->add(
+      STRATA_CUDA_CHECK(cudaMemsetAsync(scratch_.grad_stats, 0, 2 * sizeof(double), stream_)));
+}
+
+void CudaOptimizerOps::grad_stats_add(const void* grad, kernels::DType dtype, std::int64_t n) {
+  if (n <= 0) return;
+  sink_->add(STRATA_CUDA_CHECK(ck::reduce_stats(stream_, grad, static_cast<int>(dtype), n, true,
+                                                scratch_.partials, scratch_.grad_stats, true)));
+}
+
+Result<kernels::GradStats> CudaOptimizerOps::grad_stats_read() {
+  if (sink_->failed()) return sink_->first();
+  STRATA_TRY(read_back(scratch_.grad_stats));
+  kernels::GradStats stats;
+  stats.sum_sq = scratch_.host[0];
+  stats.nonfinite_count = static_cast<std::uint64_t>(scratch_.host[1]);
+  return stats;
+}
+
+}  // namespace strata::backend

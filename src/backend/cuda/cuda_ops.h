@@ -1,0 +1,125 @@
+// Ops<float> and OptimizerOps of the CUDA backend: each op checks its shape (programmer errors
+// assert, as in the CPU kernels; limits of the GPU kernels become errors), launches kernels/cuda on
+// the compute stream and records any launch failure in the backend's cuda::ErrorSink. sum() and
+// sum_squares() wait for their result; everything else is asynchronous.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/ops.h"
+#include "backend/optimizer_ops.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm.h"
+
+namespace strata::backend {
+
+// Device and pinned memory the ops use, allocated once by the backend.
+struct OpsScratch {
+  double* reduce = nullptr;  // column-reduction partials
+  std::int64_t reduce_doubles = 0;
+  double* partials = nullptr;     // 2 * kReduceBlocks doubles for reduce_stats
+  double* sum_result = nullptr;   // 2 doubles: sum() / sum_squares()
+  double* tile_result = nullptr;  // 2 doubles: check_finite of one Adam tile
+  double* grad_stats = nullptr;   // 2 doubles: the gradient-statistics accumulator
+  double* host = nullptr;         // pinned: 2 doubles the results are read back into
+};
+
+class CudaOps final : public backend::Ops<float> {
+ public:
+  CudaOps(cudaStream_t stream, cuda::GemmEngine* gemm, const OpsScratch& scratch,
+          cuda::ErrorSink* sink)
+      : stream_(stream), gemm_(gemm), scratch_(scratch), sink_(sink) {}
+
+  void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+            float* c, std::int64_t ldc) override;
+  void embedding_forward(float* out, const std::int32_t* tokens, const std::int32_t* positions,
+                         const float* wte, const float* wpe, std::int64_t rows,
+                         std::int64_t seq_len, std::int64_t channels) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                          const std::int32_t* positions, std::int64_t rows, std::int64_t seq_len,
+                          std::int64_t channels, std::int32_t padding_idx) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                         const float* b, std::int64_t rows, std::int64_t channels,
+                         double eps) override;
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                          const float* w, const float* mean, const float* rstd, std::int64_t rows,
+                          std::int64_t channels) override;
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
+                       std::int64_t channels, double eps) override;
+  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                        const float* rstd, std::int64_t rows, std::int64_t channels) override;
+  void rmsnorm_heads_forward(float* out, float* rstd, const float* x, const float* w,
+                             std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
+                             std::int64_t x_stride, std::int64_t out_stride, double eps) override;
+  void rmsnorm_heads_backward(float* d, float* dw, const float* x, const float* w,
+                              const float* rstd, std::int64_t rows, std::int64_t heads,
+                              std::int64_t head_dim, std::int64_t d_stride,
+                              std::int64_t x_stride) override;
+  void gelu_forward(float* out, const float* x, std::int64_t n) override;
+  void gelu_backward(float* dx, const float* x, const float* dout, std::int64_t n) override;
+  void swiglu_forward(float* out, const float* gate_up, std::int64_t rows,
+                      std::int64_t inner) override;
+  void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, std::int64_t rows,
+                       std::int64_t inner) override;
+  void add(float* out, const float* a, const float* b, std::int64_t n) override;
+  void add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) override;
+  void bias_backward(float* dbias, const float* dout, std::int64_t rows,
+                     std::int64_t channels) override;
+  void rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
+                    const float* sin) override;
+  void rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
+                     const float* sin) override;
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const backend::AttentionShape& shape) override;
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const backend::AttentionShape& shape) override;
+  void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
+                             std::int64_t rows, std::int64_t vocab) override;
+  void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
+                           std::int64_t rows, std::int64_t vocab, double grad_scale) override;
+  double sum_squares(const float* x, std::int64_t n) override;
+  double sum(const float* x, std::int64_t n) override;
+  void scale(float* x, std::int64_t n, double alpha) override;
+  void zero(float* x, std::int64_t n) override;
+  void copy(float* dst, const float* src, std::int64_t n) override;
+  void cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) override;
+  void cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) override;
+
+ private:
+  void check(cudaError_t result, const char* op, const char* file, int line);
+  cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
+                                     const char* op);
+  double reduce(const float* x, std::int64_t n, bool squares);
+
+  cudaStream_t stream_;
+  cuda::GemmEngine* gemm_;
+  OpsScratch scratch_;
+  cuda::ErrorSink* sink_;
+};
+
+class CudaOptimizerOps final : public backend::OptimizerOps {
+ public:
+  CudaOptimizerOps(cudaStream_t stream, const OpsScratch& scratch, cuda::ErrorSink* sink)
+      : stream_(stream), scratch_(scratch), sink_(sink) {}
+
+  Result<kernels::AdamResult> adam_step(const kernels::AdamParams& params,
+                                        const kernels::AdamFusion& fusion,
+                                        const kernels::AdamTile& tile) override;
+  void grad_stats_reset() override;
+  void grad_stats_add(const void* grad, kernels::DType dtype, std::int64_t n) override;
+  Result<kernels::GradStats> grad_stats_read() override;
+
+ private:
+  // Copies 2 doubles from the device to the pinned scratch and waits for the stream.
+  Status read_back(const double* device);
+
+  cudaStream_t stream_;
+  OpsScratch scratch_;
+  cuda::ErrorSink* sink_;
+};
+
+}  // namespace strata::backend

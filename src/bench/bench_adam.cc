@@ -1,0 +1,329 @@
+// `strata bench adam`: the CPU Adam kernel's speed, against the bandwidth ceiling of its access
+// pattern measured in the same run (an in-place kernel that reads 4 fp32 arrays and writes 3),
+// with the same threads, SIMD path and blocking. See docs/benchmarks.md ("CPU Adam").
+#include <json/json.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "common/units.h"
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/cpu_executor.h"
+#include "kernels/cpu/float16.h"
+
+namespace strata::bench {
+namespace {
+
+using kernels::AdamKernel;
+using kernels::CpuExecutor;
+using kernels::DType;
+
+struct BenchAdamOptions {
+  std::string params = "64M";  // 2^26
+  int threads = 0;
+  std::string grad = "fp32";
+  std::string copy = "none";
+  std::string simd = "auto";
+  int repeats = 10;
+  bool check_finite = false;
+  std::string layout = "staggered";
+  bool json = false;
+};
+
+// All benchmark arrays live in one anonymous mapping (huge pages when the kernel allows them:
+// fewer TLB misses for Adam and the roofline alike). Layout "staggered" (the default) rounds each
+// array up to 2 MiB and moves array k by k * (4 KiB + 64 B); "back-to-back" packs them with no
+// gap, so equal arrays of 2^25+ floats sit a multiple of 128 MiB apart, which runs several times
+// slower on some CPUs, Adam and roofline alike (docs/adam.md).
+constexpr std::size_t kSkewBytes = 4096 + 64;
+constexpr std::size_t kRoundBytes = std::size_t{2} << 20;
+
+class ArrayArena {
+ public:
+  ArrayArena() = default;
+  ArrayArena(const ArrayArena&) = delete;
+  ArrayArena& operator=(const ArrayArena&) = delete;
+  ~ArrayArena() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  // Maps room for arrays of the given sizes; array(k) is then the k-th.
+  Status map(const std::vector<std::size_t>& sizes, bool staggered) {
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      if (staggered) offset += k * kSkewBytes;
+      offsets_.push_back(offset);
+      offset +=
+          staggered ? align_up(sizes[k] + k * kSkewBytes, kRoundBytes) - k * kSkewBytes : sizes[k];
+    }
+    bytes_ = std::max<std::size_t>(offset, 1);
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return make_error(ErrorCode::kOutOfMemory, "cannot map {} for the benchmark arrays: {}",
+                        format_bytes(bytes_), std::strerror(errno));
+    }
+    (void)madvise(p, bytes_, MADV_HUGEPAGE);  // advice only; fine when refused
+    data_ = p;
+    return Status::ok();
+  }
+  template <typename T>
+  T* array(std::size_t k) const {
+    return reinterpret_cast<T*>(static_cast<char*>(data_) + offsets_[k]);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::vector<std::size_t> offsets_;
+};
+
+struct Timing {
+  double median = 0;
+  double min = 0;
+  double max = 0;
+};
+
+Timing summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t n = seconds.size();
+  const double median = n % 2 == 1 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
+  return {median, seconds.front(), seconds.back()};
+}
+
+template <typename F>
+double time_seconds(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_bench_adam(const BenchAdamOptions& o) {
+  auto usage = [](const std::string& message) {
+    return cli::report_error(Status(ErrorCode::kUsage, message, "strata bench adam"));
+  };
+  const std::optional<std::uint64_t> params_parsed = parse_bytes(o.params);
+  if (!params_parsed || *params_parsed == 0) {
+    return usage("--params '" + o.params +
+                 "' is not a positive count (e.g. 67108864, 64M = 2^26, 1e8)");
+  }
+  const std::size_t n = *params_parsed;
+  const std::optional<DType> grad_dtype = kernels::parse_dtype(o.grad);
+  if (!grad_dtype) return usage("--grad '" + o.grad + "' is not one of fp32, bf16, fp16");
+  std::optional<DType> copy_dtype;
+  if (o.copy != "none") {
+    copy_dtype = kernels::parse_dtype(o.copy);
+    if (!copy_dtype || *copy_dtype == DType::kF32) {
+      return usage("--copy '" + o.copy + "' is not one of none, bf16, fp16");
+    }
+  }
+  if (o.layout != "staggered" && o.layout != "back-to-back") {
+    return usage("--layout '" + o.layout + "' is not one of staggered, back-to-back");
+  }
+  std::optional<kernels::SimdLevel> simd;
+  if (o.simd != "auto") {
+    simd = kernels::parse_simd_level(o.simd);
+    if (!simd) return usage("--simd '" + o.simd + "' is not one of auto, avx512, avx2, scalar");
+  }
+
+  auto kernel = AdamKernel::create(simd);
+  if (!kernel.is_ok()) return cli::report_error(kernel.status());
+  CpuExecutor::Options exec_options;
+  exec_options.threads = o.threads;
+  auto executor_result = CpuExecutor::create(exec_options);
+  if (!executor_result.is_ok()) return cli::report_error(executor_result.status());
+  CpuExecutor* executor = executor_result->get();
+
+  // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (Adam's or the roofline's), then the
+  // 16-bit gradient and the copy-out when asked for.
+  const bool grad16_used = *grad_dtype != DType::kF32;
+  std::vector<std::size_t> sizes = {
+      n * 4, n * 4, n * 4, n * 4, grad16_used ? n * 2 : 0, copy_dtype ? n * 2 : 0};
+  ArrayArena arena;
+  if (Status mapped = arena.map(sizes, o.layout == "staggered"); !mapped.is_ok()) {
+    return cli::report_error(mapped);
+  }
+  float* p = arena.array<float>(0);
+  float* m = arena.array<float>(1);
+  float* v = arena.array<float>(2);
+  float* g = arena.array<float>(3);
+  std::uint16_t* g16 = grad16_used ? arena.array<std::uint16_t>(4) : nullptr;
+  std::uint16_t* out16 = copy_dtype ? arena.array<std::uint16_t>(5) : nullptr;
+  // First touch from the threads that will use each part (same static blocking as the kernel),
+  // so on a NUMA machine pages land next to the threads that stream them.
+  const std::size_t blocks = (n + kernels::kAdamBlockElems - 1) / kernels::kAdamBlockElems;
+  executor->execute(p, n * 4, [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, blocks, 1),
+        [&](const tbb::blocked_range<std::size_t>& r) {
+          std::mt19937 rng(static_cast<std::uint32_t>(r.begin()));  // seeded by position
+          std::uniform_real_distribution<float> weight(-1.0f, 1.0f);
+          std::uniform_real_distribution<float> gradient(1e-4f, 1e-3f);  // > 0: v stays >= 0
+          const std::size_t end = std::min(r.end() * kernels::kAdamBlockElems, n);
+          for (std::size_t i = r.begin() * kernels::kAdamBlockElems; i < end; ++i) {
+            p[i] = weight(rng);
+            m[i] = 0.0f;
+            v[i] = 0.0f;
+            g[i] = gradient(rng);
+            if (g16 != nullptr) {
+              g16[i] = *grad_dtype == DType::kBF16 ? kernels::float_to_bf16(g[i])
+                                                   : kernels::float_to_fp16(g[i]);
+            }
+            if (out16 != nullptr) out16[i] = 0;
+          }
+        },
+        tbb::static_partitioner());
+  });
+
+  kernels::AdamParams params;
+  params.weight_decay = 0.01f;
+  kernels::AdamFusion fusion;
+  fusion.grad_scale_inv = 1.0f / 1024.0f;
+  fusion.check_finite = o.check_finite;
+  kernels::AdamTile tile;
+  tile.master = p;
+  tile.exp_avg = m;
+  tile.exp_avg_sq = v;
+  tile.grad = *grad_dtype == DType::kF32 ? static_cast<const void*>(g) : g16;
+  tile.grad_dtype = *grad_dtype;
+  tile.copy_out = out16;
+  tile.copy_dtype = copy_dtype.value_or(DType::kBF16);
+  tile.n = n;
+
+  // One untimed round of each, then alternate them so that noise from other processes hits both.
+  std::uint64_t skipped = 0;
+  auto adam_step = [&] {
+    if (kernel->step(params, fusion, tile, executor).skipped) ++skipped;
+    ++params.step;
+  };
+  auto roofline_step = [&] { kernel->roofline_step(p, m, v, g, n, executor); };
+  adam_step();
+  roofline_step();
+  std::vector<double> adam_s, roofline_s, pair_ratio;
+  for (int r = 0; r < o.repeats; ++r) {
+    adam_s.push_back(time_seconds(adam_step));
+    roofline_s.push_back(time_seconds(roofline_step));
+    pair_ratio.push_back(roofline_s.back() / adam_s.back());
+  }
+  if (skipped > 0) {
+    return cli::report_error(make_error(
+        ErrorCode::kInternal, "{} Adam steps were skipped on finite benchmark data", skipped));
+  }
+
+  const std::size_t grad_bytes = kernels::dtype_bytes(*grad_dtype);
+  const std::size_t copy_bytes = copy_dtype ? 2 : 0;
+  const std::size_t adam_read = 12 + grad_bytes + (o.check_finite ? grad_bytes : 0);
+  const std::size_t adam_write = 12 + copy_bytes;
+  const std::size_t adam_bytes = adam_read + adam_write;
+  const std::size_t roofline_bytes = 28;
+  const Timing adam_t = summarize(adam_s);
+  const Timing roofline_t = summarize(roofline_s);
+  const double gbps =
+      static_cast<double>(n) * static_cast<double>(adam_bytes) / adam_t.median / 1e9;
+  const double roofline_gbps =
+      static_cast<double>(n) * static_cast<double>(roofline_bytes) / roofline_t.median / 1e9;
+  const double ratio = gbps / roofline_gbps;
+  // The same ratio from each interleaved pair: less sensitive to slow drifts in background load.
+  const double pair_ratio_median =
+      summarize(pair_ratio).median * static_cast<double>(adam_bytes) / roofline_bytes;
+  const double params_per_s = static_cast<double>(n) / adam_t.median;
+  const int threads = n < kernels::kAdamParallelMinElems
+                          ? 1  // small tiles run on the calling thread
+                          : executor->threads_for_node(executor->node_for(p, n * 4));
+
+  if (o.json) {
+    Json::Value out;
+    out["benchmark"] = "adam";
+    out["params"] = Json::UInt64(n);
+    out["threads"] = threads;
+    out["simd"] = kernels::to_string(kernel->simd());
+    out["grad"] = kernels::to_string(*grad_dtype);
+    out["copy"] = copy_dtype ? kernels::to_string(*copy_dtype) : "none";
+    out["check_finite"] = o.check_finite;
+    out["layout"] = o.layout;
+    out["repeats"] = o.repeats;
+    out["bytes_per_param"] = Json::UInt64(adam_bytes);
+    out["bytes_read_per_param"] = Json::UInt64(adam_read);
+    out["bytes_written_per_param"] = Json::UInt64(adam_write);
+    out["roofline_bytes_per_param"] = Json::UInt64(roofline_bytes);
+    out["ms_per_step"] = adam_t.median * 1e3;
+    out["ms_per_step_min"] = adam_t.min * 1e3;
+    out["ms_per_step_max"] = adam_t.max * 1e3;
+    out["roofline_ms"] = roofline_t.median * 1e3;
+    out["roofline_ms_min"] = roofline_t.min * 1e3;
+    out["roofline_ms_max"] = roofline_t.max * 1e3;
+    out["params_per_s"] = params_per_s;
+    out["gbps"] = gbps;
+    out["roofline_gbps"] = roofline_gbps;
+    out["ratio"] = ratio;
+    out["ratio_pairs_median"] = pair_ratio_median;
+    Json::StreamWriterBuilder writer;
+    writer["indentation"] = "  ";
+    std::printf("%s\n", Json::writeString(writer, out).c_str());
+    return 0;
+  }
+  std::printf(
+      "strata bench adam: %zu params, %d threads, %s path, grad %s, copy %s, "
+      "check_finite %s, %s arrays, median of %d\n",
+      n, threads, kernels::to_string(kernel->simd()), kernels::to_string(*grad_dtype),
+      copy_dtype ? kernels::to_string(*copy_dtype) : "none", o.check_finite ? "on" : "off",
+      o.layout.c_str(), o.repeats);
+  std::printf(
+      "  adam      %8.2f ms/step (min %.2f, max %.2f)  %.3g params/s  %6.2f GB/s  "
+      "(%zu B/param: read %zu, write %zu)\n",
+      adam_t.median * 1e3, adam_t.min * 1e3, adam_t.max * 1e3, params_per_s, gbps, adam_bytes,
+      adam_read, adam_write);
+  std::printf(
+      "  roofline  %8.2f ms/pass (min %.2f, max %.2f)  %29.2f GB/s  "
+      "(28 B/param: p+=g, m+=g, v+=g in place)\n",
+      roofline_t.median * 1e3, roofline_t.min * 1e3, roofline_t.max * 1e3, roofline_gbps);
+  std::printf("  ratio     %.3f of the in-place roofline (interleaved pairs: %.3f)\n", ratio,
+              pair_ratio_median);
+  return 0;
+}
+
+}  // namespace
+
+void register_adam(CLI::App* bench, cli::Registry& registry) {
+  auto options = std::make_shared<BenchAdamOptions>();
+  CLI::App* adam = bench->add_subcommand(
+      "adam",
+      "CPU Adam/AdamW speed (ms/step, params/s, GB/s) against the in-place roofline "
+      "(read 4 fp32 arrays, write 3) measured in the same run");
+  adam->add_option("--params", options->params,
+                   "Parameters per step: an integer, or with a binary suffix (64M = 2^26)")
+      ->capture_default_str();
+  adam->add_option("--threads", options->threads, "Threads (0: every CPU this process may use)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  adam->add_option("--grad", options->grad, "Gradient dtype: fp32, bf16, fp16")
+      ->capture_default_str();
+  adam->add_option("--copy", options->copy, "Copy-out of the new weights: none, bf16, fp16")
+      ->capture_default_str();
+  adam->add_option("--simd", options->simd, "SIMD path: auto, avx512, avx2, scalar")
+      ->capture_default_str();
+  adam->add_option("--repeats", options->repeats, "Timed steps (each paired with a roofline pass)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  adam->add_flag("--check-finite", options->check_finite,
+                 "Scan the gradient for inf/NaN before each step (one more read of it)");
+  adam->add_option("--layout", options->layout,
+                   "Array placement: staggered (by 4 KiB + 64 B), or back-to-back (equal arrays "
+                   "at power-of-two distances, a known slow layout)")
+      ->capture_default_str();
+  adam->add_flag("--json", options->json, "Print one JSON object instead of text");
+  registry.add(adam, [options] { return run_bench_adam(*options); });
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,271 @@
+// All training state behind the UnitStore seam (see offload_store.h).
+#include "offload/offload_store.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/clock.h"
+
+namespace strata::offload {
+
+OffloadStore::OffloadStore(std::unique_ptr<TierManager> tiers) : tiers_(std::move(tiers)) {}
+
+Status OffloadStore::guard(Status s) {
+  if (!failure_.is_ok()) return failure_;
+  if (!s.is_ok()) {
+    failure_ = Status(s.code(),
+                      s.message() +
+                          " (training state is inconsistent from here on: resume from "
+                          "the last checkpoint)",
+                      s.context());
+  }
+  return s;
+}
+
+Result<std::unique_ptr<OffloadStore>> OffloadStore::create(
+    backend::Backend& backend, const model::ModelLayout& layout, TierPlan plan,
+    optim::AdamOptimizer& adam, const TierOptions& options, comm::Comm* comm) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TierManager> tiers,
+                          TierManager::create(backend, layout, std::move(plan), options));
+  std::unique_ptr<OffloadStore> s(new OffloadStore(std::move(tiers)));
+  s->comm_ = comm;
+  STRATA_ASSIGN_OR_RETURN(s->pipeline_, OptimizerPipeline::create(*s->tiers_, adam));
+  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
+  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
+                          ParamScheduler::create(*s->tiers_, s->pipeline_.get(), comm));
+  s->regather_.assign(s->tiers_->plan().units.size(), 0);
+  const TierPlan& p = s->tiers_->plan();
+  s->compute_.resize(p.classes.size());
+  for (std::size_t k = 0; k < p.classes.size(); ++k) {
+    for (int i = 0; i < p.classes[k].compute_slots; ++i)
+      s->compute_[k].push_back(ComputeSlot{s->tiers_->compute_slot(static_cast<int>(k), i), -1, 0});
+  }
+  return s;
+}
+
+float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
+  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
+  return tiers_->unit_scratch();
+}
+
+Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
+  if (!failure_.is_ok()) return failure_;
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  if (up.optim_home == Tier::kNvme && src != tiers_->unit_scratch()) {
+    std::memcpy(tiers_->unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
+    src = tiers_->unit_scratch();
+  }
+  return guard(tiers_->write_slot(kind, unit, src));
+}
+
+Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
+  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
+  if (!failure_.is_ok()) return failure_;
+  STRATA_TRY(guard(tiers_->read_slot(kind, unit, tiers_->unit_scratch())));
+  return static_cast<const float*>(tiers_->unit_scratch());
+}
+
+Status OffloadStore::refresh(bool zero_moments) {
+  STRATA_TRY(finish_optimizer());
+  STRATA_TRY(scheduler_->drain());
+  const TierPlan& p = tiers_->plan();
+  for (int u = 0; u < units(); ++u) {
+    const UnitPlan& up = p.units[static_cast<std::size_t>(u)];
+    if (zero_moments) {
+      for (SlotKind kind : {SlotKind::kExpAvg, SlotKind::kExpAvgSq}) {
+        float* buffer = fill_buffer(kind, u);
+        std::memset(buffer, 0, static_cast<std::size_t>(up.shard_numel) * 4);
+        STRATA_TRY(store(kind, u, buffer));
+      }
+    }
+    STRATA_TRY(tiers_->refresh_params(u));
+    scheduler_->invalidate(u);
+    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
+  }
+  for (auto& pool : compute_) {
+    for (ComputeSlot& slot : pool)
+      slot.unit = -1;
+  }
+  return Status::ok();
+}
+
+void OffloadStore::begin_micro_batch(bool first, bool last) {
+  last_micro_batch_ = last;
+  preloaded_ = false;
+  grads_->begin_micro_batch(first, last);
+  scheduler_->begin_pass(Pass::kTrain);
+}
+
+Status OffloadStore::end_micro_batch() {
+  scheduler_->end_pass();
+  return guard(grads_->pump());
+}
+
+Status OffloadStore::finish_backward() {
+  STRATA_TRY(guard(grads_->drain()));
+  return guard(scheduler_->drain());
+}
+
+Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
+  STRATA_TRY(guard(scheduler_->drain()));
+  // Every parameter is about to change: device copies are stale from here on, and the
+  // prefetcher waits for each unit's update (the update gate, params_ready).
+  for (int u = 0; u < units(); ++u) {
+    scheduler_->invalidate(u);
+    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
+  }
+  for (auto& pool : compute_) {
+    for (ComputeSlot& slot : pool) {
+      STRATA_ASSERT(slot.users == 0);
+      slot.unit = -1;
+    }
+  }
+  STRATA_TRY(guard(pipeline_->start(step)));
+  return wait ? finish_optimizer() : Status::ok();
+}
+
+Status OffloadStore::skip_optimizer() {
+  return guard(pipeline_->cancel_preload());
+}
+
+Status OffloadStore::finish_optimizer() {
+  const auto start = std::chrono::steady_clock::now();
+  Status s = pipeline_->finish();
+  counters_.compute_wait_ms += ms_since(start);
+  return guard(s);
+}
+
+void OffloadStore::begin_eval_batch() {
+  scheduler_->begin_pass(Pass::kEval);
+}
+
+void OffloadStore::end_eval_batch() {
+  scheduler_->end_pass();
+}
+
+Status OffloadStore::wait_for_update(int unit, bool whole) {
+  if (whole ? pipeline_->unit_done(unit) : pipeline_->params_ready(unit)) {
+    return guard(pipeline_->pump());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Trace* trace = tiers_->trace();
+  const std::uint64_t begin_us = trace ? trace->now_us() : 0;
+  // Waiting for the parameters also lets the next tiles move (their Adam runs now, their writes
+  // during this unit's compute).
+  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_for_params(unit);
+  if (whole && s.is_ok()) s = pipeline_->pump();
+  counters_.compute_wait_ms += ms_since(start);
+  if (trace) {
+    trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
+  }
+  return guard(s);
+}
+
+bool OffloadStore::sharded_device_params(int unit) const {
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  return tiers_->plan().world > 1 && !up.framed && up.shard_numel < up.padded_numel;
+}
+
+Status OffloadStore::regather(int unit) {
+  // ZeRO 1 and 2: this rank updated its shard of the unit's device parameters; the rest comes
+  // from the other ranks, in place. Every rank does this at its first acquire of the unit after
+  // an update, in the same order, so the collectives stay in step.
+  STRATA_ASSERT_MSG(comm_ != nullptr, "parameters on several ranks need their Comm");
+  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
+  const std::uint64_t c = tiers_->plan().storage_bytes;
+  auto* base = static_cast<char*>(tiers_->device_param(unit));
+  const auto start = std::chrono::steady_clock::now();
+  Result<comm::Handle> h = comm_->all_gather(base + static_cast<std::uint64_t>(up.shard_begin) * c,
+                                             base, static_cast<std::uint64_t>(up.shard_numel),
+                                             comm_type(tiers_->plan().storage));
+  if (!h.is_ok()) return guard(h.status());
+  Status s = comm_->wait(*h).with_context(fmt::format(
+      "gathering the parameters of {}", layout().units[static_cast<std::size_t>(unit)].name));
+  counters_.compute_wait_ms += ms_since(start);
+  regather_[static_cast<std::size_t>(unit)] = 0;
+  return guard(s);
+}
+
+Result<const float*> OffloadStore::acquire_params(int unit) {
+  if (scheduler_->holds_update(unit)) {
+    // The optimizer wrote the new parameters into the unit's frame already; their write home may
+    // still be in flight (fetches from the home wait for it through the update gate).
+    STRATA_TRY(guard(pipeline_->pump()));
+  } else {
+    STRATA_TRY(wait_for_update(unit, false));
+  }
+  if (regather_[static_cast<std::size_t>(unit)]) STRATA_TRY(regather(unit));
+  STRATA_TRY(guard(grads_->pump()));
+  const double before = scheduler_->stats().wait_ms;
+  Result<const void*> fetched = scheduler_->acquire(unit);
+  if (!fetched.is_ok()) return guard(fetched.status());
+  const void* stored = *fetched;
+  counters_.compute_wait_ms += scheduler_->stats().wait_ms - before;
+  const TierPlan& p = tiers_->plan();
+  if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
+  const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
+  std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
+  for (ComputeSlot& slot : pool) {
+    if (slot.unit == unit) {
+      ++slot.users;
+      return static_cast<const float*>(slot.data);
+    }
+  }
+  for (ComputeSlot& slot : pool) {
+    if (slot.users == 0) {
+      tiers_->backend().ops_f32().cast_from(slot.data, stored, p.storage, up.padded_numel);
+      slot.unit = unit;
+      slot.users = 1;
+      return static_cast<const float*>(slot.data);
+    }
+  }
+  scheduler_->release(unit);
+  return Status(
+      ErrorCode::kInternal,
+      fmt::format("unit {} needs an fp32 parameter copy but all {} of its size are in use",
+                  layout().units[static_cast<std::size_t>(unit)].name, pool.size()));
+}
+
+void OffloadStore::release_params(int unit) {
+  const TierPlan& p = tiers_->plan();
+  if (p.storage != kernels::DType::kF32) {
+    bool found = false;
+    for (ComputeSlot& slot :
+         compute_[static_cast<std::size_t>(p.units[static_cast<std::size_t>(unit)].size_class)]) {
+      if (slot.unit == unit && slot.users > 0) {
+        --slot.users;
+        found = true;
+        break;
+      }
+    }
+    STRATA_ASSERT_MSG(found, "release_params of a unit that was not acquired");
+  }
+  scheduler_->release(unit);
+}
+
+Result<float*> OffloadStore::acquire_grads(int unit) {
+  STRATA_TRY(wait_for_update(unit, true));
+  if (last_micro_batch_ && !preloaded_) {
+    // The backward of the step's last micro-batch has begun: read the first optimizer tiles'
+    // state ahead (the step itself must wait for the global norm).
+    preloaded_ = true;
+    STRATA_TRY(finish_optimizer());
+    STRATA_TRY(guard(pipeline_->preload()));
+  }
+  const double before = grads_->wait_ms();
+  Result<float*> r = grads_->acquire(unit);
+  counters_.compute_wait_ms += grads_->wait_ms() - before;
+  if (!r.is_ok()) return guard(r.status());
+  return r;
+}
+
+Status OffloadStore::grads_ready(int unit) {
+  const double before = grads_->wait_ms();
+  Status s = grads_->ready(unit);
+  counters_.compute_wait_ms += grads_->wait_ms() - before;
+  return guard(s);
+}
+
+}  // namespace strata::offload

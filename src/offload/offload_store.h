@@ -1,0 +1,141 @@
+// All training state of one rank, wherever it lives, behind the model runner's UnitStore seam
+// (model/runner.h). It owns and wires the offload engine:
+//   TierManager        every byte and its home, as the plan lays them out (tier_manager.h);
+//   OptimizerPipeline  tiles `depth` deep through CPU Adam, new parameters straight home; it is
+//                      also the update gate (update_gate.h) the scheduler asks during a step;
+//   GradPath           gradients leave the device once and accumulate in fp32 in their home,
+//                      with each tile's sum of squares (grad_path.h);
+//   ParamScheduler     parameters to the device ahead of use (param_scheduler.h).
+// The in-memory run is the special case where every home is the device or the host: the same
+// kernels run on the same tiles in the same order whatever the tiers, so offloading does not
+// change a single bit of the result.
+//
+// A step, as the trainer drives it:
+//   for each micro-batch m:  begin_micro_batch(m == 0, m == last)
+//                            runner.train_step(*this)   (acquire/release params, grads)
+//                            end_micro_batch()
+//   finish_backward()        every gradient is home; grad_sum_squares() is final
+//   start_optimizer(step)    Adam starts streaming tiles (skip_optimizer() when the step is
+//                            skipped instead)
+// The next step's forward waits per unit (acquire_params) for that unit's update only, so the
+// optimizer's I/O overlaps the next forward; finish_optimizer() waits for all of it (before
+// checkpoints and at the end).
+//
+// Lifetimes: the members are declared so that they are destroyed scheduler first, then the
+// gradient path, the pipeline and last the tier manager: each engine goes before the memory and
+// files it uses, and the scheduler, which completes hand-offs through the pipeline's gate as it
+// goes, before the gate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "model/layout.h"
+#include "model/runner.h"
+#include "offload/grad_path.h"
+#include "offload/optimizer_pipeline.h"
+#include "offload/param_scheduler.h"
+#include "offload/tier_manager.h"
+#include "optim/adam_optimizer.h"
+
+namespace strata::offload {
+
+struct StateCounters {
+  double compute_wait_ms = 0.0;  // compute blocked on parameters, updates or gradient buffers
+};
+
+class OffloadStore final : public model::UnitStore<float> {
+ public:
+  // Builds the tier manager for `plan` and the engines over it. `comm`: the data-parallel ranks
+  // (needed to train when the plan is for more than one). Errors as TierManager::create.
+  static Result<std::unique_ptr<OffloadStore>> create(backend::Backend& backend,
+                                                      const model::ModelLayout& layout,
+                                                      TierPlan plan, optim::AdamOptimizer& adam,
+                                                      const TierOptions& options,
+                                                      comm::Comm* comm = nullptr);
+  ~OffloadStore() override = default;
+
+  const model::ModelLayout& layout() const { return tiers_->layout(); }
+  const TierPlan& plan() const { return tiers_->plan(); }
+  kernels::DType storage() const { return tiers_->plan().storage; }
+  int units() const { return tiers_->units(); }
+  TierManager& tiers() { return *tiers_; }
+  ParamScheduler& scheduler() { return *scheduler_; }
+  OptimizerPipeline& pipeline() { return *pipeline_; }
+  GradPath& grad_path() { return *grads_; }
+
+  // ---- whole units (initialisation, checkpoints; not the step's hot path) --------------------
+  // A buffer for unit u's fp32 `kind` shard to be filled and then passed to store(): the host
+  // home itself, or the unit scratch.
+  float* fill_buffer(SlotKind kind, int unit);
+  // Stores unit u's fp32 `kind` shard from `src` (any memory) into its home.
+  Status store(SlotKind kind, int unit, const float* src);
+  // Unit u's fp32 `kind` shard: the host home itself, or a copy in the unit scratch (valid until
+  // the next view / store / fill_buffer).
+  Result<const float*> view(SlotKind kind, int unit);
+  // After the masters changed (initialisation, resume): zeroes the moments when `zero_moments`,
+  // and rounds every master into the parameters' home.
+  Status refresh(bool zero_moments);
+
+  // ---- the step -------------------------------------------------------------------------------
+  void begin_micro_batch(bool first, bool last);
+  Status end_micro_batch();
+  // Every gradient of the step is in its home.
+  Status finish_backward();
+  // Sum of squares of the accumulated gradients (tiles in order; inf/NaN when any is).
+  double grad_sum_squares() const { return grads_->sum_squares(); }
+  // Starts the optimizer step; with `wait`, also finishes it.
+  Status start_optimizer(const PipelineStep& step, bool wait);
+  // The step is skipped (gradient not finite): drops what was read ahead for it.
+  Status skip_optimizer();
+  Status finish_optimizer();
+  void begin_eval_batch();
+  void end_eval_batch();
+
+  StateCounters& counters() { return counters_; }
+  // The first I/O or engine error of the run. After one, the state may be half updated (an
+  // optimizer step stopped midway), so every later step, view or checkpoint returns it: training
+  // stops and resumes from the last checkpoint.
+  const Status& failure() const { return failure_; }
+
+  // UnitStore.
+  Result<const float*> acquire_params(int unit) override;
+  void release_params(int unit) override;
+  Result<float*> acquire_grads(int unit) override;
+  Status grads_ready(int unit) override;
+
+ private:
+  struct ComputeSlot {
+    float* data = nullptr;
+    int unit = -1;
+    int users = 0;
+  };
+  explicit OffloadStore(std::unique_ptr<TierManager> tiers);
+  // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
+  // in flight.
+  Status wait_for_update(int unit, bool whole);
+  // Records the first failure; returns `s`, or the recorded failure when there is one.
+  Status guard(Status s);
+  // ZeRO 1/2 on several ranks: the unit's device parameters are whole on every rank but each rank
+  // updates only its shard, so after an update (or a refresh) they are all-gathered at first use.
+  bool sharded_device_params(int unit) const;
+  Status regather(int unit);
+
+  // In order of construction; destroyed in reverse (see the header comment).
+  std::unique_ptr<TierManager> tiers_;
+  std::unique_ptr<OptimizerPipeline> pipeline_;
+  std::unique_ptr<GradPath> grads_;
+  std::unique_ptr<ParamScheduler> scheduler_;
+  comm::Comm* comm_ = nullptr;
+  std::vector<std::uint8_t> regather_;             // per unit: all-gather before the next use
+  std::vector<std::vector<ComputeSlot>> compute_;  // per size class
+  StateCounters counters_;
+  Status failure_;
+  bool last_micro_batch_ = true;
+  bool preloaded_ = false;
+};
+
+}  // namespace strata::offload

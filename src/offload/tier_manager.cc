@@ -1,0 +1,537 @@
+// The tiered storage manager (see tier_manager.h).
+#include "offload/tier_manager.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/thread_priority.h"
+#include "common/units.h"
+#include "io/probe.h"
+#include "kernels/cpu/cast.h"
+
+namespace strata::offload {
+namespace {
+
+// Swap operations outstanding at once per swap space (io/swap_space.h): a fixed maximum above
+// what the engines keep in flight together (the optimizer pipeline at most 4 per stage, the
+// prefetcher 64 reads ahead, whole-slot writes 32, the gradient path its write-behind tiles).
+constexpr std::uint32_t kSwapOperationsMax = 512;
+// The I/O engine's handles outstanding at once: both swap spaces full, each operation an extent
+// and its checksum footer (two engine requests).
+constexpr std::uint32_t kSwapSpacesMax = 2;
+constexpr std::uint32_t kRequestsPerOperation = 2;
+constexpr std::uint32_t kEngineRequestsMax =
+    kSwapSpacesMax * kSwapOperationsMax * kRequestsPerOperation;
+constexpr const char* kParamKey = "zero_optimization.offload_param.nvme_path";
+constexpr const char* kOptimKey = "zero_optimization.offload_optimizer.nvme_path";
+
+std::uint64_t u64(std::int64_t v) {
+  return static_cast<std::uint64_t>(v);
+}
+
+std::uint64_t element_bytes(const TierPlan& plan, SlotKind kind) {
+  return kind == SlotKind::kParam ? plan.storage_bytes : 4;
+}
+
+}  // namespace
+
+TierManager::TierManager(backend::Backend& backend, const model::ModelLayout& layout, TierPlan plan)
+    : backend_(backend), layout_(layout), plan_(std::move(plan)) {}
+
+TierManager::~TierManager() {
+  for (auto& space : spaces_) {
+    if (space) {
+      Status closed = space->close();
+      if (!closed.is_ok()) STRATA_LOG_WARN("swap space: {}", closed.to_string());
+    }
+  }
+}
+
+Result<std::unique_ptr<TierManager>> TierManager::create(backend::Backend& backend,
+                                                         const model::ModelLayout& layout,
+                                                         TierPlan plan,
+                                                         const TierOptions& options) {
+  STRATA_ASSERT(plan.units.size() == layout.units.size());
+  std::unique_ptr<TierManager> m(new TierManager(backend, layout, std::move(plan)));
+  m->trace_ = options.trace;
+  const TierPlan& p = m->plan_;
+  // Host budget: everything pinned is fixed, so the check is exact and happens before anything
+  // is allocated.
+  const backend::MemoryStats host = backend.pinned_memory();
+  if (host.bytes_max > 0 && p.bytes(Tier::kHost) > host.bytes_max - host.bytes_in_use) {
+    return Status(ErrorCode::kOutOfMemory,
+                  fmt::format("the host tier needs {} ({} bytes) of pinned memory for this model "
+                              "and config, but the budget is {} ({} already in use); raise "
+                              "strata.host_bytes_max or offload to NVMe (offload_param / "
+                              "offload_optimizer device \"nvme\", max_in_cpu, buffer_count x "
+                              "buffer_size, sub_group_size)",
+                              format_bytes(p.bytes(Tier::kHost)), p.bytes(Tier::kHost),
+                              format_bytes(host.bytes_max), format_bytes(host.bytes_in_use)),
+                  "strata.host_bytes_max");
+  }
+  STRATA_TRY(m->check_paths());
+  STRATA_TRY(m->allocate_device());
+  STRATA_TRY(m->allocate_host());
+  STRATA_TRY(m->create_swap(options));
+  return m;
+}
+
+Status TierManager::check_paths() const {
+  const SwapSettings& swap = plan_.swap;
+  auto check = [](const std::vector<std::string>& dirs, const char* key) -> Status {
+    for (const std::string& dir : dirs) {
+      auto probe = io::probe_directory(dir);
+      if (!probe.is_ok()) {
+        return Status(probe.status().code(),
+                      fmt::format("nvme_path '{}' cannot hold the swap files: {}; give an "
+                                  "existing, writable directory on the NVMe drive",
+                                  dir, probe.status().to_string()),
+                      key);
+      }
+    }
+    return Status::ok();
+  };
+  if (plan_.uses(SlotKind::kParam, Tier::kNvme)) STRATA_TRY(check(swap.param_dirs, kParamKey));
+  for (SlotKind k : {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq, SlotKind::kGrad}) {
+    if (plan_.uses(k, Tier::kNvme)) {
+      STRATA_TRY(check(swap.optim_dirs, kOptimKey));
+      break;
+    }
+  }
+  return Status::ok();
+}
+
+Result<void*> TierManager::pinned(std::uint64_t bytes, std::uint64_t align,
+                                  std::string_view purpose) {
+  const std::uint64_t slack = align > 4096 ? align - 4096 : 0;
+  STRATA_ASSIGN_OR_RETURN(backend::Buffer b, backend_.allocate_pinned(bytes + slack, purpose));
+  auto* base = b.as<char>();
+  auto* aligned = reinterpret_cast<char*>(align_up(reinterpret_cast<std::uintptr_t>(base), align));
+  // A hint: transparent huge pages make a 1 MiB I/O block one DMA segment (docs/io.md) and spare
+  // Adam TLB misses; without THP the memory works the same.
+  (void)::madvise(base, b.bytes(), MADV_HUGEPAGE);
+  buffers_.push_back(std::move(b));
+  return static_cast<void*>(aligned);
+}
+
+Status TierManager::allocate_device() {
+  const TierPlan& p = plan_;
+  auto device = [this](std::uint64_t bytes, std::string_view purpose) -> Result<void*> {
+    STRATA_ASSIGN_OR_RETURN(backend::Buffer b, backend_.allocate_device(bytes, purpose, 4096));
+    void* data = b.data();
+    buffers_.push_back(std::move(b));
+    return data;
+  };
+  device_params_.assign(p.units.size(), nullptr);
+  persistent_.assign(p.units.size(), nullptr);
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    const UnitPlan& up = p.units[u];
+    if (up.param_home == Tier::kDevice) {
+      STRATA_ASSIGN_OR_RETURN(device_params_[u],
+                              device(u64(up.param_numel) * p.storage_bytes, "parameters"));
+    }
+    if (up.persistent) {
+      STRATA_ASSIGN_OR_RETURN(persistent_[u], device(u64(up.padded_numel) * p.storage_bytes,
+                                                     "persistent parameter frame"));
+    }
+  }
+  frames_.resize(p.classes.size());
+  compute_.resize(p.classes.size());
+  grads_.resize(p.classes.size());
+  for (std::size_t k = 0; k < p.classes.size(); ++k) {
+    const SizeClass& c = p.classes[k];
+    for (int i = 0; i < c.param_frames; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* f, device(u64(c.numel) * p.storage_bytes, "parameter frames"));
+      frames_[k].push_back(f);
+    }
+    for (int i = 0; i < c.compute_slots; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* f, device(u64(c.numel) * 4, "fp32 parameter copies"));
+      compute_[k].push_back(f);
+    }
+    const std::uint64_t grad_bytes =
+        u64(c.numel) * (4 + (p.storage_bytes < 4 ? p.storage_bytes : 0));
+    for (int i = 0; i < c.grad_frames; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* f, device(grad_bytes, "gradient frames"));
+      backend_.ops_f32().zero(static_cast<float*>(f), c.numel);
+      grads_[k].push_back(f);
+    }
+  }
+  return Status::ok();
+}
+
+Status TierManager::allocate_host() {
+  const TierPlan& p = plan_;
+  host_params_.assign(p.units.size(), nullptr);
+  host_state_.assign(p.units.size() * 4, nullptr);
+  std::uint64_t param_bytes = 0, state_bytes = 0;
+  for (const UnitPlan& u : p.units) {
+    if (u.param_home == Tier::kHost) param_bytes += u64(u.param_numel) * p.storage_bytes;
+    if (u.optim_home == Tier::kHost) state_bytes += 4 * (u64(u.shard_numel) * 4 + kStaggerBytes);
+  }
+  if (param_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(void* base, pinned(param_bytes, 4096, "parameters (host home)"));
+    auto* at = static_cast<char*>(base);
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      if (p.units[u].param_home != Tier::kHost) continue;
+      host_params_[u] = at;
+      std::memset(at, 0, u64(p.units[u].param_numel) * p.storage_bytes);
+      at += u64(p.units[u].param_numel) * p.storage_bytes;
+    }
+  }
+  if (state_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(void* base,
+                            pinned(state_bytes, 4096, "master weights and Adam state (host home)"));
+    auto* at = static_cast<char*>(base);
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      if (p.units[u].optim_home != Tier::kHost) continue;
+      const std::uint64_t stride = u64(p.units[u].shard_numel) * 4 + kStaggerBytes;
+      for (int k = 0; k < 4; ++k) {
+        host_state_[u * 4 + static_cast<std::size_t>(k)] = reinterpret_cast<float*>(at);
+        std::memset(at, 0, stride - kStaggerBytes);
+        at += stride;
+      }
+    }
+  }
+  for (int i = 0; i < p.param_staging_buffers; ++i) {
+    // One area for all buffers (the plan counts one alignment slack).
+    if (i == 0) {
+      const std::uint64_t each = align_up(u64(p.param_staging_elements) * p.storage_bytes, 4096);
+      STRATA_ASSIGN_OR_RETURN(void* base, pinned(each * u64(p.param_staging_buffers),
+                                                 kStagingAlignBytes, "parameter staging"));
+      for (int j = 0; j < p.param_staging_buffers; ++j)
+        param_staging_.push_back(static_cast<char*>(base) + each * u64(j));
+    }
+  }
+  if (p.grad_staging_buffers > 0) {
+    const std::uint64_t each = align_up(u64(p.grad_staging_elements) * p.storage_bytes, 4096);
+    STRATA_ASSIGN_OR_RETURN(void* base, pinned(each * u64(p.grad_staging_buffers),
+                                               kStagingAlignBytes, "gradient staging"));
+    for (int j = 0; j < p.grad_staging_buffers; ++j)
+      grad_staging_.push_back(static_cast<char*>(base) + each * u64(j));
+  }
+  if (p.pipeline_bytes() > 0) {
+    STRATA_ASSIGN_OR_RETURN(void* base,
+                            pinned(p.pipeline_bytes(), kStagingAlignBytes, "optimizer pipeline"));
+    pipeline_ = static_cast<char*>(base);
+  }
+  if (p.grad_write_buffers > 0) {
+    const std::uint64_t each = u64(p.largest_tile) * 4 + kStaggerBytes;
+    STRATA_ASSIGN_OR_RETURN(void* base, pinned(each * u64(p.grad_write_buffers), kStagingAlignBytes,
+                                               "gradient write-behind"));
+    for (int j = 0; j < p.grad_write_buffers; ++j)
+      grad_write_.push_back(reinterpret_cast<float*>(static_cast<char*>(base) + each * u64(j)));
+  }
+  if (p.unit_scratch) {
+    STRATA_ASSIGN_OR_RETURN(void* base, pinned(u64(p.largest_unit) * 4, 4096, "unit scratch"));
+    unit_scratch_ = static_cast<float*>(base);
+  }
+  return Status::ok();
+}
+
+Status TierManager::create_swap(const TierOptions& options) {
+  const TierPlan& p = plan_;
+  std::uint64_t total = 0;
+  for (std::uint64_t b : p.swap_bytes)
+    total += b;
+  extent_base_.assign(static_cast<std::size_t>(kSlotKinds) * p.units.size() + 1, 0);
+  if (total == 0) return Status::ok();
+  const SwapSettings& swap = p.swap;
+  io::EngineOptions eo = swap.engine;
+  eo.requests_max = kEngineRequestsMax;
+  {
+    // The engine's threads reap completions: above busy compute threads under chrt.
+    ServiceThreadPriority service;
+    if (options.engine_factory) {
+      STRATA_ASSIGN_OR_RETURN(engine_, options.engine_factory(eo));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(engine_, io::make_engine(eo));
+    }
+  }
+  const bool shared = swap.param_dirs == swap.optim_dirs;
+  if (shared) space_of_kind_[0] = 1;
+  // Per space: the kinds it holds and their capacities (data + one footer block per tile).
+  const std::uint64_t footer = swap.checksum ? 4096 : 0;
+  for (int s = 0; s < 2; ++s) {
+    io::SwapOptions so;
+    so.dirs = s == 0 ? swap.param_dirs : swap.optim_dirs;
+    so.tag = options.swap_tag.empty() ? fmt::format("p{}", ::getpid()) : options.swap_tag;
+    if (!shared) so.tag += s == 0 ? "-param" : "-optim";
+    so.checksums = swap.checksum;
+    so.operations_max = kSwapOperationsMax;
+    std::vector<int> kinds;
+    for (int k = 0; k < kSlotKinds; ++k) {
+      if (space_of_kind_[k] != s || p.swap_bytes[k] == 0) continue;
+      std::uint64_t capacity = 0;
+      for (std::size_t u = 0; u < p.units.size(); ++u) {
+        if (home_of(p, static_cast<int>(u), static_cast<SlotKind>(k)) != Tier::kNvme) continue;
+        for (std::int64_t t = 0; t < p.units[u].tiles; ++t)
+          capacity += tile_bytes(static_cast<SlotKind>(k), static_cast<int>(u), t) + footer;
+      }
+      so.kinds.push_back({to_string(static_cast<SlotKind>(k)), capacity});
+      kinds.push_back(k);
+      nvme_bytes_ += capacity;
+    }
+    if (kinds.empty()) continue;
+    const char* key = s == 0 ? kParamKey : kOptimKey;
+    if (swap.bytes_max > 0 && nvme_bytes_ > swap.bytes_max) {
+      return Status(
+          ErrorCode::kConfig,
+          fmt::format("the swap files need {} ({} bytes) but strata.nvme_bytes_max is "
+                      "{}; raise it or keep more state in host memory",
+                      format_bytes(nvme_bytes_), nvme_bytes_, format_bytes(swap.bytes_max)),
+          "strata.nvme_bytes_max");
+    }
+    auto space = io::SwapSpace::create(engine_.get(), so);
+    if (!space.is_ok()) return space.status().with_context(key);
+    spaces_[s] = std::move(*space);
+    // Extents, tile by tile in unit order, so the optimizer streams each file sequentially.
+    for (std::size_t i = 0; i < kinds.size(); ++i) {
+      const auto kind = static_cast<SlotKind>(kinds[i]);
+      for (std::size_t u = 0; u < p.units.size(); ++u) {
+        if (home_of(p, static_cast<int>(u), kind) != Tier::kNvme) continue;
+        for (std::int64_t t = 0; t < p.units[u].tiles; ++t) {
+          auto e = spaces_[s]->allocate(static_cast<std::uint32_t>(i),
+                                        tile_bytes(kind, static_cast<int>(u), t));
+          if (!e.is_ok()) return e.status().with_context(key);
+          extents_.push_back(*e);
+        }
+      }
+    }
+  }
+  // Index: extent_base_[kind * units + unit] = first tile of that slot in extents_.
+  std::size_t next = 0;
+  for (int s = 0; s < 2; ++s) {
+    for (int k = 0; k < kSlotKinds; ++k) {
+      if (space_of_kind_[k] != s || p.swap_bytes[k] == 0) continue;
+      for (std::size_t u = 0; u < p.units.size(); ++u) {
+        extent_base_[static_cast<std::size_t>(k) * p.units.size() + u] = next;
+        if (home_of(p, static_cast<int>(u), static_cast<SlotKind>(k)) == Tier::kNvme)
+          next += static_cast<std::size_t>(p.units[u].tiles);
+      }
+    }
+  }
+  STRATA_ASSERT(next == extents_.size());
+  nvme_budget_ = swap.bytes_max;
+  return Status::ok();
+}
+
+std::size_t TierManager::extent_index(SlotKind kind, int unit, std::int64_t tile) const {
+  STRATA_ASSERT(home_of(plan_, unit, kind) == Tier::kNvme);
+  STRATA_ASSERT(tile >= 0 && tile < plan_.units[static_cast<std::size_t>(unit)].tiles);
+  return extent_base_[static_cast<std::size_t>(kind) * plan_.units.size() +
+                      static_cast<std::size_t>(unit)] +
+         static_cast<std::size_t>(tile);
+}
+
+io::SwapSpace& TierManager::space_of(SlotKind kind) const {
+  io::SwapSpace* s = spaces_[space_of_kind_[static_cast<int>(kind)]].get();
+  STRATA_ASSERT(s != nullptr);
+  return *s;
+}
+
+std::uint64_t TierManager::tile_bytes(SlotKind kind, int unit, std::int64_t tile) const {
+  return u64(plan_.tile_numel(unit, tile)) * element_bytes(plan_, kind);
+}
+
+float* TierManager::host_state(int unit, SlotKind kind) const {
+  STRATA_ASSERT(kind != SlotKind::kParam);
+  float* p = host_state_[static_cast<std::size_t>(unit) * 4 + static_cast<std::size_t>(kind) - 1];
+  STRATA_ASSERT_MSG(p != nullptr, "host_state of a slot not homed on the host");
+  return p;
+}
+
+void* TierManager::host_param(int unit) const {
+  void* p = host_params_[static_cast<std::size_t>(unit)];
+  STRATA_ASSERT_MSG(p != nullptr, "host_param of a unit not homed on the host");
+  return p;
+}
+
+void* TierManager::device_param(int unit) const {
+  void* p = device_params_[static_cast<std::size_t>(unit)];
+  STRATA_ASSERT_MSG(p != nullptr, "device_param of a unit not homed on the device");
+  return p;
+}
+
+Result<io::SwapHandle> TierManager::read_tile(SlotKind kind, int unit, std::int64_t tile,
+                                              void* buffer, io::Priority priority) {
+  const io::Extent& e = extents_[extent_index(kind, unit, tile)];
+  read_bytes_[static_cast<int>(kind)] += e.length_bytes;
+  ++reads_;
+  return space_of(kind).read(e, buffer, priority);
+}
+
+Result<io::SwapHandle> TierManager::write_tile(SlotKind kind, int unit, std::int64_t tile,
+                                               const void* buffer, io::Priority priority) {
+  const io::Extent& e = extents_[extent_index(kind, unit, tile)];
+  write_bytes_[static_cast<int>(kind)] += e.length_bytes;
+  ++writes_;
+  return space_of(kind).write(e, buffer, priority);
+}
+
+Status TierManager::wait(SlotKind kind, io::SwapHandle handle) {
+  return space_of(kind).wait(handle);
+}
+
+std::optional<Status> TierManager::poll(SlotKind kind, io::SwapHandle handle) {
+  return space_of(kind).poll(handle);
+}
+
+Status TierManager::read_slot(SlotKind kind, int unit, void* dst) {
+  STRATA_ASSERT(kind != SlotKind::kParam);
+  const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
+  const std::uint64_t bytes = u64(u.shard_numel) * 4;
+  if (u.optim_home == Tier::kHost) {
+    std::memcpy(dst, host_state(unit, kind), bytes);
+    return Status::ok();
+  }
+  STRATA_ASSERT_MSG(reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0,
+                    "read_slot from NVMe needs a 4 KiB-aligned destination");
+  for (std::int64_t t = 0; t < u.tiles; ++t) {
+    char* at = static_cast<char*>(dst) + u64(plan_.tile_begin(unit, t)) * 4;
+    STRATA_ASSIGN_OR_RETURN(io::SwapHandle h, read_tile(kind, unit, t, at, io::Priority::kDemand));
+    STRATA_TRY(wait(kind, h));
+  }
+  return Status::ok();
+}
+
+Status TierManager::write_slot(SlotKind kind, int unit, const void* src) {
+  STRATA_ASSERT(kind != SlotKind::kParam);
+  const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
+  const std::uint64_t bytes = u64(u.shard_numel) * 4;
+  if (u.optim_home == Tier::kHost) {
+    if (src != host_state(unit, kind)) std::memcpy(host_state(unit, kind), src, bytes);
+    return Status::ok();
+  }
+  STRATA_ASSERT_MSG(reinterpret_cast<std::uintptr_t>(src) % 4096 == 0,
+                    "write_slot to NVMe needs a 4 KiB-aligned source");
+  // Up to 32 tiles in flight, then in order.
+  constexpr std::int64_t kInFlight = 32;
+  io::SwapHandle handles[kInFlight];
+  Status first_error;
+  for (std::int64_t t = 0; t < u.tiles; ++t) {
+    if (t >= kInFlight) {
+      Status s = wait(kind, handles[t % kInFlight]);
+      if (!s.is_ok() && first_error.is_ok()) first_error = s;
+    }
+    const char* at = static_cast<const char*>(src) + u64(plan_.tile_begin(unit, t)) * 4;
+    auto h = write_tile(kind, unit, t, at, io::Priority::kDemand);
+    if (!h.is_ok()) {
+      for (std::int64_t w = std::max<std::int64_t>(0, t - kInFlight + 1); w < t; ++w)
+        (void)wait(kind, handles[w % kInFlight]);
+      return h.status();
+    }
+    handles[t % kInFlight] = *h;
+  }
+  for (std::int64_t w = std::max<std::int64_t>(0, u.tiles - kInFlight); w < u.tiles; ++w) {
+    Status s = wait(kind, handles[w % kInFlight]);
+    if (!s.is_ok() && first_error.is_ok()) first_error = s;
+  }
+  return first_error;
+}
+
+Status TierManager::refresh_params(int unit) {
+  const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
+  const float* master = nullptr;
+  if (u.optim_home == Tier::kHost) {
+    master = host_state(unit, SlotKind::kMaster);
+  } else {
+    STRATA_TRY(read_slot(SlotKind::kMaster, unit, unit_scratch_));
+    master = unit_scratch_;
+  }
+  const std::uint64_t c = plan_.storage_bytes;
+  for (std::int64_t t = 0; t < u.tiles; ++t) {
+    const std::int64_t begin = plan_.tile_begin(unit, t), n = plan_.tile_numel(unit, t);
+    void* dst = u.param_home == Tier::kHost
+                    ? static_cast<char*>(host_param(unit)) + u64(u.param_shard_offset() + begin) * c
+                    : static_cast<void*>(pipeline_ + plan_.pipeline_offset(0, 4));
+    kernels::cast_array(dst, plan_.storage, master + begin, kernels::DType::kF32, n);
+    if (u.param_home == Tier::kDevice) {
+      STRATA_TRY(backend_.copy_async(
+          backend::StreamKind::kHostToDevice,
+          static_cast<char*>(device_param(unit)) + u64(u.param_shard_offset() + begin) * c, dst,
+          u64(n) * c));
+      STRATA_TRY(backend_.synchronize(backend::StreamKind::kHostToDevice));
+    } else if (u.param_home == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(io::SwapHandle h,
+                              write_tile(SlotKind::kParam, unit, t, dst, io::Priority::kDemand));
+      STRATA_TRY(wait(SlotKind::kParam, h));
+    }
+  }
+  return Status::ok();
+}
+
+void* TierManager::param_staging(int i) const {
+  return param_staging_[static_cast<std::size_t>(i)];
+}
+void* TierManager::grad_staging(int i) const {
+  return grad_staging_[static_cast<std::size_t>(i)];
+}
+float* TierManager::grad_write_buffer(int i) const {
+  return grad_write_[static_cast<std::size_t>(i)];
+}
+void* TierManager::param_frame(int size_class, int i) const {
+  return frames_[static_cast<std::size_t>(size_class)][static_cast<std::size_t>(i)];
+}
+void* TierManager::persistent_frame(int unit) const {
+  void* p = persistent_[static_cast<std::size_t>(unit)];
+  STRATA_ASSERT(p != nullptr);
+  return p;
+}
+float* TierManager::compute_slot(int size_class, int i) const {
+  return static_cast<float*>(
+      compute_[static_cast<std::size_t>(size_class)][static_cast<std::size_t>(i)]);
+}
+float* TierManager::grad_frame(int size_class, int i) const {
+  return static_cast<float*>(
+      grads_[static_cast<std::size_t>(size_class)][static_cast<std::size_t>(i)]);
+}
+void* TierManager::grad_frame_copy(int size_class, int i) const {
+  float* f = grad_frame(size_class, i);
+  if (plan_.storage_bytes == 4) return f;
+  return f + plan_.classes[static_cast<std::size_t>(size_class)].numel;
+}
+
+IoCounters TierManager::io_counters() const {
+  IoCounters c;
+  for (int k = 0; k < kSlotKinds; ++k) {
+    c.read_bytes[k] = read_bytes_[k].load();
+    c.write_bytes[k] = write_bytes_[k].load();
+  }
+  c.reads = reads_.load();
+  c.writes = writes_.load();
+  return c;
+}
+
+TierUsage TierManager::usage() const {
+  TierUsage u;
+  const backend::MemoryStats d = backend_.device_memory();
+  const backend::MemoryStats h = backend_.pinned_memory();
+  u.bytes_in_use[0] = d.bytes_in_use;
+  u.bytes_peak[0] = d.bytes_peak;
+  u.bytes_max[0] = d.bytes_max;
+  u.bytes_in_use[1] = h.bytes_in_use;
+  u.bytes_peak[1] = h.bytes_peak;
+  u.bytes_max[1] = h.bytes_max;
+  u.bytes_in_use[2] = nvme_bytes_;
+  u.bytes_peak[2] = nvme_bytes_;
+  u.bytes_max[2] = nvme_budget_;
+  return u;
+}
+
+std::vector<std::string> TierManager::swap_dirs() const {
+  std::vector<std::string> dirs;
+  for (const auto& space : spaces_) {
+    if (space) {
+      for (const std::string& d : space->run_dirs())
+        dirs.push_back(d);
+    }
+  }
+  return dirs;
+}
+
+}  // namespace strata::offload

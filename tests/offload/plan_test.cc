@@ -1,0 +1,157 @@
+// The tier plan: homes follow the offload settings, tiles are whole pages, frames follow the
+// stage3 limits and the device budget, and a budget below the working set is refused. The
+// settings come from a config through train::plan_settings, as in a run.
+#include "offload/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "model/model_spec.h"
+#include "train/run_settings.h"
+
+namespace strata::offload {
+namespace {
+
+struct Fixture {
+  model::ModelShape shape;
+  model::ModelLayout layout;
+  config::Config config;
+  Fixture() {
+    config::ModelConfig m;
+    m.vocab_size = 1000;
+    m.max_seq_len = 64;
+    m.hidden_size = 64;
+    m.num_layers = 6;
+    m.num_heads = 4;
+    shape = model::resolve_shape(m).value();
+    layout = model::build_layout(shape);
+    config.bf16.enabled = true;
+    config.zero_optimization.stage = 3;
+    config.zero_optimization.stage3_param_persistence_threshold = 0;
+    config.train_micro_batch_size_per_gpu = 1;
+    config.strata.data.seq_len = 16;
+  }
+  TierPlan plan(std::uint64_t device_budget = 0) const {
+    PlanInput in;
+    in.settings = train::plan_settings(config);
+    in.layout = &layout;
+    in.activation_device_bytes = 1 << 20;
+    in.device_budget_bytes = device_budget;
+    return make_plan_unchecked(in);
+  }
+};
+
+TEST(TierPlan, HomesFollowTheOffloadDevices) {
+  Fixture f;
+  using config::OffloadDevice;
+  f.config.zero_optimization.offload_param.max_in_cpu = 0;
+  const struct {
+    OffloadDevice param, optimizer;
+    Tier param_home, optim_home;
+  } cases[] = {
+      {OffloadDevice::kNone, OffloadDevice::kNone, Tier::kDevice, Tier::kHost},
+      {OffloadDevice::kCpu, OffloadDevice::kCpu, Tier::kHost, Tier::kHost},
+      {OffloadDevice::kNvme, OffloadDevice::kCpu, Tier::kNvme, Tier::kHost},
+      {OffloadDevice::kNone, OffloadDevice::kNvme, Tier::kDevice, Tier::kNvme},
+  };
+  for (const auto& c : cases) {
+    f.config.zero_optimization.offload_param.device = c.param;
+    f.config.zero_optimization.offload_optimizer.device = c.optimizer;
+    const TierPlan p = f.plan();
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      EXPECT_EQ(p.units[u].param_home, c.param_home) << u;
+      EXPECT_EQ(p.units[u].optim_home, c.optim_home) << u;
+      EXPECT_EQ(p.units[u].framed, c.param_home != Tier::kDevice) << u;
+    }
+    EXPECT_EQ(p.bytes(Tier::kNvme) > 0, c.param_home == Tier::kNvme || c.optim_home == Tier::kNvme);
+  }
+}
+
+TEST(TierPlan, MaxInCpuKeepsTheFirstUnitsParametersOnTheHost) {
+  Fixture f;
+  f.config.zero_optimization.offload_param.device = config::OffloadDevice::kNvme;
+  const std::int64_t first_two = f.layout.units[0].padded_numel + f.layout.units[1].padded_numel;
+  f.config.zero_optimization.offload_param.max_in_cpu = static_cast<std::uint64_t>(first_two);
+  const TierPlan p = f.plan();
+  EXPECT_EQ(p.units[0].param_home, Tier::kHost);
+  EXPECT_EQ(p.units[1].param_home, Tier::kHost);
+  for (std::size_t u = 2; u < p.units.size(); ++u)
+    EXPECT_EQ(p.units[u].param_home, Tier::kNvme) << u;
+  // Staging for NVMe reads holds the largest NVMe-homed unit.
+  EXPECT_EQ(p.param_staging_buffers, 5);
+  EXPECT_GE(p.param_staging_elements, f.layout.units[2].padded_numel);
+}
+
+TEST(TierPlan, TilesAreWholePagesInEveryDtypeAndCoverEachShard) {
+  Fixture f;
+  f.config.zero_optimization.sub_group_size = 5000;  // rounded up to 6144 = 3 x 2048
+  const TierPlan p = f.plan();
+  EXPECT_EQ(p.tile_elements, 6144);
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    std::int64_t covered = 0;
+    for (std::int64_t t = 0; t < p.units[u].tiles; ++t) {
+      EXPECT_EQ(p.tile_begin(static_cast<int>(u), t), covered);
+      const std::int64_t n = p.tile_numel(static_cast<int>(u), t);
+      EXPECT_EQ(n * 2 % 4096, 0) << "bf16 tile of " << n;
+      covered += n;
+    }
+    EXPECT_EQ(covered, p.units[u].shard_numel);
+  }
+}
+
+TEST(TierPlan, SmallUnitsBelowThePersistenceThresholdGetFramesOfTheirOwn) {
+  Fixture f;
+  f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
+  f.config.zero_optimization.stage3_param_persistence_threshold = 10000;  // only the head
+  const TierPlan p = f.plan();
+  const std::size_t head = p.units.size() - 1;
+  EXPECT_TRUE(p.units[head].persistent);
+  EXPECT_FALSE(p.units[1].persistent);
+  const SizeClass& head_class = p.classes[static_cast<std::size_t>(p.units[head].size_class)];
+  EXPECT_EQ(head_class.param_frames, 0);  // its own frame is not a shared one
+}
+
+TEST(TierPlan, PrefetchFramesFollowTheBucketTheLiveCapAndTheBudget) {
+  Fixture f;
+  f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
+  const TierPlan base = f.plan();
+  const SizeClass& blocks = base.classes[static_cast<std::size_t>(base.units[1].size_class)];
+  ASSERT_EQ(blocks.units.size(), 6u);
+  // Default bucket (5e7 elements) wants every block on the device.
+  EXPECT_EQ(blocks.param_frames, 6);
+  // A bucket of one block: the one in use plus one ahead.
+  f.config.zero_optimization.stage3_prefetch_bucket_size = static_cast<std::uint64_t>(blocks.numel);
+  EXPECT_EQ(f.plan().classes[static_cast<std::size_t>(base.units[1].size_class)].param_frames, 2);
+  // The live cap holds it to the base frame.
+  f.config.zero_optimization.stage3_prefetch_bucket_size = 50'000'000;
+  f.config.zero_optimization.stage3_max_live_parameters = 1;
+  EXPECT_EQ(f.plan().classes[static_cast<std::size_t>(base.units[1].size_class)].param_frames, 1);
+  // A device budget between the minimum and the full plan: fewer frames, within the budget.
+  f.config.zero_optimization.stage3_max_live_parameters = 1'000'000'000;
+  const TierPlan full = f.plan();
+  const std::uint64_t budget = (full.device_minimum_bytes + full.bytes(Tier::kDevice)) / 2;
+  const TierPlan limited = f.plan(budget);
+  EXPECT_LE(limited.bytes(Tier::kDevice), budget);
+  EXPECT_LT(limited.bytes(Tier::kDevice), full.bytes(Tier::kDevice));
+  EXPECT_GE(limited.bytes(Tier::kDevice), full.device_minimum_bytes);
+}
+
+TEST(TierPlan, ADeviceBudgetBelowTheWorkingSetIsRefusedNamingTheMinimum) {
+  Fixture f;
+  f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
+  PlanInput in;
+  in.settings = train::plan_settings(f.config);
+  in.layout = &f.layout;
+  in.activation_device_bytes = 1 << 20;
+  const std::uint64_t minimum = make_plan_unchecked(in).device_minimum_bytes;
+  in.device_budget_bytes = minimum - 1;
+  auto refused = make_plan(in);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kOutOfMemory);
+  EXPECT_EQ(refused.status().context(), "strata.device_bytes_max");
+  EXPECT_NE(refused.status().message().find(std::to_string(minimum)), std::string::npos);
+  in.device_budget_bytes = minimum;
+  EXPECT_TRUE(make_plan(in).is_ok());
+}
+
+}  // namespace
+}  // namespace strata::offload

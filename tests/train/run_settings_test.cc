@@ -1,0 +1,105 @@
+// Where the configuration stops: each key reaches the settings of the part that acts on it, and
+// a rank's NUMA-nearest NVMe paths narrow the plan's swap folders without touching the config.
+#include "train/run_settings.h"
+
+#include <gtest/gtest.h>
+
+namespace strata::train {
+namespace {
+
+TEST(RunSettings, AioConfigMapsOntoTheEngineOptions) {
+  config::AioConfig aio;
+  aio.block_size = 8 << 20;
+  aio.queue_depth = 32;
+  aio.intra_op_parallelism = 4;
+  aio.single_submit = true;
+  aio.overlap_events = false;
+  io::EngineOptions o = engine_options(aio);
+  EXPECT_EQ(o.block_size_bytes, 8u << 20);
+  EXPECT_EQ(o.queue_depth, 32u);
+  EXPECT_EQ(o.threads, 4u);
+  EXPECT_TRUE(o.single_submit);
+  EXPECT_FALSE(o.overlap_events);
+}
+
+TEST(RunSettings, ZeroAndStrataKeysReachThePlanSettings) {
+  config::Config c;
+  c.fp16.enabled = true;
+  config::ZeroConfig& z = c.zero_optimization;
+  z.stage = 3;
+  z.sub_group_size = 12345;
+  z.stage3_prefetch_bucket_size = 111;
+  z.stage3_max_live_parameters = 222;
+  z.stage3_max_reuse_distance = 333;
+  z.stage3_param_persistence_threshold = 444;
+  z.offload_param.device = config::OffloadDevice::kNvme;
+  z.offload_param.nvme_path = {"/a", "/b"};
+  z.offload_param.max_in_cpu = 555;
+  z.offload_param.buffer_count = 3;
+  z.offload_param.buffer_size = 666;
+  z.offload_optimizer.device = config::OffloadDevice::kNone;
+  z.offload_optimizer.ratio = 0.25;
+  c.strata.optimizer_pipeline_depth = 7;
+  c.strata.nvme_checksum = false;
+  c.strata.nvme_bytes_max = 777;
+  c.aio.queue_depth = 17;
+
+  const offload::PlanSettings p = plan_settings(c);
+  EXPECT_EQ(p.zero_stage, 3);
+  EXPECT_EQ(p.storage, kernels::DType::kF16);
+  EXPECT_EQ(p.tile_elements, 12345u);
+  EXPECT_EQ(p.prefetch.bucket_elements, 111u);
+  EXPECT_EQ(p.prefetch.live_elements_max, 222u);
+  EXPECT_EQ(p.prefetch.reuse_distance_max, 333u);
+  EXPECT_EQ(p.persistence_threshold_elements, 444u);
+  EXPECT_EQ(p.param_tier, offload::Tier::kNvme);
+  EXPECT_EQ(p.param_host_elements_max, 555u);
+  EXPECT_EQ(p.param_staging_buffers, 3);
+  EXPECT_EQ(p.param_staging_elements, 666u);
+  // Strata's Adam runs on the CPU: "none" keeps the optimizer state in host memory.
+  EXPECT_EQ(p.optim_tier, offload::Tier::kHost);
+  EXPECT_EQ(p.optim_nvme_fraction, 0.25);
+  EXPECT_EQ(p.pipeline_depth, 7);
+  EXPECT_EQ(p.swap.param_dirs, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_TRUE(p.swap.optim_dirs.empty());
+  EXPECT_FALSE(p.swap.checksum);
+  EXPECT_EQ(p.swap.bytes_max, 777u);
+  EXPECT_EQ(p.swap.engine.queue_depth, 17u);
+}
+
+TEST(RunSettings, TheNearestNvmePathsNarrowTheSwapFoldersNotTheConfig) {
+  config::Config c;
+  c.zero_optimization.offload_param.nvme_path = {"/n0", "/n1"};
+  c.zero_optimization.offload_optimizer.nvme_path = {"/n0", "/n1", "/n2"};
+  std::vector<std::string> notes;
+  const offload::PlanSettings p = plan_settings(c, {"/n1", "/n2"}, &notes);
+  EXPECT_EQ(p.swap.param_dirs, (std::vector<std::string>{"/n1"}));
+  EXPECT_EQ(p.swap.optim_dirs, (std::vector<std::string>{"/n1", "/n2"}));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("offload_param.nvme_path"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("1 of 2"), std::string::npos) << notes[0];
+  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path.size(), 2u);
+
+  // None of a list near this rank, or all of it: the list stays as configured, without a note.
+  notes.clear();
+  const offload::PlanSettings far = plan_settings(c, {"/elsewhere"}, &notes);
+  EXPECT_EQ(far.swap.param_dirs, c.zero_optimization.offload_param.nvme_path);
+  const offload::PlanSettings all = plan_settings(c, {"/n0", "/n1", "/n2"}, &notes);
+  EXPECT_EQ(all.swap.optim_dirs, c.zero_optimization.offload_optimizer.nvme_path);
+  EXPECT_TRUE(notes.empty());
+}
+
+TEST(RunSettings, WorldOptionsNameTheDevicesAndEveryNvmePathOnce) {
+  config::Config c;
+  c.strata.backend = config::Backend::kCuda;
+  c.strata.comm_timeout_s = 42;
+  c.zero_optimization.offload_param.nvme_path = {"/n0", "/n1"};
+  c.zero_optimization.offload_optimizer.nvme_path = {"/n1", "/n2"};
+  const comm::WorldOptions w = world_options(c);
+  EXPECT_EQ(w.device, comm::Device::kCuda);
+  EXPECT_EQ(w.comm.timeout_s, 42);
+  EXPECT_EQ(w.nvme_paths, (std::vector<std::string>{"/n0", "/n1", "/n2"}));
+}
+
+}  // namespace
+}  // namespace strata::train
