@@ -15,8 +15,10 @@ mkdir -p strata_out/nvme  # the NVMe tier of configs/demo.json: swap files live 
 echo "== strata report"
 "$strata" report --path strata_out
 echo
-echo "== strata train --config configs/demo.json"
-summary="$("$strata" train --config configs/demo.json)"
+echo "== strata train --config configs/demo.json --overwrite"
+# --overwrite: running the quick start again replaces its previous run in strata_out (a fresh run
+# otherwise refuses to replace another run's checkpoints: docs/reliability.md).
+summary="$("$strata" train --config configs/demo.json --overwrite)"
 echo "$summary"
 echo
 final_loss="$(echo "$summary" | sed -n 's/.*"final_loss":\([0-9.eE+-]*\).*/\1/p')"
