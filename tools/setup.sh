@@ -14,7 +14,7 @@ packages=(
   libopenblas-pthread-dev
   libopenmpi-dev openmpi-bin
   clang-format
-  python3 python3-venv
+  python3 python3-venv python3-dev pybind11-dev
   clang-14 libclang-rt-14-dev
 )
 

@@ -17,6 +17,7 @@
 #include "config/flags.h"
 #include "config/report.h"
 #include "sys/gpu.h"
+#include "train/job.h"
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 
@@ -42,78 +43,42 @@ void print_summary(const Json::Value& summary, const std::string& output_dir) {
 }
 
 int run_train(const TrainOptions& options) {
-  config::LoadOptions load;
-  Result<std::int64_t> world_size = comm::world_size_from_environment();
-  if (!world_size.is_ok()) return report_error(world_size.status());
-  load.world_size = *world_size;
-  load.purpose = config::Purpose::kTrain;
-  load.flags = options.flags;
-  load.auto_precision = auto_precision_here;
-  config::Checked checked = config::check_config_file(options.config, options.overrides, load);
-  if (!options.quiet) {
-    std::fputs(config::format_notes(checked.loaded).c_str(), stderr);
-    if (checked.status.is_ok()) std::fputs(config::format_autos(checked.loaded).c_str(), stderr);
-  }
-  if (!checked.status.is_ok()) return report_error(checked.status);
-  const config::Config& config = checked.loaded.config;
-  train::TrainerOptions trainer_options;
-  trainer_options.progress_tty = ::isatty(STDERR_FILENO) == 1;
-  trainer_options.quiet = options.quiet;
-  // On several ranks, a rank that fails ends the others at once (MPI_Abort) instead of leaving
-  // them to strata.comm_timeout_s.
-  auto fail = [](const Status& status) {
-    const int code = report_error(status);
-    comm::abort_world_at_exit(code);
-    return code;
-  };
   // From here a signal asks for a clean stop (stop_signal.h).
   const Status handlers = train::install_stop_handlers();
   if (!handlers.is_ok()) return report_error(handlers);
-  auto trainer = train::Trainer::create(config, trainer_options);
-  if (!trainer.is_ok()) return fail(trainer.status());
-  const bool first_rank = (*trainer)->rank() == 0;
-  if (first_rank) {
-    // The values in effect, next to the metrics they produced.
-    std::ofstream out(config.strata.output_dir + "/effective_config.json");
-    out << config::to_json(config);
+  train::JobOptions job;
+  job.config_file = options.config;
+  job.overrides = options.overrides;
+  job.flags = options.flags;
+  job.quiet = options.quiet;
+  job.progress_tty = ::isatty(STDERR_FILENO) == 1;
+  bool started = false;
+  Result<train::JobOutcome> outcome = train::run_job(job, &started);
+  if (!outcome.is_ok()) {
+    const int code = report_error(outcome.status());
+    // On several ranks, a rank that fails ends the others at once (MPI_Abort) instead of leaving
+    // them to strata.comm_timeout_s.
+    if (started) comm::abort_world_at_exit(code);
+    return code;
   }
-  Status status = (*trainer)->run();
-  if (!status.is_ok()) return fail(status);
-  const std::string& output_dir = config.strata.output_dir;
-  if (first_rank) print_summary((*trainer)->summary(), output_dir);
-  const int stopped = (*trainer)->stopped();
-  if (stopped == 0) return 0;
-  if (first_rank) {
-    const std::string& checkpoint = (*trainer)->last_checkpoint();
+  const train::JobOutcome& o = *outcome;
+  if (o.first_rank) print_summary(o.summary, o.output_dir);
+  if (o.stopped == 0) return 0;
+  if (o.first_rank) {
     std::fprintf(stderr,
                  "strata: stopped by %s after step %lld; checkpoint %s; continue with the same "
                  "command and --resume-from %s\n",
-                 stopped > 0 ? train::signal_name(stopped) : "another rank's signal",
-                 static_cast<long long>((*trainer)->counters().step), checkpoint.c_str(),
-                 checkpoint.c_str());
+                 o.stopped > 0 ? train::signal_name(o.stopped) : "another rank's signal",
+                 static_cast<long long>(o.step), o.last_checkpoint.c_str(),
+                 o.last_checkpoint.c_str());
   }
-  return 128 + (stopped > 0 ? stopped : SIGTERM);
+  return 128 + (o.stopped > 0 ? o.stopped : SIGTERM);
 }
 
 }  // namespace
 
 std::pair<config::Precision, std::string> auto_precision_here() {
-  const sys::CudaProbe probe = sys::probe_cuda();
-  if (probe.gpus.empty()) {
-    return {config::Precision::kBf16,
-            "no GPU here, so the CPU backend: bf16 halves the memory and needs no loss scaling"};
-  }
-  for (const sys::GpuInfo& gpu : probe.gpus) {
-    if (gpu.compute_major < 8) {
-      return {config::Precision::kFp16,
-              fmt::format("GPU {} ({}, compute capability {}.{}) has no bf16, so fp16 with loss "
-                          "scaling",
-                          gpu.index, gpu.name, gpu.compute_major, gpu.compute_minor)};
-    }
-  }
-  return {config::Precision::kBf16,
-          fmt::format("GPU {} ({}) computes in bf16, which needs no loss scaling",
-                      probe.gpus[0].index, probe.gpus[0].name)};
+  return train::auto_precision_here();
 }
 
 void add_train_flags(CLI::App* app, std::vector<config::FlagValue>* flags) {

@@ -1,0 +1,508 @@
+// strata._core: the thin binding under the Python package (python/strata/). It exposes the
+// offload engine as it is, through the interfaces it already has for a caller without a model
+// (offload/plan.h: "a binding fills the settings itself"):
+//
+//   Context   one DeepSpeed-style config, read and checked by config::load_config_text, and the
+//             CPU backend its budgets ask for (strata.host_bytes_max bounds every pinned byte of
+//             every group); the loss scaler and the clipping rule of optim/loss_scaler.h.
+//   Group     one parameter group: flat units (whole tensors packed by the Python side) with a
+//             TierPlan, a TierManager (host memory or swap files on NVMe, under the budgets), the
+//             CPU Adam driver with the group's hyperparameters, and the OptimizerPipeline that
+//             runs the step (read || Adam || write). The state of a unit is reached through
+//             numpy views: its host home itself, or the unit scratch for NVMe-homed state, which
+//             load_state / store_state move to and from the swap files.
+//   train / estimate   train::run_job and train::estimate_report, the CLI's library functions.
+//
+// Every Status that is not ok becomes strata.StrataError with Strata's message; no C++ exception
+// other than that one leaves this file, and the GIL is released while the engine works.
+#include <json/reader.h>
+#include <json/writer.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "common/units.h"
+#include "config/config.h"
+#include "model/layout.h"
+#include "offload/optimizer_pipeline.h"
+#include "offload/plan.h"
+#include "offload/tier_manager.h"
+#include "optim/adam_optimizer.h"
+#include "optim/loss_scaler.h"
+#include "strata/build_info.h"
+#include "train/estimate_report.h"
+#include "train/job.h"
+#include "train/run_settings.h"
+#include "train/stop_signal.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+// Raised as strata.StrataError (a RuntimeError) by the translator registered below.
+class StrataFailure : public std::runtime_error {
+ public:
+  explicit StrataFailure(const Status& status) : std::runtime_error(status.to_string()) {}
+};
+
+void check(const Status& status) {
+  if (!status.is_ok()) throw StrataFailure(status);
+}
+
+template <typename T>
+T take(Result<T> result) {
+  if (!result.is_ok()) throw StrataFailure(result.status());
+  return std::move(*result);
+}
+
+Status invalid(const std::string& what, const std::string& message) {
+  return Status(ErrorCode::kInvalidArgument, message, what);
+}
+
+offload::SlotKind kind_of(const std::string& name) {
+  for (int k = 0; k < offload::kSlotKinds; ++k) {
+    const auto kind = static_cast<offload::SlotKind>(k);
+    if (name == offload::to_string(kind)) return kind;
+  }
+  check(invalid("kind", "'" + name +
+                            "' is not a kind of state; valid: param, master, exp_avg, "
+                            "exp_avg_sq, grad"));
+  return offload::SlotKind::kParam;
+}
+
+kernels::DType dtype_of(const std::string& name) {
+  if (name == "fp32" || name == "float32") return kernels::DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return kernels::DType::kBF16;
+  if (name == "fp16" || name == "float16") return kernels::DType::kF16;
+  check(invalid("dtype", "'" + name + "' is not a parameter type; valid: fp32, bf16, fp16"));
+  return kernels::DType::kF32;
+}
+
+py::object json_to_python(const Json::Value& value) {
+  Json::StreamWriterBuilder writer;
+  writer["indentation"] = "";
+  const std::string text = Json::writeString(writer, value);
+  return py::module_::import("json").attr("loads")(text);
+}
+
+// ---- Context ------------------------------------------------------------------------------------
+
+class Context {
+ public:
+  Context(const std::string& config_text, const std::string& source_name) {
+    config::LoadOptions load;
+    load.purpose = config::Purpose::kCheck;
+    load.auto_precision = train::auto_precision_here;
+    // One process drives this optimizer, so ZeRO's stage has nothing to shard; a config that
+    // gives none (a DeepSpeed config always does) is read at stage 2, where offload_optimizer
+    // is valid.
+    config::Checked first = config::check_config_text(config_text, source_name, {}, load);
+    std::vector<std::string> overrides;
+    if (!first.loaded.given("zero_optimization.stage"))
+      overrides.push_back("zero_optimization.stage=2");
+    config::Loaded loaded =
+        take(config::load_config_text(config_text, source_name, overrides, load));
+    config_ = loaded.config;
+    clip_given_ = loaded.given("gradient_clipping");
+    for (const config::Note& note : loaded.notes)
+      notes_.push_back(note.path.empty() ? note.message : note.path + ": " + note.message);
+    scaler_ = std::make_unique<optim::LossScaler>(config_);
+    backend::CpuBackendOptions options;
+    if (config_.strata.device_bytes_max > 0)
+      options.device_bytes_max = config_.strata.device_bytes_max;
+    options.host_bytes_max = config_.strata.host_bytes_max;
+    options.threads = static_cast<int>(config_.strata.cpu_threads);
+    backend_ = take(backend::make_cpu_backend(options));
+    nvme_budget_ = config_.strata.nvme_bytes_max;
+  }
+
+  const config::Config& config() const { return config_; }
+  backend::Backend& backend() { return *backend_; }
+
+  // What the Python side needs of the config.
+  py::dict settings() const {
+    py::dict d;
+    const auto& zo = config_.zero_optimization.offload_optimizer;
+    d["offload_optimizer"] = config::to_string(zo.device);
+    d["nvme_path"] = zo.nvme_path;
+    d["gradient_clipping"] = clip_given_ ? config_.gradient_clipping : 0.0;
+    d["fp16"] = config_.fp16.enabled;
+    d["bf16"] = config_.bf16.enabled;
+    d["dynamic_loss_scale"] = scaler_->dynamic();
+    d["notes"] = notes_;
+    return d;
+  }
+
+  double loss_scale() const { return scaler_->scale(); }
+  void update_loss_scale(bool overflow) { check(scaler_->update(overflow)); }
+  py::dict scaler_state() const {
+    const optim::LossScalerState& s = scaler_->state();
+    py::dict d;
+    d["scale"] = s.scale;
+    d["iteration"] = s.iteration;
+    d["last_overflow_iteration"] = s.last_overflow_iteration;
+    d["hysteresis"] = s.hysteresis;
+    return d;
+  }
+  void restore_scaler(double scale, std::int64_t iteration, std::int64_t last_overflow,
+                      std::int64_t hysteresis) {
+    if (!(scale > 0.0) || iteration < 0 || hysteresis < 1) {
+      check(invalid("loss_scaler",
+                    "a saved loss scaler needs scale > 0, iteration >= 0 and "
+                    "hysteresis >= 1"));
+    }
+    scaler_->restore({scale, iteration, last_overflow, hysteresis});
+  }
+
+  // The NVMe bytes a new group may still take under strata.nvme_bytes_max (0: no limit).
+  std::uint64_t nvme_left() const {
+    if (nvme_budget_ == 0) return 0;
+    return nvme_budget_ > nvme_used_ ? nvme_budget_ - nvme_used_ : 1;
+  }
+  void add_nvme(std::uint64_t bytes) { nvme_used_ += bytes; }
+  std::string next_tag() {
+    return "py" + std::to_string(::getpid()) + "-" + std::to_string(id_) + "-g" +
+           std::to_string(groups_++);
+  }
+
+ private:
+  config::Config config_;
+  bool clip_given_ = false;
+  std::vector<std::string> notes_;
+  std::unique_ptr<optim::LossScaler> scaler_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::uint64_t nvme_budget_ = 0;
+  std::uint64_t nvme_used_ = 0;
+  int groups_ = 0;
+  int id_ = next_id_++;
+  static inline std::atomic<int> next_id_{0};
+};
+
+// ---- Group --------------------------------------------------------------------------------------
+
+struct GroupOptions {
+  std::vector<std::int64_t> units;  // elements of each unit (before padding)
+  std::string dtype = "fp32";
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool adamw = true;
+};
+
+class Group {
+ public:
+  Group(Context& context, const GroupOptions& o) : context_(context) {
+    if (o.units.empty()) check(invalid("units", "a parameter group needs at least one unit"));
+    for (std::size_t i = 0; i < o.units.size(); ++i) {
+      if (o.units[i] <= 0) {
+        check(invalid("units", "unit " + std::to_string(i) + " has " + std::to_string(o.units[i]) +
+                                   " elements; valid: 1 or more"));
+      }
+      model::UnitLayout u;
+      u.kind = model::UnitKind::kBlock;
+      u.index = static_cast<int>(i);
+      u.layer = static_cast<int>(i);
+      u.name = "unit." + std::to_string(i);
+      u.numel = o.units[i];
+      u.padded_numel = static_cast<std::int64_t>(
+          align_up(static_cast<std::uint64_t>(o.units[i]), model::kUnitPadElements));
+      u.tensors.push_back({"flat", {o.units[i]}, 0, o.units[i]});
+      layout_.units.push_back(std::move(u));
+    }
+    const config::Config& c = context.config();
+    // The config's settings for the optimizer's side; the parameters are the caller's tensors, so
+    // they are homed on the host (where the step writes them) and never framed or prefetched.
+    offload::PlanSettings s = train::plan_settings(c);
+    s.zero_stage = 0;
+    s.storage = dtype_of(o.dtype);
+    s.param_tier = offload::Tier::kHost;
+    s.param_host_elements_max = 0;
+    s.param_staging_buffers = 0;
+    s.param_staging_elements = 0;
+    s.optim_tier = c.zero_optimization.offload_optimizer.device == config::OffloadDevice::kNvme
+                       ? offload::Tier::kNvme
+                       : offload::Tier::kHost;
+    s.persistence_threshold_elements = 0;
+    s.prefetch = {};
+    s.swap.bytes_max = context.nvme_left();
+    offload::PlanInput in;
+    in.settings = std::move(s);
+    in.layout = &layout_;
+    offload::TierPlan plan = take(offload::make_plan(in));
+    offload::TierOptions options;
+    options.swap_tag = context.next_tag();
+    tiers_ =
+        take(offload::TierManager::create(context.backend(), layout_, std::move(plan), options));
+    std::uint64_t nvme = 0;
+    for (std::uint64_t b : tiers_->plan().swap_bytes)
+      nvme += b;
+    context.add_nvme(nvme + tiers_->plan().swap_footer_bytes);
+
+    config::OptimizerConfig oc;
+    oc.type = o.adamw ? config::OptimizerType::kAdamW : config::OptimizerType::kAdam;
+    oc.params.betas = {o.beta1, o.beta2};
+    oc.params.eps = o.eps;
+    oc.params.weight_decay = o.weight_decay;
+    oc.params.adam_w_mode = o.adamw;
+    oc.params.bias_correction = true;
+    const std::int64_t threads =
+        c.strata.optimizer_threads > 0 ? c.strata.optimizer_threads : c.strata.cpu_threads;
+    adam_ = take(optim::AdamOptimizer::create(oc, static_cast<int>(threads)));
+    pipeline_ = take(offload::OptimizerPipeline::create(*tiers_, *adam_));
+  }
+
+  ~Group() {
+    // The pipeline first (it finishes a step in flight), then the tiers (swap files removed).
+    pipeline_.reset();
+    tiers_.reset();
+  }
+
+  int units() const { return tiers_->units(); }
+  std::int64_t shard_numel(int u) const { return unit(u).shard_numel; }
+  std::string storage() const { return kernels::to_string(tiers_->plan().storage); }
+  bool nvme() const {
+    return tiers_->plan().uses(offload::SlotKind::kMaster, offload::Tier::kNvme);
+  }
+
+  // A float32 view of unit u's state of `kind` (not param): the host home itself, or the unit
+  // scratch for NVMe-homed state (one unit at a time: load_state / store_state move it).
+  py::array state_view(py::object self, const std::string& kind_name, int u) {
+    const offload::SlotKind kind = kind_of(kind_name);
+    if (kind == offload::SlotKind::kParam) {
+      check(invalid("kind", "state_view takes an optimizer kind; use param_view for 'param'"));
+    }
+    float* data = offload::home_of(tiers_->plan(), checked(u), kind) == offload::Tier::kHost
+                      ? tiers_->host_state(u, kind)
+                      : tiers_->unit_scratch();
+    if (data == nullptr) check(Status(ErrorCode::kInternal, "no memory for this state", kind_name));
+    return py::array(py::dtype::of<float>(), {shard_numel(u)}, {sizeof(float)}, data, self);
+  }
+
+  // Unit u's parameters in the storage type: float32 or uint16 (bf16 / fp16 bits).
+  py::array param_view(py::object self, int u) {
+    void* data = tiers_->host_param(checked(u));
+    const std::int64_t n = unit(u).param_numel;
+    if (tiers_->plan().storage == kernels::DType::kF32) {
+      return py::array(py::dtype::of<float>(), {n}, {sizeof(float)}, static_cast<float*>(data),
+                       self);
+    }
+    return py::array(py::dtype::of<std::uint16_t>(), {n}, {sizeof(std::uint16_t)},
+                     static_cast<std::uint16_t*>(data), self);
+  }
+
+  // NVMe-homed state: reads unit u's `kind` into the scratch / writes the scratch to it. No-ops
+  // for host-homed state (the view is the home).
+  void load_state(const std::string& kind_name, int u) {
+    const offload::SlotKind kind = kind_of(kind_name);
+    if (offload::home_of(tiers_->plan(), checked(u), kind) != offload::Tier::kNvme) return;
+    py::gil_scoped_release release;
+    check(tiers_->read_slot(kind, u, tiers_->unit_scratch()));
+  }
+  void store_state(const std::string& kind_name, int u) {
+    const offload::SlotKind kind = kind_of(kind_name);
+    if (offload::home_of(tiers_->plan(), checked(u), kind) != offload::Tier::kNvme) return;
+    py::gil_scoped_release release;
+    check(tiers_->write_slot(kind, u, tiers_->unit_scratch()));
+  }
+  // The parameters of unit u from its master weights (rounded to the storage type).
+  void refresh_params(int u) {
+    checked(u);
+    py::gil_scoped_release release;
+    check(tiers_->refresh_params(u));
+  }
+
+  // One Adam step over every tile of every unit (the gradients must be in their homes).
+  void step(double lr, double grad_multiplier, std::int64_t t) {
+    if (!(lr >= 0.0)) check(invalid("lr", "the learning rate must be 0 or more"));
+    if (t < 1) check(invalid("step", "Adam's step count starts at 1"));
+    offload::PipelineStep s;
+    s.lr = lr;
+    s.grad_multiplier = grad_multiplier;
+    s.step = t;
+    py::gil_scoped_release release;
+    check(pipeline_->start(s));
+    check(pipeline_->finish());
+  }
+
+  py::dict usage() const {
+    const offload::TierUsage use = tiers_->usage();
+    const offload::IoCounters io = tiers_->io_counters();
+    py::dict d;
+    for (int t = 0; t < offload::kTierCount; ++t) {
+      py::dict one;
+      one["bytes"] = tiers_->plan().bytes(static_cast<offload::Tier>(t));
+      one["bytes_in_use"] = use.bytes_in_use[t];
+      one["bytes_peak"] = use.bytes_peak[t];
+      one["bytes_max"] = use.bytes_max[t];
+      d[offload::to_string(static_cast<offload::Tier>(t))] = one;
+    }
+    std::uint64_t read = 0, written = 0;
+    for (int k = 0; k < offload::kSlotKinds; ++k) {
+      read += io.read_bytes[k];
+      written += io.write_bytes[k];
+    }
+    d["nvme_read_bytes"] = read;
+    d["nvme_write_bytes"] = written;
+    const offload::PipelineTimes times = pipeline_->times();
+    d["adam_ms"] = times.adam_ms;
+    d["io_wait_ms"] = times.wait_ms;
+    d["optimizer"] = adam_->description();
+    d["plan"] = offload::describe_plan(tiers_->plan(), tiers_->swap_dirs());
+    d["swap_dirs"] = tiers_->swap_dirs();
+    return d;
+  }
+
+ private:
+  const offload::UnitPlan& unit(int u) const {
+    return tiers_->plan().units[static_cast<std::size_t>(u)];
+  }
+  int checked(int u) const {
+    if (u < 0 || u >= units()) {
+      check(invalid("unit", std::to_string(u) + " is not a unit; valid: 0 to " +
+                                std::to_string(units() - 1)));
+    }
+    return u;
+  }
+
+  Context& context_;
+  model::ModelLayout layout_;
+  std::unique_ptr<offload::TierManager> tiers_;
+  std::unique_ptr<optim::AdamOptimizer> adam_;
+  std::unique_ptr<offload::OptimizerPipeline> pipeline_;
+};
+
+// ---- train / estimate ---------------------------------------------------------------------------
+
+// Runs `strata train` in this process. SIGINT and SIGTERM ask the trainer for a clean stop (a
+// checkpoint, then the summary says "stopped"); Python's handlers are put back afterwards.
+py::dict train(const std::string& config_file, const std::vector<std::string>& overrides,
+               bool quiet) {
+  train::JobOptions job;
+  job.config_file = config_file;
+  job.overrides = overrides;
+  job.quiet = quiet;
+  job.progress_tty = ::isatty(STDERR_FILENO) == 1;
+  struct sigaction old_int {
+  }, old_term{};
+  ::sigaction(SIGINT, nullptr, &old_int);
+  ::sigaction(SIGTERM, nullptr, &old_term);
+  Result<train::JobOutcome> outcome = Status::ok();
+  {
+    py::gil_scoped_release release;
+    Status handlers = train::install_stop_handlers();
+    bool started = false;
+    outcome =
+        handlers.is_ok() ? train::run_job(job, &started) : Result<train::JobOutcome>(handlers);
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+  }
+  train::JobOutcome o = take(std::move(outcome));
+  py::dict d;
+  d["summary"] = json_to_python(o.summary);
+  d["stopped_by"] = o.stopped == 0  ? py::object(py::none())
+                    : o.stopped > 0 ? py::object(py::str(train::signal_name(o.stopped)))
+                                    : py::object(py::str("another rank"));
+  d["step"] = o.step;
+  d["last_checkpoint"] = o.last_checkpoint;
+  d["output_dir"] = o.output_dir;
+  return d;
+}
+
+py::object estimate(const std::string& config_file, const std::vector<std::string>& overrides,
+                    const std::string& params, const std::string& model,
+                    std::int64_t ranks_per_node, std::int64_t nodes,
+                    const std::string& device_bytes, const std::string& host_bytes,
+                    const std::string& nvme_bytes) {
+  train::EstimateRequest r;
+  r.config_file = config_file;
+  r.overrides = overrides;
+  r.params = params;
+  r.model = model;
+  r.ranks_per_node = ranks_per_node;
+  r.nodes = nodes;
+  r.device_bytes = device_bytes;
+  r.host_bytes = host_bytes;
+  r.nvme_bytes = nvme_bytes;
+  r.params_name = "params";
+  r.model_name = "model";
+  r.device_bytes_name = "device_bytes";
+  r.host_bytes_name = "host_bytes";
+  r.nvme_bytes_name = "nvme_bytes";
+  train::EstimateReport report = take(train::estimate_report(r));
+  return json_to_python(train::estimate_json(report));
+}
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace strata::python;
+  m.doc() = "Strata's offload engine (the binding under the strata package)";
+  static py::exception<StrataFailure> error(m, "StrataError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StrataFailure& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+  m.attr("__version__") = strata::build::kVersion;
+  m.attr("git_commit") = strata::build::kGitCommit;
+
+  py::class_<Context>(m, "Context")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("config_text"),
+           py::arg("source_name"))
+      .def("settings", &Context::settings)
+      .def("loss_scale", &Context::loss_scale)
+      .def("update_loss_scale", &Context::update_loss_scale, py::arg("overflow"))
+      .def("scaler_state", &Context::scaler_state)
+      .def("restore_scaler", &Context::restore_scaler);
+
+  py::class_<Group>(m, "Group")
+      .def(py::init([](Context& context, std::vector<std::int64_t> units, std::string dtype,
+                       double weight_decay, double beta1, double beta2, double eps, bool adamw) {
+             GroupOptions o;
+             o.units = std::move(units);
+             o.dtype = std::move(dtype);
+             o.weight_decay = weight_decay;
+             o.beta1 = beta1;
+             o.beta2 = beta2;
+             o.eps = eps;
+             o.adamw = adamw;
+             return std::make_unique<Group>(context, o);
+           }),
+           py::arg("context"), py::arg("units"), py::arg("dtype"), py::arg("weight_decay"),
+           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("adamw"),
+           py::keep_alive<1, 2>())
+      .def("units", &Group::units)
+      .def("shard_numel", &Group::shard_numel)
+      .def("storage", &Group::storage)
+      .def("nvme", &Group::nvme)
+      .def("state_view", [](py::object self, const std::string& kind,
+                            int u) { return self.cast<Group&>().state_view(self, kind, u); })
+      .def("param_view",
+           [](py::object self, int u) { return self.cast<Group&>().param_view(self, u); })
+      .def("load_state", &Group::load_state)
+      .def("store_state", &Group::store_state)
+      .def("refresh_params", &Group::refresh_params)
+      .def("step", &Group::step, py::arg("lr"), py::arg("grad_multiplier"), py::arg("step"))
+      .def("usage", &Group::usage);
+
+  m.def("gradient_multiplier", &strata::optim::gradient_multiplier, py::arg("scaled_norm"),
+        py::arg("loss_scale"), py::arg("clip"),
+        "1 / (loss scale x clipping factor), as DeepSpeed's unscale_and_clip_grads");
+  m.def("train", &train, py::arg("config_file"), py::arg("overrides"), py::arg("quiet"));
+  m.def("estimate", &estimate, py::arg("config_file"), py::arg("overrides"), py::arg("params"),
+        py::arg("model"), py::arg("ranks_per_node"), py::arg("nodes"), py::arg("device_bytes"),
+        py::arg("host_bytes"), py::arg("nvme_bytes"));
+}

@@ -1,0 +1,496 @@
+"""``OffloadAdamW``: Strata's offloaded Adam/AdamW as a ``torch.optim.Optimizer``.
+
+Where the state lives comes from a DeepSpeed-style config (a path, a dict, or None):
+
+- ``zero_optimization.offload_optimizer.device``: ``"nvme"`` puts the fp32 master weights, both
+  Adam moments and the gradient accumulator in swap files under ``nvme_path`` (io_uring, O_DIRECT,
+  checksummed tiles); ``"cpu"`` or ``"none"`` keeps them in host memory (Strata's Adam runs on the
+  CPU, so there is no GPU home for them);
+- ``aio``: the swap files' I/O engine; ``strata.host_bytes_max`` / ``strata.nvme_bytes_max``:
+  the budgets (an optimizer that does not fit fails with Strata's message naming the key);
+  ``zero_optimization.sub_group_size``: the tile; ``strata.optimizer_pipeline_depth``,
+  ``strata.optimizer_threads``, ``strata.nvme_checksum``;
+- ``gradient_clipping`` (when the config gives it; ``max_grad_norm=`` wins) and ``fp16`` with
+  dynamic loss scaling (``scale_loss()``/``loss_scale``), with DeepSpeed's semantics.
+
+The step: gradients are copied into the optimizer's gradient home (or were accumulated there: a
+CPU fp32 parameter's ``.grad`` is a view of it), the pipeline streams every tile through
+read || Adam || write, and the new parameters land in the optimizer's parameter home, which *is*
+the tensor of a CPU parameter of the same dtype (``param.data`` is rebound to it, zero-copy), and
+is copied into any other parameter (CUDA tensors, or dtypes the group stores otherwise).
+
+Parameters are packed, whole, into flat units of about ``unit_elements`` elements per param
+group and dtype (a larger tensor is a unit of its own); each unit's state is tiled by the config's
+``sub_group_size``.
+"""
+
+import json
+import math
+import os
+import time
+
+import torch
+
+from . import _core
+from ._core import StrataError
+
+__all__ = ["OffloadAdamW", "StrataError"]
+
+_STORAGE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_TORCH_OF = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_ALIGN = 64  # elements: every tensor starts 256 bytes into fp32 state at least
+_STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
+_FORMAT = 1  # of state_dict()["strata"]
+
+
+def _config_text(config):
+    if config is None:
+        return "{}", "<no config>"
+    if isinstance(config, dict):
+        return json.dumps(config), "<config dict>"
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read(), path
+        except OSError as e:
+            raise StrataError(f"{path}: cannot read the config: {e.strerror}; valid: a readable "
+                              f"DeepSpeed-style JSON file, a dict, or None") from None
+    raise TypeError(f"config: expected a path, a dict or None, got {type(config).__name__}")
+
+
+class _Slot:
+    """Where one parameter lives in its engine."""
+    __slots__ = ("param", "index", "unit", "offset", "numel", "bound_param", "bound_grad")
+
+    def __init__(self, param, index, unit, offset, numel):
+        self.param = param
+        self.index = index  # the parameter's number in state_dict(), as torch numbers them
+        self.unit = unit
+        self.offset = offset
+        self.numel = numel
+        self.bound_param = None  # the engine's tensor that param.data was rebound to
+        self.bound_grad = None  # the engine's gradient view given to param.grad
+
+
+class _Engine:
+    """One strata._core.Group: the parameters of one param group with one dtype."""
+
+    def __init__(self, ctx, group_index, dtype, slots, units, hyper, adamw):
+        self.group_index = group_index
+        self.dtype = dtype
+        self.slots = slots
+        beta1, beta2 = hyper["betas"]
+        self.core = _core.Group(ctx, units, _STORAGE[dtype], float(hyper["weight_decay"]),
+                                float(beta1), float(beta2), float(hyper["eps"]), adamw)
+        self.nvme = self.core.nvme()
+        self.by_unit = [[] for _ in units]
+        for s in slots:
+            self.by_unit[s.unit].append(s)
+
+    def view(self, kind, unit):
+        return torch.from_numpy(self.core.state_view(kind, unit))
+
+    def param_view(self, unit):
+        t = torch.from_numpy(self.core.param_view(unit))
+        return t if self.dtype == torch.float32 else t.view(self.dtype)
+
+
+class OffloadAdamW(torch.optim.Optimizer):
+    """AdamW (or Adam with ``adamw_mode=False``) with Strata's offloaded state and pipeline.
+
+    Args:
+        params: parameters or param groups (each group may set lr, betas, eps, weight_decay).
+        lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (defaults included).
+        config: a DeepSpeed-style config (path or dict) saying where the state lives and under
+            which budgets; None keeps it in host memory with Strata's defaults.
+        max_grad_norm: clip the global gradient norm to this (None: the config's
+            ``gradient_clipping`` when it gives one, else no clipping).
+        adamw_mode: decoupled weight decay (AdamW); False is Adam with L2 decay (DeepSpeed's
+            ``adam_w_mode``).
+        unit_elements: the packing target of the flat units.
+        bind_params: let CPU parameters of the stored dtype live in the optimizer's parameter
+            home (zero-copy); False copies the new values into them after each step.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 config=None, max_grad_norm=None, adamw_mode=True, unit_elements=1 << 23,
+                 bind_params=True):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        if unit_elements < 2048:
+            raise ValueError(f"unit_elements {unit_elements}: valid: 2048 or more")
+        self._built = False
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        text, source = _config_text(config)
+        self._ctx = _core.Context(text, source)
+        settings = self._ctx.settings()
+        self.config_source = source
+        self.offload_device = settings["offload_optimizer"]
+        self.notes = list(settings["notes"])
+        self._clip = float(max_grad_norm) if max_grad_norm is not None else float(
+            settings["gradient_clipping"])
+        if self._clip < 0:
+            raise ValueError(f"max_grad_norm {max_grad_norm}: valid: 0 (no clipping) or more")
+        self._fp16 = bool(settings["fp16"])
+        self._adamw = bool(adamw_mode)
+        self._bind = bool(bind_params)
+        self._steps = 0  # Adam's t: steps applied
+        self._skipped = 0  # steps skipped (non-finite gradients)
+        self._last_step_s = 0.0
+        self._last_norm = None
+        self._engines = []
+        index = 0
+        for gi, group in enumerate(self.param_groups):
+            by_dtype = {}
+            for p in group["params"]:
+                if p.dtype not in _STORAGE:
+                    raise StrataError(f"param group {gi}, parameter {index}: dtype {p.dtype} "
+                                      f"cannot be trained; valid: float32, bfloat16, float16")
+                by_dtype.setdefault(p.dtype, []).append((p, index))
+                index += 1
+            for dtype, members in by_dtype.items():
+                slots, units, fill = [], [], 0
+                for p, i in members:
+                    n = p.numel()
+                    at = -(-fill // _ALIGN) * _ALIGN
+                    if fill > 0 and at + n > unit_elements:
+                        units.append(fill)
+                        fill, at = 0, 0
+                    slots.append(_Slot(p, i, len(units), at, n))
+                    fill = at + n
+                units.append(fill)
+                if sum(units) == 0:
+                    continue  # only empty tensors: nothing to optimize
+                units = [max(u, 1) for u in units]
+                self._engines.append(_Engine(self._ctx, gi, dtype, slots, units, group,
+                                             self._adamw))
+        self._built = True
+        for e in self._engines:
+            self._load_from_params(e)
+            self._bind_engine(e)
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_built", False):
+            raise StrataError("OffloadAdamW.add_param_group: the optimizer's state was laid out "
+                              "when it was created; valid: pass every param group to the "
+                              "constructor")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def _load_from_params(self, e):
+        """Master weights from the parameters, zero moments, parameters rounded from the master."""
+        for u, slots in enumerate(e.by_unit):
+            master = e.view("master", u)
+            master.zero_()
+            for s in slots:
+                master[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+            e.core.store_state("master", u)
+            for kind in ("exp_avg", "exp_avg_sq"):
+                e.view(kind, u).zero_()
+                e.core.store_state(kind, u)
+            e.core.refresh_params(u)
+
+    @torch.no_grad()
+    def _bind_engine(self, e):
+        for u, slots in enumerate(e.by_unit):
+            params = e.param_view(u)
+            grads = None if e.nvme else e.view("grad", u)
+            for s in slots:
+                p = s.param
+                if self._bind and p.device.type == "cpu" and p.dtype == e.dtype:
+                    home = params[s.offset:s.offset + s.numel].view(p.shape)
+                    p.data = home
+                    s.bound_param = home
+                if (grads is not None and self._bind and p.device.type == "cpu"
+                        and p.dtype == torch.float32 and p.grad is None):
+                    s.bound_grad = grads[s.offset:s.offset + s.numel].view(p.shape)
+
+    def _check_open(self):
+        if self._ctx is None:
+            raise StrataError("OffloadAdamW: the optimizer was closed; valid: create a new one")
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def _grads(self):
+        return [s.param.grad for e in self._engines for s in e.slots if s.param.grad is not None]
+
+    @staticmethod
+    def _total_norm(grads):
+        if not grads:
+            return 0.0
+        per_device = {}
+        for g in grads:
+            per_device.setdefault((g.device, g.dtype), []).append(g)
+        norms = []
+        for (device, _), gs in per_device.items():
+            norms.extend(torch._foreach_norm(gs, 2.0))
+        total = torch.linalg.vector_norm(
+            torch.stack([n.to(device="cpu", dtype=torch.float32) for n in norms]), 2.0)
+        return float(total)
+
+    @torch.no_grad()
+    def _gather_grads(self, e):
+        for u, slots in enumerate(e.by_unit):
+            grad = e.view("grad", u)
+            if e.nvme:
+                grad.zero_()
+            for s in slots:
+                g = s.param.grad
+                span = grad[s.offset:s.offset + s.numel]
+                if g is None:
+                    if not e.nvme:
+                        span.zero_()
+                elif s.bound_grad is not None and g.data_ptr() == s.bound_grad.data_ptr():
+                    continue  # backward accumulated into the gradient home itself
+                else:
+                    if g.is_sparse:
+                        raise StrataError(f"parameter {s.index}: sparse gradients are not "
+                                          f"supported; valid: dense gradients")
+                    span.copy_(g.reshape(-1))
+            e.core.store_state("grad", u)
+
+    @torch.no_grad()
+    def _scatter_params(self, e):
+        for u, slots in enumerate(e.by_unit):
+            params = None
+            for s in slots:
+                p = s.param
+                if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
+                    continue  # the parameter is the home: already updated
+                if params is None:
+                    params = e.param_view(u)
+                p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step. Returns the closure's loss, if given.
+
+        With clipping or fp16 loss scaling, the global gradient norm decides the step: a
+        non-finite norm skips it (and, with a dynamic loss scale, lowers the scale)."""
+        self._check_open()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        begin = time.perf_counter()
+        scale = self._ctx.loss_scale() if self._fp16 else 1.0
+        multiplier = 1.0 / scale
+        self._last_norm = None
+        if self._clip > 0 or self._fp16:
+            norm = self._total_norm(self._grads())
+            self._last_norm = norm
+            if not math.isfinite(norm):
+                self._skipped += 1
+                if self._fp16:
+                    self._ctx.update_loss_scale(True)
+                self._last_step_s = time.perf_counter() - begin
+                return loss
+            multiplier = _core.gradient_multiplier(norm, scale, self._clip)
+        t = self._steps + 1
+        for e in self._engines:
+            self._gather_grads(e)
+            e.core.step(float(self.param_groups[e.group_index]["lr"]), multiplier, t)
+            self._scatter_params(e)
+        self._steps = t
+        if self._fp16:
+            self._ctx.update_loss_scale(False)
+        self._last_step_s = time.perf_counter() - begin
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Clears the gradients. A gradient that is a view of the optimizer's gradient home is
+        zeroed in place (so backward keeps accumulating there); others follow set_to_none."""
+        for e in self._engines:
+            for s in e.slots:
+                p = s.param
+                if s.bound_grad is not None and (p.grad is None or
+                                                 p.grad.data_ptr() == s.bound_grad.data_ptr()):
+                    s.bound_grad.zero_()
+                    p.grad = s.bound_grad
+                elif p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_()
+                        p.grad.zero_()
+
+    # ---- fp16 loss scaling ---------------------------------------------------------------------
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1 unless the config enables fp16)."""
+        return self._ctx.loss_scale() if self._fp16 else 1.0
+
+    def scale_loss(self, loss):
+        """``loss * loss_scale``: call ``backward()`` on this with fp16 loss scaling."""
+        return loss * self.loss_scale
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def state_dict(self):
+        """torch's layout ({"state": {index: {...}}, "param_groups": [...]}) with tensors only, so
+        ``torch.load(weights_only=True)`` reads it: per parameter ``step``, ``exp_avg``,
+        ``exp_avg_sq`` and, for 16-bit parameters, the fp32 ``master`` weights; plus a
+        "strata" entry (steps, skipped steps, loss scaler)."""
+        self._check_open()
+        state = {}
+        for e in self._engines:
+            kinds = _STATE_KINDS if e.dtype != torch.float32 else _STATE_KINDS[1:]
+            for u, slots in enumerate(e.by_unit):
+                for kind in kinds:
+                    e.core.load_state(kind, u)
+                    view = e.view(kind, u)
+                    for s in slots:
+                        entry = state.setdefault(s.index, {
+                            "step": torch.tensor(float(self._steps), dtype=torch.float32)})
+                        entry[kind] = view[s.offset:s.offset + s.numel].clone().view(
+                            s.param.shape)
+        groups = []
+        index = 0
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = list(range(index, index + len(g["params"])))
+            index += len(g["params"])
+            groups.append(packed)
+        scaler = self._ctx.scaler_state()
+        return {
+            "state": state,
+            "param_groups": groups,
+            "strata": {"format": _FORMAT, "steps": self._steps, "skipped_steps": self._skipped,
+                       "loss_scaler": [scaler["scale"], scaler["iteration"],
+                                       scaler["last_overflow_iteration"], scaler["hysteresis"]]},
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() saved (the same parameters, in the same groups)."""
+        self._check_open()
+        if not isinstance(state_dict, dict) or "state" not in state_dict or \
+                "param_groups" not in state_dict:
+            raise StrataError("load_state_dict: valid: a dict with 'state' and 'param_groups', "
+                              "as state_dict() returns")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise StrataError(f"load_state_dict: {len(groups)} param groups saved, "
+                              f"{len(self.param_groups)} in this optimizer; valid: the same")
+        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(mine["params"]):
+                raise StrataError(f"load_state_dict: param group {gi} saved "
+                                  f"{len(saved['params'])} parameters, has "
+                                  f"{len(mine['params'])}; valid: the same")
+        state = state_dict["state"]
+        steps = None
+        for e in self._engines:
+            for s in e.slots:
+                entry = state.get(s.index, state.get(str(s.index)))
+                if entry is None:
+                    raise StrataError(f"load_state_dict: no state for parameter {s.index}; "
+                                      f"valid: a state_dict() of this optimizer")
+                for kind in _STATE_KINDS[1:]:
+                    t = entry.get(kind)
+                    if t is None or t.numel() != s.numel:
+                        raise StrataError(
+                            f"load_state_dict: parameter {s.index}: '{kind}' has "
+                            f"{None if t is None else t.numel()} elements, the parameter "
+                            f"{s.numel}; valid: the same")
+                    if not bool(torch.isfinite(t).all()):
+                        raise StrataError(f"load_state_dict: parameter {s.index}: '{kind}' "
+                                          f"holds non-finite values; refusing to train on them")
+                m = entry.get("master")
+                if m is not None and (m.numel() != s.numel or not bool(torch.isfinite(m).all())):
+                    raise StrataError(f"load_state_dict: parameter {s.index}: 'master' has "
+                                      f"{m.numel()} elements or non-finite values; valid: "
+                                      f"{s.numel} finite values")
+                step = int(float(entry.get("step", 0)))
+                if steps is None:
+                    steps = step
+                elif step != steps:
+                    raise StrataError(f"load_state_dict: parameter {s.index} is at step {step}, "
+                                      f"others at {steps}; valid: one step for all")
+        for e in self._engines:
+            for u, slots in enumerate(e.by_unit):
+                for kind in _STATE_KINDS:
+                    view = e.view(kind, u)
+                    view.zero_()
+                    for s in slots:
+                        entry = state.get(s.index, state.get(str(s.index)))
+                        src = entry.get(kind)
+                        if src is None:  # fp32 parameters: the master is the parameter
+                            src = s.param.detach()
+                        view[s.offset:s.offset + s.numel].copy_(src.reshape(-1))
+                    e.core.store_state(kind, u)
+                e.core.refresh_params(u)
+            self._scatter_params(e)
+        for saved, mine in zip(groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    mine[k] = v
+        extra = state_dict.get("strata", {})
+        self._steps = int(extra.get("steps", steps or 0))
+        self._skipped = int(extra.get("skipped_steps", 0))
+        if "loss_scaler" in extra:
+            scale, iteration, last_overflow, hysteresis = extra["loss_scaler"]
+            self._ctx.restore_scaler(float(scale), int(iteration), int(last_overflow),
+                                     int(hysteresis))
+
+    # ---- reporting and shutdown ----------------------------------------------------------------
+
+    def summary(self):
+        """Steps, skipped steps, the loss scale, the last step's seconds, and per engine the
+        tiers' bytes (plan, in use, peak, budget), NVMe bytes moved and the plan's lines."""
+        self._check_open()
+        engines = []
+        tiers = {"device": 0, "host": 0, "nvme": 0}
+        for e in self._engines:
+            u = e.core.usage()
+            u["param_group"] = e.group_index
+            u["dtype"] = str(e.dtype).replace("torch.", "")
+            u["parameters"] = len(e.slots)
+            for t in tiers:
+                tiers[t] += u[t]["bytes"]
+            engines.append(u)
+        return {
+            "offload_optimizer": self.offload_device,
+            "config": self.config_source,
+            "steps": self._steps,
+            "skipped_steps": self._skipped,
+            "loss_scale": self.loss_scale,
+            "last_grad_norm": self._last_norm,
+            "last_step_s": self._last_step_s,
+            "bytes": tiers,
+            "engines": engines,
+            "notes": self.notes,
+        }
+
+    @torch.no_grad()
+    def close(self):
+        """Gives the parameters their own memory again and frees the state (the swap files are
+        removed). The optimizer cannot step afterwards."""
+        if self._ctx is None:
+            return
+        for e in self._engines:
+            for s in e.slots:
+                p = s.param
+                if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
+                    p.data = p.data.clone()
+                if s.bound_grad is not None and p.grad is not None and \
+                        p.grad.data_ptr() == s.bound_grad.data_ptr():
+                    p.grad = p.grad.clone()
+                s.bound_param = None
+                s.bound_grad = None
+        self._engines = []
+        self._ctx = None
+
+    def __repr__(self):
+        return (f"OffloadAdamW(offload_optimizer={self.offload_device!r}, "
+                f"groups={len(self.param_groups)}, steps={self._steps})")
