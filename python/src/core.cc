@@ -396,17 +396,24 @@ py::dict train(const std::string& config_file, const std::vector<std::string>& o
   }, old_term{};
   ::sigaction(SIGINT, nullptr, &old_int);
   ::sigaction(SIGTERM, nullptr, &old_term);
-  Result<train::JobOutcome> outcome = Status::ok();
+  Status status;
+  train::JobOutcome o;
   {
     py::gil_scoped_release release;
-    Status handlers = train::install_stop_handlers();
-    bool started = false;
-    outcome =
-        handlers.is_ok() ? train::run_job(job, &started) : Result<train::JobOutcome>(handlers);
+    status = train::install_stop_handlers();
+    if (status.is_ok()) {
+      bool started = false;
+      Result<train::JobOutcome> outcome = train::run_job(job, &started);
+      if (outcome.is_ok()) {
+        o = std::move(*outcome);
+      } else {
+        status = outcome.status();
+      }
+    }
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGTERM, &old_term, nullptr);
   }
-  train::JobOutcome o = take(std::move(outcome));
+  check(status);
   py::dict d;
   d["summary"] = json_to_python(o.summary);
   d["stopped_by"] = o.stopped == 0  ? py::object(py::none())
