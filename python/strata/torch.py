@@ -139,6 +139,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self._clip < 0:
             raise ValueError(f"max_grad_norm {max_grad_norm}: valid: 0 (no clipping) or more")
         self._fp16 = bool(settings["fp16"])
+        self._scaled = False  # scale_loss() was used for the gradients of the next step
         self._adamw = bool(adamw_mode)
         self._bind = bool(bind_params)
         self._steps = 0  # Adam's t: steps applied
@@ -282,15 +283,19 @@ class OffloadAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         begin = time.perf_counter()
-        scale = self._ctx.loss_scale() if self._fp16 else 1.0
+        # The loss scale applies to gradients of a loss that went through scale_loss() (a
+        # torch.amp.GradScaler, as the HF Trainer's fp16 uses, unscales them itself).
+        scaled = self._scaled
+        self._scaled = False
+        scale = self._ctx.loss_scale() if scaled else 1.0
         multiplier = 1.0 / scale
         self._last_norm = None
-        if self._clip > 0 or self._fp16:
+        if self._clip > 0 or scaled:
             norm = self._total_norm(self._grads())
             self._last_norm = norm
             if not math.isfinite(norm):
                 self._skipped += 1
-                if self._fp16:
+                if scaled:
                     self._ctx.update_loss_scale(True)
                 self._last_step_s = time.perf_counter() - begin
                 return loss
@@ -301,7 +306,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             e.core.step(float(self.param_groups[e.group_index]["lr"]), multiplier, t)
             self._scatter_params(e)
         self._steps = t
-        if self._fp16:
+        if scaled:
             self._ctx.update_loss_scale(False)
         self._last_step_s = time.perf_counter() - begin
         return loss
@@ -331,7 +336,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         return self._ctx.loss_scale() if self._fp16 else 1.0
 
     def scale_loss(self, loss):
-        """``loss * loss_scale``: call ``backward()`` on this with fp16 loss scaling."""
+        """``loss * loss_scale``: call ``backward()`` on this with fp16 loss scaling; the next
+        step() then unscales the gradients, skips the step on an overflow and moves the scale as
+        DeepSpeed's dynamic loss scaler does (config ``fp16``)."""
+        self._scaled = self._fp16
         return loss * self.loss_scale
 
     # ---- checkpoints ---------------------------------------------------------------------------
