@@ -312,21 +312,21 @@ class OffloadAdamW(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none=True):
-        """Clears the gradients. A gradient that is a view of the optimizer's gradient home is
-        zeroed in place (so backward keeps accumulating there); others follow set_to_none."""
+        """Clears the gradients as torch does. With ``set_to_none=False`` a CPU fp32 parameter's
+        gradient becomes a zeroed view of the optimizer's gradient home, so the next backward
+        accumulates straight into it and step() copies nothing."""
         for e in self._engines:
             for s in e.slots:
                 p = s.param
-                if s.bound_grad is not None and (p.grad is None or
-                                                 p.grad.data_ptr() == s.bound_grad.data_ptr()):
+                if set_to_none:
+                    p.grad = None
+                elif s.bound_grad is not None and (p.grad is None or
+                                                   p.grad.data_ptr() == s.bound_grad.data_ptr()):
                     s.bound_grad.zero_()
                     p.grad = s.bound_grad
                 elif p.grad is not None:
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        p.grad.detach_()
-                        p.grad.zero_()
+                    p.grad.detach_()
+                    p.grad.zero_()
 
     # ---- fp16 loss scaling ---------------------------------------------------------------------
 

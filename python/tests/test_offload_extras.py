@@ -77,7 +77,7 @@ def test_cpu_parameters_live_in_the_optimizer_and_get_their_memory_back_on_close
     opt.step()
     assert lin.weight.data_ptr() == ptr, "updated in place, in the optimizer's parameter home"
     values = lin.weight.detach().clone()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)
     lin(torch.randn(4, 100)).sum().backward()
     opt.step()
     after = lin.weight.detach().clone()
@@ -116,3 +116,26 @@ def test_bad_inputs_are_named():
     sd["state"][0]["exp_avg"] = torch.full((10,), float("nan"))
     with pytest.raises(strata.StrataError, match="non-finite"):
         opt.load_state_dict(sd)
+
+
+def test_zero_grad_without_none_lets_backward_accumulate_in_the_gradient_home():
+    torch.manual_seed(1)
+    w = torch.randn(64, 32)
+    a, b = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    opt_a = OffloadAdamW([a], lr=1e-2, config={"zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    opt_b = OffloadAdamW([b], lr=1e-2, bind_params=False)
+    xs = [torch.randn(8, 32) for _ in range(3)]
+    for x in xs:
+        opt_a.zero_grad(set_to_none=False)
+        opt_b.zero_grad()
+        (x @ a.t()).square().sum().backward()
+        (x @ b.t()).square().sum().backward()
+        opt_a.step()
+        opt_b.step()
+    home = a.grad.data_ptr()
+    opt_a.zero_grad(set_to_none=False)
+    assert a.grad.data_ptr() == home and not a.grad.any()
+    assert torch.equal(a.detach(), b.detach()), "zero-copy and copied gradients: the same update"
+    opt_a.zero_grad()
+    assert a.grad is None
