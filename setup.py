@@ -44,4 +44,6 @@ setup(
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("strata._core")],
     cmdclass={"build_ext": CMakeBuild},
+    # Not build/: that is the CMake build folder of tools/build.sh.
+    options={"build": {"build_base": "build-pip"}},
 )
