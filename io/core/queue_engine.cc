@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
 
@@ -408,6 +409,15 @@ bool QueueEngine::take_piece_wait(Piece* piece) {
 }
 
 PieceStep QueueEngine::account(Piece* piece, std::int64_t result, Status* error) {
+  if (io_fault_armed()) {  // a test's injected fault (fault_points.h) replaces the result
+    std::string path;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      path = file_path(piece->file, piece->stripe);
+    }
+    if (const int injected = injected_io_error(path, piece->op == Op::kWrite); injected != 0)
+      result = -injected;
+  }
   auto fail = [&](ErrorCode code, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     *error = Status(code,
@@ -439,8 +449,11 @@ PieceStep QueueEngine::account(Piece* piece, std::int64_t result, Status* error)
     if (++piece->retries > kRetriesMax) return fail(ErrorCode::kIo, errno_text(err));
     return PieceStep::kAgain;
   }
-  return fail(err == ENOSPC || err == EDQUOT ? ErrorCode::kNoSpace : ErrorCode::kIo,
-              errno_text(err));
+  if (err == ENOSPC || err == EDQUOT) {
+    return fail(ErrorCode::kNoSpace, fmt::format("no space left on the drive{}: {}",
+                                                 err == EDQUOT ? " (quota)" : "", errno_text(err)));
+  }
+  return fail(ErrorCode::kIo, errno_text(err));
 }
 
 void QueueEngine::finish_piece(const Piece& piece, const Status& error) {

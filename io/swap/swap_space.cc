@@ -5,11 +5,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 
+#include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "io/core/real_files.h"
@@ -17,6 +19,9 @@
 
 namespace strata::io {
 namespace {
+
+// How long close() waits for operations still in flight before it closes the files anyway.
+constexpr std::int64_t kCloseWaitMs = 10'000;
 
 constexpr char kFooterMagic[8] = {'S', 'T', 'R', 'X', 'S', 'U', 'M', '1'};
 
@@ -121,6 +126,8 @@ struct SwapSpace::Impl {
       op.footer->offset_bytes = e.offset_bytes;
       op.footer->length_bytes = e.length_bytes;
       op.footer->hash = extent_hash(e, data);
+      // A test's corruption (fault_points.h): the stored checksum no longer matches the data.
+      if (swap_write_corrupts(kinds[e.kind].spec.name)) op.footer->hash ^= 1;
     }
     const Op io_op = read ? Op::kRead : Op::kWrite;
     auto data_handle =
@@ -437,6 +444,38 @@ Status SwapSpace::close() {
   if (s.closed) return Status::ok();
   s.closed = true;
   Status result;
+  // Operations a caller left in flight (it stopped on an error without waiting for them) would
+  // keep the files open, and with them the run folder: wait for them first, bounded.
+  std::uint32_t pending = 0, stuck = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kCloseWaitMs);
+  for (std::uint32_t i = 0; i < s.operations.size(); ++i) {
+    Impl::Operation& op = s.operations[i];
+    if (!op.live) continue;
+    ++pending;
+    for (IoHandle* handle : {&op.data_handle, &op.footer_handle}) {
+      if (!handle->valid()) continue;
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (!s.engine
+               ->wait_for(*handle,
+                          static_cast<std::uint64_t>(std::max<std::int64_t>(left.count(), 0)))
+               .has_value()) {
+        ++stuck;
+        continue;
+      }
+      *handle = IoHandle{};
+    }
+    s.finish(i);
+  }
+  if (pending > 0) {
+    STRATA_LOG_WARN(
+        "swap space: {} read(s)/write(s) were still in flight at close; {} before removing {}",
+        pending,
+        stuck == 0
+            ? "waited for them"
+            : fmt::format("{} did not end within {} ms, closing anyway", stuck, kCloseWaitMs),
+        s.run_paths.empty() ? std::string("the swap folder") : s.run_paths.front());
+  }
   for (Impl::Kind& kind : s.kinds) {
     Status closed = s.engine->close_file(kind.file, true);
     if (!closed.is_ok() && result.is_ok()) result = closed;

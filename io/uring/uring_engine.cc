@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "io/core/queue_engine.h"
@@ -23,6 +24,29 @@ using core::PieceStep;
 
 constexpr std::uint64_t kWakeTag = UINT64_MAX;
 constexpr std::uint64_t kRegisteredBufferBytesMax = 1ull << 30;  // kernel limit per buffer
+// A failing io_uring_submit / io_uring_wait_cqe is retried only for EINTR, EAGAIN and EBUSY, at
+// most this many times in a row, sleeping kBackoffUs, doubling up to kBackoffUsMax, in between
+// (about 0.3 s in all); then the worker fails (see fail_worker()).
+constexpr int kAttemptsMax = 40;
+constexpr std::int64_t kBackoffUs = 50;
+constexpr std::int64_t kBackoffUsMax = 10'000;
+// io_uring_get_sqe finding the submission queue full this many times in a row (a submit between
+// each) fails the worker.
+constexpr int kSqeAttemptsMax = 8;
+// A worker's wait for completions returns at least this often (where the kernel has timed
+// waits, IORING_FEAT_EXT_ARG), so a failed worker still sees the engine stop.
+constexpr long long kWaitSliceMs = 50;
+// Marks the wake-up NOP in a worker's list of entries not yet handed to the kernel.
+constexpr std::uint32_t kWakeEntry = UINT32_MAX;
+
+bool retryable(int err) {
+  return err == EINTR || err == EAGAIN || err == EBUSY;
+}
+
+void back_off(int attempt) {
+  std::int64_t us = kBackoffUs << std::min(attempt, 20);
+  std::this_thread::sleep_for(std::chrono::microseconds(std::min(us, kBackoffUsMax)));
+}
 
 std::string memlock_text() {
   struct rlimit rl {};
@@ -61,6 +85,8 @@ class UringEngine final : public core::QueueEngine {
       w->errors.resize(o.queue_depth);
       for (std::uint32_t e = o.queue_depth; e > 0; --e)
         w->free.push_back(e - 1);
+      w->index = t;
+      w->unsubmitted.reserve(o.queue_depth + 2);
       int rc = io_uring_queue_init(o.queue_depth + 2, &w->ring, 0);
       if (rc < 0) {
         return Status(ErrorCode::kUnavailable,
@@ -164,9 +190,24 @@ class UringEngine final : public core::QueueEngine {
     for (auto& w : workers_) {
       std::lock_guard<std::mutex> lock(w->sq_mu);
       if (stop) {
+        // A failed worker hands nothing more to the kernel: it wakes from its bounded wait
+        // (kWaitSliceMs) or, on kernels without timed waits, from this last NOP, tried once.
+        if (!w->failure.is_ok()) {
+          if (!(w->ring.features & IORING_FEAT_EXT_ARG)) {
+            if (struct io_uring_sqe* sqe = io_uring_get_sqe(&w->ring); sqe != nullptr) {
+              io_uring_prep_nop(sqe);
+              io_uring_sqe_set_data64(sqe, kWakeTag);
+              const int rc = io_uring_submit(&w->ring);
+              if (rc < 0) STRATA_LOG_DEBUG("io_uring: wake-up NOP: {}", core::errno_text(-rc));
+            }
+          }
+          continue;
+        }
         struct io_uring_sqe* sqe = get_sqe(*w);
+        if (sqe == nullptr) continue;
         io_uring_prep_nop(sqe);
         io_uring_sqe_set_data64(sqe, kWakeTag);
+        w->unsubmitted.push_back(kWakeEntry);
         submit_locked(*w);
       } else if (!fill_locked(*w)) {
         break;  // the queues are empty
@@ -188,32 +229,77 @@ class UringEngine final : public core::QueueEngine {
     std::uint32_t in_flight = 0;
     std::vector<std::uint32_t> ended;  // worker only: entries whose piece is over
     std::vector<Status> errors;        // worker only: their results, by entry
-    bool warned_submit = false;
+    std::uint32_t index = 0;
+    // Entries prepared in the SQ but not yet taken by the kernel, in order (kWakeEntry: a NOP).
+    std::vector<std::uint32_t> unsubmitted;
+    // Set once the ring failed for good (a submit or wait that kept failing): the worker hands
+    // nothing more to the kernel, fails every piece it is given with this, and only reaps what
+    // the kernel already has.
+    Status failure;
     std::thread thread;
   };
 
+  // A free SQE, or nullptr once the worker failed (the SQ stayed full, or a submit failed).
   struct io_uring_sqe* get_sqe(Worker& w) {
-    struct io_uring_sqe* sqe = io_uring_get_sqe(&w.ring);
-    while (sqe == nullptr) {  // the SQ is full: hand what is there to the kernel
-      io_uring_submit(&w.ring);
-      sqe = io_uring_get_sqe(&w.ring);
+    for (int attempt = 0; w.failure.is_ok(); ++attempt) {
+      struct io_uring_sqe* sqe = io_uring_get_sqe(&w.ring);
+      if (sqe != nullptr) return sqe;
+      if (attempt == kSqeAttemptsMax) {
+        fail_worker(
+            w, "io_uring_get_sqe",
+            fmt::format("the submission queue stayed full after {} submits", kSqeAttemptsMax));
+        break;
+      }
+      submit_locked(w);  // the SQ is full: hand what is there to the kernel
     }
-    return sqe;
+    return nullptr;
   }
 
-  // Hands prepared SQEs to the kernel; caller holds w.sq_mu. A failure leaves them in the SQ
-  // for the next submit.
+  // Hands prepared SQEs to the kernel; caller holds w.sq_mu. EINTR/EAGAIN/EBUSY are retried a
+  // bounded number of times; any other error, or running out of attempts, fails the worker.
   void submit_locked(Worker& w) {
-    int rc = 0;
-    for (int attempt = 0; attempt < 3 && io_uring_sq_ready(&w.ring) > 0; ++attempt) {
-      rc = io_uring_submit(&w.ring);
-      if (rc >= 0) return;
-      if (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) break;
+    for (int attempt = 0; w.failure.is_ok() && io_uring_sq_ready(&w.ring) > 0; ++attempt) {
+      const int injected = injected_uring_error(UringCall::kSubmit);
+      const int rc = injected != 0 ? -injected : io_uring_submit(&w.ring);
+      if (rc >= 0) {
+        const auto taken =
+            std::min<std::size_t>(static_cast<std::size_t>(rc), w.unsubmitted.size());
+        w.unsubmitted.erase(w.unsubmitted.begin(),
+                            w.unsubmitted.begin() + static_cast<std::ptrdiff_t>(taken));
+        attempt = -1;  // progress: a later failure starts its own count
+        continue;
+      }
+      if (!retryable(-rc) || attempt + 1 >= kAttemptsMax) {
+        fail_worker(w, "io_uring_submit",
+                    fmt::format("{}{}", core::errno_text(-rc),
+                                retryable(-rc) ? fmt::format(", {} attempts", kAttemptsMax) : ""));
+        return;
+      }
+      back_off(attempt);
     }
-    if (rc < 0 && !w.warned_submit) {
-      w.warned_submit = true;
-      STRATA_LOG_WARN("io_uring submit failed: {}; will retry", core::errno_text(-rc));
+  }
+
+  // The ring of `w` failed for good in `call`; caller holds w.sq_mu. Takes the SQEs the kernel
+  // has not seen back out of the SQ (without SQPOLL the kernel reads the SQ only inside
+  // io_uring_enter, which this thread holds the ring for), fails their pieces with a kIo error
+  // naming the call, errno and engine, and from then on fails every piece the worker is given,
+  // so no request waits forever. Pieces the kernel already has complete as usual.
+  void fail_worker(Worker& w, const char* call, const std::string& why) {
+    if (!w.failure.is_ok()) return;
+    w.failure = Status(
+        ErrorCode::kIo,
+        fmt::format("{} failed in the uring I/O engine (worker {}): {}", call, w.index, why));
+    STRATA_LOG_WARN("{}", w.failure.to_string());
+    const unsigned head = io_uring_smp_load_acquire(w.ring.sq.khead);
+    io_uring_smp_store_release(w.ring.sq.ktail, head);
+    w.ring.sq.sqe_head = w.ring.sq.sqe_tail = head;
+    for (std::uint32_t entry : w.unsubmitted) {
+      if (entry == kWakeEntry) continue;
+      finish_piece(w.pieces[entry], w.failure);
+      w.free.push_back(entry);
+      --w.in_flight;
     }
+    w.unsubmitted.clear();
   }
 
   // Moves queued pieces into the ring while it has room (without overlap_events only when the
@@ -222,16 +308,28 @@ class UringEngine final : public core::QueueEngine {
   bool fill_locked(Worker& w) {
     const EngineOptions& o = options();
     bool more = true;
+    if (!w.failure.is_ok()) {
+      // A failed worker fails what it takes instead of leaving it queued forever.
+      Piece piece;
+      while (take_piece(&piece))
+        finish_piece(piece, w.failure);
+      return false;
+    }
     if (o.overlap_events || w.in_flight == 0) {
-      while (w.in_flight < o.queue_depth) {
+      while (w.in_flight < o.queue_depth && w.failure.is_ok()) {
         const std::uint32_t entry = w.free.back();
         if (!take_piece(&w.pieces[entry])) {
           more = false;
           break;
         }
         w.free.pop_back();
-        prep(w, entry);
         ++w.in_flight;
+        if (!prep(w, entry)) {
+          finish_piece(w.pieces[entry], w.failure);
+          w.free.push_back(entry);
+          --w.in_flight;
+          break;
+        }
         if (o.single_submit) submit_locked(w);
       }
     }
@@ -239,9 +337,11 @@ class UringEngine final : public core::QueueEngine {
     return more;
   }
 
-  void prep(Worker& w, std::uint32_t entry) {
+  // Puts the piece of `entry` in the SQ; false when the worker failed (w.failure says why).
+  bool prep(Worker& w, std::uint32_t entry) {
     const Piece& p = w.pieces[entry];
     struct io_uring_sqe* sqe = get_sqe(w);
+    if (sqe == nullptr) return false;
     const int fd = w.fixed_files ? static_cast<int>(p.file * kStripesMax + p.stripe) : p.fd;
     const auto length = static_cast<unsigned>(p.remaining);
     if (w.fixed_buffers && p.buffer_index >= 0) {
@@ -257,6 +357,8 @@ class UringEngine final : public core::QueueEngine {
     }
     if (w.fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(sqe, entry);
+    w.unsubmitted.push_back(entry);
+    return true;
   }
 
   // Consumes the completions in the CQ: accounts them, resubmits short pieces, ends the others
@@ -276,8 +378,8 @@ class UringEngine final : public core::QueueEngine {
         Piece& piece = w.pieces[entry];
         w.errors[entry] = Status::ok();
         if (account(&piece, cqe->res, &w.errors[entry]) == PieceStep::kAgain) {
-          prep(w, entry);  // the remainder; submitted below
-          continue;
+          if (prep(w, entry)) continue;  // the remainder; submitted below
+          w.errors[entry] = w.failure;
         }
         w.ended.push_back(entry);
       }
@@ -293,22 +395,47 @@ class UringEngine final : public core::QueueEngine {
     fill_locked(w);
   }
 
-  // The worker: waits for completions and processes them until shutdown.
+  // The worker: waits for completions and processes them until shutdown. A wait that keeps
+  // failing (EINTR/EAGAIN/EBUSY past kAttemptsMax, or any other error) fails the worker; a failed
+  // worker reaps what the kernel still completes without waiting in it (the CQ is shared memory,
+  // filled whenever this thread enters the kernel, its sleep included) and polls for shutdown.
   void run(Worker& w) {
-    bool warned_wait = false;
+    int failed_waits = 0;
     for (;;) {
-      struct io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&w.ring, &cqe);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
-        if (!warned_wait) {
-          STRATA_LOG_WARN("io_uring wait failed: {}; retrying", core::errno_text(-rc));
-          warned_wait = true;
-        }
+      bool failed = false;
+      {
+        std::lock_guard<std::mutex> lock(w.sq_mu);
+        failed = !w.failure.is_ok();
+      }
+      if (failed) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } else {
+        struct io_uring_cqe* cqe = nullptr;
+        const int injected = injected_uring_error(UringCall::kWaitCqe);
+        int rc = -injected;
+        if (injected == 0 && (w.ring.features & IORING_FEAT_EXT_ARG)) {
+          struct __kernel_timespec slice {};
+          slice.tv_nsec = kWaitSliceMs * 1'000'000;
+          rc = io_uring_wait_cqe_timeout(&w.ring, &cqe, &slice);
+          if (rc == -ETIME) rc = 0;  // no completion in this slice
+        } else if (injected == 0) {
+          rc = io_uring_wait_cqe(&w.ring, &cqe);
+        }
+        if (rc >= 0) {
+          failed_waits = 0;
+        } else if (retryable(-rc) && ++failed_waits < kAttemptsMax) {
+          back_off(failed_waits);
+        } else {
+          std::lock_guard<std::mutex> lock(w.sq_mu);
+          fail_worker(
+              w, "io_uring_wait_cqe",
+              fmt::format("{}{}", core::errno_text(-rc),
+                          retryable(-rc) ? fmt::format(", {} attempts", kAttemptsMax) : ""));
+        }
       }
       process(w);
       std::lock_guard<std::mutex> lock(w.sq_mu);
-      if (w.in_flight == 0 && stopping()) break;
+      if (stopping() && (w.in_flight == 0 || !w.failure.is_ok())) break;
     }
   }
 

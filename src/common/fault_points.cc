@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 namespace strata {
 namespace {
@@ -50,6 +51,88 @@ std::atomic<bool> g_fault_set{false};
 std::mutex g_fault_mutex;
 std::optional<FileFault> g_fault;
 
+// A positive count, or 0 when `text` is not one.
+std::uint64_t parse_count(const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
+  return !text.empty() && text[0] != '-' && end != nullptr && *end == '\0' ? n : 0;
+}
+
+// An errno from a number ("28") or its name ("ENOSPC"); 0 when it is neither.
+int parse_errno(const std::string& text) {
+  const std::uint64_t n = parse_count(text);
+  if (n > 0 && n < 4096) return static_cast<int>(n);
+  for (int e = 1; e < 256; ++e) {
+    const char* name = strerrorname_np(e);
+    if (name != nullptr && text == name) return e;
+  }
+  return 0;
+}
+
+std::optional<IoFault> io_fault_from_env() {
+  const char* env = std::getenv("STRATA_TEST_IO_FAULT");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  std::vector<std::string> fields;
+  const std::string text = env;
+  for (std::size_t begin = 0;;) {
+    const std::size_t colon = text.find(':', begin);
+    fields.push_back(text.substr(begin, colon - begin));
+    if (colon == std::string::npos) break;
+    begin = colon + 1;
+  }
+  if ((fields.size() == 3 || fields.size() == 4) && !fields[0].empty()) {
+    IoFault f;
+    f.path_contains = fields[0];
+    f.nth = parse_count(fields[1]);
+    f.error = parse_errno(fields[2]);
+    const std::string only = fields.size() == 4 ? fields[3] : "";
+    f.reads = only != "write";
+    f.writes = only != "read";
+    if (f.nth > 0 && f.error > 0 && (only.empty() || only == "read" || only == "write")) return f;
+  }
+  std::fprintf(stderr,
+               "strata: STRATA_TEST_IO_FAULT='%s' is not TEXT:N:ERRNO[:read|:write] (e.g. "
+               ".swp:40:ENOSPC:write); ignored\n",
+               env);
+  return std::nullopt;
+}
+
+std::optional<SwapCorruption> swap_corruption_from_env() {
+  const char* env = std::getenv("STRATA_TEST_SWAP_CORRUPT");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string text = env;
+  const std::size_t colon = text.rfind(':');
+  if (colon != std::string::npos && colon > 0) {
+    SwapCorruption c;
+    c.kind = text.substr(0, colon);
+    c.nth = parse_count(text.substr(colon + 1));
+    if (c.nth > 0) return c;
+  }
+  std::fprintf(stderr,
+               "strata: STRATA_TEST_SWAP_CORRUPT='%s' is not KIND:N (e.g. master:3); ignored\n",
+               env);
+  return std::nullopt;
+}
+
+// Read from the environment once, at start-up; set_*() replaces them.
+std::mutex g_io_mutex;
+std::optional<IoFault> g_io_fault = io_fault_from_env();
+std::uint64_t g_io_operations = 0;
+std::atomic<bool> g_io_set{g_io_fault.has_value()};
+
+std::mutex g_swap_mutex;
+std::optional<SwapCorruption> g_swap_corruption = swap_corruption_from_env();
+std::uint64_t g_swap_writes = 0;
+std::atomic<bool> g_swap_set{g_swap_corruption.has_value()};
+
+std::mutex g_uring_mutex;
+std::atomic<bool> g_uring_set{false};
+struct UringFault {
+  int error = 0;
+  std::uint32_t count = 0;
+};
+UringFault g_uring[2];
+
 }  // namespace
 
 void crash_point(const char* name) {
@@ -87,6 +170,67 @@ int injected_file_error(FileOp op, const std::string& path, std::uint64_t offset
   if (allowed != nullptr)
     *allowed = g_fault->after_bytes > offset ? g_fault->after_bytes - offset : 0;
   return g_fault->error;
+}
+
+void set_io_fault(std::optional<IoFault> fault) {
+  std::lock_guard<std::mutex> lock(g_io_mutex);
+  g_io_fault = std::move(fault);
+  g_io_operations = 0;
+  g_io_set.store(g_io_fault.has_value());
+}
+
+bool io_fault_armed() {
+  return g_io_set.load(std::memory_order_relaxed);
+}
+
+int injected_io_error(const std::string& path, bool write) {
+  if (!io_fault_armed()) return 0;
+  std::lock_guard<std::mutex> lock(g_io_mutex);
+  if (!g_io_fault || !(write ? g_io_fault->writes : g_io_fault->reads) ||
+      path.find(g_io_fault->path_contains) == std::string::npos) {
+    return 0;
+  }
+  return ++g_io_operations == g_io_fault->nth ? g_io_fault->error : 0;
+}
+
+std::uint64_t io_fault_operations() {
+  std::lock_guard<std::mutex> lock(g_io_mutex);
+  return g_io_operations;
+}
+
+void set_swap_corruption(std::optional<SwapCorruption> corruption) {
+  std::lock_guard<std::mutex> lock(g_swap_mutex);
+  g_swap_corruption = std::move(corruption);
+  g_swap_writes = 0;
+  g_swap_set.store(g_swap_corruption.has_value());
+}
+
+bool swap_write_corrupts(const std::string& kind) {
+  if (!g_swap_set.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(g_swap_mutex);
+  if (!g_swap_corruption || kind != g_swap_corruption->kind) return false;
+  return ++g_swap_writes == g_swap_corruption->nth;
+}
+
+std::uint64_t swap_corruption_writes() {
+  std::lock_guard<std::mutex> lock(g_swap_mutex);
+  return g_swap_writes;
+}
+
+void set_uring_fault(UringCall call, int error, std::uint32_t count) {
+  std::lock_guard<std::mutex> lock(g_uring_mutex);
+  g_uring[static_cast<int>(call)] = UringFault{error, count};
+  g_uring_set.store(g_uring[0].count != 0 || g_uring[1].count != 0);
+}
+
+int injected_uring_error(UringCall call) {
+  if (!g_uring_set.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(g_uring_mutex);
+  UringFault& f = g_uring[static_cast<int>(call)];
+  if (f.count == 0) return 0;
+  --f.count;
+  g_uring_set.store(g_uring[0].count != 0 || g_uring[1].count != 0);
+  return f.error;
 }
 
 }  // namespace strata

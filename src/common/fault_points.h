@@ -7,7 +7,19 @@
 //     The durable writers (durable_file.h) pass one before and after each write, fsync and
 //     rename, so a test can stop a checkpoint write at every step of it;
 //   - file faults: set_file_fault() makes the durable writers fail on a file whose path contains
-//     a string, as the kernel would (ENOSPC or EIO after some bytes, or at fsync or rename).
+//     a string, as the kernel would (ENOSPC or EIO after some bytes, or at fsync or rename);
+//   - I/O faults: STRATA_TEST_IO_FAULT=TEXT:N:ERRNO[:read|:write] makes the N-th operation
+//     (1-based; only reads or only writes count when the last field says so) of the I/O engines
+//     on a file whose path contains TEXT fail with ERRNO (a number or a name: ENOSPC, EIO, ...),
+//     as the drive would; set_io_fault() does the same from a test, counting from the call. Every
+//     engine (uring, posix, the twin) passes each result through QueueEngine::account, which asks
+//     injected_io_error();
+//   - swap corruption: STRATA_TEST_SWAP_CORRUPT=KIND:N flips a bit of the stored checksum of the
+//     N-th extent written to swap kind KIND (param, master, exp_avg, exp_avg_sq, grad), so reading
+//     it back fails with "checksum mismatch" exactly as a flipped data byte would (the data in
+//     memory stays right); set_swap_corrupt() does the same from a test, counting from the call;
+//   - io_uring calls: set_uring_fault() makes the next io_uring_submit / io_uring_wait_cqe calls
+//     of the uring engine fail with an errno (io/uring/uring_engine.cc).
 #pragma once
 
 #include <cstdint>
@@ -36,5 +48,51 @@ void set_file_fault(std::optional<FileFault> fault);
 // say which bytes the write covers; `*allowed` gets how many of them may be written first.
 int injected_file_error(FileOp op, const std::string& path, std::uint64_t offset = 0,
                         std::uint64_t bytes = 0, std::uint64_t* allowed = nullptr);
+
+struct IoFault {
+  std::string path_contains;  // the fault applies to operations on files whose path contains this
+  std::uint64_t nth = 1;      // the N-th such operation (1-based) fails; later ones succeed
+  int error = 5;              // errno to report (5 = EIO, 28 = ENOSPC)
+  bool reads = true;          // reads count
+  bool writes = true;         // writes count
+};
+
+// Installs (or with nullopt removes) the one I/O fault of this process, replacing one read from
+// STRATA_TEST_IO_FAULT; its operation count starts at zero. For tests.
+void set_io_fault(std::optional<IoFault> fault);
+
+// Whether an I/O fault is installed (one relaxed load: the engines ask before naming the file).
+bool io_fault_armed();
+
+// Counts one engine operation (a write when `write`) on `path`; returns the errno it must fail
+// with, or 0.
+int injected_io_error(const std::string& path, bool write);
+
+// Operations counted against the installed I/O fault so far (tests use it to place a fault).
+std::uint64_t io_fault_operations();
+
+struct SwapCorruption {
+  std::string kind;       // swap kind name: "param", "master", "exp_avg", ...
+  std::uint64_t nth = 1;  // the N-th extent written to that kind (1-based) is corrupted
+};
+
+// Installs (or with nullopt removes) the swap corruption of this process, replacing one read from
+// STRATA_TEST_SWAP_CORRUPT; its write count starts at zero. For tests.
+void set_swap_corruption(std::optional<SwapCorruption> corruption);
+
+// Counts one extent written to swap kind `kind`; true when it is the one to corrupt.
+bool swap_write_corrupts(const std::string& kind);
+
+// Extents counted against the installed swap corruption so far.
+std::uint64_t swap_corruption_writes();
+
+enum class UringCall : std::uint8_t { kSubmit, kWaitCqe };
+
+// Makes the next `count` calls of `call` in the uring engine fail with `error` (a positive errno)
+// before reaching the kernel; count 0 removes the fault. For tests.
+void set_uring_fault(UringCall call, int error, std::uint32_t count);
+
+// The errno the next `call` must fail with (consuming one of its count), or 0.
+int injected_uring_error(UringCall call);
 
 }  // namespace strata

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <limits>
 
+#include "common/log.h"
+
 namespace strata::offload {
 namespace {
 
@@ -46,7 +48,13 @@ ParamScheduler::ParamScheduler(TierManager& tiers, UpdateGate* gate, comm::Comm*
       order_(tiers.units(), kUsesPerUnitMax * tiers.units() + kUsesSpare) {}
 
 ParamScheduler::~ParamScheduler() {
-  (void)drain();
+  // Whatever is in flight completes or is abandoned: drain() always ends. A failure reported
+  // before is not repeated.
+  const bool reported = !first_error_.is_ok();
+  Status drained = drain();
+  if (!drained.is_ok() && !reported) {
+    STRATA_LOG_WARN("parameter fetches at teardown: {}", drained.to_string());
+  }
   for (UnitState& s : states_) {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
   }
@@ -212,16 +220,21 @@ int ParamScheduler::next_use(int unit) const {
   return order_.next_use(unit, order_.cursor());
 }
 
+void ParamScheduler::note(const Status& s) {
+  if (!s.is_ok() && first_error_.is_ok()) first_error_ = s;
+}
+
 void ParamScheduler::begin_pass(Pass kind) {
   order_.begin(kind);
-  (void)prefetch();
+  // Nothing here can report: a failure is kept and returned by the next acquire, pump or drain.
+  if (first_error_.is_ok()) note(prefetch());
 }
 
 void ParamScheduler::end_pass() {
   // A gather started ahead for a use that did not come (the pass diverged): finish it and drop its
-  // hold, at the same point on every rank.
+  // hold, at the same point on every rank. A failure is kept (first_error()).
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathering) (void)finish_gather(static_cast<int>(u));
+    if (states_[u].gathering) note(finish_gather(static_cast<int>(u)));
   }
   order_.end();
 }
@@ -398,9 +411,54 @@ Status ParamScheduler::issue_reads(int unit, bool demand) {
   return Status::ok();
 }
 
+Status ParamScheduler::advance(int unit, bool block) {
+  Status s = move_fetch(unit, block);
+  if (!s.is_ok()) {
+    const Stage stage = state(unit).stage;
+    if (stage == Stage::kReading || stage == Stage::kCopying || stage == Stage::kHandoff) {
+      abandon(unit);
+    }
+    note(s);
+  }
+  return s;
+}
+
+void ParamScheduler::abandon(int unit) {
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  UnitState& st = state(unit);
+  STRATA_ASSERT(st.stage == Stage::kReading || st.stage == Stage::kCopying ||
+                st.stage == Stage::kHandoff);
+  if (st.stage == Stage::kReading) {
+    // Leave nothing in flight behind: the reads write into the staging buffer or frame.
+    for (std::int64_t t = 0; t < st.next_tile; ++t) {
+      if (st.read_done[static_cast<std::size_t>(t)]) continue;
+      Status read = tiers_.wait(SlotKind::kParam, st.reads[static_cast<std::size_t>(t)]);
+      if (!read.is_ok()) STRATA_LOG_DEBUG("abandoned parameter read: {}", read.to_string());
+      st.read_done[static_cast<std::size_t>(t)] = 1;
+      ++st.done_tiles;
+      --reads_in_flight_;
+    }
+  } else if (st.stage == Stage::kCopying) {
+    Status copied = backend_.synchronize(st.copied);
+    if (!copied.is_ok()) STRATA_LOG_DEBUG("abandoned parameter copy: {}", copied.to_string());
+  }
+  if (st.staging >= 0) {
+    staging_busy_[static_cast<std::size_t>(st.staging)] = 0;
+    st.staging = -1;
+  }
+  if (st.frame >= 0) {
+    frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)].unit = -1;
+    st.frame = -1;
+  }
+  st.stage = Stage::kAbsent;
+  st.handed = false;
+  auto it = std::find(in_flight_.begin(), in_flight_.end(), unit);
+  if (it != in_flight_.end()) in_flight_.erase(it);
+}
+
 // Moves one fetch along: reads done -> host->device copy -> resident. With `block`, until it is
 // resident.
-Status ParamScheduler::advance(int unit, bool block) {
+Status ParamScheduler::move_fetch(int unit, bool block) {
   const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   UnitState& st = state(unit);
   Trace* trace = tiers_.trace();
@@ -432,13 +490,7 @@ Status ParamScheduler::advance(int unit, bool block) {
       ++st.done_tiles;
       --reads_in_flight_;
       if (!done->is_ok()) {
-        // Leave nothing in flight behind: wait for this unit's other reads, then report.
-        for (std::int64_t r = 0; r < st.next_tile; ++r) {
-          if (st.read_done[static_cast<std::size_t>(r)]) continue;
-          (void)tiers_.wait(SlotKind::kParam, st.reads[static_cast<std::size_t>(r)]);
-          st.read_done[static_cast<std::size_t>(r)] = 1;
-          --reads_in_flight_;
-        }
+        // advance() abandons the fetch: its other reads are waited for there.
         return done->with_context(
             fmt::format("reading the parameters of {}",
                         tiers_.layout().units[static_cast<std::size_t>(unit)].name));
@@ -489,6 +541,7 @@ Status ParamScheduler::complete(int unit) {
 }
 
 Status ParamScheduler::pump() {
+  STRATA_TRY(first_error_);
   for (std::size_t i = 0; i < in_flight_.size();) {
     const int u = in_flight_[i];
     STRATA_TRY(advance(u, false));
@@ -498,9 +551,15 @@ Status ParamScheduler::pump() {
 }
 
 Status ParamScheduler::drain() {
-  while (!in_flight_.empty())
-    STRATA_TRY(advance(in_flight_.front(), true));
-  return Status::ok();
+  // advance(.., true) ends each fetch: resident, or failed and abandoned. Either way the unit
+  // leaves in_flight_, so this loop ends after any error.
+  while (!in_flight_.empty()) {
+    const int unit = in_flight_.front();
+    Status s = advance(unit, true);
+    STRATA_ASSERT_MSG(s.is_ok() || in_flight_.empty() || in_flight_.front() != unit,
+                      "a failed fetch stayed in flight");
+  }
+  return first_error_;
 }
 
 Status ParamScheduler::prefetch() {
@@ -537,6 +596,7 @@ Status ParamScheduler::prefetch() {
 }
 
 Result<const void*> ParamScheduler::acquire(int unit) {
+  STRATA_TRY(first_error_);
   order_.use(unit);
   const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   if (!up.framed) return static_cast<const void*>(tiers_.device_param(unit));

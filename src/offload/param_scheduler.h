@@ -71,19 +71,26 @@ class ParamScheduler {
   ParamScheduler(const ParamScheduler&) = delete;
   ParamScheduler& operator=(const ParamScheduler&) = delete;
 
-  // Starts / ends a pass (a training step's micro-batches are one pass each).
+  // Starts / ends a pass (a training step's micro-batches are one pass each). A failure of the
+  // prefetches or gathers they start is kept as the scheduler's first error (see first_error()).
   void begin_pass(Pass kind);
   void end_pass();
-  // Unit u's parameters in the storage type on the device, valid until release(u).
+  // Unit u's parameters in the storage type on the device, valid until release(u). Returns the
+  // first error once there is one.
   Result<const void*> acquire(int unit);
   void release(int unit);
   // Unit u's parameters changed in their home: its device copy is dropped. The unit must not be
   // in use or in flight.
   void invalidate(int unit);
-  // Moves fetches along without blocking and starts planned prefetches.
+  // Moves fetches along without blocking and starts planned prefetches; returns the first error
+  // once there is one.
   Status pump();
-  // Completes every fetch in flight.
+  // Completes every fetch in flight; a fetch that fails is abandoned (its frame and staging
+  // buffer freed), so drain always ends. Returns the first error of the scheduler, if any.
   Status drain();
+  // The first error any fetch, prefetch or gather met (ok if none): I/O errors and corrupt
+  // extents are never lost, even where they happened in a call that cannot report them.
+  const Status& first_error() const { return first_error_; }
 
   const SchedulerStats& stats() const { return stats_; }
   const UseOrder& order() const { return order_; }
@@ -141,7 +148,15 @@ class ParamScheduler {
   Result<int> find_frame(int unit, bool demand);
   Result<int> find_staging(bool demand);
   Status issue_reads(int unit, bool demand);
+  // Moves one fetch along (see move_fetch()); a fetch that fails is abandoned and its error
+  // recorded, so the unit leaves in_flight_ either way when `block`.
   Status advance(int unit, bool block);
+  Status move_fetch(int unit, bool block);
+  // Ends a failed fetch: waits for its reads still in flight and its copy, frees its staging
+  // buffer and frame, and takes it off in_flight_ (the unit is absent again).
+  void abandon(int unit);
+  // Keeps `s` as the first error if it is one.
+  void note(const Status& s);
   Status complete(int unit);
   void evict(int unit);
   Status prefetch();
@@ -161,6 +176,7 @@ class ParamScheduler {
   std::vector<int> in_flight_;  // units reading or copying, in start order
   int reads_in_flight_ = 0;
   SchedulerStats stats_;
+  Status first_error_;
 };
 
 }  // namespace strata::offload

@@ -244,6 +244,28 @@ TEST_P(SwapSpaceTest, FilesAreOwnedPrivateAndRemovedAtClose) {
   }
 }
 
+// A caller that stops on an error may leave reads and writes in flight: close() waits for them
+// and still removes the files and folders.
+TEST_P(SwapSpaceTest, CloseWithOperationsInFlightRemovesTheFolder) {
+  auto space = make(options(2));
+  ASSERT_NE(space, nullptr);
+  const std::vector<std::string> runs = space->run_dirs();
+  AlignedBuffer written(kMiB), read(kMiB);
+  stamp(written.data(), kMiB, 0, 1);
+  auto a = space->allocate(0, kMiB);
+  auto b = space->allocate(1, kMiB);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  auto w = space->write(*a, written.data());
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto r = space->read(*b, read.data());
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  // Neither handle is waited for.
+  Status closed = space->close();
+  EXPECT_TRUE(closed.is_ok()) << closed.to_string();
+  for (const std::string& run : runs)
+    EXPECT_FALSE(std::filesystem::exists(run)) << run;
+}
+
 TEST_P(SwapSpaceTest, NotEnoughFreeSpaceFailsEarlyWithTheNumbers) {
   SwapOptions o = options();
   o.kinds = {{"master", 200 * kMiB}, {"exp_avg", 200 * kMiB}};

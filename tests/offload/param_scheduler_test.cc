@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backend/cpu_backend.h"
+#include "common/fault_points.h"
 #include "io/sim/sim_engine.h"
 #include "kernels/cpu/float16.h"
 #include "model/model_spec.h"
@@ -178,6 +179,34 @@ TEST_F(SchedulerTest, WithoutAPrefetchBucketEveryFetchIsOnDemand) {
   pass(kRunnerOrder);
   EXPECT_EQ(scheduler_->stats().prefetches, 0u);
   EXPECT_GT(scheduler_->stats().demand_fetches, 0u);
+}
+
+// A corrupt parameter extent fails the fetch that reads it; the fetch is abandoned (frame and
+// staging freed), so draining and teardown end, and the error is not lost: every later call that
+// can report returns it.
+TEST_F(SchedulerTest, FaultCorruptParameterExtentFailsTheFetchAndDrainEnds) {
+  build(20000);
+  pass(kRunnerOrder);
+  pass(kRunnerOrder);
+  ASSERT_TRUE(scheduler_->drain().is_ok());
+  set_swap_corruption(SwapCorruption{"param", 1});  // unit 0's first tile, written next
+  set_version(2);
+  set_swap_corruption(std::nullopt);
+  scheduler_->begin_pass(Pass::kTrain);  // prefetches unit 0 and those after it
+  auto p = scheduler_->acquire(0);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), ErrorCode::kCorrupt) << p.status().to_string();
+  EXPECT_NE(p.status().to_string().find("checksum mismatch"), std::string::npos)
+      << p.status().to_string();
+  EXPECT_NE(p.status().to_string().find("strata-param-r0.swp"), std::string::npos)
+      << p.status().to_string();
+  scheduler_->end_pass();
+  Status drained = scheduler_->drain();  // ends: the failed fetch is no longer in flight
+  EXPECT_EQ(drained.code(), ErrorCode::kCorrupt) << drained.to_string();
+  EXPECT_EQ(scheduler_->first_error().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(scheduler_->pump().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(scheduler_->acquire(1).status().code(), ErrorCode::kCorrupt);
+  scheduler_.reset();  // teardown drains too, and ends
 }
 
 }  // namespace

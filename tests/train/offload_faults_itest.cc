@@ -1,12 +1,20 @@
 // Offloaded state survives what goes wrong: a checkpoint of NVMe-homed state resumes
 // bit-identically; EIO or ENOSPC from the drive in the middle of a run (through the I/O fault
 // twin) stops training with an error that names the file and leaves the last checkpoint intact
-// and loadable; an unusable nvme_path is refused before training starts.
+// and loadable; an unusable nvme_path is refused before training starts. Swap files fail cleanly
+// with the real engines too (common/fault_points.h): a corrupt parameter or optimizer extent,
+// ENOSPC or EIO on a .swp file stop the run (in-process and from the CLI: exit 1, no hang) with
+// an error naming the file, remove the run's swap folder and leave the last checkpoint loadable.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
+#include "common/fault_points.h"
 #include "io/sim/sim_engine.h"
 #include "support/run_strata.h"
 #include "train/checkpoint.h"
@@ -191,6 +199,199 @@ TEST(OffloadFaults, MissingNvmePathIsCreatedAndReadOnlyOneRefusedByTheCli) {
   EXPECT_NE(ro.err.find("nvme_path"), std::string::npos) << ro.err;
   EXPECT_NE(ro.err.find(read_only), std::string::npos) << ro.err;
   std::filesystem::permissions(dir.path() + "/ro", std::filesystem::perms::owner_all);
+}
+
+// ---- swap files fail cleanly (real engines, fault_points.h) ----------------------------------
+
+constexpr int kFaultSteps = 4;  // a checkpoint after step 2, the fault in the resumed run
+
+// What a failure injected into the run resumed from step 2 looks like.
+struct Injection {
+  std::string name;
+  std::optional<SwapCorruption> corrupt;  // or:
+  std::optional<IoFault> io;              // nth is placed by place_io_fault()
+  ErrorCode code = ErrorCode::kCorrupt;
+  std::vector<std::string> says;  // fragments of the error
+};
+
+struct ClearInjection {
+  ~ClearInjection() {
+    set_swap_corruption(std::nullopt);
+    set_io_fault(std::nullopt);
+  }
+};
+
+// Runs `body` and fails the whole test program if it does not end within `seconds`: a hang is the
+// bug these tests guard against, and a hung thread cannot be stopped.
+template <typename F>
+void within(int seconds, const char* what, F body) {
+  auto done = std::async(std::launch::async, body);
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "FATAL: %s did not end within %d s (hang)\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+std::vector<std::string> swap_folders(const std::string& nvme) {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(nvme)) {
+    if (e.path().filename().string().rfind("strata-swap-", 0) == 0) found.push_back(e.path());
+  }
+  return found;
+}
+
+// A run of 2 steps with a checkpoint; returns the checkpoint's directory.
+std::string checkpointed_run(Scenario& s) {
+  auto t = s.trainer();
+  if (t == nullptr) return "";
+  steps(*t, 2);
+  auto checkpoint = t->save_checkpoint();
+  EXPECT_TRUE(checkpoint.is_ok()) << checkpoint.status().to_string();
+  return checkpoint.is_ok() ? *checkpoint : "";
+}
+
+// Engine writes to files matching `text` that a run resumed from `root` makes while it is created,
+// and by the end of its first step: an I/O fault between the two strikes mid-step.
+std::pair<std::uint64_t, std::uint64_t> writes_of_resume(Scenario& s, const std::string& root,
+                                                         const std::string& text) {
+  ClearInjection clear;
+  set_io_fault(IoFault{text, ~0ull, EIO, false, true});
+  auto t = s.trainer({"strata.resume_from=" + root});
+  if (t == nullptr) return {0, 0};
+  const std::uint64_t created = io_fault_operations();
+  steps(*t, 1);
+  EXPECT_TRUE(t->finish_step().is_ok());
+  return {created, io_fault_operations()};
+}
+
+// The checkpoint is still the latest, loads, and training from it goes on.
+void expect_checkpoint_intact(Scenario& s, const std::string& checkpoint) {
+  const std::string root = s.dir.path() + "/out/checkpoints";
+  auto found = train::find_checkpoint(root);
+  ASSERT_TRUE(found.is_ok()) << found.status().to_string();
+  EXPECT_EQ(*found, checkpoint);
+  auto resumed = s.trainer({"strata.resume_from=" + root});
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(steps(*resumed, 2).size(), 2u);
+  EXPECT_TRUE(resumed->finish_step().is_ok());
+}
+
+void expect_named(const std::string& text, const Injection& f) {
+  for (const std::string& fragment : f.says)
+    EXPECT_NE(text.find(fragment), std::string::npos) << f.name << ": no '" << fragment << "' in\n"
+                                                      << text;
+}
+
+void fail_in_process(Injection f) {
+  ClearInjection clear;
+  Scenario s;
+  const std::string checkpoint = checkpointed_run(s);
+  ASSERT_FALSE(checkpoint.empty());
+  const std::string root = s.dir.path() + "/out/checkpoints";
+  if (f.io) {
+    const auto [created, stepped] = writes_of_resume(s, root, f.io->path_contains);
+    ASSERT_GT(stepped, created + 1) << f.name;
+    f.io->nth = (created + stepped) / 2;
+    set_io_fault(f.io);
+  } else {
+    set_swap_corruption(f.corrupt);
+  }
+  std::unique_ptr<train::Trainer> t;
+  Status failed;
+  within(60, "the failing run", [&] {
+    auto made = train::Trainer::create(
+        testing::load(config::to_json(s.config), {"strata.resume_from=" + root}), s.options);
+    if (!made.is_ok()) {
+      failed = made.status();
+      return;
+    }
+    t = std::move(*made);
+    for (int i = 0; i < kFaultSteps && failed.is_ok(); ++i) {
+      auto r = t->train_step();
+      failed = r.is_ok() ? t->finish_step() : r.status();
+    }
+  });
+  ASSERT_FALSE(failed.is_ok()) << f.name << ": no error surfaced";
+  EXPECT_EQ(failed.code(), f.code) << failed.to_string();
+  expect_named(failed.to_string(), f);
+  within(30, "tearing down the failed run", [&] { t.reset(); });
+  EXPECT_TRUE(swap_folders(s.dir.path() + "/nvme").empty()) << f.name;
+  set_swap_corruption(std::nullopt);
+  set_io_fault(std::nullopt);
+  expect_checkpoint_intact(s, checkpoint);
+}
+
+void fail_from_the_cli(Injection f) {
+  ClearInjection clear;
+  Scenario s;
+  const std::string checkpoint = checkpointed_run(s);
+  ASSERT_FALSE(checkpoint.empty());
+  const std::string root = s.dir.path() + "/out/checkpoints";
+  std::string env;
+  if (f.io) {
+    const auto [created, stepped] = writes_of_resume(s, root, f.io->path_contains);
+    ASSERT_GT(stepped, created + 1) << f.name;
+    env = "STRATA_TEST_IO_FAULT=" + f.io->path_contains + ":" +
+          std::to_string((created + stepped) / 2) + ":" + strerrorname_np(f.io->error) + ":write";
+  } else {
+    env = "STRATA_TEST_SWAP_CORRUPT=" + f.corrupt->kind + ":" + std::to_string(f.corrupt->nth);
+  }
+  const std::string config = s.dir.write_file("c.json", config::to_json(s.config));
+  auto run = testing::run_strata(
+      {"train", "--config", config, "--quiet", "--set", "strata.resume_from=" + root}, {env}, 30);
+  EXPECT_EQ(run.exit_code, 1) << f.name << " (" << env << "):\n" << run.err;
+  expect_named(run.err, f);
+  EXPECT_TRUE(swap_folders(s.dir.path() + "/nvme").empty()) << f.name << "\n" << run.err;
+  expect_checkpoint_intact(s, checkpoint);
+}
+
+// Written while the checkpoint loads, read in step 3. The second parameter extent is the first
+// tile of block.0, a unit of several tiles: its fetch fails with reads of the unit still to wait
+// for (the case that once left the fetch in flight forever, hanging teardown).
+Injection corrupt(const std::string& kind, std::uint64_t nth) {
+  Injection f;
+  f.name = "corrupt " + kind;
+  f.corrupt = SwapCorruption{kind, nth};
+  f.code = ErrorCode::kCorrupt;
+  f.says = {"checksum mismatch", "strata-" + kind + "-r0.swp"};
+  return f;
+}
+
+Injection drive_error(int error) {
+  Injection f;
+  f.name = strerrorname_np(error);
+  f.io = IoFault{"strata-master-r0.swp", 0, error, false, true};  // a write fails
+  f.code = error == ENOSPC ? ErrorCode::kNoSpace : ErrorCode::kIo;
+  f.says = {"strata-master-r0.swp", strerrorname_np(error)};
+  if (error == ENOSPC) f.says.push_back("no space");
+  return f;
+}
+
+TEST(SwapFailsCleanly, CorruptOptimizerExtentInProcess) {
+  fail_in_process(corrupt("master", 1));
+}
+TEST(SwapFailsCleanly, CorruptParameterExtentInProcess) {
+  fail_in_process(corrupt("param", 2));
+}
+TEST(SwapFailsCleanly, CorruptOptimizerExtentFromTheCli) {
+  fail_from_the_cli(corrupt("master", 1));
+}
+TEST(SwapFailsCleanly, CorruptParameterExtentFromTheCli) {
+  fail_from_the_cli(corrupt("param", 2));
+}
+TEST(SwapFailsCleanly, EnospcOnASwapFileInProcess) {
+  fail_in_process(drive_error(ENOSPC));
+}
+TEST(SwapFailsCleanly, EnospcOnASwapFileFromTheCli) {
+  fail_from_the_cli(drive_error(ENOSPC));
+}
+TEST(SwapFailsCleanly, EioOnASwapFileInProcess) {
+  fail_in_process(drive_error(EIO));
+}
+TEST(SwapFailsCleanly, EioOnASwapFileFromTheCli) {
+  fail_from_the_cli(drive_error(EIO));
 }
 
 }  // namespace
