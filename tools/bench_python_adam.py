@@ -26,12 +26,18 @@ cannot be built is reported as skipped with the reason; one that needs more memo
 free is skipped unless --force; one whose worker process dies is reported as failed. --dry-run
 prints what each variant would need and whether it fits.
 
---json prints one object per variant: variant, params, dtype, median_s, min_s, rounds,
+--json prints one object per variant: variant, params, dtype, median_s, min_s, rounds, repeats,
 ratio_vs_torch_foreach (median_s over torch-foreach's median_s; null without it), status ("ok",
 "skipped", "failed"), reason (not "ok"), and with "ok": times_s, first_step_s (the warm-up step),
-setup_s (building the optimizer: DeepSpeed's JIT build, Strata's swap files), init_s, threads, torch.
+setup_s (building the optimizer: DeepSpeed's JIT build, Strata's swap files), init_s, threads,
+torch.
 
-Usage: bench_python_adam.py [--params 1e9] [--rounds 5] [--param-dtype fp32|bf16]
+--repeats R runs each variant in R processes, the order of the variants alternating, and pools
+their timed steps (median and minimum over all R x --rounds steps; process_medians_s lists each
+process's median): on a machine shared with other work, one process can be slowed for its whole
+life, and a single process per variant then misleads.
+
+Usage: bench_python_adam.py [--params 1e9] [--rounds 5] [--repeats 1] [--param-dtype fp32|bf16]
                             [--variants torch-foreach,torch-fused,...] [--nvme-dir DIR]
                             [--dry-run] [--json] [--force]
 tools/bench_python_adam.sh sets up a virtual environment with deepspeed and runs this.
@@ -349,6 +355,25 @@ def run_variant(variant, args):
     return record
 
 
+def pool_runs(runs):
+    """One outcome from the --repeats processes of a variant: the median and minimum over all
+    their timed steps; the per-process medians are kept (process_medians_s)."""
+    if len(runs) == 1:
+        return runs[0]
+    times = [t for r in runs for t in r["times_s"]]
+    pooled = dict(runs[0])
+    pooled.update({
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "times_s": times,
+        "process_medians_s": [r["median_s"] for r in runs],
+        "first_step_s": statistics.median(r["first_step_s"] for r in runs),
+        "setup_s": statistics.median(r["setup_s"] for r in runs),
+        "finite": all(r["finite"] for r in runs),
+    })
+    return pooled
+
+
 def result_record(variant, args, outcome, reference_median):
     record = {
         "variant": variant,
@@ -357,6 +382,7 @@ def result_record(variant, args, outcome, reference_median):
         "median_s": None,
         "min_s": None,
         "rounds": args.rounds,
+        "repeats": args.repeats,
         "ratio_vs_torch_foreach": None,
     }
     record.update(outcome)
@@ -376,6 +402,9 @@ def main(argv=None):
     parser.add_argument("--params", type=parse_count, default=10**9,
                         help="parameter elements (default 1e9)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps after one warm-up")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every variant in this many processes, in alternating order, "
+                             "and pool their timed steps (for a machine shared with others)")
     parser.add_argument("--param-dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ",".join(VARIANTS))
@@ -391,6 +420,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
 
     if args.worker:
         outcome = run_worker(args)
@@ -417,20 +448,34 @@ def main(argv=None):
 
     shapes = llama7b_shapes(args.params)
     print(f"bench_python_adam: {args.params} {args.param_dtype} elements in {len(shapes)} tensors, "
-          f"median of {args.rounds} steps after 1 warm-up", file=sys.stderr)
+          f"median of {args.rounds} steps after 1 warm-up"
+          f"{f' in each of {args.repeats} processes' if args.repeats > 1 else ''}", file=sys.stderr)
     outcomes = {}
     for v in variants:
         if not plans[v]["fits"] and not args.force:
             outcomes[v] = {"status": "skipped",
                            "reason": plans[v]["reason"] + " (--force runs it)"}
-        else:
-            print(f"bench_python_adam: {v} ...", file=sys.stderr, flush=True)
-            outcomes[v] = run_variant(v, args)
-        o = outcomes[v]
-        print(f"bench_python_adam: {v}: " +
-              (f"{o['status']}: {o['reason']}" if o["status"] != "ok"
-               else f"median {o['median_s']:.3f} s, min {o['min_s']:.3f} s"),
-              file=sys.stderr, flush=True)
+    runnable = [v for v in variants if v not in outcomes]
+    runs = {v: [] for v in runnable}
+    for repeat in range(args.repeats):
+        # Alternate the order, so that a drift of the machine does not favour one variant.
+        for v in (runnable if repeat % 2 == 0 else runnable[::-1]):
+            if v in outcomes:
+                continue  # skipped or failed in an earlier repeat
+            print(f"bench_python_adam: {v} (repeat {repeat + 1}/{args.repeats}) ...",
+                  file=sys.stderr, flush=True)
+            o = run_variant(v, args)
+            print(f"bench_python_adam: {v}: " +
+                  (f"{o['status']}: {o['reason']}" if o["status"] != "ok"
+                   else f"median {o['median_s']:.3f} s, min {o['min_s']:.3f} s"),
+                  file=sys.stderr, flush=True)
+            if o["status"] != "ok":
+                outcomes[v] = o
+            else:
+                runs[v].append(o)
+    for v in runnable:
+        if v not in outcomes:
+            outcomes[v] = pool_runs(runs[v])
     ref = outcomes.get(REFERENCE)
     reference_median = ref["median_s"] if ref and ref["status"] == "ok" else None
     records = [result_record(v, args, outcomes[v], reference_median) for v in variants]
