@@ -240,10 +240,19 @@ def test_bf16_params_match_torch_with_fp32_master(OffloadAdamW, tmp_path):
         # Both keep fp32 masters that agree to ~1e-7; the bf16 parameters are those masters
         # rounded to 8 significant bits. Where a master lies next to a rounding boundary the two
         # may round to neighbouring bf16 values (one ulp = 2^-7 relative at most), and the next
-        # gradients then differ a little. Tolerance: two bf16 ulps relative (2^-6), plus 1e-6
-        # absolute for values near zero.
-        torch.testing.assert_close(p.float(), q.float(), rtol=2**-6, atol=1e-6,
+        # gradients then differ a little. Tolerance: two bf16 ulps relative (2^-6), plus 1e-5
+        # absolute for values near zero (where an ulp is tiny); one step moves a parameter by up
+        # to lr = 1e-3, so a missed or wrong update still fails.
+        torch.testing.assert_close(p.float(), q.float(), rtol=2**-6, atol=1e-5,
                                    msg=lambda m: f"{name}: {m}")
+    # Rounding the same masters gives the same bf16 values except next to a rounding boundary
+    # (masters agreeing to ~1e-7 relative straddle one with a chance of ~1e-7 / 2^-8 per element
+    # and step, and then the next gradients differ a little): require 95 % of the elements to be
+    # bit-identical. Stepping the bf16 values without fp32 masters loses every sub-ulp part of
+    # the updates and leaves ~60 % identical here; narrowing by truncation leaves ~55 %.
+    equal = sum(int((p == q).sum()) for p, q in zip(model.parameters(), reference.parameters()))
+    total = sum(p.numel() for p in model.parameters())
+    assert equal >= 0.95 * total, f"only {equal} of {total} bf16 values equal torch's"
     # The bf16 parameters did move.
     moved = sum(int((p != q).sum()) for p, q in zip(model.parameters(),
                                                     make_model(dtype=torch.bfloat16).parameters()))
