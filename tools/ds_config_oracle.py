@@ -7,7 +7,8 @@ never hands "auto" to DeepSpeed), and builds deepspeed.runtime.config.DeepSpeedC
 DeepSpeed's pydantic models and its batch-size checks. Prints ACCEPT or REFUSE (with DeepSpeed's
 first error line) per file.
 
-Usage (needs a Python environment with deepspeed and torch, e.g. ~/.cache/strata/fixtures-venv):
+Usage (needs a Python environment with deepspeed and torch, e.g. ~/.cache/strata/bench-ds-venv,
+which tools/bench_python_adam.sh sets up):
     DS_ACCELERATOR=cpu python tools/ds_config_oracle.py tests/fixtures/ds-configs-public/*/*.json
 """
 import json

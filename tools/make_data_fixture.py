@@ -16,8 +16,8 @@ Writes tests/fixtures/models/llama_bpe/:
                                           window, so how packing arranges documents in windows
                                           does not matter.
 
-  tools/make_fixtures.sh is not needed: run this with the fixtures venv's python,
-  ~/.cache/strata/fixtures-venv/bin/python tools/make_data_fixture.py
+  tools/make_fixtures.sh is not needed: run this with tools/py_venv.sh's python,
+  "$(tools/py_venv.sh)" tools/make_data_fixture.py
 """
 import json
 import os

@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # Runs tools/make_fixtures.py in a virtual environment with PyTorch (CPU use only) and
-# transformers from PyPI, created on first use under ~/.cache/strata/fixtures-venv (several GB:
-# PyPI's torch wheel brings its CUDA libraries). Tools only: Strata itself never needs Python.
+# transformers from PyPI: tools/py_venv.sh's, created on first use under ~/.cache/strata/py-venv
+# (several GB: PyPI's torch wheel brings its CUDA libraries; STRATA_FIXTURES_VENV, where set, names
+# another folder for it). Tools only: Strata's C++ trainer never needs Python.
 # Usage: tools/make_fixtures.sh [make_fixtures.py arguments...]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-venv="${STRATA_FIXTURES_VENV:-$HOME/.cache/strata/fixtures-venv}"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c "import torch, transformers, safetensors, numpy" 2>/dev/null; then
-  "$venv/bin/pip" install --quiet torch transformers safetensors numpy
-fi
-exec "$venv/bin/python" "$root/tools/make_fixtures.py" "$@"
+python="$(STRATA_PY_VENV="${STRATA_FIXTURES_VENV:-${STRATA_PY_VENV:-$HOME/.cache/strata/py-venv}}" \
+  bash "$root/tools/py_venv.sh")"
+exec "$python" "$root/tools/make_fixtures.py" "$@"
