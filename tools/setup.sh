@@ -39,3 +39,4 @@ else
 fi
 
 echo "setup: data-preparation environment $(bash "$(dirname "$0")/data_venv.sh")"
+echo "setup: PyTorch environment for the Python package's tests $(bash "$(dirname "$0")/py_venv.sh")"
