@@ -162,7 +162,8 @@ def test_bf16_masters_are_copied_back():
     torch = pytest.importorskip("torch")
     params = []
     for shape in [(3, 5), (7,)]:
-        p = torch.randn(shape).to(torch.bfloat16).requires_grad_(True)
+        # Small values: an Adam step of lr 1e-3 is then many bf16 ulps (at ~1 it is below one).
+        p = (torch.randn(shape) * 1e-3).to(torch.bfloat16).requires_grad_(True)
         p.grad = torch.randn(shape).to(torch.bfloat16)
         params.append(p)
     before_values = [p.detach().clone() for p in params]
