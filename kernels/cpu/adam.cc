@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "common/log.h"
 #include "kernels/cpu/adam_internal.h"
@@ -49,15 +50,14 @@ bool aligned_to(const void* p, std::size_t bytes) {
 }
 
 void check_tile(const AdamTile& t) {
-  STRATA_ASSERT_MSG(t.copy_out == nullptr || t.copy_dtype != DType::kF32,
-                    "copy_out is bf16 or fp16; the fp32 result is master itself");
   if (t.n == 0) return;
   STRATA_ASSERT(t.master != nullptr && t.exp_avg != nullptr && t.exp_avg_sq != nullptr &&
                 t.grad != nullptr);
   STRATA_ASSERT(aligned_to(t.master, 4) && aligned_to(t.exp_avg, 4) &&
                 aligned_to(t.exp_avg_sq, 4) && aligned_to(t.grad, dtype_bytes(t.grad_dtype)));
-  STRATA_ASSERT(t.copy_out == nullptr || aligned_to(t.copy_out, 2));
+  STRATA_ASSERT(t.copy_out == nullptr || aligned_to(t.copy_out, dtype_bytes(t.copy_dtype)));
   const std::size_t f32_bytes = t.n * 4;
+  const std::size_t copy_bytes = t.n * dtype_bytes(t.copy_dtype);
   const std::size_t grad_bytes = t.n * dtype_bytes(t.grad_dtype);
   const void* state[3] = {t.master, t.exp_avg, t.exp_avg_sq};
   for (int a = 0; a < 3; ++a) {
@@ -68,12 +68,12 @@ void check_tile(const AdamTile& t) {
     STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.grad, grad_bytes),
                       "grad must not overlap the state it updates");
     if (t.copy_out != nullptr) {
-      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.copy_out, t.n * 2),
+      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.copy_out, copy_bytes),
                         "copy_out must not overlap the state");
     }
   }
   if (t.copy_out != nullptr) {
-    STRATA_ASSERT_MSG(!overlaps(t.grad, grad_bytes, t.copy_out, t.n * 2),
+    STRATA_ASSERT_MSG(!overlaps(t.grad, grad_bytes, t.copy_out, copy_bytes),
                       "copy_out must not overlap grad");
   }
 }
@@ -203,6 +203,22 @@ AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
   warn_once_if_aliased(tile);
   const AdamConstants constants = make_constants(params, fusion);
   const detail::AdamRangeFn adam = path_for(simd_).adam;
+  if (tile.copy_out != nullptr && tile.copy_dtype == DType::kF32) {
+    // An fp32 copy-out is the new master itself: each block is copied right after its update,
+    // while it is still in cache, so the copy costs only its writes (a copy after the whole tile
+    // would read the master from memory again, on one thread).
+    AdamTile in_place = tile;
+    in_place.copy_out = nullptr;
+    auto* out = static_cast<float*>(tile.copy_out);
+    for_blocks(tile.n, executor, tile.master, tile.n * 4, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t b = begin; b < end; b += kAdamBlockElems) {
+        const std::size_t e = std::min(b + kAdamBlockElems, end);
+        adam(constants, in_place, b, e);
+        std::memcpy(out + b, tile.master + b, (e - b) * 4);
+      }
+    });
+    return result;
+  }
   for_blocks(tile.n, executor, tile.master, tile.n * 4,
              [&](std::size_t begin, std::size_t end) { adam(constants, tile, begin, end); });
   return result;

@@ -69,8 +69,8 @@ struct AdamTile {
   float* exp_avg_sq = nullptr;  // [n] fp32 second moment, updated in place
   const void* grad = nullptr;   // [n] gradient of grad_dtype, read only
   DType grad_dtype = DType::kF32;
-  void* copy_out = nullptr;  // [n] of copy_dtype (bf16 or fp16) receiving the new weights; or
-                             // null for no copy
+  void* copy_out = nullptr;  // [n] of copy_dtype receiving the new weights (bf16/fp16 rounded,
+                             // or fp32: a copy of master made block by block); null: no copy
   DType copy_dtype = DType::kBF16;
   std::size_t n = 0;
 };

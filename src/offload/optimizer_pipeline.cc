@@ -193,10 +193,9 @@ Status OptimizerPipeline::compute(Slot& slot) {
       update.lr = step_.lr;
       update.grad_multiplier = step_.grad_multiplier;
       update.step = step_.step;
-      update.copy_out = plan_.storage == kernels::DType::kF32 ? nullptr : param_out;
+      update.copy_out = param_out;  // fp32: a copy of the master, made while it is in cache
       update.copy_dtype = plan_.storage;
       adam_.update(update);
-      if (plan_.storage == kernels::DType::kF32) std::memcpy(param_out, arrays[0], u64(n) * 4);
     }
     times_.adam_ms += ms_since(start);
   }

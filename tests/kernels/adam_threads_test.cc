@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/adam_support.h"
 #include "kernels/cpu/adam.h"
@@ -52,6 +54,32 @@ TEST(AdamThreads, EveryThreadCountGivesTheSameBits) {
     const AdamResult result = kernel.step(params, fusion, parallel.tile(), executor.get());
     EXPECT_FALSE(result.skipped);
     testing::expect_bit_identical(parallel, serial, std::to_string(threads) + " threads");
+  }
+}
+
+// An fp32 copy-out (the parameters of an fp32 model, kept apart from the master) is the new
+// master, bit for bit, for every thread count and odd length, and the update itself is unchanged.
+TEST(AdamThreads, Fp32CopyOutIsTheNewMasterOnEveryThreadCount) {
+  const AdamKernel kernel = best_kernel();
+  AdamParams params;
+  params.weight_decay = 0.01f;
+  params.step = 3;
+  for (std::size_t n : {std::size_t{1031}, kBigN + 17}) {
+    TileData plain(n, DType::kF32, DType::kBF16, false, {}, 13, 1.0f);
+    (void)kernel.step(params, AdamFusion{}, plain.tile());
+    for (int threads : {0, 1, 2, 3}) {
+      auto executor = threads > 0 ? make_executor(threads) : nullptr;
+      TileData data(n, DType::kF32, DType::kBF16, false, {}, 13, 1.0f);
+      std::vector<float> out(n, -7.0f);
+      AdamTile tile = data.tile();
+      tile.copy_out = out.data();
+      tile.copy_dtype = DType::kF32;
+      (void)kernel.step(params, AdamFusion{}, tile, executor.get());
+      const std::string what =
+          std::to_string(n) + " elements, " + std::to_string(threads) + " threads";
+      testing::expect_bit_identical(data, plain, what);
+      EXPECT_EQ(std::memcmp(out.data(), data.master(), n * 4), 0) << what;
+    }
   }
 }
 
