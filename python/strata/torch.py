@@ -212,7 +212,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                     p.data = home
                     s.bound_param = home
                 if (grads is not None and self._bind and p.device.type == "cpu"
-                        and p.dtype == torch.float32 and p.grad is None):
+                        and p.dtype == torch.float32):
                     s.bound_grad = grads[s.offset:s.offset + s.numel].view(p.shape)
 
     def _check_open(self):
@@ -426,6 +426,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                     raise StrataError(f"load_state_dict: parameter {s.index} is at step {step}, "
                                       f"others at {steps}; valid: one step for all")
         for e in self._engines:
+            # fp32 parameters saved no master: it is the parameter, whose memory may be the
+            # master array itself, so it is read before that array is rewritten.
+            current = {s.index: s.param.detach().clone() for s in e.slots
+                       if "master" not in state.get(s.index, state.get(str(s.index)))}
             for u, slots in enumerate(e.by_unit):
                 for kind in _STATE_KINDS:
                     view = e.view(kind, u)
@@ -434,7 +438,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                         entry = state.get(s.index, state.get(str(s.index)))
                         src = entry.get(kind)
                         if src is None:  # fp32 parameters: the master is the parameter
-                            src = s.param.detach()
+                            src = current[s.index]
                         view[s.offset:s.offset + s.numel].copy_(src.reshape(-1))
                     e.core.store_state(kind, u)
                 e.core.refresh_params(u)

@@ -193,7 +193,8 @@ Status OptimizerPipeline::compute(Slot& slot) {
       update.lr = step_.lr;
       update.grad_multiplier = step_.grad_multiplier;
       update.step = step_.step;
-      update.copy_out = param_out;  // fp32: a copy of the master, made while it is in cache
+      // fp32: a copy of the master, made while it is in cache; none when the master is the home.
+      update.copy_out = param_out == arrays[0] ? nullptr : param_out;
       update.copy_dtype = plan_.storage;
       adam_.update(update);
     }

@@ -99,8 +99,10 @@ void add_items(TierPlan& p, const PlanInput& in) {
   };
   // Parameters in their homes.
   std::uint64_t param_home[kTierCount] = {0, 0, 0};
-  for (const UnitPlan& u : p.units)
-    param_home[static_cast<int>(u.param_home)] += u64(u.param_numel) * p.storage_bytes;
+  for (const UnitPlan& u : p.units) {
+    if (!u.params_in_master)
+      param_home[static_cast<int>(u.param_home)] += u64(u.param_numel) * p.storage_bytes;
+  }
   const DeviceSums d = device_sums(p);
   add(Tier::kDevice, fmt::format("{} parameters (device home)", dtype), d.homes);
   add(Tier::kHost, fmt::format("{} parameters (host home)", dtype), param_home[1]);
@@ -309,6 +311,9 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
                        ? Tier::kNvme
                        : Tier::kHost;
     params_before += u.shard_numel;
+    // fp32 parameters on the host, next to their fp32 master of the same extent: one array.
+    u.params_in_master = p.storage == kernels::DType::kF32 && u.param_home == Tier::kHost &&
+                         u.optim_home == Tier::kHost && u.param_numel == u.shard_numel;
     u.framed = u.param_home != Tier::kDevice || (z.zero_stage >= 3 && in.world > 1);
     u.persistent = u.framed && u64(unit.padded_numel) < z.persistence_threshold_elements;
     u.tiles = std::max<std::int64_t>(1, ceil_div(u.shard_numel, p.tile_elements));

@@ -91,7 +91,10 @@ struct UnitPlan {
   int size_class = 0;
   bool framed = false;      // parameters reach the device through frames
   bool persistent = false;  // framed, with a frame of its own that stays resident
-  std::int64_t tiles = 0;   // optimizer tiles of the shard
+  // fp32 parameters homed on the host beside a host-homed master of the same extent: the master
+  // array is the parameters' home (no second copy to keep equal).
+  bool params_in_master = false;
+  std::int64_t tiles = 0;  // optimizer tiles of the shard
   // Where this rank's shard starts within the parameter home (0 when the home holds only the
   // shard, as at stage 3).
   std::int64_t param_shard_offset() const { return param_numel > shard_numel ? shard_begin : 0; }

@@ -170,14 +170,15 @@ Status TierManager::allocate_host() {
   host_state_.assign(p.units.size() * 4, nullptr);
   std::uint64_t param_bytes = 0, state_bytes = 0;
   for (const UnitPlan& u : p.units) {
-    if (u.param_home == Tier::kHost) param_bytes += u64(u.param_numel) * p.storage_bytes;
+    if (u.param_home == Tier::kHost && !u.params_in_master)
+      param_bytes += u64(u.param_numel) * p.storage_bytes;
     if (u.optim_home == Tier::kHost) state_bytes += 4 * (u64(u.shard_numel) * 4 + kStaggerBytes);
   }
   if (param_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(void* base, pinned(param_bytes, 4096, "parameters (host home)"));
     auto* at = static_cast<char*>(base);
     for (std::size_t u = 0; u < p.units.size(); ++u) {
-      if (p.units[u].param_home != Tier::kHost) continue;
+      if (p.units[u].param_home != Tier::kHost || p.units[u].params_in_master) continue;
       host_params_[u] = at;
       std::memset(at, 0, u64(p.units[u].param_numel) * p.storage_bytes);
       at += u64(p.units[u].param_numel) * p.storage_bytes;
@@ -195,6 +196,7 @@ Status TierManager::allocate_host() {
         std::memset(at, 0, stride - kStaggerBytes);
         at += stride;
       }
+      if (p.units[u].params_in_master) host_params_[u] = host_state_[u * 4];
     }
   }
   for (int i = 0; i < p.param_staging_buffers; ++i) {
@@ -449,7 +451,8 @@ Status TierManager::refresh_params(int unit) {
     void* dst = u.param_home == Tier::kHost
                     ? static_cast<char*>(host_param(unit)) + u64(u.param_shard_offset() + begin) * c
                     : static_cast<void*>(pipeline_ + plan_.pipeline_offset(0, 4));
-    kernels::cast_array(dst, plan_.storage, master + begin, kernels::DType::kF32, n);
+    if (dst != master + begin)
+      kernels::cast_array(dst, plan_.storage, master + begin, kernels::DType::kF32, n);
     if (u.param_home == Tier::kDevice) {
       STRATA_TRY(backend_.copy_async(
           backend::StreamKind::kHostToDevice,
