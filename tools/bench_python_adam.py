@@ -122,7 +122,8 @@ def bytes_per_element(variant, dtype):
     exp_avg and exp_avg_sq (8 B); torch's foreach AdamW also materialises sqrt(exp_avg_sq) for
     every tensor at once (4 B). Strata's home tier holds the fp32 master, both moments and an fp32
     gradient accumulator (16 B, docs/config.md, offload_optimizer.device): in host memory with
-    `cpu`, in the swap files with `nvme`.
+    `cpu`, in the swap files with `nvme`; with `cpu`, an fp32 parameter lives in its master and its
+    gradient in the accumulator (docs/python.md), so fp32 needs no more.
     bf16: the bf16 parameter and gradient (4 B); torch and DeepSpeed add the fp32 master and its
     fp32 gradient (8 B) to their state; Strata's 16 B already include its master.
     """
@@ -133,7 +134,9 @@ def bytes_per_element(variant, dtype):
     if variant in ("torch-fused", "deepspeed-cpu-adam"):
         return model + master + 8, 0
     if variant == "strata-cpu":
-        return model + 16, 0
+        # fp32: the parameter is the master and its gradient the accumulator (bench: gradients
+        # accumulated in the home), so the 16 B hold the model too.
+        return (16 if dtype == "fp32" else model + 16), 0
     if variant == "strata-nvme":
         return model, 16
     raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -203,7 +206,13 @@ def strata_config(device, nvme_dir):
     offload = {"device": device}
     if device == "nvme":
         offload["nvme_path"] = nvme_dir
-    return {"zero_optimization": {"stage": 2, "offload_optimizer": offload}}
+    config = {"zero_optimization": {"stage": 2, "offload_optimizer": offload}}
+    available = mem_available()
+    if device == "cpu" and available:
+        # Strata's default pinned budget is 80 % of the memory available when the optimizer is
+        # created, and the model already holds its share by then: give it what is left, less 1 GiB.
+        config["strata"] = {"host_bytes_max": int(max(available - GIB, GIB))}
+    return config
 
 
 def build_variant(variant, model_params, dtype, nvme_dir):
@@ -233,15 +242,10 @@ def build_variant(variant, model_params, dtype, nvme_dir):
             raise Skip(f"OffloadAdamW refused the configuration: {e}")
         if device == "cpu" and dtype == "fp32":
             # A training loop that calls opt.zero_grad(set_to_none=False) has backward accumulate
-            # into the optimizer's gradient home, so the step copies nothing: put the gradients
-            # there, as backward would have (not timed, like the other variants' backward).
-            grads = [p.grad for p in model_params]
-            for p in model_params:
-                p.grad = None
+            # into the optimizer's gradient home, so the step copies nothing: the worker made no
+            # gradients yet, and draws them there, as backward would have (not timed, like the
+            # other variants' backward).
             opt.zero_grad(set_to_none=False)
-            for p, g in zip(model_params, grads):
-                p.grad.copy_(g)
-            del grads
         return opt, nothing, nothing, opt.close
 
     if dtype == "bf16":
@@ -294,11 +298,14 @@ def run_worker(args):
     gen = torch.Generator().manual_seed(1234)
     t0 = time.perf_counter()
     params = []
+    # strata-cpu fp32 draws its gradients in the optimizer's gradient home (build_variant).
+    late_grads = args.worker == "strata-cpu" and args.param_dtype == "fp32"
     for shape in llama7b_shapes(args.params):
         p = torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
-        g = torch.empty(shape, dtype=torch.float32).normal_(0.0, 1e-3, generator=gen)
         p = p.to(dtype).requires_grad_(True)
-        p.grad = g.to(dtype)
+        if not late_grads:
+            g = torch.empty(shape, dtype=torch.float32).normal_(0.0, 1e-3, generator=gen)
+            p.grad = g.to(dtype)
         params.append(p)
     init_s = time.perf_counter() - t0
     nvme_dir = None
@@ -313,6 +320,9 @@ def run_worker(args):
         except Skip as e:
             return {"status": "skipped", "reason": str(e)}
         setup_s = time.perf_counter() - t0
+        if late_grads:
+            for p in params:
+                p.grad.normal_(0.0, 1e-3, generator=gen)
         try:
             times = []
             for r in range(args.rounds + 1):
