@@ -239,6 +239,21 @@ class Group {
     in.settings = std::move(s);
     in.layout = &layout_;
     offload::TierPlan plan = take(offload::make_plan(in));
+    // The model's tensors are the caller's: no device frames, compute copies, gradient frames or
+    // staging for a model runner (which would only reserve memory), so the plan keeps the homes,
+    // the pipeline's stages and the unit scratch.
+    for (offload::SizeClass& k : plan.classes) {
+      k.param_frames = k.param_frames_base = 0;
+      k.compute_slots = 0;
+      k.grad_frames = k.grad_frames_base = 0;
+    }
+    plan.param_staging_buffers = 0;
+    plan.grad_staging_buffers = 0;
+    plan.device_minimum_bytes = 0;
+    std::erase_if(plan.items, [](const offload::PlanItem& item) {
+      return item.tier == offload::Tier::kDevice ||
+             item.what.find("staging") != std::string::npos;
+    });
     offload::TierOptions options;
     options.swap_tag = context.next_tag();
     tiers_ =
@@ -358,6 +373,12 @@ class Group {
     d["io_wait_ms"] = times.wait_ms;
     d["optimizer"] = adam_->description();
     d["plan"] = offload::describe_plan(tiers_->plan(), tiers_->swap_dirs());
+    py::list items;
+    for (const offload::PlanItem& item : tiers_->plan().items) {
+      if (item.bytes == 0) continue;
+      items.append(py::make_tuple(offload::to_string(item.tier), item.what, item.bytes));
+    }
+    d["items"] = items;
     d["swap_dirs"] = tiers_->swap_dirs();
     return d;
   }
