@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian packages, everything Strata needs to build and test, then the
 # data-preparation tool's Python environment from PyPI (tools/data_venv.sh; its tests run in
-# the default suite). Idempotent: packages already present are not fetched again. CUDA is
+# the default suite) and the PyTorch environment of the Python package's tests (tools/py_venv.sh;
+# pybind11-dev and python3-dev build the package itself). Idempotent: packages already present are not fetched again. CUDA is
 # optional and is used when nvcc is found (it is not installed here). clang-14 and
 # libclang-rt-14-dev (libFuzzer, ASan, UBSan) build the fuzz targets (tools/fuzz.sh).
 set -euo pipefail
