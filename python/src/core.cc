@@ -251,8 +251,7 @@ class Group {
     plan.grad_staging_buffers = 0;
     plan.device_minimum_bytes = 0;
     std::erase_if(plan.items, [](const offload::PlanItem& item) {
-      return item.tier == offload::Tier::kDevice ||
-             item.what.find("staging") != std::string::npos;
+      return item.tier == offload::Tier::kDevice || item.what.find("staging") != std::string::npos;
     });
     offload::TierOptions options;
     options.swap_tag = context.next_tag();
