@@ -6,6 +6,7 @@
 #include "comm/launch.h"
 #include "config/config.h"
 #include "config/report.h"
+#include "train/job.h"
 
 namespace strata::cli {
 namespace {
@@ -28,7 +29,7 @@ int run_check(const CheckOptions& options) {
     load.world_size = *world_size;
   }
   load.flags = options.flags;
-  load.auto_precision = auto_precision_here;
+  load.auto_precision = train::auto_precision_here;
   config::Checked checked = config::check_config_file(options.file, options.overrides, load);
   if (!options.quiet) {
     std::fputs(config::format_notes(checked.loaded).c_str(), stderr);

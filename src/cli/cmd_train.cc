@@ -4,22 +4,18 @@
 // shorthands of --set key paths (config/flags.h); a config's problems and the flags' are
 // reported together. SIGINT or SIGTERM ends the run after the step in flight, with a
 // checkpoint, and exits 128 + the signal's number; a second one stops at once.
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 
 #include "cli/command.h"
 #include "comm/world.h"
 #include "config/config.h"
 #include "config/flags.h"
-#include "config/report.h"
-#include "sys/gpu.h"
 #include "train/job.h"
+#include "train/metrics.h"
 #include "train/stop_signal.h"
-#include "train/trainer.h"
 
 namespace strata::cli {
 namespace {
@@ -76,10 +72,6 @@ int run_train(const TrainOptions& options) {
 }
 
 }  // namespace
-
-std::pair<config::Precision, std::string> auto_precision_here() {
-  return train::auto_precision_here();
-}
 
 void add_train_flags(CLI::App* app, std::vector<config::FlagValue>* flags) {
   const std::string group = "Trainer flags (shorthands of --set; docs/trainer.md)";

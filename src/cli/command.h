@@ -44,9 +44,6 @@ void add_set_option(CLI::App* app, std::vector<std::string>* overrides);
 // of --set key paths; the ones given are appended to `flags` for config::LoadOptions.
 void add_train_flags(CLI::App* app, std::vector<config::FlagValue>* flags);
 
-// What "auto" precision means on this machine: bf16, unless a GPU here has none (then fp16).
-std::pair<config::Precision, std::string> auto_precision_here();
-
 void register_config(CLI::App& root, Registry& registry);
 void register_report(CLI::App& root, Registry& registry);
 void register_estimate(CLI::App& root, Registry& registry);
