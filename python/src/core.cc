@@ -107,12 +107,13 @@ class Context {
     // One process drives this optimizer, so ZeRO's stage has nothing to shard; a config that
     // gives none (a DeepSpeed config always does) is read at stage 2, where offload_optimizer
     // is valid.
-    config::Checked first = config::check_config_text(config_text, source_name, {}, load);
-    std::vector<std::string> overrides;
-    if (!first.loaded.given("zero_optimization.stage"))
-      overrides.push_back("zero_optimization.stage=2");
-    config::Loaded loaded =
-        take(config::load_config_text(config_text, source_name, overrides, load));
+    config::Checked checked = config::check_config_text(config_text, source_name, {}, load);
+    if (!checked.loaded.given("zero_optimization.stage")) {
+      checked =
+          config::check_config_text(config_text, source_name, {"zero_optimization.stage=2"}, load);
+    }
+    check(checked.status);
+    const config::Loaded& loaded = checked.loaded;
     config_ = loaded.config;
     clip_given_ = loaded.given("gradient_clipping");
     for (const config::Note& note : loaded.notes)
@@ -201,7 +202,7 @@ struct GroupOptions {
 
 class Group {
  public:
-  Group(Context& context, const GroupOptions& o) : context_(context) {
+  Group(Context& context, const GroupOptions& o) {
     if (o.units.empty()) check(invalid("units", "a parameter group needs at least one unit"));
     for (std::size_t i = 0; i < o.units.size(); ++i) {
       if (o.units[i] <= 0) {
@@ -273,12 +274,6 @@ class Group {
         c.strata.optimizer_threads > 0 ? c.strata.optimizer_threads : c.strata.cpu_threads;
     adam_ = take(optim::AdamOptimizer::create(oc, static_cast<int>(threads)));
     pipeline_ = take(offload::OptimizerPipeline::create(*tiers_, *adam_));
-  }
-
-  ~Group() {
-    // The pipeline first (it finishes a step in flight), then the tiers (swap files removed).
-    pipeline_.reset();
-    tiers_.reset();
   }
 
   int units() const { return tiers_->units(); }
@@ -394,8 +389,9 @@ class Group {
     return u;
   }
 
-  Context& context_;
   model::ModelLayout layout_;
+  // Destroyed in reverse: the pipeline first (it finishes a step in flight), then the tiers
+  // (the swap files removed).
   std::unique_ptr<offload::TierManager> tiers_;
   std::unique_ptr<optim::AdamOptimizer> adam_;
   std::unique_ptr<offload::OptimizerPipeline> pipeline_;

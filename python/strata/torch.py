@@ -186,19 +186,25 @@ class OffloadAdamW(torch.optim.Optimizer):
                               "constructor")
         super().add_param_group(param_group)
 
+    @staticmethod
+    def _write_unit(e, u, source):
+        """Writes master, exp_avg and exp_avg_sq of unit u: source(slot, kind) gives each slot's
+        values (None: zeros); then rounds the new master into the unit's parameters."""
+        for kind in _STATE_KINDS:
+            view = e.view(kind, u)
+            view.zero_()
+            for s in e.by_unit[u]:
+                values = source(s, kind)
+                if values is not None:
+                    view[s.offset:s.offset + s.numel].copy_(values.reshape(-1))
+            e.core.store_state(kind, u)
+        e.core.refresh_params(u)
+
     @torch.no_grad()
     def _load_from_params(self, e):
         """Master weights from the parameters, zero moments, parameters rounded from the master."""
-        for u, slots in enumerate(e.by_unit):
-            master = e.view("master", u)
-            master.zero_()
-            for s in slots:
-                master[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
-            e.core.store_state("master", u)
-            for kind in ("exp_avg", "exp_avg_sq"):
-                e.view(kind, u).zero_()
-                e.core.store_state(kind, u)
-            e.core.refresh_params(u)
+        for u in range(len(e.by_unit)):
+            self._write_unit(e, u, lambda s, kind: s.param.detach() if kind == "master" else None)
 
     @torch.no_grad()
     def _bind_engine(self, e):
@@ -430,18 +436,14 @@ class OffloadAdamW(torch.optim.Optimizer):
             # master array itself, so it is read before that array is rewritten.
             current = {s.index: s.param.detach().clone() for s in e.slots
                        if "master" not in state.get(s.index, state.get(str(s.index)))}
-            for u, slots in enumerate(e.by_unit):
-                for kind in _STATE_KINDS:
-                    view = e.view(kind, u)
-                    view.zero_()
-                    for s in slots:
-                        entry = state.get(s.index, state.get(str(s.index)))
-                        src = entry.get(kind)
-                        if src is None:  # fp32 parameters: the master is the parameter
-                            src = current[s.index]
-                        view[s.offset:s.offset + s.numel].copy_(src.reshape(-1))
-                    e.core.store_state(kind, u)
-                e.core.refresh_params(u)
+
+            def saved(s, kind):
+                values = state.get(s.index, state.get(str(s.index))).get(kind)
+                # fp32 parameters: the master is the parameter
+                return current[s.index] if values is None else values
+
+            for u in range(len(e.by_unit)):
+                self._write_unit(e, u, saved)
             self._scatter_params(e)
         for saved, mine in zip(groups, self.param_groups):
             for k, v in saved.items():
