@@ -8,10 +8,18 @@
 //     arena of `threads` threads;
 //   - each copy stream is a thread of its own with a fixed-capacity command queue, so copies
 //     really overlap compute; events and stream waits follow CUDA's semantics.
+// Stream jitter (a test mode: CpuBackendOptions::stream_jitter, or STRATA_TEST_STREAM_JITTER=SEED
+// through common/fault_points.h): the compute stream too becomes a thread of its own that runs
+// behind the host thread (ops are queued, as kernel launches are on a GPU; a copy touching
+// pageable memory, sum() and the optimizer ops' read-backs wait for it), and every command of
+// every stream first sleeps a random time drawn from the seed. The streams then run as far apart
+// as their events allow, so a missing record or wait between them changes results, and the
+// engine's bit-identity tests run under it (docs/reliability.md, "Stream ordering").
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -25,6 +33,8 @@ struct CpuBackendOptions {
   // How errors name the budgets (a config key, or a command-line option).
   std::string device_budget_name = "strata.device_bytes_max";
   std::string host_budget_name = "strata.host_bytes_max";
+  // Stream jitter with this seed; nullopt: as stream_jitter_seed() says (the environment).
+  std::optional<std::uint64_t> stream_jitter;
 };
 
 // Creates a CpuBackend: maps the arena and starts the copy threads. kInvalidArgument for a zero

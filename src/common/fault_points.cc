@@ -133,6 +133,31 @@ struct UringFault {
 };
 UringFault g_uring[2];
 
+std::optional<std::uint64_t> stream_jitter_from_env() {
+  const char* env = std::getenv("STRATA_TEST_STREAM_JITTER");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string text = env;
+  char* end = nullptr;
+  const unsigned long long seed = std::strtoull(text.c_str(), &end, 10);
+  if (text[0] != '-' && end != nullptr && *end == '\0') return seed;
+  std::fprintf(stderr,
+               "strata: STRATA_TEST_STREAM_JITTER='%s' is not a decimal seed (e.g. 7); ignored\n",
+               env);
+  return std::nullopt;
+}
+
+std::mutex g_jitter_mutex;
+std::optional<std::uint64_t> g_jitter = stream_jitter_from_env();
+
+std::string planted_race_from_env() {
+  const char* env = std::getenv("STRATA_TEST_PLANT_RACE");
+  return env == nullptr ? std::string() : std::string(env);
+}
+
+std::mutex g_plant_mutex;
+std::string g_plant = planted_race_from_env();
+std::atomic<bool> g_plant_set{!g_plant.empty()};
+
 }  // namespace
 
 void crash_point(const char* name) {
@@ -231,6 +256,28 @@ int injected_uring_error(UringCall call) {
   --f.count;
   g_uring_set.store(g_uring[0].count != 0 || g_uring[1].count != 0);
   return f.error;
+}
+
+std::optional<std::uint64_t> stream_jitter_seed() {
+  std::lock_guard<std::mutex> lock(g_jitter_mutex);
+  return g_jitter;
+}
+
+void set_stream_jitter(std::optional<std::uint64_t> seed) {
+  std::lock_guard<std::mutex> lock(g_jitter_mutex);
+  g_jitter = seed;
+}
+
+bool planted_race(const char* name) {
+  if (!g_plant_set.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(g_plant_mutex);
+  return g_plant == name;
+}
+
+void set_planted_race(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_plant_mutex);
+  g_plant = name;
+  g_plant_set.store(!g_plant.empty());
 }
 
 }  // namespace strata

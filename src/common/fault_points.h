@@ -19,7 +19,14 @@
 //     it back fails with "checksum mismatch" exactly as a flipped data byte would (the data in
 //     memory stays right); set_swap_corrupt() does the same from a test, counting from the call;
 //   - io_uring calls: set_uring_fault() makes the next io_uring_submit / io_uring_wait_cqe calls
-//     of the uring engine fail with an errno (io/uring/uring_engine.cc).
+//     of the uring engine fail with an errno (io/uring/uring_engine.cc);
+//   - stream jitter: STRATA_TEST_STREAM_JITTER=SEED makes every CPU backend created afterwards run
+//     its compute stream on a thread of its own and delay each command of each stream by a random
+//     amount drawn from SEED (backend/cpu_backend.h), so that a missing record or wait changes
+//     results; set_stream_jitter() does the same from a test;
+//   - planted races: STRATA_TEST_PLANT_RACE=NAME (or set_planted_race()) removes the one stream
+//     wait the engine code names NAME (planted_race("grad.d2h_waits_for_compute")), so a test can
+//     show that the jitter mode catches a missing wait.
 #pragma once
 
 #include <cstdint>
@@ -94,5 +101,17 @@ void set_uring_fault(UringCall call, int error, std::uint32_t count);
 
 // The errno the next `call` must fail with (consuming one of its count), or 0.
 int injected_uring_error(UringCall call);
+
+// The stream-jitter seed new CPU backends take (nullopt: jitter off). From
+// STRATA_TEST_STREAM_JITTER at start-up (a decimal seed), or set_stream_jitter().
+std::optional<std::uint64_t> stream_jitter_seed();
+// Installs (or with nullopt removes) the stream-jitter seed of this process. For tests.
+void set_stream_jitter(std::optional<std::uint64_t> seed);
+
+// Whether the wait named `name` is planted out (STRATA_TEST_PLANT_RACE or set_planted_race()).
+// One relaxed load when nothing is planted.
+bool planted_race(const char* name);
+// Plants (or with an empty name removes) the one missing wait of this process. For tests.
+void set_planted_race(const std::string& name);
 
 }  // namespace strata

@@ -1,13 +1,17 @@
 // CpuBackend: the device budget is a hard limit with a clear error, pinned memory is counted,
-// copies run on their own threads in stream order, events and stream waits follow CUDA's rules.
+// copies run on their own threads in stream order, events and stream waits follow CUDA's rules;
+// in stream-jitter mode the compute stream runs behind the host, a correct record/wait still
+// orders a copy after the kernels it needs, and a missing one is seen.
 #include "backend/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <latch>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "backend/arena.h"
@@ -15,11 +19,13 @@
 namespace strata::backend {
 namespace {
 
-std::unique_ptr<Backend> make(std::uint64_t device_bytes, std::uint64_t host_bytes = 64 << 20) {
+std::unique_ptr<Backend> make(std::uint64_t device_bytes, std::uint64_t host_bytes = 64 << 20,
+                              std::optional<std::uint64_t> jitter = std::nullopt) {
   CpuBackendOptions options;
   options.device_bytes_max = device_bytes;
   options.host_bytes_max = host_bytes;
   options.threads = 2;
+  options.stream_jitter = jitter;
   auto backend = make_cpu_backend(options);
   EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
   return std::move(backend).value();
@@ -167,6 +173,74 @@ TEST(CpuBackend, RejectsAZeroBudget) {
   auto backend = make_cpu_backend(options);
   ASSERT_FALSE(backend.is_ok());
   EXPECT_NE(backend.status().to_string().find("strata.device_bytes_max"), std::string::npos);
+}
+
+// Fills a device buffer on the compute stream (a copy, then a scale), then copies it to a
+// pinned buffer on the device->host stream, with or without the record/wait that orders the copy
+// after the ops. Returns how many of `rounds` copies saw the ops' result.
+int ordered_copies(Backend& b, bool with_wait, int rounds) {
+  constexpr std::int64_t n = 4096;
+  auto device = b.allocate_device(n * 4, "data").value();
+  auto host = b.allocate_pinned(n * 4, "host").value();
+  const Event done = b.create_event().value();
+  int right = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const float value = static_cast<float>(r + 1);
+    b.ops_f32().zero(device.as<float>(), n);
+    std::vector<float> ones(static_cast<std::size_t>(n), value);
+    // From pageable memory on the compute stream: in stream order, complete when it returns.
+    EXPECT_TRUE(b.copy_async(StreamKind::kCompute, device.data(), ones.data(), n * 4).is_ok());
+    b.ops_f32().scale(device.as<float>(), n, 2.0);
+    EXPECT_TRUE(b.record(done, StreamKind::kCompute).is_ok());
+    if (with_wait) {
+      EXPECT_TRUE(b.wait(StreamKind::kDeviceToHost, done).is_ok());
+    }
+    EXPECT_TRUE(b.copy_async(StreamKind::kDeviceToHost, host.data(), device.data(), n * 4).is_ok());
+    EXPECT_TRUE(b.synchronize(StreamKind::kDeviceToHost).is_ok());
+    bool all = true;
+    for (std::int64_t i = 0; i < n; ++i)
+      all = all && host.as<float>()[i] == 2.0f * value;
+    right += all ? 1 : 0;
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+  }
+  b.destroy_event(done);
+  return right;
+}
+
+TEST(CpuBackendJitter, AWaitedCopySeesTheComputeStreamsResultEveryTime) {
+  auto backend = make(1 << 20, 64 << 20, 7);
+  EXPECT_NE(backend->description().find("stream jitter seed 7"), std::string::npos)
+      << backend->description();
+  EXPECT_EQ(ordered_copies(*backend, true, 40), 40);
+}
+
+TEST(CpuBackendJitter, ACopyMissingItsWaitReadsBeforeTheComputeStreamWrote) {
+  // Plain: the compute stream is synchronous, so the missing wait does no harm...
+  auto plain = make(1 << 20);
+  EXPECT_EQ(ordered_copies(*plain, false, 20), 20);
+  // ...under jitter the compute stream runs behind the host and the copy overtakes it.
+  auto jittered = make(1 << 20, 64 << 20, 7);
+  EXPECT_LT(ordered_copies(*jittered, false, 40), 40);
+}
+
+TEST(CpuBackendJitter, ReadBacksWaitForTheComputeStreamAndFreshMemoryIsPoisoned) {
+  auto backend = make(1 << 20, 64 << 20, 3);
+  auto device = backend->allocate_device(1024 * 4, "data").value();
+  // Fresh memory holds all bits set (NaN), as recycled GPU memory holds garbage.
+  EXPECT_TRUE(std::isnan(device.as<float>()[0]));
+  EXPECT_TRUE(std::isnan(device.as<float>()[1023]));
+  backend->ops_f32().zero(device.as<float>(), 1024);
+  backend->ops_f32().scale(device.as<float>(), 1024, 3.0);
+  // sum() waits for the queued ops, like a GPU read-back.
+  EXPECT_EQ(backend->ops_f32().sum(device.as<float>(), 1024), 0.0);
+  std::vector<float> values(1024, 0.5f), back(1024, 0.0f);
+  ASSERT_TRUE(
+      backend->copy_async(StreamKind::kCompute, device.data(), values.data(), 4096).is_ok());
+  backend->ops_f32().scale(device.as<float>(), 1024, 4.0);
+  ASSERT_TRUE(backend->copy_async(StreamKind::kCompute, back.data(), device.data(), 4096).is_ok());
+  // A copy into pageable memory is complete when copy_async returns, after the ops before it.
+  EXPECT_EQ(back[0], 2.0f);
+  EXPECT_EQ(back[1023], 2.0f);
 }
 
 }  // namespace
