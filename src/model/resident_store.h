@@ -13,7 +13,8 @@ namespace strata::model {
 template <typename T>
 class ResidentStore final : public UnitStore<T> {
  public:
-  // Allocates params and grads for every unit of `layout` (padded), zeroed.
+  // Allocates params and grads for every unit of `layout` (padded), zeroed when it returns (so a
+  // caller on a backend whose device memory is host memory may fill them at once).
   static Result<std::unique_ptr<ResidentStore>> create(backend::Backend& backend,
                                                        const ModelLayout& layout) {
     std::unique_ptr<ResidentStore> store(new ResidentStore());
@@ -29,6 +30,7 @@ class ResidentStore final : public UnitStore<T> {
       store->grads_.push_back(std::move(g));
       store->fresh_.push_back(false);
     }
+    STRATA_TRY(backend.synchronize(backend::StreamKind::kCompute));
     return store;
   }
 

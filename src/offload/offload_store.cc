@@ -70,6 +70,8 @@ Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
 Status OffloadStore::refresh(bool zero_moments) {
   STRATA_TRY(finish_optimizer());
   STRATA_TRY(scheduler_->drain());
+  // Kernels still queued may read the parameters about to be rewritten in every home.
+  STRATA_TRY(guard(tiers_->backend().synchronize(backend::StreamKind::kCompute)));
   const TierPlan& p = tiers_->plan();
   for (int u = 0; u < units(); ++u) {
     const UnitPlan& up = p.units[static_cast<std::size_t>(u)];

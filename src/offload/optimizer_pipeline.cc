@@ -44,6 +44,7 @@ OptimizerPipeline::~OptimizerPipeline() {
   for (Slot& s : slots_) {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
   }
+  if (step_started_.valid()) backend_.destroy_event(step_started_);
 }
 
 Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager& tiers,
@@ -64,6 +65,7 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager
   for (Slot& s : p->slots_) {
     STRATA_ASSIGN_OR_RETURN(s.copied, tiers.backend().create_event());
   }
+  STRATA_ASSIGN_OR_RETURN(p->step_started_, tiers.backend().create_event());
   ServiceThreadPriority service;  // above busy compute threads under chrt
   p->worker_ = std::thread([raw = p.get()] { raw->worker_main(); });
   return p;
@@ -445,6 +447,7 @@ Status OptimizerPipeline::start(const PipelineStep& step) {
     std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
+  STRATA_TRY(backend_.record(step_started_, backend::StreamKind::kCompute));
   step_ = step;
   next_compute_ = done_ = 0;
   for (auto& n : params_tiles_)
@@ -482,6 +485,7 @@ Status OptimizerPipeline::deliver() {
   for (Slot& slot : slots_) {
     const int d = slot.delivery.load();
     if (d == static_cast<int>(Delivery::kRequested)) {
+      STRATA_TRY(backend_.wait(backend::StreamKind::kHostToDevice, step_started_));
       STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, slot.copy_dst,
                                      slot.copy_src, slot.copy_bytes));
       STRATA_TRY(backend_.record(slot.copied, backend::StreamKind::kHostToDevice));

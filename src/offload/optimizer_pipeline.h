@@ -173,6 +173,9 @@ class OptimizerPipeline final : public UpdateGate {
   std::vector<std::atomic<char*>> hand_destination_;
   std::vector<std::atomic<std::int64_t>> hand_tiles_;  // tiles copied into the frame
   std::vector<Slot> slots_;                            // depth_
+  // Recorded on the compute stream when a step starts: the device copies of new parameters wait
+  // for it, so no kernel queued before the step still reads the parameters they overwrite.
+  backend::Event step_started_;
   PipelineStep step_;
   std::int64_t preloaded_ = 0;     // tiles whose state reads preload() started
   std::int64_t next_read_ = 0;     // worker: next tile to start reading

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 
+#include "common/fault_points.h"
 #include "common/log.h"
 
 namespace strata::offload {
@@ -57,6 +58,12 @@ ParamScheduler::~ParamScheduler() {
   }
   for (UnitState& s : states_) {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
+    if (s.released.valid()) backend_.destroy_event(s.released);
+  }
+  for (auto& pool : frames_) {
+    for (Frame& f : pool) {
+      if (f.released.valid()) backend_.destroy_event(f.released);
+    }
   }
 }
 
@@ -72,6 +79,9 @@ Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(TierManager& tier
     if (!p.units[u].framed) continue;
     UnitState& st = s->states_[u];
     STRATA_ASSIGN_OR_RETURN(st.copied, tiers.backend().create_event());
+    if (p.units[u].persistent) {
+      STRATA_ASSIGN_OR_RETURN(st.released, tiers.backend().create_event());
+    }
     if (p.units[u].param_home == Tier::kNvme) {
       st.reads.resize(static_cast<std::size_t>(p.units[u].tiles));
       st.read_done.resize(static_cast<std::size_t>(p.units[u].tiles), 0);
@@ -79,8 +89,11 @@ Result<std::unique_ptr<ParamScheduler>> ParamScheduler::create(TierManager& tier
   }
   s->frames_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
-    for (int i = 0; i < p.classes[k].param_frames; ++i)
-      s->frames_[k].push_back(Frame{tiers.param_frame(static_cast<int>(k), i), -1});
+    for (int i = 0; i < p.classes[k].param_frames; ++i) {
+      Frame f{tiers.param_frame(static_cast<int>(k), i), -1, {}};
+      STRATA_ASSIGN_OR_RETURN(f.released, tiers.backend().create_event());
+      s->frames_[k].push_back(f);
+    }
   }
   s->staging_busy_.assign(static_cast<std::size_t>(p.param_staging_buffers), 0);
   s->in_flight_.reserve(p.units.size());
@@ -103,6 +116,24 @@ void* ParamScheduler::shard_data(int unit) {
   const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   const std::uint64_t at = up.param_numel < up.padded_numel ? u64(up.shard_begin) : 0;
   return static_cast<char*>(frame_data(unit)) + at * plan_.storage_bytes;
+}
+
+backend::Event ParamScheduler::frame_released(int unit) {
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
+  const UnitState& st = state(unit);
+  if (up.persistent) return st.released;
+  STRATA_ASSERT(st.frame >= 0);
+  return frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(st.frame)]
+      .released;
+}
+
+Status ParamScheduler::wait_frame_free(int unit, bool copy) {
+  // The frame's previous unit was released after its last kernels were queued, and a prefetch may
+  // take the frame at once: on a GPU those kernels can still be reading it.
+  if (planted_race("param.frame_free")) return Status::ok();
+  const backend::Event released = frame_released(unit);
+  if (copy) return backend_.wait(backend::StreamKind::kHostToDevice, released);
+  return backend_.synchronize(released);
 }
 
 bool ParamScheduler::sharded(int unit) const {
@@ -350,6 +381,7 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
     const void* src = up.param_home == Tier::kHost
                           ? tiers_.host_param(unit)
                           : static_cast<const void*>(tiers_.device_param(unit));
+    STRATA_TRY(wait_frame_free(unit, true));
     STRATA_TRY(
         backend_.copy_async(backend::StreamKind::kHostToDevice, shard_data(unit), src, bytes));
     STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
@@ -362,6 +394,8 @@ Result<bool> ParamScheduler::start_fetch(int unit, bool demand) {
     st.done_tiles = 0;
     std::fill(st.read_done.begin(), st.read_done.end(), 0);
     st.stage = Stage::kReading;
+    // Reads straight into the frame are writes by the I/O engine, ordered by the host.
+    if (staging < 0) STRATA_TRY(wait_frame_free(unit, false));
     STRATA_TRY(issue_reads(unit, demand));
   }
   return true;
@@ -376,6 +410,14 @@ Result<bool> ParamScheduler::start_handoff(int unit) {
     if (frame < 0) return false;
     st.frame = frame;
     frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = unit;
+  }
+  // The optimizer's worker writes the frame from the host as soon as the offer is taken.
+  if (Status free = wait_frame_free(unit, false); !free.is_ok()) {
+    if (frame >= 0) {
+      frames_[static_cast<std::size_t>(up.size_class)][static_cast<std::size_t>(frame)].unit = -1;
+      st.frame = -1;
+    }
+    return free;
   }
   if (!gate_->offer_frame(unit, shard_data(unit))) {
     if (frame >= 0) {
@@ -508,6 +550,7 @@ Status ParamScheduler::move_fetch(int unit, bool block) {
     if (st.staging < 0) return complete(unit);  // read straight into the frame
     const std::uint64_t bytes = u64(up.param_numel) * plan_.storage_bytes;
     st.begin_us = trace ? trace->now_us() : 0;
+    STRATA_TRY(wait_frame_free(unit, true));
     STRATA_TRY(backend_.copy_async(backend::StreamKind::kHostToDevice, shard_data(unit),
                                    tiers_.param_staging(st.staging), bytes));
     STRATA_TRY(backend_.record(st.copied, backend::StreamKind::kHostToDevice));
@@ -632,7 +675,10 @@ void ParamScheduler::release(int unit) {
   if (!up.framed) return;
   UnitState& st = state(unit);
   STRATA_ASSERT_MSG(st.users > 0, "release of a unit that was not acquired");
-  if (--st.users > 0 || up.persistent) return;
+  if (--st.users > 0) return;
+  // The kernels that read the frame are queued by now: whoever writes it next waits for them.
+  note(backend_.record(frame_released(unit), backend::StreamKind::kCompute));
+  if (up.persistent) return;
   // Keep it cached if it comes back soon; else give the frame up now.
   const int next = next_use(unit);
   bool keep = next >= 0;

@@ -118,10 +118,15 @@ class ParamScheduler {
     bool handed = false;     // resident through a hand-off of the current update
     bool gathering = false;  // an all-gather started ahead is in flight (and holds a use)
     comm::Handle gather;
+    // Persistent units: recorded on the compute stream at each last release (see Frame).
+    backend::Event released;
   };
   struct Frame {
     void* data = nullptr;
     int unit = -1;
+    // Recorded on the compute stream when the unit it holds is released: nothing may write the
+    // frame for another fetch before the kernels queued up to then have read it.
+    backend::Event released;
   };
 
   ParamScheduler(TierManager& tiers, UpdateGate* gate, comm::Comm* comm);
@@ -158,6 +163,11 @@ class ParamScheduler {
   // Keeps `s` as the first error if it is one.
   void note(const Status& s);
   Status complete(int unit);
+  // The event after which unit u's frame is free of its previous user's kernels.
+  backend::Event frame_released(int unit);
+  // Orders a write into unit u's frame after those kernels: on the host->device stream (`copy`),
+  // or by blocking the caller (a host or I/O-engine write: direct reads, the optimizer's hand-off).
+  Status wait_frame_free(int unit, bool copy);
   void evict(int unit);
   Status prefetch();
   int next_use(int unit) const;

@@ -25,12 +25,15 @@ float grad_value(int unit, int micro_batch, std::int64_t i) {
 
 // Runs `micro_batches` micro-batches whose backward visits the units last to first, as the
 // runner does.
-Status run_backward(GradPath& grads, const TierPlan& plan, int micro_batches) {
+Status run_backward(GradPath& grads, TierManager& tiers, int micro_batches) {
+  const TierPlan& plan = tiers.plan();
   const int units = static_cast<int>(plan.units.size());
   for (int m = 0; m < micro_batches; ++m) {
     grads.begin_micro_batch(m == 0, m == micro_batches - 1);
     for (int u = units - 1; u >= 0; --u) {
       STRATA_ASSIGN_OR_RETURN(float* frame, grads.acquire(u));
+      // The host stands in for a kernel: it writes the frame once the stream has zeroed it.
+      STRATA_TRY(tiers.backend().synchronize(backend::StreamKind::kCompute));
       const std::int64_t n = plan.units[static_cast<std::size_t>(u)].padded_numel;
       for (std::int64_t i = 0; i < n; ++i)
         frame[i] += grad_value(u, m, i);
@@ -75,7 +78,7 @@ TEST(GradPath, MicroBatchesAccumulateInFp32InEveryHome) {
       ASSERT_TRUE(testing::fill(*f.tiers, u, SlotKind::kGrad, 3).is_ok());
     auto grads = GradPath::create(*f.tiers);
     ASSERT_TRUE(grads.is_ok()) << c.name;
-    Status s = run_backward(**grads, f.plan(), kMicroBatches);
+    Status s = run_backward(**grads, *f.tiers, kMicroBatches);
     ASSERT_TRUE(s.is_ok()) << c.name << ": " << s.to_string();
     double norm = 0.0;
     for (int u = 0; u < f.tiers->units(); ++u) {
@@ -103,7 +106,7 @@ TEST(GradPath, MoreUnitsThanFramesAndStagingBuffersWaitForThem) {
   ASSERT_LE(f.plan().classes[0].grad_frames, 2);
   ASSERT_EQ(f.plan().grad_staging_buffers, 2);
   auto grads = GradPath::create(*f.tiers).value();
-  ASSERT_TRUE(run_backward(*grads, f.plan(), 2).is_ok());
+  ASSERT_TRUE(run_backward(*grads, *f.tiers, 2).is_ok());
   for (int u = 0; u < f.tiers->units(); ++u) {
     auto got = testing::read(*f.tiers, u, SlotKind::kGrad);
     ASSERT_TRUE(got.is_ok());
@@ -121,6 +124,7 @@ TEST(GradPath, ANonFiniteGradientMakesTheNormNonFinite) {
   grads->begin_micro_batch(true, true);
   for (int u = 1; u >= 0; --u) {
     float* frame = grads->acquire(u).value();
+    ASSERT_TRUE(f.tiers->backend().synchronize(backend::StreamKind::kCompute).is_ok());
     frame[7] = u == 0 ? 1e6f : 1.0f;  // beyond fp16's range: infinity once it leaves the device
     ASSERT_TRUE(grads->ready(u).is_ok());
   }
@@ -138,7 +142,7 @@ TEST(GradPath, AFailedGradientWriteIsReportedNamingTheSwapFile) {
   io::SimFaults faults;
   faults.enospc_rate = 1.0;
   f.sim->set_faults(faults);
-  Status s = run_backward(*grads, f.plan(), 1);
+  Status s = run_backward(*grads, *f.tiers, 1);
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), ErrorCode::kNoSpace) << s.to_string();
   EXPECT_NE(s.to_string().find("strata-"), std::string::npos) << s.to_string();

@@ -68,6 +68,8 @@ struct Store {
     if (record_grads) {
       for (int u = store->units() - 1; u >= 0; --u) {
         STRATA_ASSIGN_OR_RETURN(float* g, store->acquire_grads(u));
+        // The host stands in for a kernel: it adds once the stream has zeroed the frame.
+        STRATA_TRY(backend->synchronize(::strata::backend::StreamKind::kCompute));
         for (std::int64_t i = 0; i < kUnits[static_cast<std::size_t>(u)]; ++i)
           g[i] += 0.25f;
         STRATA_TRY(store->grads_ready(u));
@@ -98,6 +100,7 @@ TEST(OffloadStore, UnitsHandedOffDuringTheStepAreResidentWithTheirNewParameters)
   for (int u = 0; u < s.store->units(); ++u) {
     auto params = s.store->acquire_params(u);
     ASSERT_TRUE(params.is_ok()) << params.status().to_string();
+    ASSERT_TRUE(s.backend->synchronize(backend::StreamKind::kCompute).is_ok());
     used.emplace_back(*params, *params + kUnits[static_cast<std::size_t>(u)]);
     s.store->release_params(u);
   }
