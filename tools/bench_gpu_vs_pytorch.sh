@@ -3,8 +3,10 @@
 # model trained in plain PyTorch (tools/bench_gpu_vs_pytorch.py: everything on the GPU,
 # torch.optim.AdamW(fused=True)), on the same machine, alternating the two, and prints a markdown
 # table of median tokens/s and the Strata/PyTorch ratio. PyTorch is a benchmark tool here, not a
-# Strata dependency: it is installed from PyPI into a virtual environment on first use
-# (~/.cache/strata/bench-venv, several GB).
+# Strata dependency: the first Python found with torch (CUDA) and transformers is used ($PYTHON,
+# then python3 on PATH, then the bench venv); only when none has them is PyTorch installed from
+# PyPI into a virtual environment (~/.cache/strata/bench-venv, several GB), so the script runs on a
+# GPU machine that has PyTorch and no package registry.
 #
 # Usage: tools/bench_gpu_vs_pytorch.sh [MODEL.json] [REPS]
 #   MODEL.json  a Hugging Face config.json (default configs/models/gpt2-124m.json)
@@ -29,12 +31,22 @@ venv="${STRATA_BENCH_VENV:-$HOME/.cache/strata/bench-venv}"
 
 [ -x "$strata" ] || { echo "bench_gpu_vs_pytorch: no strata program at $strata (build first)" >&2; exit 2; }
 command -v nvidia-smi >/dev/null 2>&1 || { echo "bench_gpu_vs_pytorch: no nvidia-smi: this needs a GPU" >&2; exit 2; }
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; then
+has_torch() { "$1" -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; }
+py=""
+for candidate in "${PYTHON:-}" "$(command -v python3 || true)" "$venv/bin/python"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && has_torch "$candidate"; then
+    py="$candidate"
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "bench_gpu_vs_pytorch: no Python with torch (CUDA) and transformers; installing them into $venv" >&2
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet torch transformers
+  py="$venv/bin/python"
+  has_torch "$py" || { echo "bench_gpu_vs_pytorch: $py still cannot import torch with CUDA" >&2; exit 2; }
 fi
+echo "bench_gpu_vs_pytorch: PyTorch from $py" >&2
 
 echo "bench_gpu_vs_pytorch: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)" >&2
 echo "bench_gpu_vs_pytorch: model $model, batch $batch x $seq tokens, $precision, $steps steps after $warmup" >&2
@@ -45,10 +57,10 @@ run_strata() {
     --peak-sizes 4096,8192 --json ${STRATA_EXTRA:-} | tail -1
 }
 run_torch() {
-  "$venv/bin/python" "$root/tools/bench_gpu_vs_pytorch.py" --model "$model" --batch "$batch" \
+  "$py" "$root/tools/bench_gpu_vs_pytorch.py" --model "$model" --batch "$batch" \
     --seq-len "$seq" --steps "$steps" --warmup "$warmup" --precision "$precision" | tail -1
 }
-field() { "$venv/bin/python" -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+field() { "$py" -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
 strata_tps=()
 torch_tps=()

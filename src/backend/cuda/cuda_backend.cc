@@ -16,6 +16,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
+#include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "kernels/cuda/check.h"
@@ -346,6 +347,14 @@ Status CudaBackend::init() {
   void* base = nullptr;
   STRATA_TRY(STRATA_CUDA_CHECK(cudaMalloc(&base, capacity)));
   base_ = static_cast<std::uint8_t*>(base);
+  if (stream_jitter_seed()) {
+    // The stream-jitter test mode (common/fault_points.h) poisons fresh memory, as the CPU
+    // backend's does: all bits set (NaN in every float type), so a read before the first write
+    // shows up in results instead of reading the zeros a fresh process often gets.
+    STRATA_TRY(STRATA_CUDA_CHECK(cudaMemset(base, 0xff, capacity)));
+    STRATA_LOG_INFO("cuda backend: stream-jitter test mode: the {} arena is poisoned (0xff)",
+                    format_bytes(capacity));
+  }
   arena_ = std::make_unique<Arena>(capacity, "device arena", options_.device_budget_name);
 
   // The backend's own workspaces, from the arena.

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU checks: what a session that draws a GPU runs, in one go, on a build with CUDA.
+#   tools/gpu_checks.sh [--build DIR] [--repeat N] [--sanitize] [--bench] [--only PHASE]
+# Phases, in order (each writes its log under $OUT, default DIR/gpu-checks, and prints one line):
+#   tests     every gpu test program (DIR/tests/strata_*_gpu_tests), whole;
+#   repeat    the determinism tests N times in one process (default 10): two trainers in one
+#             process give the same bits (TrainCuda.TwoRunsGiveTheSameBits) and the fixtures'
+#             three AdamW steps land on torch's weights (FixtureAdamWCuda.*); one process on
+#             purpose, so later runs get device memory that earlier ones used; then twice more
+#             with every device arena poisoned at creation (STRATA_TEST_STREAM_JITTER);
+#   sanitize  (with --sanitize) compute-sanitizer's memcheck, racecheck, synccheck and initcheck
+#             over the gpu test programs (SANITIZE_FILTER, a gtest filter, default every test)
+#             and over a short `strata train` of configs/demo.json on the CUDA backend;
+#   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape.
+# On the GPU machine, after ../shared/gpu/bundle.sh: bash .gpu/run.sh 'tools/gpu_checks.sh
+# --build $B --sanitize' (run.sh gives each command STEP_S seconds: raise it, or run the phases as
+# separate commands with --only). Exit status: 0 when every phase passed, 1 otherwise.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="$root/build-gpu"
+repeat=10
+sanitize=0
+bench=0
+only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --repeat) repeat="$2"; shift 2 ;;
+    --sanitize) sanitize=1; shift ;;
+    --bench) bench=1; shift ;;
+    --only) only="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "gpu_checks: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$only" in ""|tests|repeat|sanitize|bench) ;; *)
+  echo "gpu_checks: --only '$only'; valid: tests, repeat, sanitize, bench" >&2; exit 2 ;;
+esac
+[ -x "$build/strata" ] || { echo "gpu_checks: no $build/strata: build with CUDA first" >&2; exit 2; }
+command -v nvidia-smi >/dev/null 2>&1 || { echo "gpu_checks: no nvidia-smi: this needs a GPU" >&2; exit 2; }
+out="${OUT:-$build/gpu-checks}"
+mkdir -p "$out"
+failed=0
+programs=("$build"/tests/strata_*_gpu_tests)
+echo "gpu_checks: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1); logs in $out"
+
+want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
+# Runs a command with its log in $out/NAME.log and prints one line.
+step() {
+  local name="$1"; shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "gpu_checks: $name rc=$rc $((SECONDS - start))s: $(grep -E '^\[  (PASSED|FAILED) ' "$out/$name.log" | tr '\n' ' ' | cut -c1-160)"
+  [ $rc -eq 0 ] || failed=1
+  return $rc
+}
+
+if want tests; then
+  for p in "${programs[@]}"; do step "tests.$(basename "$p")" "$p"; done
+fi
+
+if want repeat; then
+  filter='TrainCuda.TwoRunsGiveTheSameBits:*FixtureAdamWCuda.*'
+  step "repeat.train_cuda" "$build/tests/strata_train_gpu_tests" --gtest_repeat="$repeat" \
+    --gtest_filter="$filter"
+  # Again with every arena poisoned (all bits set) when it is made: a read of device memory
+  # before its first write turns into NaN here instead of into a value left by an earlier run.
+  STRATA_TEST_STREAM_JITTER=1 step "repeat.train_cuda_poisoned" \
+    "$build/tests/strata_train_gpu_tests" --gtest_repeat=2 --gtest_filter="$filter"
+fi
+
+if want sanitize && { [ "$sanitize" = 1 ] || [ "$only" = sanitize ]; }; then
+  cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  if [ ! -x "$cs" ]; then
+    echo "gpu_checks: no compute-sanitizer on this machine"; failed=1
+  else
+    tmp="$(mktemp -d)"
+    for tool in memcheck racecheck synccheck initcheck; do
+      args=(--tool "$tool" --error-exitcode 1)
+      [ "$tool" = memcheck ] && args+=(--leak-check full)
+      [ "$tool" = racecheck ] && args+=(--racecheck-report hazard)
+      for p in "${programs[@]}"; do
+        step "sanitize.$tool.$(basename "$p")" "$cs" "${args[@]}" "$p" \
+          --gtest_filter="${SANITIZE_FILTER:-*}"
+      done
+      step "sanitize.$tool.strata_train" "$cs" "${args[@]}" "$build/strata" train \
+        --config "$root/configs/demo.json" --set strata.backend=cuda --steps 2 \
+        --set strata.output_dir="$tmp/$tool" --quiet
+    done
+    rm -rf "$tmp"
+  fi
+fi
+
+if want bench && { [ "$bench" = 1 ] || [ "$only" = bench ]; }; then
+  STRATA="$build/strata" step bench.gpt2 bash "$root/tools/bench_gpu_vs_pytorch.sh" \
+    "$root/configs/models/gpt2-124m.json" 3
+  STRATA="$build/strata" BATCH=4 step bench.llama_1b bash "$root/tools/bench_gpu_vs_pytorch.sh" \
+    "$root/configs/models/llama-1b.json" 3
+fi
+
+echo "gpu_checks: $([ $failed = 0 ] && echo every phase passed || echo FAILED: see the logs above)"
+exit $failed
