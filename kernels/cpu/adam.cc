@@ -23,16 +23,16 @@ using detail::AdamConstants;
 using detail::AdamPath;
 using detail::make_constants;
 
-const AdamPath& path_for(SimdLevel level) {
+const AdamPath& path_for(sys::SimdLevel level) {
   static const AdamPath scalar = detail::scalar_path();
   static const AdamPath avx2 = detail::avx2_path();
   static const AdamPath avx512 = detail::avx512_path();
   switch (level) {
-    case SimdLevel::kScalar:
+    case sys::SimdLevel::kScalar:
       return scalar;
-    case SimdLevel::kAvx2:
+    case sys::SimdLevel::kAvx2:
       return avx2;
-    case SimdLevel::kAvx512:
+    case sys::SimdLevel::kAvx512:
       return avx512;
   }
   return scalar;
@@ -113,8 +113,8 @@ std::size_t block_count(std::size_t n) {
 // Runs body(begin, end) over [0, n): one contiguous run of blocks per thread (static partition,
 // so the hardware prefetchers see long streams), or all of it on this thread.
 template <typename Body>
-void for_blocks(std::size_t n, CpuExecutor* executor, const void* near, std::size_t near_bytes,
-                const Body& body) {
+void for_blocks(std::size_t n, runtime::CpuExecutor* executor, const void* near,
+                std::size_t near_bytes, const Body& body) {
   if (executor == nullptr || n < kAdamParallelMinElems) {
     body(std::size_t{0}, n);
     return;
@@ -173,21 +173,21 @@ Status validate(const AdamParams& p) {
   return Status::ok();
 }
 
-Result<AdamKernel> AdamKernel::create(std::optional<SimdLevel> simd) {
-  const SimdLevel level = simd.value_or(default_simd_level());
-  if (!simd_level_supported(level)) {
+Result<AdamKernel> AdamKernel::create(std::optional<sys::SimdLevel> simd) {
+  const sys::SimdLevel level = simd.value_or(sys::default_simd_level());
+  if (!sys::simd_level_supported(level)) {
     return make_error(ErrorCode::kUnavailable,
                       "the {} path of the CPU Adam kernel cannot run on this CPU ({}); "
                       "supported here: scalar{}{}",
-                      to_string(level), cpu_features().brand,
-                      simd_level_supported(SimdLevel::kAvx2) ? ", avx2" : "",
-                      simd_level_supported(SimdLevel::kAvx512) ? ", avx512" : "");
+                      to_string(level), sys::cpu_features().brand,
+                      sys::simd_level_supported(sys::SimdLevel::kAvx2) ? ", avx2" : "",
+                      sys::simd_level_supported(sys::SimdLevel::kAvx512) ? ", avx512" : "");
   }
   return AdamKernel(level);
 }
 
 AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
-                            const AdamTile& tile, CpuExecutor* executor) const {
+                            const AdamTile& tile, runtime::CpuExecutor* executor) const {
   STRATA_ASSERT_MSG(validate(params).is_ok(), "AdamParams out of range; see validate()");
   check_tile(tile);
   AdamResult result;
@@ -225,7 +225,7 @@ AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
 }
 
 GradStats AdamKernel::grad_stats(const void* grad, DType grad_dtype, std::size_t n,
-                                 CpuExecutor* executor) const {
+                                 runtime::CpuExecutor* executor) const {
   if (n == 0) return {};
   STRATA_ASSERT(grad != nullptr && aligned_to(grad, dtype_bytes(grad_dtype)));
   const detail::StatsRangeFn stats = path_for(simd_).stats;
@@ -240,7 +240,7 @@ GradStats AdamKernel::grad_stats(const void* grad, DType grad_dtype, std::size_t
 }
 
 void AdamKernel::roofline_step(float* p, float* m, float* v, const float* g, std::size_t n,
-                               CpuExecutor* executor) const {
+                               runtime::CpuExecutor* executor) const {
   if (n == 0) return;
   STRATA_ASSERT(p != nullptr && m != nullptr && v != nullptr && g != nullptr);
   const detail::RooflineRangeFn roofline = path_for(simd_).roofline;

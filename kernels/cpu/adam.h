@@ -18,7 +18,7 @@
 //
 // Typical use (the optimizer pipeline streams tiles; the trainer calls it per parameter buffer):
 //   auto kernel = AdamKernel::create();                 // best SIMD path, or STRATA_SIMD
-//   auto executor = CpuExecutor::create({.threads = 0});
+//   auto executor = runtime::CpuExecutor::create({.threads = 0});
 //   AdamTile tile{.master = p, .exp_avg = m, .exp_avg_sq = v, .grad = g,
 //                 .grad_dtype = DType::kBF16, .copy_out = p16, .copy_dtype = DType::kBF16, .n = n};
 //   AdamResult r = kernel->step(params, fusion, tile, executor->get());
@@ -29,9 +29,9 @@
 #include <optional>
 
 #include "common/status.h"
-#include "kernels/cpu/cpu_executor.h"
-#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/dtype.h"
+#include "runtime/cpu_executor.h"
+#include "sys/cpu_features.h"
 
 namespace strata::kernels {
 
@@ -94,32 +94,32 @@ inline constexpr std::size_t kAdamBlockElems = 16 * 1024;
 
 class AdamKernel {
  public:
-  // The path for `simd`, or default_simd_level() (STRATA_SIMD or the best here) when not given.
-  // Errors: kUnavailable when this CPU cannot run the requested path.
-  static Result<AdamKernel> create(std::optional<SimdLevel> simd = std::nullopt);
+  // The path for `simd`, or sys::default_simd_level() (STRATA_SIMD or the best here) when not
+  // given. Errors: kUnavailable when this CPU cannot run the requested path.
+  static Result<AdamKernel> create(std::optional<sys::SimdLevel> simd = std::nullopt);
 
   // The SIMD path this kernel runs.
-  SimdLevel simd() const { return simd_; }
+  sys::SimdLevel simd() const { return simd_; }
 
   // One Adam step over one tile. With an executor (and n >= kAdamParallelMinElems) the tile is
   // split over its threads; without, it runs on the calling thread. Asserts on programmer errors
   // (null arrays with n > 0, overlapping arrays, bad dtypes, invalid params).
   AdamResult step(const AdamParams& params, const AdamFusion& fusion, const AdamTile& tile,
-                  CpuExecutor* executor = nullptr) const;
+                  runtime::CpuExecutor* executor = nullptr) const;
 
   // Counts inf/NaN and sums grad^2 over n elements. Deterministic: the same bits whatever the
   // thread count (blocks are summed in a fixed tree); paths may differ in the last bits.
   GradStats grad_stats(const void* grad, DType grad_dtype, std::size_t n,
-                       CpuExecutor* executor = nullptr) const;
+                       runtime::CpuExecutor* executor = nullptr) const;
 
   // The bandwidth ceiling of step()'s access pattern: p += g; m += g; v += g over n floats in
   // place (reads 4 arrays, writes 3), with the same SIMD path, threads and blocking as step().
   void roofline_step(float* p, float* m, float* v, const float* g, std::size_t n,
-                     CpuExecutor* executor = nullptr) const;
+                     runtime::CpuExecutor* executor = nullptr) const;
 
  private:
-  explicit AdamKernel(SimdLevel simd) : simd_(simd) {}
-  SimdLevel simd_;
+  explicit AdamKernel(sys::SimdLevel simd) : simd_(simd) {}
+  sys::SimdLevel simd_;
 };
 
 }  // namespace strata::kernels

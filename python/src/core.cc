@@ -3,14 +3,17 @@
 // (offload/plan.h: "a binding fills the settings itself"):
 //
 //   Context   one DeepSpeed-style config, read and checked by config::load_config_text, and the
-//             CPU backend its budgets ask for (strata.host_bytes_max bounds every pinned byte of
-//             every group); the loss scaler and the clipping rule of optim/loss_scaler.h.
-//   Group     one parameter group: flat units (whole tensors packed by the Python side) with a
-//             TierPlan, a TierManager (host memory or swap files on NVMe, under the budgets), the
-//             CPU Adam driver with the group's hyperparameters, and the OptimizerPipeline that
-//             runs the step (read || Adam || write). The state of a unit is reached through
-//             numpy views: its host home itself, or the unit scratch for NVMe-homed state, which
-//             load_state / store_state move to and from the swap files.
+//             CPU backend its budgets ask for (backend_factory, as the trainer's;
+//             strata.host_bytes_max bounds every pinned byte of every group); the loss scaler and
+//             the clipping rule of optim/loss_scaler.h.
+//   Group     one parameter group: flat units (whole tensors packed by the Python side) and the
+//             offload engine built for them by offload::Engine::create in its optimizer-only kind
+//             (the one builder the trainer uses too): a plan of the homes alone, the tier manager
+//             (host memory or swap files on NVMe, under the budgets), the CPU Adam driver with the
+//             group's hyperparameters and the OptimizerPipeline that runs the step
+//             (read || Adam || write). The state of a unit is reached through numpy views: its host
+//             home itself, or the unit scratch for NVMe-homed state, which load_state /
+//             store_state move to and from the swap files.
 //   train / estimate   train::run_job and train::estimate_report, the CLI's library functions.
 //
 // Every Status that is not ok becomes strata.StrataError with Strata's message; no C++ exception
@@ -30,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "common/units.h"
 #include "config/config.h"
 #include "model/layout.h"
@@ -119,12 +122,11 @@ class Context {
     for (const config::Note& note : loaded.notes)
       notes_.push_back(note.path.empty() ? note.message : note.path + ": " + note.message);
     scaler_ = std::make_unique<optim::LossScaler>(config_);
-    backend::CpuBackendOptions options;
-    if (config_.strata.device_bytes_max > 0)
-      options.device_bytes_max = config_.strata.device_bytes_max;
-    options.host_bytes_max = config_.strata.host_bytes_max;
-    options.threads = static_cast<int>(config_.strata.cpu_threads);
-    backend_ = take(backend::make_cpu_backend(options));
+    // The optimizer's state lives in host memory or on NVMe whatever strata.backend says: the
+    // parameters are the caller's tensors, and Strata's Adam runs on the CPU.
+    backend::BackendRequest request = train::backend_request(config_);
+    request.kind = config::Backend::kCpu;
+    backend_ = take(backend::make_backend(request)).backend;
     nvme_budget_ = config_.strata.nvme_bytes_max;
   }
 
@@ -220,60 +222,28 @@ class Group {
       u.tensors.push_back({"flat", {o.units[i]}, 0, o.units[i]});
       layout_.units.push_back(std::move(u));
     }
-    const config::Config& c = context.config();
-    // The config's settings for the optimizer's side; the parameters are the caller's tensors, so
-    // they are homed on the host (where the step writes them) and never framed or prefetched.
-    offload::PlanSettings s = train::plan_settings(c);
-    s.zero_stage = 0;
-    s.storage = dtype_of(o.dtype);
-    s.param_tier = offload::Tier::kHost;
-    s.param_host_elements_max = 0;
-    s.param_staging_buffers = 0;
-    s.param_staging_elements = 0;
-    s.optim_tier = c.zero_optimization.offload_optimizer.device == config::OffloadDevice::kNvme
-                       ? offload::Tier::kNvme
-                       : offload::Tier::kHost;
-    s.persistence_threshold_elements = 0;
-    s.prefetch = {};
-    s.swap.bytes_max = context.nvme_left();
-    offload::PlanInput in;
-    in.settings = std::move(s);
-    in.layout = &layout_;
-    offload::TierPlan plan = take(offload::make_plan(in));
-    // The model's tensors are the caller's: no device frames, compute copies, gradient frames or
-    // staging for a model runner (which would only reserve memory), so the plan keeps the homes,
-    // the pipeline's stages and the unit scratch.
-    for (offload::SizeClass& k : plan.classes) {
-      k.param_frames = k.param_frames_base = 0;
-      k.compute_slots = 0;
-      k.grad_frames = k.grad_frames_base = 0;
-    }
-    plan.param_staging_buffers = 0;
-    plan.grad_staging_buffers = 0;
-    plan.device_minimum_bytes = 0;
-    std::erase_if(plan.items, [](const offload::PlanItem& item) {
-      return item.tier == offload::Tier::kDevice || item.what.find("staging") != std::string::npos;
-    });
-    offload::TierOptions options;
-    options.swap_tag = context.next_tag();
-    tiers_ =
-        take(offload::TierManager::create(context.backend(), layout_, std::move(plan), options));
+    // The one builder of the engine, for caller-owned parameters: the plan lists the homes, the
+    // pipeline's stages and the unit scratch, exactly what the tier manager allocates.
+    offload::EngineSpec spec = train::engine_spec(context.config());
+    spec.kind = offload::EngineKind::kOptimizerOnly;
+    spec.backend = &context.backend();
+    spec.layout = &layout_;
+    spec.settings.storage = dtype_of(o.dtype);
+    spec.settings.swap.bytes_max = context.nvme_left();
+    spec.adam.beta1 = o.beta1;
+    spec.adam.beta2 = o.beta2;
+    spec.adam.eps = o.eps;
+    spec.adam.weight_decay = o.weight_decay;
+    spec.adam.adamw = o.adamw;
+    spec.adam.bias_correction = true;
+    spec.tier_options.swap_tag = context.next_tag();
+    engine_ = take(offload::Engine::create(spec));
+    tiers_ = &engine_->tiers();
+    pipeline_ = &engine_->pipeline();
     std::uint64_t nvme = 0;
     for (std::uint64_t b : tiers_->plan().swap_bytes)
       nvme += b;
     context.add_nvme(nvme + tiers_->plan().swap_footer_bytes);
-
-    config::OptimizerConfig oc;
-    oc.type = o.adamw ? config::OptimizerType::kAdamW : config::OptimizerType::kAdam;
-    oc.params.betas = {o.beta1, o.beta2};
-    oc.params.eps = o.eps;
-    oc.params.weight_decay = o.weight_decay;
-    oc.params.adam_w_mode = o.adamw;
-    oc.params.bias_correction = true;
-    const std::int64_t threads =
-        c.strata.optimizer_threads > 0 ? c.strata.optimizer_threads : c.strata.cpu_threads;
-    adam_ = take(optim::AdamOptimizer::create(oc, static_cast<int>(threads)));
-    pipeline_ = take(offload::OptimizerPipeline::create(*tiers_, *adam_));
   }
 
   int units() const { return tiers_->units(); }
@@ -365,7 +335,7 @@ class Group {
     const offload::PipelineTimes times = pipeline_->times();
     d["adam_ms"] = times.adam_ms;
     d["io_wait_ms"] = times.wait_ms;
-    d["optimizer"] = adam_->description();
+    d["optimizer"] = engine_->adam().description();
     d["plan"] = offload::describe_plan(tiers_->plan(), tiers_->swap_dirs());
     py::list items;
     for (const offload::PlanItem& item : tiers_->plan().items) {
@@ -390,11 +360,9 @@ class Group {
   }
 
   model::ModelLayout layout_;
-  // Destroyed in reverse: the pipeline first (it finishes a step in flight), then the tiers
-  // (the swap files removed).
-  std::unique_ptr<offload::TierManager> tiers_;
-  std::unique_ptr<optim::AdamOptimizer> adam_;
-  std::unique_ptr<offload::OptimizerPipeline> pipeline_;
+  std::unique_ptr<offload::Engine> engine_;
+  offload::TierManager* tiers_ = nullptr;           // engine_->tiers()
+  offload::OptimizerPipeline* pipeline_ = nullptr;  // engine_->pipeline()
 };
 
 // ---- train / estimate ---------------------------------------------------------------------------

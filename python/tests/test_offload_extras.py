@@ -139,3 +139,24 @@ def test_zero_grad_without_none_lets_backward_accumulate_in_the_gradient_home():
     assert torch.equal(a.detach(), b.detach()), "zero-copy and copied gradients: the same update"
     opt_a.zero_grad()
     assert a.grad is None
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16),
+                                          ("nvme", torch.float32), ("nvme", torch.float16)])
+def test_the_plan_is_exactly_what_the_tier_manager_allocates(device, dtype, tmp_path):
+    # The engine is built by offload::Engine::create in its optimizer-only kind: the plan lists
+    # the homes, the pipeline's stages and the unit scratch, and nothing for a model runner, so
+    # every tier's planned bytes are the bytes in use, and the device holds nothing.
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in (5000, 70000, 3)]
+    offload = {"device": device}
+    if device == "nvme":
+        offload["nvme_path"] = str(tmp_path)
+    opt = OffloadAdamW(params, lr=1e-3, config={
+        "zero_optimization": {"stage": 2, "offload_optimizer": offload}})
+    for engine in opt.summary()["engines"]:
+        for tier in ("device", "host", "nvme"):
+            assert engine[tier]["bytes"] == engine[tier]["bytes_in_use"], (tier, engine["items"])
+        assert engine["device"]["bytes"] == 0
+        assert (engine["nvme"]["bytes"] > 0) == (device == "nvme")
+        assert not any("staging" in what or "frame" in what for _, what, _ in engine["items"])
+    opt.close()

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "common/units.h"
 
@@ -87,8 +87,8 @@ cuda::GemmPrecision resolve_gemm_precision(config::GemmPrecision setting,
 namespace {
 
 Result<std::unique_ptr<Backend>> make_cpu(const BackendRequest& request) {
-  CpuBackendOptions options;
-  options.device_bytes_max = request.device_bytes_max > 0 ? request.device_bytes_max : 4ull << 30;
+  CpuBackendOptions options;  // its default device budget is the CPU backend's "auto"
+  if (request.device_bytes_max > 0) options.device_bytes_max = request.device_bytes_max;
   options.host_bytes_max = request.host_bytes_max;
   options.threads = request.cpu_threads;
   options.device_budget_name = request.device_budget_name;

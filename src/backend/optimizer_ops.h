@@ -1,9 +1,7 @@
-// Optimizer work on state that stays in the backend's device memory: with
-// zero_optimization.offload_optimizer.ratio < 1 a fraction of the tiles (fp32 master, exp_avg,
-// exp_avg_sq and gradient) is kept on the device and updated there instead of being streamed
-// through CPU Adam. Also the gradient statistics that global clipping and dynamic loss scaling
-// need (sum of squares and inf/NaN count), accumulated on the device so that the global norm costs
-// one read-back per step rather than one per unit.
+// Optimizer work on state that stays in the backend's device memory: with offload_optimizer none
+// the plan keeps the fp32 master, exp_avg, exp_avg_sq and gradient of the units on the device
+// (strata.device_optimizer, offload/plan.h), and the optimizer pipeline runs each tile's AdamW
+// here instead of streaming it through CPU Adam (offload/optimizer_pipeline.h).
 //
 // Everything runs on the compute stream. Pointers are device memory of the backend that made the
 // OptimizerOps. The CPU backend runs kernels::AdamKernel; the CUDA backend runs kernels/cuda/adam,
@@ -31,15 +29,6 @@ class OptimizerOps {
   virtual Result<kernels::AdamResult> adam_step(const kernels::AdamParams& params,
                                                 const kernels::AdamFusion& fusion,
                                                 const kernels::AdamTile& tile) = 0;
-
-  // Zeroes the gradient-statistics accumulator.
-  virtual void grad_stats_reset() = 0;
-  // Adds the statistics of grad[0, n) (device memory, `dtype`) to the accumulator. Asynchronous;
-  // contributions are combined in call order, so the total does not depend on timing.
-  virtual void grad_stats_add(const void* grad, kernels::DType dtype, std::int64_t n) = 0;
-  // Waits for the compute stream and returns the accumulated statistics: sum_sq is inf/NaN when
-  // any element was.
-  virtual Result<kernels::GradStats> grad_stats_read() = 0;
 };
 
 }  // namespace strata::backend

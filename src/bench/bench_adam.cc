@@ -21,15 +21,15 @@
 #include "bench/bench.h"
 #include "common/units.h"
 #include "kernels/cpu/adam.h"
-#include "kernels/cpu/cpu_executor.h"
 #include "kernels/cpu/float16.h"
+#include "runtime/cpu_executor.h"
 
 namespace strata::bench {
 namespace {
 
 using kernels::AdamKernel;
-using kernels::CpuExecutor;
 using kernels::DType;
+using runtime::CpuExecutor;
 
 struct BenchAdamOptions {
   std::string params = "64M";  // 2^26
@@ -131,19 +131,19 @@ int run_bench_adam(const BenchAdamOptions& o) {
   if (o.layout != "staggered" && o.layout != "back-to-back") {
     return usage("--layout '" + o.layout + "' is not one of staggered, back-to-back");
   }
-  std::optional<kernels::SimdLevel> simd;
+  std::optional<sys::SimdLevel> simd;
   if (o.simd != "auto") {
-    simd = kernels::parse_simd_level(o.simd);
+    simd = sys::parse_simd_level(o.simd);
     if (!simd) return usage("--simd '" + o.simd + "' is not one of auto, avx512, avx2, scalar");
   }
 
   auto kernel = AdamKernel::create(simd);
   if (!kernel.is_ok()) return cli::report_error(kernel.status());
-  CpuExecutor::Options exec_options;
+  runtime::CpuExecutor::Options exec_options;
   exec_options.threads = o.threads;
-  auto executor_result = CpuExecutor::create(exec_options);
+  auto executor_result = runtime::CpuExecutor::create(exec_options);
   if (!executor_result.is_ok()) return cli::report_error(executor_result.status());
-  CpuExecutor* executor = executor_result->get();
+  runtime::CpuExecutor* executor = executor_result->get();
 
   // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (Adam's or the roofline's), then the
   // 16-bit gradient and the copy-out when asked for.
@@ -247,7 +247,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
     out["benchmark"] = "adam";
     out["params"] = Json::UInt64(n);
     out["threads"] = threads;
-    out["simd"] = kernels::to_string(kernel->simd());
+    out["simd"] = sys::to_string(kernel->simd());
     out["grad"] = kernels::to_string(*grad_dtype);
     out["copy"] = copy_dtype ? kernels::to_string(*copy_dtype) : "none";
     out["check_finite"] = o.check_finite;
@@ -276,7 +276,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
   std::printf(
       "strata bench adam: %zu params, %d threads, %s path, grad %s, copy %s, "
       "check_finite %s, %s arrays, median of %d\n",
-      n, threads, kernels::to_string(kernel->simd()), kernels::to_string(*grad_dtype),
+      n, threads, sys::to_string(kernel->simd()), kernels::to_string(*grad_dtype),
       copy_dtype ? kernels::to_string(*copy_dtype) : "none", o.check_finite ? "on" : "off",
       o.layout.c_str(), o.repeats);
   std::printf(

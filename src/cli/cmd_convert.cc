@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/reader.h"
+#include "checkpoint/root.h"
 #include "cli/command.h"
-#include "train/checkpoint_reader.h"
-#include "train/checkpoint_root.h"
 
 namespace strata::cli {
 namespace {
@@ -65,12 +65,13 @@ Result<kernels::DType> dtype_of(const std::string& name) {
 
 Status convert(const ConvertOptions& o) {
   STRATA_ASSIGN_OR_RETURN(const kernels::DType dtype, dtype_of(o.dtype));
-  STRATA_ASSIGN_OR_RETURN(const std::string dir, train::find_checkpoint(o.checkpoint));
-  STRATA_ASSIGN_OR_RETURN(train::CheckpointReader reader, train::CheckpointReader::open(dir));
+  STRATA_ASSIGN_OR_RETURN(const std::string dir, checkpoint::find_checkpoint(o.checkpoint));
+  STRATA_ASSIGN_OR_RETURN(checkpoint::CheckpointReader reader,
+                          checkpoint::CheckpointReader::open(dir));
   STRATA_ASSIGN_OR_RETURN(const model::ModelShape shape, reader.shape());
-  STRATA_ASSIGN_OR_RETURN(const train::TrainerCounters counters, reader.counters());
+  STRATA_ASSIGN_OR_RETURN(const checkpoint::TrainerCounters counters, reader.counters());
   STRATA_TRY(claim_out_dir(o.out_dir, o.overwrite));
-  STRATA_TRY(train::consolidate_checkpoint(reader, o.out_dir, dtype));
+  STRATA_TRY(checkpoint::consolidate_checkpoint(reader, o.out_dir, dtype));
   const std::string& source = shape.arch.source_dir;
   std::error_code ec;
   if (!source.empty() && !std::filesystem::is_directory(source, ec)) {

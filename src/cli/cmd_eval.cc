@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "cli/command.h"
 #include "common/units.h"
 #include "data/batch.h"

@@ -22,7 +22,7 @@
 //     of the uring engine fail with an errno (io/uring/uring_engine.cc);
 //   - stream jitter: STRATA_TEST_STREAM_JITTER=SEED makes every CPU backend created afterwards run
 //     its compute stream on a thread of its own and delay each command of each stream by a random
-//     amount drawn from SEED (backend/cpu_backend.h), so that a missing record or wait changes
+//     amount drawn from SEED (backend/cpu/cpu_backend.h), so that a missing record or wait changes
 //     results; set_stream_jitter() does the same from a test;
 //   - planted races: STRATA_TEST_PLANT_RACE=NAME (or set_planted_race()) removes the one stream
 //     wait the engine code names NAME (planted_race("grad.d2h_waits_for_compute")), so a test can

@@ -24,6 +24,7 @@ enum class WarmupType { kLog, kLinear };
 enum class Backend { kAuto, kCpu, kCuda };
 // What the CUDA backend rounds GEMM inputs to (auto: follows fp16/bf16; fp32 runs keep fp32).
 enum class GemmPrecision { kAuto, kFp32, kTf32, kBf16, kFp16 };
+enum class DeviceOptimizer { kAuto, kOn, kOff };
 enum class ModelFamily { kGpt2, kLlama };
 enum class DataSource { kSynthetic, kTokens, kText };
 enum class Precision { kFp32, kFp16, kBf16 };
@@ -207,6 +208,10 @@ struct StrataConfig {
   // Let the optimizer step stream its tiles while the next step's forward runs (each unit's
   // forward waits for its own update); false finishes the optimizer before the step returns.
   bool overlap_optimizer = true;
+  // With offload_optimizer none: the optimizer state on the device and Adam run there. auto = on a
+  // GPU when the state fits the device budget beside the working set, else in host memory with
+  // CPU Adam; on = always (an error naming the budget when it does not fit); off = host memory.
+  DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;
   ModelConfig model;
   DataConfig data;
 };

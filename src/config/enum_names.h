@@ -66,6 +66,13 @@ inline const EnumNames<Backend>& backend_names() {
       {Backend::kAuto, "auto"}, {Backend::kCpu, "cpu"}, {Backend::kCuda, "cuda"}};
   return names;
 }
+inline const EnumNames<DeviceOptimizer>& device_optimizer_names() {
+  static const EnumNames<DeviceOptimizer> names = {{DeviceOptimizer::kAuto, "auto"},
+                                                   {DeviceOptimizer::kOn, "on"},
+                                                   {DeviceOptimizer::kOff, "off"}};
+  return names;
+}
+
 inline const EnumNames<GemmPrecision>& gemm_precision_names() {
   static const EnumNames<GemmPrecision> names = {{GemmPrecision::kAuto, "auto"},
                                                  {GemmPrecision::kFp32, "fp32"},

@@ -420,6 +420,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.boolean("nvme_checksum", c.nvme_checksum);
   v.real("comm_timeout_s", c.comm_timeout_s, 0.0, 86400.0, true);
   v.boolean("overlap_optimizer", c.overlap_optimizer);
+  v.choice("device_optimizer", c.device_optimizer, device_optimizer_names());
   v.section("model", c.model);
   v.section("data", c.data);
 }

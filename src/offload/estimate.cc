@@ -9,6 +9,7 @@
 #include "common/assert.h"
 #include "common/units.h"
 #include "model/layout.h"
+#include "offload/sharding.h"
 
 namespace strata::offload {
 
@@ -50,7 +51,8 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   e.ranks_per_node = in.ranks_per_node;
 
   // The same plan the trainer allocates, for rank 0, with the runner's exact activation buffers.
-  const model::ModelLayout layout = model::build_layout(in.shape, layout_shards(settings, world));
+  const model::ModelLayout layout =
+      model::build_layout(in.shape, layout_shards(settings.zero_stage, world));
   const model::RunnerMemory activations =
       model::ModelRunner<float>::memory_needed(in.shape, runner);
   PlanInput plan_input;
@@ -60,6 +62,7 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   plan_input.activation_device_bytes = activations.device_bytes;
   plan_input.activation_host_bytes = activations.host_bytes;
   plan_input.device_budget_bytes = in.device_budget_bytes;
+  plan_input.device_is_host = in.device_is_host;
   const TierPlan plan = make_plan_unchecked(plan_input);
   for (const PlanItem& item : plan.items)
     e.items.push_back({item.tier, item.what, item.bytes});
@@ -82,14 +85,23 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   e.assumptions.push_back(
       "units are padded to 2048 elements (4 KiB pages), so bytes are a little above params x "
       "bytes per element");
+  if (plan.uses(SlotKind::kMaster, Tier::kDevice)) {
+    e.assumptions.push_back(
+        "offload_optimizer none on a GPU: the optimizer state stays on the device and Adam runs "
+        "there (strata.device_optimizer auto; off keeps it in host memory)");
+  }
+  for (const std::string& note : plan.notes)
+    e.assumptions.push_back(note);
   e.assumptions.push_back(fmt::format(
       "activations for micro-batch {} x sequence {} in fp32 (the compute type; {}activation "
       "checkpointing{})",
       runner.batch, runner.seq_len, runner.activation_checkpointing ? "" : "no ",
       runner.activation_offload ? ", checkpoints on the host" : ""));
-  e.assumptions.push_back(
-      "the optimizer runs on the CPU (CPU Adam), so master weights, moments and accumulated "
-      "gradients live in host memory unless offload_optimizer says nvme");
+  if (!plan.uses(SlotKind::kMaster, Tier::kDevice)) {
+    e.assumptions.push_back(
+        "the optimizer runs on the CPU (CPU Adam), so master weights, moments and accumulated "
+        "gradients live in host memory unless offload_optimizer says nvme");
+  }
   if (in.device_budget_bytes == 0) {
     e.assumptions.push_back(
         "no device budget given: parameter frames as stage3_prefetch_bucket_size and "

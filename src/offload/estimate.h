@@ -42,6 +42,9 @@ struct EstimateInput {
   bool shape_assumed = false;  // the shape was guessed from the count (printed as an assumption)
   std::int64_t ranks_per_node = 1;
   std::uint64_t device_budget_bytes = 0;  // decides how many prefetch frames fit (0: no limit)
+  // The device is the CPU backend's (strata.backend cpu): device_optimizer auto keeps the
+  // optimizer on the host there. Otherwise the estimate is for a GPU.
+  bool device_is_host = false;
 };
 
 // A Llama-like shape with about `params` parameters (vocabulary 32000, depth ~ hidden/128), for

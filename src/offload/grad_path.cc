@@ -10,7 +10,6 @@
 #include "common/fault_points.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
-#include "offload/param_scheduler.h"
 
 namespace strata::offload {
 namespace {
@@ -21,8 +20,8 @@ std::uint64_t u64(std::int64_t v) {
 
 }  // namespace
 
-GradPath::GradPath(TierManager& tiers, comm::Comm* comm)
-    : tiers_(tiers), comm_(comm), backend_(tiers.backend()), plan_(tiers.plan()) {}
+GradPath::GradPath(TierManager& tiers, Sharding* sharding)
+    : tiers_(tiers), sharding_(sharding), backend_(tiers.backend()), plan_(tiers.plan()) {}
 
 GradPath::~GradPath() {
   (void)drain();
@@ -37,12 +36,9 @@ GradPath::~GradPath() {
   if (computed_.valid()) backend_.destroy_event(computed_);
 }
 
-Result<std::unique_ptr<GradPath>> GradPath::create(TierManager& tiers, comm::Comm* comm) {
+Result<std::unique_ptr<GradPath>> GradPath::create(TierManager& tiers, Sharding* sharding) {
   const TierPlan& p = tiers.plan();
-  // A plan for several ranks without their Comm holds that rank's state (checkpoint tools and
-  // tests) but cannot train: the collectives below assert one.
-  STRATA_ASSERT(comm == nullptr || comm->world_size() == p.world);
-  std::unique_ptr<GradPath> g(new GradPath(tiers, comm));
+  std::unique_ptr<GradPath> g(new GradPath(tiers, sharding));
   backend::Backend& b = tiers.backend();
   g->frames_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
@@ -60,7 +56,11 @@ Result<std::unique_ptr<GradPath>> GradPath::create(TierManager& tiers, comm::Com
     g->staged_.push_back(e);
   }
   g->staging_busy_.assign(static_cast<std::size_t>(p.grad_staging_buffers), 0);
-  g->jobs_.reserve(static_cast<std::size_t>(p.grad_staging_buffers));
+  // In flight at once: a job per staging buffer, and per frame a reduction (several ranks).
+  std::size_t frames = 0;
+  for (const SizeClass& k : p.classes)
+    frames += static_cast<std::size_t>(k.grad_frames);
+  g->jobs_.reserve(static_cast<std::size_t>(p.grad_staging_buffers) + frames);
   g->write_busy_.assign(static_cast<std::size_t>(p.grad_write_buffers), 0);
   g->writes_.reserve(static_cast<std::size_t>(p.grad_write_buffers));
   std::size_t tiles = 0;
@@ -129,8 +129,19 @@ Status GradPath::ready(int unit) {
     // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
     backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
   }
+  // A gradient homed on the device never leaves it (offload_optimizer none): on one rank it is
+  // added into its home at once, in stream order.
+  const bool device = up.optim_home == Tier::kDevice;
+  if (device && plan_.world == 1) {
+    Job job;
+    job.unit = unit;
+    job.first = first_;
+    job.last = last_;
+    job.device = true;
+    return send_home(job, f);
+  }
   int staging = -1;
-  for (;;) {
+  while (!device) {
     for (std::size_t i = 0; i < staging_busy_.size(); ++i) {
       if (!staging_busy_[i]) {
         staging = static_cast<int>(i);
@@ -142,7 +153,7 @@ Status GradPath::ready(int unit) {
     STRATA_TRY(finish_oldest_job());
     wait_ms_ += ms_since(start);
   }
-  staging_busy_[static_cast<std::size_t>(staging)] = 1;
+  if (staging >= 0) staging_busy_[static_cast<std::size_t>(staging)] = 1;
   STRATA_TRY(backend_.record(computed_, backend::StreamKind::kCompute));
   Trace* trace = tiers_.trace();
   Job job;
@@ -150,27 +161,19 @@ Status GradPath::ready(int unit) {
   job.staging = staging;
   job.first = first_;
   job.last = last_;
+  job.device = device;
   job.begin_us = trace ? trace->now_us() : 0;
   if (plan_.world > 1) {
-    STRATA_ASSERT_MSG(comm_ != nullptr, "gradients on several ranks need their Comm");
-    // Sum the ranks' gradients before they leave: in place, in the type they leave in (the
-    // fold of comm.h: fp32 arithmetic in rank order). Stage 0 keeps every unit whole on every
-    // rank (all-reduce); from stage 1 each rank keeps its shard (reduce-scatter). The frame stays
-    // taken until the reduction is done and its shard has left (finish_reduction()).
+    STRATA_ASSERT_MSG(sharding_ != nullptr, "gradients on several ranks need their Sharding");
+    // Sum the ranks' gradients before they leave (the host waits for the kernels first: the
+    // collective reads the frame). The frame stays taken until the reduction is done and its
+    // shard has left (finish_reduction()).
     STRATA_TRY(backend_.synchronize(computed_));
-    auto* base = static_cast<char*>(f->copy);
-    const comm::DataType type = comm_type(plan_.storage);
-    Result<comm::Handle> h =
-        plan_.zero_stage == 0
-            ? comm_->all_reduce(base, base, u64(n), type, comm::ReduceOp::kSum)
-            : comm_->reduce_scatter(base, base + u64(up.shard_begin) * plan_.storage_bytes,
-                                    u64(up.shard_numel), type, comm::ReduceOp::kSum);
-    if (!h.is_ok()) return h.status();
-    job.reduction = *h;
+    STRATA_ASSIGN_OR_RETURN(job.reduction, sharding_->start_grad_reduction(unit, f->copy));
     job.frame = f;
     f->unit = kReducing;
     jobs_.push_back(job);
-    return pump();
+    return Status::ok();
   }
   // The copy reads what the backward's kernels and the cast above write.
   if (!planted_race("grad.d2h_waits_for_compute")) {
@@ -178,11 +181,16 @@ Status GradPath::ready(int unit) {
   }
   STRATA_TRY(send_home(job, f));
   jobs_.push_back(job);
-  return pump();
+  return Status::ok();
 }
 
 Status GradPath::send_home(const Job& job, Frame* f) {
   const UnitPlan& up = plan_.units[static_cast<std::size_t>(job.unit)];
+  if (job.device) {
+    add_on_device(job, f);
+    f->unit = kFree;  // the next unit's zeroing comes after these ops on the same stream
+    return Status::ok();
+  }
   // Only this rank's shard leaves the device (the whole unit on one rank, or at stage 0).
   STRATA_TRY(backend_.copy_async(
       backend::StreamKind::kDeviceToHost, tiers_.grad_staging(job.staging),
@@ -195,12 +203,37 @@ Status GradPath::send_home(const Job& job, Frame* f) {
   return Status::ok();
 }
 
+void GradPath::add_on_device(const Job& job, Frame* f) {
+  // The same arithmetic as the host's accumulate(): the shard rounded to the storage type (as it
+  // would have left the device), then assigned or added in fp32; on the last micro-batch each
+  // tile's sum of squares, in the same fixed order. On the CPU backend the kernels are the host's
+  // own, so the bits are the same whatever the tier.
+  const int u = job.unit;
+  const UnitPlan& up = plan_.units[static_cast<std::size_t>(u)];
+  backend::Ops<float>& ops = backend_.ops_f32();
+  float* acc = tiers_.device_state(u, SlotKind::kGrad);
+  float* shard = f->data + up.shard_begin;
+  if (plan_.storage != kernels::DType::kF32) {
+    ops.cast_from(shard,
+                  static_cast<const char*>(f->copy) + u64(up.shard_begin) * plan_.storage_bytes,
+                  plan_.storage, up.shard_numel);
+  }
+  if (job.first) {
+    ops.copy(acc, shard, up.shard_numel);
+  } else {
+    ops.add(acc, acc, shard, up.shard_numel);
+  }
+  if (!job.last) return;
+  const std::size_t base = tile_base_[static_cast<std::size_t>(u)];
+  for (std::int64_t t = 0; t < up.tiles; ++t) {
+    sums_[base + static_cast<std::size_t>(t)] =
+        ops.sum_squares(acc + plan_.tile_begin(u, t), plan_.tile_numel(u, t));
+  }
+}
+
 Status GradPath::finish_reduction(Job& job) {
   STRATA_ASSERT(job.frame != nullptr);
-  STRATA_TRY(comm_->wait(job.reduction)
-                 .with_context(
-                     fmt::format("reducing the gradient of {}",
-                                 tiers_.layout().units[static_cast<std::size_t>(job.unit)].name)));
+  STRATA_TRY(sharding_->wait(job.reduction, "reducing the gradient", job.unit));
   Frame* f = job.frame;
   job.frame = nullptr;
   return send_home(job, f);
@@ -287,6 +320,10 @@ Status GradPath::accumulate(const Job& job) {
 Status GradPath::finish_oldest_job() {
   STRATA_ASSERT(!jobs_.empty());
   if (jobs_.front().frame != nullptr) STRATA_TRY(finish_reduction(jobs_.front()));
+  if (jobs_.front().device) {  // added into its device home by finish_reduction
+    jobs_.erase(jobs_.begin());
+    return Status::ok();
+  }
   const Job job = jobs_.front();
   STRATA_TRY(backend_.synchronize(staged_[static_cast<std::size_t>(job.staging)]));
   jobs_.erase(jobs_.begin());
@@ -295,16 +332,17 @@ Status GradPath::finish_oldest_job() {
   return s;
 }
 
-Status GradPath::pump() {
+Status GradPath::poll() {
   // Reductions complete in issue order: send home the shards of those that have.
   for (Job& job : jobs_) {
     if (job.frame == nullptr) continue;
-    STRATA_ASSIGN_OR_RETURN(bool done, comm_->test(job.reduction));
+    STRATA_ASSIGN_OR_RETURN(bool done, sharding_->comm()->test(job.reduction));
     if (!done) break;
     STRATA_TRY(finish_reduction(job));
   }
   while (!jobs_.empty() && jobs_.front().frame == nullptr &&
-         backend_.query(staged_[static_cast<std::size_t>(jobs_.front().staging)]))
+         (jobs_.front().device ||
+          backend_.query(staged_[static_cast<std::size_t>(jobs_.front().staging)])))
     STRATA_TRY(finish_oldest_job());
   return Status::ok();
 }

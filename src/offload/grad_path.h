@@ -1,17 +1,21 @@
 // The gradient path: each unit's gradient leaves the device once, in its final flat layout, and
-// is accumulated in fp32 in its home tier.
+// is accumulated in fp32 in its home tier (or, homed on the device with the optimizer, never
+// leaves it: ready(u) adds it into its device home on the compute stream, with the same
+// arithmetic).
 //   acquire(u)  a device fp32 gradient frame of u's size class, zeroed (the runner accumulates
 //               one micro-batch into it; the tied head and the embedding share unit 0's frame);
 //   ready(u)    the frame is cast to the storage type (bf16/fp16, as a 16-bit .grad would be),
 //               copied device->host into a pinned staging buffer, and the frame is free again
 //               once that copy is done;
-//   pump()      staged gradients are added into the home: the host accumulator in place, or the
+//   poll()      staged gradients are added into the home: the host accumulator in place, or the
 //               NVMe tiles (read-add-write after the first micro-batch, write-behind through
 //               fixed buffers). On the last micro-batch each tile's sum of squares is taken right
-//               there, so the global norm needs no second pass over the gradients.
+//               there, so the global norm needs no second pass over the gradients. The engine's
+//               progress driver (progress.h) calls it.
 // On several ranks, ready(u) first sums the frame over the ranks, in place and asynchronously
-// (reduce-scatter at ZeRO stage >= 1, so only the rank's shard leaves; all-reduce at stage 0); the
-// shard leaves once the reduction is done, while backward goes on with the next units.
+// (Sharding::start_grad_reduction: reduce-scatter at ZeRO stage >= 1, so only the rank's shard
+// leaves; all-reduce at stage 0); the shard leaves once the reduction is done, while backward goes
+// on with the next units.
 // The norm is the sum of those tile sums in (unit, tile) order: the same numbers in the same order
 // whatever the tiers, hence the same bits.
 #pragma once
@@ -20,15 +24,15 @@
 #include <memory>
 #include <vector>
 
-#include "comm/comm.h"
+#include "offload/sharding.h"
 #include "offload/tier_manager.h"
 
 namespace strata::offload {
 
 class GradPath {
  public:
-  // `comm`: the data-parallel ranks (needed when the plan is for more than one).
-  static Result<std::unique_ptr<GradPath>> create(TierManager& tiers, comm::Comm* comm = nullptr);
+  // `sharding`: the ranks' collectives (needed when the plan is for more than one rank).
+  static Result<std::unique_ptr<GradPath>> create(TierManager& tiers, Sharding* sharding = nullptr);
   ~GradPath();
   GradPath(const GradPath&) = delete;
   GradPath& operator=(const GradPath&) = delete;
@@ -41,7 +45,7 @@ class GradPath {
   // Unit u's gradient for this micro-batch is complete: it leaves the device.
   Status ready(int unit);
   // Accumulates what has arrived, without blocking.
-  Status pump();
+  Status poll();
   // Accumulates everything and waits for every gradient write.
   Status drain();
   // After drain() on the last micro-batch: the sum over units and tiles, in order, of each
@@ -64,6 +68,7 @@ class GradPath {
     int staging = -1;
     bool first = true;  // of the micro-batch the gradient belongs to
     bool last = true;
+    bool device = false;  // homed on the device: added there, no staging buffer
     std::uint64_t begin_us = 0;
     Frame* frame = nullptr;  // several ranks: the frame whose reduction is in flight
     comm::Handle reduction;
@@ -75,11 +80,14 @@ class GradPath {
     io::SwapHandle handle;
   };
 
-  GradPath(TierManager& tiers, comm::Comm* comm);
+  GradPath(TierManager& tiers, Sharding* sharding);
   // Copies the job's shard of frame `f` to its staging buffer; the frame is free again after.
   Status send_home(const Job& job, Frame* f);
   // Waits for the job's reduction, then send_home().
   Status finish_reduction(Job& job);
+  // Adds the job's shard of frame `f` into its device home (and takes the tile sums on the last
+  // micro-batch), on the compute stream.
+  void add_on_device(const Job& job, Frame* f);
   Status accumulate(const Job& job);
   Result<int> free_write_buffer();
   Status finish_oldest_job();
@@ -89,7 +97,7 @@ class GradPath {
   Frame* frame_of(int unit);
 
   TierManager& tiers_;
-  comm::Comm* comm_ = nullptr;
+  Sharding* sharding_ = nullptr;
   backend::Backend& backend_;
   const TierPlan& plan_;
   std::vector<std::vector<Frame>> frames_;  // per size class

@@ -10,7 +10,8 @@
 
 namespace strata::offload {
 
-OffloadStore::OffloadStore(std::unique_ptr<TierManager> tiers) : tiers_(std::move(tiers)) {}
+OffloadStore::OffloadStore(TierManager& tiers, OptimizerPipeline& pipeline, Sharding& sharding)
+    : tiers_(tiers), pipeline_(pipeline), sharding_(sharding) {}
 
 Status OffloadStore::guard(Status s) {
   if (!failure_.is_ok()) return failure_;
@@ -24,55 +25,51 @@ Status OffloadStore::guard(Status s) {
   return s;
 }
 
-Result<std::unique_ptr<OffloadStore>> OffloadStore::create(
-    backend::Backend& backend, const model::ModelLayout& layout, TierPlan plan,
-    optim::AdamOptimizer& adam, const TierOptions& options, comm::Comm* comm) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TierManager> tiers,
-                          TierManager::create(backend, layout, std::move(plan), options));
-  std::unique_ptr<OffloadStore> s(new OffloadStore(std::move(tiers)));
-  s->comm_ = comm;
-  STRATA_ASSIGN_OR_RETURN(s->pipeline_, OptimizerPipeline::create(*s->tiers_, adam));
-  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(*s->tiers_, comm));
-  STRATA_ASSIGN_OR_RETURN(s->scheduler_,
-                          ParamScheduler::create(*s->tiers_, s->pipeline_.get(), comm));
-  s->regather_.assign(s->tiers_->plan().units.size(), 0);
-  const TierPlan& p = s->tiers_->plan();
+Result<std::unique_ptr<OffloadStore>> OffloadStore::create(TierManager& tiers,
+                                                           OptimizerPipeline& pipeline,
+                                                           Sharding& sharding) {
+  std::unique_ptr<OffloadStore> s(new OffloadStore(tiers, pipeline, sharding));
+  STRATA_ASSIGN_OR_RETURN(s->grads_, GradPath::create(tiers, &sharding));
+  STRATA_ASSIGN_OR_RETURN(s->scheduler_, ParamScheduler::create(tiers, &pipeline, &sharding));
+  s->progress_ = std::make_unique<Progress>(pipeline, *s->grads_, *s->scheduler_);
+  const TierPlan& p = tiers.plan();
+  s->regather_.assign(p.units.size(), 0);
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
     for (int i = 0; i < p.classes[k].compute_slots; ++i)
-      s->compute_[k].push_back(ComputeSlot{s->tiers_->compute_slot(static_cast<int>(k), i), -1, 0});
+      s->compute_[k].push_back(ComputeSlot{tiers.compute_slot(static_cast<int>(k), i), -1, 0});
   }
   return s;
 }
 
 float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
-  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
-  return tiers_->unit_scratch();
+  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
+  return tiers_.unit_scratch();
 }
 
 Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   if (!failure_.is_ok()) return failure_;
-  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
-  if (up.optim_home == Tier::kNvme && src != tiers_->unit_scratch()) {
-    std::memcpy(tiers_->unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
-    src = tiers_->unit_scratch();
+  const UnitPlan& up = tiers_.plan().units[static_cast<std::size_t>(unit)];
+  if (up.optim_home == Tier::kNvme && src != tiers_.unit_scratch()) {
+    std::memcpy(tiers_.unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
+    src = tiers_.unit_scratch();
   }
-  return guard(tiers_->write_slot(kind, unit, src));
+  return guard(tiers_.write_slot(kind, unit, src));
 }
 
 Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
-  if (home_of(tiers_->plan(), unit, kind) == Tier::kHost) return tiers_->host_state(unit, kind);
+  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
   if (!failure_.is_ok()) return failure_;
-  STRATA_TRY(guard(tiers_->read_slot(kind, unit, tiers_->unit_scratch())));
-  return static_cast<const float*>(tiers_->unit_scratch());
+  STRATA_TRY(guard(tiers_.read_slot(kind, unit, tiers_.unit_scratch())));
+  return static_cast<const float*>(tiers_.unit_scratch());
 }
 
 Status OffloadStore::refresh(bool zero_moments) {
   STRATA_TRY(finish_optimizer());
   STRATA_TRY(scheduler_->drain());
   // Kernels still queued may read the parameters about to be rewritten in every home.
-  STRATA_TRY(guard(tiers_->backend().synchronize(backend::StreamKind::kCompute)));
-  const TierPlan& p = tiers_->plan();
+  STRATA_TRY(guard(tiers_.backend().synchronize(backend::StreamKind::kCompute)));
+  const TierPlan& p = tiers_.plan();
   for (int u = 0; u < units(); ++u) {
     const UnitPlan& up = p.units[static_cast<std::size_t>(u)];
     if (zero_moments) {
@@ -82,9 +79,9 @@ Status OffloadStore::refresh(bool zero_moments) {
         STRATA_TRY(store(kind, u, buffer));
       }
     }
-    STRATA_TRY(tiers_->refresh_params(u));
+    STRATA_TRY(tiers_.refresh_params(u));
     scheduler_->invalidate(u);
-    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
+    regather_[static_cast<std::size_t>(u)] = sharding_.regathers_params(u);
   }
   for (auto& pool : compute_) {
     for (ComputeSlot& slot : pool)
@@ -102,7 +99,7 @@ void OffloadStore::begin_micro_batch(bool first, bool last) {
 
 Status OffloadStore::end_micro_batch() {
   scheduler_->end_pass();
-  return guard(grads_->pump());
+  return guard(progress_->poll());
 }
 
 Status OffloadStore::finish_backward() {
@@ -116,7 +113,7 @@ Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
   // prefetcher waits for each unit's update (the update gate, params_ready).
   for (int u = 0; u < units(); ++u) {
     scheduler_->invalidate(u);
-    regather_[static_cast<std::size_t>(u)] = sharded_device_params(u);
+    regather_[static_cast<std::size_t>(u)] = sharding_.regathers_params(u);
   }
   for (auto& pool : compute_) {
     for (ComputeSlot& slot : pool) {
@@ -124,17 +121,17 @@ Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
       slot.unit = -1;
     }
   }
-  STRATA_TRY(guard(pipeline_->start(step)));
+  STRATA_TRY(guard(pipeline_.start(step)));
   return wait ? finish_optimizer() : Status::ok();
 }
 
 Status OffloadStore::skip_optimizer() {
-  return guard(pipeline_->cancel_preload());
+  return guard(pipeline_.cancel_preload());
 }
 
 Status OffloadStore::finish_optimizer() {
   const auto start = std::chrono::steady_clock::now();
-  Status s = pipeline_->finish();
+  Status s = pipeline_.finish();
   counters_.compute_wait_ms += ms_since(start);
   return guard(s);
 }
@@ -148,16 +145,14 @@ void OffloadStore::end_eval_batch() {
 }
 
 Status OffloadStore::wait_for_update(int unit, bool whole) {
-  if (whole ? pipeline_->unit_done(unit) : pipeline_->params_ready(unit)) {
-    return guard(pipeline_->pump());
-  }
+  if (whole ? pipeline_.unit_done(unit) : pipeline_.params_ready(unit)) return Status::ok();
   const auto start = std::chrono::steady_clock::now();
-  Trace* trace = tiers_->trace();
+  Trace* trace = tiers_.trace();
   const std::uint64_t begin_us = trace ? trace->now_us() : 0;
   // Waiting for the parameters also lets the next tiles move (their Adam runs now, their writes
   // during this unit's compute).
-  Status s = whole ? pipeline_->wait_unit(unit) : pipeline_->wait_for_params(unit);
-  if (whole && s.is_ok()) s = pipeline_->pump();
+  Status s = whole ? pipeline_.wait_unit(unit) : pipeline_.wait_for_params(unit);
+  if (whole && s.is_ok()) s = pipeline_.pump();
   counters_.compute_wait_ms += ms_since(start);
   if (trace) {
     trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);
@@ -165,47 +160,36 @@ Status OffloadStore::wait_for_update(int unit, bool whole) {
   return guard(s);
 }
 
-bool OffloadStore::sharded_device_params(int unit) const {
-  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
-  return tiers_->plan().world > 1 && !up.framed && up.shard_numel < up.padded_numel;
-}
-
 Status OffloadStore::regather(int unit) {
   // ZeRO 1 and 2: this rank updated its shard of the unit's device parameters; the rest comes
   // from the other ranks, in place. Every rank does this at its first acquire of the unit after
   // an update, in the same order, so the collectives stay in step.
-  STRATA_ASSERT_MSG(comm_ != nullptr, "parameters on several ranks need their Comm");
-  const UnitPlan& up = tiers_->plan().units[static_cast<std::size_t>(unit)];
-  const std::uint64_t c = tiers_->plan().storage_bytes;
-  auto* base = static_cast<char*>(tiers_->device_param(unit));
   const auto start = std::chrono::steady_clock::now();
-  Result<comm::Handle> h = comm_->all_gather(base + static_cast<std::uint64_t>(up.shard_begin) * c,
-                                             base, static_cast<std::uint64_t>(up.shard_numel),
-                                             comm_type(tiers_->plan().storage));
-  if (!h.is_ok()) return guard(h.status());
-  Status s = comm_->wait(*h).with_context(fmt::format(
-      "gathering the parameters of {}", layout().units[static_cast<std::size_t>(unit)].name));
+  Status s = sharding_.regather_params(unit);
   counters_.compute_wait_ms += ms_since(start);
   regather_[static_cast<std::size_t>(unit)] = 0;
   return guard(s);
 }
 
+Status OffloadStore::gather_masters(int unit, float* whole) {
+  STRATA_TRY(finish_optimizer());
+  STRATA_ASSIGN_OR_RETURN(const float* shard, view(SlotKind::kMaster, unit));
+  return guard(sharding_.gather_unit(unit, shard, whole));
+}
+
 Result<const float*> OffloadStore::acquire_params(int unit) {
-  if (scheduler_->holds_update(unit)) {
-    // The optimizer wrote the new parameters into the unit's frame already; their write home may
-    // still be in flight (fetches from the home wait for it through the update gate).
-    STRATA_TRY(guard(pipeline_->pump()));
-  } else {
-    STRATA_TRY(wait_for_update(unit, false));
-  }
+  // A unit whose frame holds its new parameters already (handed off by the optimizer) needs no
+  // wait: their write home may still be in flight, and fetches from the home wait for it
+  // through the update gate.
+  if (!scheduler_->holds_update(unit)) STRATA_TRY(wait_for_update(unit, false));
   if (regather_[static_cast<std::size_t>(unit)]) STRATA_TRY(regather(unit));
-  STRATA_TRY(guard(grads_->pump()));
   const double before = scheduler_->stats().wait_ms;
   Result<const void*> fetched = scheduler_->acquire(unit);
   if (!fetched.is_ok()) return guard(fetched.status());
+  STRATA_TRY(guard(progress_->poll()));
   const void* stored = *fetched;
   counters_.compute_wait_ms += scheduler_->stats().wait_ms - before;
-  const TierPlan& p = tiers_->plan();
+  const TierPlan& p = tiers_.plan();
   if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
   const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
   std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
@@ -217,7 +201,7 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
   }
   for (ComputeSlot& slot : pool) {
     if (slot.users == 0) {
-      tiers_->backend().ops_f32().cast_from(slot.data, stored, p.storage, up.padded_numel);
+      tiers_.backend().ops_f32().cast_from(slot.data, stored, p.storage, up.padded_numel);
       slot.unit = unit;
       slot.users = 1;
       return static_cast<const float*>(slot.data);
@@ -231,7 +215,7 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
 }
 
 void OffloadStore::release_params(int unit) {
-  const TierPlan& p = tiers_->plan();
+  const TierPlan& p = tiers_.plan();
   if (p.storage != kernels::DType::kF32) {
     bool found = false;
     for (ComputeSlot& slot :
@@ -254,12 +238,13 @@ Result<float*> OffloadStore::acquire_grads(int unit) {
     // state ahead (the step itself must wait for the global norm).
     preloaded_ = true;
     STRATA_TRY(finish_optimizer());
-    STRATA_TRY(guard(pipeline_->preload()));
+    STRATA_TRY(guard(pipeline_.preload()));
   }
   const double before = grads_->wait_ms();
   Result<float*> r = grads_->acquire(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;
   if (!r.is_ok()) return guard(r.status());
+  STRATA_TRY(guard(progress_->poll()));
   return r;
 }
 
@@ -267,7 +252,8 @@ Status OffloadStore::grads_ready(int unit) {
   const double before = grads_->wait_ms();
   Status s = grads_->ready(unit);
   counters_.compute_wait_ms += grads_->wait_ms() - before;
-  return guard(s);
+  STRATA_TRY(guard(s));
+  return guard(progress_->poll());
 }
 
 }  // namespace strata::offload

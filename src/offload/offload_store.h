@@ -1,11 +1,16 @@
 // All training state of one rank, wherever it lives, behind the model runner's UnitStore seam
-// (model/runner.h). It owns and wires the offload engine:
+// (model/runner.h): the model side of the offload engine (engine.h builds it). It works on the
+// engine's
 //   TierManager        every byte and its home, as the plan lays them out (tier_manager.h);
 //   OptimizerPipeline  tiles `depth` deep through CPU Adam, new parameters straight home; it is
 //                      also the update gate (update_gate.h) the scheduler asks during a step;
+//   Sharding           the ZeRO collectives (sharding.h);
+// and owns
 //   GradPath           gradients leave the device once and accumulate in fp32 in their home,
 //                      with each tile's sum of squares (grad_path.h);
-//   ParamScheduler     parameters to the device ahead of use (param_scheduler.h).
+//   ParamScheduler     parameters to the device ahead of use (param_scheduler.h);
+//   Progress           the one driver that moves the three engines' work in flight along
+//                      (progress.h), called at each point where the runner comes by.
 // The in-memory run is the special case where every home is the device or the host: the same
 // kernels run on the same tiles in the same order whatever the tiers, so offloading does not
 // change a single bit of the result.
@@ -21,10 +26,10 @@
 // optimizer's I/O overlaps the next forward; finish_optimizer() waits for all of it (before
 // checkpoints and at the end).
 //
-// Lifetimes: the members are declared so that they are destroyed scheduler first, then the
-// gradient path, the pipeline and last the tier manager: each engine goes before the memory and
-// files it uses, and the scheduler, which completes hand-offs through the pipeline's gate as it
-// goes, before the gate.
+// Lifetimes: the store goes before the engine's pipeline and tier manager (engine.h), and within
+// it the scheduler goes before the gradient path: each engine goes before the memory and files
+// it uses, and the scheduler, which completes hand-offs through the pipeline's gate as it goes,
+// before the gate.
 #pragma once
 
 #include <cstdint>
@@ -32,14 +37,14 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "comm/comm.h"
 #include "model/layout.h"
 #include "model/runner.h"
 #include "offload/grad_path.h"
 #include "offload/optimizer_pipeline.h"
 #include "offload/param_scheduler.h"
+#include "offload/progress.h"
+#include "offload/sharding.h"
 #include "offload/tier_manager.h"
-#include "optim/adam_optimizer.h"
 
 namespace strata::offload {
 
@@ -49,23 +54,22 @@ struct StateCounters {
 
 class OffloadStore final : public model::UnitStore<float> {
  public:
-  // Builds the tier manager for `plan` and the engines over it. `comm`: the data-parallel ranks
-  // (needed to train when the plan is for more than one). Errors as TierManager::create.
-  static Result<std::unique_ptr<OffloadStore>> create(backend::Backend& backend,
-                                                      const model::ModelLayout& layout,
-                                                      TierPlan plan, optim::AdamOptimizer& adam,
-                                                      const TierOptions& options,
-                                                      comm::Comm* comm = nullptr);
+  // The model's engines over the engine's tier manager, pipeline and sharding (engine.h: the
+  // only caller); they must outlive the store.
+  static Result<std::unique_ptr<OffloadStore>> create(TierManager& tiers,
+                                                      OptimizerPipeline& pipeline,
+                                                      Sharding& sharding);
   ~OffloadStore() override = default;
 
-  const model::ModelLayout& layout() const { return tiers_->layout(); }
-  const TierPlan& plan() const { return tiers_->plan(); }
-  kernels::DType storage() const { return tiers_->plan().storage; }
-  int units() const { return tiers_->units(); }
-  TierManager& tiers() { return *tiers_; }
+  const model::ModelLayout& layout() const { return tiers_.layout(); }
+  const TierPlan& plan() const { return tiers_.plan(); }
+  kernels::DType storage() const { return tiers_.plan().storage; }
+  int units() const { return tiers_.units(); }
+  TierManager& tiers() { return tiers_; }
   ParamScheduler& scheduler() { return *scheduler_; }
-  OptimizerPipeline& pipeline() { return *pipeline_; }
+  OptimizerPipeline& pipeline() { return pipeline_; }
   GradPath& grad_path() { return *grads_; }
+  Sharding& sharding() { return sharding_; }
 
   // ---- whole units (initialisation, checkpoints; not the step's hot path) --------------------
   // A buffer for unit u's fp32 `kind` shard to be filled and then passed to store(): the host
@@ -79,6 +83,10 @@ class OffloadStore final : public model::UnitStore<float> {
   // After the masters changed (initialisation, resume): zeroes the moments when `zero_moments`,
   // and rounds every master into the parameters' home.
   Status refresh(bool zero_moments);
+  // The whole unit u of fp32 master weights into `whole` (padded_numel elements, any host
+  // memory), gathered from every rank's shard; waits for the optimizer step in flight first.
+  // Between steps, on every rank in the same order.
+  Status gather_masters(int unit, float* whole);
 
   // ---- the step -------------------------------------------------------------------------------
   void begin_micro_batch(bool first, bool last);
@@ -113,23 +121,22 @@ class OffloadStore final : public model::UnitStore<float> {
     int unit = -1;
     int users = 0;
   };
-  explicit OffloadStore(std::unique_ptr<TierManager> tiers);
+  OffloadStore(TierManager& tiers, OptimizerPipeline& pipeline, Sharding& sharding);
   // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
   // in flight.
   Status wait_for_update(int unit, bool whole);
   // Records the first failure; returns `s`, or the recorded failure when there is one.
   Status guard(Status s);
-  // ZeRO 1/2 on several ranks: the unit's device parameters are whole on every rank but each rank
-  // updates only its shard, so after an update (or a refresh) they are all-gathered at first use.
-  bool sharded_device_params(int unit) const;
+  // ZeRO 1/2: the unit's shards other ranks updated, gathered at its first use after an update.
   Status regather(int unit);
 
+  TierManager& tiers_;
+  OptimizerPipeline& pipeline_;
+  Sharding& sharding_;
   // In order of construction; destroyed in reverse (see the header comment).
-  std::unique_ptr<TierManager> tiers_;
-  std::unique_ptr<OptimizerPipeline> pipeline_;
   std::unique_ptr<GradPath> grads_;
   std::unique_ptr<ParamScheduler> scheduler_;
-  comm::Comm* comm_ = nullptr;
+  std::unique_ptr<Progress> progress_;
   std::vector<std::uint8_t> regather_;             // per unit: all-gather before the next use
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   StateCounters counters_;

@@ -45,6 +45,10 @@ OptimizerPipeline::~OptimizerPipeline() {
     if (s.copied.valid()) backend_.destroy_event(s.copied);
   }
   if (step_started_.valid()) backend_.destroy_event(step_started_);
+  if (device_done_.valid()) {
+    (void)backend_.synchronize(device_done_);  // kernels still queued write the device state
+    backend_.destroy_event(device_done_);
+  }
 }
 
 Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager& tiers,
@@ -52,6 +56,10 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager
   std::unique_ptr<OptimizerPipeline> p(new OptimizerPipeline(tiers, adam));
   const TierPlan& plan = tiers.plan();
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    if (plan.units[u].optim_home == Tier::kDevice) {
+      p->device_units_.push_back(static_cast<int>(u));
+      continue;
+    }
     for (std::int64_t t = 0; t < plan.units[u].tiles; ++t)
       p->tiles_.push_back(Tile{static_cast<int>(u), t});
   }
@@ -66,6 +74,7 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager
     STRATA_ASSIGN_OR_RETURN(s.copied, tiers.backend().create_event());
   }
   STRATA_ASSIGN_OR_RETURN(p->step_started_, tiers.backend().create_event());
+  STRATA_ASSIGN_OR_RETURN(p->device_done_, tiers.backend().create_event());
   ServiceThreadPriority service;  // above busy compute threads under chrt
   p->worker_ = std::thread([raw = p.get()] { raw->worker_main(); });
   return p;
@@ -80,7 +89,16 @@ bool OptimizerPipeline::nvme_state(std::int64_t tile) const {
   return plan_.units[static_cast<std::size_t>(t.unit)].optim_home == Tier::kNvme;
 }
 
+bool OptimizerPipeline::device_unit(int unit) const {
+  return plan_.units[static_cast<std::size_t>(unit)].optim_home == Tier::kDevice;
+}
+
+bool OptimizerPipeline::device_pending() const {
+  return !device_units_.empty() && !backend_.query(device_done_);
+}
+
 bool OptimizerPipeline::params_ready(int unit) const {
+  if (device_unit(unit)) return backend_.query(device_done_);
   return !active_.load() || params_tiles_[static_cast<std::size_t>(unit)].load() ==
                                 plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
@@ -99,6 +117,7 @@ bool OptimizerPipeline::handed_off(int unit) const {
 }
 
 bool OptimizerPipeline::unit_done(int unit) const {
+  if (device_unit(unit)) return backend_.query(device_done_);
   return !active_.load() || done_tiles_[static_cast<std::size_t>(unit)].load() ==
                                 plan_.units[static_cast<std::size_t>(unit)].tiles;
 }
@@ -449,6 +468,7 @@ Status OptimizerPipeline::start(const PipelineStep& step) {
   }
   STRATA_TRY(backend_.record(step_started_, backend::StreamKind::kCompute));
   step_ = step;
+  STRATA_TRY(run_device_tiles());
   next_compute_ = done_ = 0;
   for (auto& n : params_tiles_)
     n.store(0);
@@ -526,7 +546,47 @@ Status OptimizerPipeline::wait_unit(int unit) {
 }
 
 Status OptimizerPipeline::finish() {
-  return wait_until([&] { return !active_.load(); });
+  return wait_until([&] { return !active_.load() && !device_pending(); });
+}
+
+Status OptimizerPipeline::run_device_tiles() {
+  if (device_units_.empty()) return Status::ok();
+  backend::OptimizerOps& ops = backend_.optimizer_ops();
+  const kernels::AdamParams params = optim::adam_params(adam_.settings(), step_.lr, step_.step);
+  const kernels::AdamFusion fusion = optim::adam_fusion(step_.grad_multiplier);
+  const std::uint64_t c = plan_.storage_bytes;
+  const auto start = std::chrono::steady_clock::now();
+  TraceScope scope(tiers_.trace(), TraceLane::kAdam, "adam (device)");
+  for (int u : device_units_) {
+    const UnitPlan& up = plan_.units[static_cast<std::size_t>(u)];
+    for (std::int64_t t = 0; t < up.tiles && !skip_adam_; ++t) {
+      const std::int64_t begin = plan_.tile_begin(u, t), n = plan_.tile_numel(u, t);
+      kernels::AdamTile tile;
+      tile.master = tiers_.device_state(u, SlotKind::kMaster) + begin;
+      tile.exp_avg = tiers_.device_state(u, SlotKind::kExpAvg) + begin;
+      tile.exp_avg_sq = tiers_.device_state(u, SlotKind::kExpAvgSq) + begin;
+      tile.grad = tiers_.device_state(u, SlotKind::kGrad) + begin;
+      tile.grad_dtype = kernels::DType::kF32;
+      tile.n = static_cast<std::size_t>(n);
+      char* params_at =
+          static_cast<char*>(tiers_.device_param(u)) + u64(up.param_shard_offset() + begin) * c;
+      // 16-bit parameters are the copy-out; fp32 ones are the master itself, or (a shard of a
+      // whole unit, ZeRO 1/2) a copy of it.
+      const bool copy_fp32 = plan_.storage == kernels::DType::kF32 && !up.params_in_master;
+      if (plan_.storage != kernels::DType::kF32) {
+        tile.copy_out = params_at;
+        tile.copy_dtype = plan_.storage;
+      }
+      // check_finite is off, so the result says nothing beyond success.
+      if (Result<kernels::AdamResult> r = ops.adam_step(params, fusion, tile); !r.is_ok())
+        return r.status();
+      if (copy_fp32) {
+        backend_.ops_f32().copy(reinterpret_cast<float*>(params_at), tile.master, n);
+      }
+    }
+  }
+  times_.adam_ms += ms_since(start);
+  return backend_.record(device_done_, backend::StreamKind::kCompute);
 }
 
 }  // namespace strata::offload

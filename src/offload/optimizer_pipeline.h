@@ -35,6 +35,11 @@
 // exp_avg_sq of the first tiles during the backward, so only their gradients are left to read
 // when the step starts.
 //
+// Units whose optimizer state the plan homed on the device (offload_optimizer none) take no part
+// in the above: start() queues their tiles' AdamW on the backend's OptimizerOps (the compute
+// stream, the same fp32 operations as CPU Adam, the bf16/fp16 copy-out written straight into the
+// device parameters) and records an event; their milestones are that event.
+//
 // The pipeline needs only a tier manager and the Adam driver: with a plan for any set of flat
 // units (a model's, or a binding's parameter groups) it runs the same step.
 #pragma once
@@ -162,7 +167,14 @@ class OptimizerPipeline final : public UpdateGate {
   const TierPlan& plan_;
   optim::AdamOptimizer& adam_;
   std::int64_t depth_ = 0;
-  std::vector<Tile> tiles_;                              // every tile, units in order
+  std::vector<Tile> tiles_;  // every tile the worker runs (host and NVMe homes), units in order
+  std::vector<int> device_units_;  // units whose state (and Adam) is on the device
+  // Recorded on the compute stream after the device units' AdamW: their milestones.
+  backend::Event device_done_;
+  bool device_unit(int unit) const;
+  bool device_pending() const;
+  // Queues the device units' AdamW (the trainer's thread, at start()).
+  Status run_device_tiles();
   std::vector<std::atomic<std::int64_t>> params_tiles_;  // per unit: tiles whose params are home
   std::vector<std::atomic<std::int64_t>> done_tiles_;    // per unit: tiles fully written
   // Per unit, the hand-off state of update_gate.h: kHandNone, then kHandOffered (trainer) or

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/units.h"
+#include "offload/sharding.h"
 
 namespace strata::offload {
 namespace {
@@ -26,16 +27,28 @@ std::uint64_t grad_frame_bytes(const TierPlan& p, std::int64_t numel) {
 
 struct DeviceSums {
   std::uint64_t homes = 0, persistent = 0, frames = 0, compute = 0, grads = 0;
+  std::uint64_t state[4] = {0, 0, 0, 0};  // master, exp_avg, exp_avg_sq, grad homed on the device
   std::uint64_t total(std::uint64_t activations) const {
-    return homes + persistent + frames + compute + grads + activations;
+    return homes + persistent + frames + compute + grads + activations + state[0] + state[1] +
+           state[2] + state[3];
   }
 };
+
+// Elements of optimizer kind k (0 master .. 3 grad) of a unit's shard.
+std::int64_t state_numel(const UnitPlan& u, int k) {
+  return k == 3 ? u.grad_numel : u.shard_numel;
+}
 
 DeviceSums device_sums(const TierPlan& p) {
   DeviceSums s;
   for (const UnitPlan& u : p.units) {
-    if (u.param_home == Tier::kDevice) s.homes += u64(u.param_numel) * p.storage_bytes;
+    if (u.param_home == Tier::kDevice && !u.params_in_master)
+      s.homes += u64(u.param_numel) * p.storage_bytes;
     if (u.persistent) s.persistent += u64(u.padded_numel) * p.storage_bytes;
+    if (u.optim_home == Tier::kDevice) {
+      for (int k = 0; k < 4; ++k)
+        s.state[k] += u64(state_numel(u, k)) * 4;
+    }
   }
   for (const SizeClass& k : p.classes) {
     s.frames += u64(k.param_frames) * u64(k.numel) * p.storage_bytes;
@@ -115,15 +128,16 @@ void add_items(TierPlan& p, const PlanInput& in) {
           ? fmt::format("gradient frames (fp32, and the {} copy that leaves)", dtype)
           : std::string("gradient frames (fp32)"),
       d.grads);
-  // Optimizer state: one host mapping, each array followed by a 4 KiB stagger.
+  // Optimizer state: one host mapping, each array followed by a 4 KiB stagger; on the device,
+  // one allocation per unit and kind.
   const char* names[4] = {"fp32 master weights", "Adam exp_avg", "Adam exp_avg_sq",
                           "fp32 accumulated gradients"};
   for (int k = 0; k < 4; ++k) {
     std::uint64_t host = 0;
     for (const UnitPlan& u : p.units) {
-      if (u.optim_home == Tier::kHost)
-        host += u64(k == 3 ? u.grad_numel : u.shard_numel) * 4 + kStaggerBytes;
+      if (u.optim_home == Tier::kHost) host += u64(state_numel(u, k)) * 4 + kStaggerBytes;
     }
+    add(Tier::kDevice, fmt::format("{} (device home)", names[k]), d.state[k]);
     add(Tier::kHost, fmt::format("{} (host home)", names[k]), host);
     add(Tier::kNvme, fmt::format("{} (nvme home)", names[k]), p.swap_bytes[k + 1]);
   }
@@ -255,21 +269,26 @@ std::vector<std::string> describe_plan(const TierPlan& p,
       dirs += (dirs.empty() ? "" : ", ") + d;
     lines.push_back(fmt::format("nvme swap: {} in {}", format_bytes(p.bytes(Tier::kNvme)), dirs));
   }
+  for (const std::string& note : p.notes)
+    lines.push_back(note);
   return lines;
 }
 
-TierPlan make_plan_unchecked(const PlanInput& in) {
+namespace {
+
+TierPlan build_plan(const PlanInput& in) {
   const PlanSettings& z = in.settings;
   STRATA_ASSERT(in.layout != nullptr && in.world >= 1 && in.rank >= 0 && in.rank < in.world);
   STRATA_ASSERT_MSG(z.pipeline_depth >= 3 && z.pipeline_depth <= 16,
                     "the optimizer pipeline is 3 to 16 tiles deep");
-  STRATA_ASSERT_MSG(z.optim_tier != Tier::kDevice, "the optimizer state lives on the host or NVMe");
+  STRATA_ASSERT_MSG(!in.optimizer_only || in.world == 1, "an optimizer-only plan is one process's");
   const model::ModelLayout& layout = *in.layout;
+  const int stage = in.optimizer_only ? 0 : z.zero_stage;
   TierPlan p;
   p.pipeline_depth = z.pipeline_depth;
   p.rank = in.rank;
   p.world = in.world;
-  p.zero_stage = z.zero_stage;
+  p.zero_stage = stage;
   p.storage = z.storage;
   p.storage_bytes = kernels::dtype_bytes(p.storage);
   p.tile_elements = static_cast<std::int64_t>(
@@ -277,7 +296,7 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   p.prefetch = z.prefetch;
   p.swap = z.swap;
 
-  const Tier param_tier = z.param_tier;
+  const Tier param_tier = in.optimizer_only ? Tier::kHost : z.param_tier;
   const Tier optim_tier = z.optim_tier;
   std::int64_t total = 0;
   for (const model::UnitLayout& unit : layout.units)
@@ -291,13 +310,10 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   for (const model::UnitLayout& unit : layout.units) {
     UnitPlan u;
     u.padded_numel = unit.padded_numel;
-    const std::int64_t shard = static_cast<std::int64_t>(
-        align_up(u64(ceil_div(unit.padded_numel, in.world)), model::kUnitPadElements));
-    u.shard_begin = std::min(unit.padded_numel, shard * in.rank);
-    u.shard_numel =
-        z.zero_stage >= 1 ? std::min(shard, unit.padded_numel - u.shard_begin) : unit.padded_numel;
-    if (z.zero_stage < 1) u.shard_begin = 0;
-    u.param_numel = z.zero_stage >= 3 ? u.shard_numel : unit.padded_numel;
+    const ShardGeometry shard = shard_of(unit.padded_numel, in.rank, in.world, stage);
+    u.shard_begin = shard.begin;
+    u.shard_numel = shard.numel;
+    u.param_numel = shard.param_numel;
     // Gradients leave the device reduce-scattered at every stage >= 1 (docs/multi-gpu.md), so the
     // accumulator only ever holds the shard; at stage 0 the shard is the whole unit.
     u.grad_numel = u.shard_numel;
@@ -306,15 +322,22 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
       u.param_home = Tier::kHost;
       in_cpu += u.param_numel;
     }
-    u.optim_home = optim_tier == Tier::kNvme &&
-                           static_cast<double>(params_before + u.shard_numel) > host_optim_elements
-                       ? Tier::kNvme
-                       : Tier::kHost;
+    if (optim_tier == Tier::kDevice) {
+      u.optim_home = Tier::kDevice;
+    } else {
+      u.optim_home =
+          optim_tier == Tier::kNvme &&
+                  static_cast<double>(params_before + u.shard_numel) > host_optim_elements
+              ? Tier::kNvme
+              : Tier::kHost;
+    }
     params_before += u.shard_numel;
-    // fp32 parameters on the host, next to their fp32 master of the same extent: one array.
-    u.params_in_master = p.storage == kernels::DType::kF32 && u.param_home == Tier::kHost &&
-                         u.optim_home == Tier::kHost && u.param_numel == u.shard_numel;
-    u.framed = u.param_home != Tier::kDevice || (z.zero_stage >= 3 && in.world > 1);
+    // fp32 parameters homed beside their fp32 master of the same extent (host or device): one
+    // array.
+    u.params_in_master = p.storage == kernels::DType::kF32 && u.param_home == u.optim_home &&
+                         u.param_home != Tier::kNvme && u.param_numel == u.shard_numel;
+    u.framed =
+        !in.optimizer_only && (u.param_home != Tier::kDevice || (stage >= 3 && in.world > 1));
     u.persistent = u.framed && u64(unit.padded_numel) < z.persistence_threshold_elements;
     u.tiles = std::max<std::int64_t>(1, ceil_div(u.shard_numel, p.tile_elements));
     auto [it, added] = class_of.emplace(unit.padded_numel, static_cast<int>(p.classes.size()));
@@ -346,21 +369,25 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
     }
     k.param_frames_base = framed == 0 ? 0 : std::min(framed, holds_pair ? 2 : 1);
     k.param_frames = k.param_frames_base;
-    k.compute_slots = p.storage_bytes < 4 ? (holds_pair ? 2 : 1) : 0;
-    k.grad_frames_base = holds_pair ? 2 : 1;
+    // The caller's tensors never pass through the device here: no copies or gradient frames.
+    k.compute_slots = p.storage_bytes < 4 && !in.optimizer_only ? (holds_pair ? 2 : 1) : 0;
+    k.grad_frames_base = in.optimizer_only ? 0 : holds_pair ? 2 : 1;
     k.grad_frames = k.grad_frames_base;
   }
   p.device_minimum_bytes = device_sums(p).total(in.activation_device_bytes);
-  grow_frames(p, z.prefetch, in.activation_device_bytes, in.device_budget_bytes);
+  if (!in.optimizer_only)
+    grow_frames(p, z.prefetch, in.activation_device_bytes, in.device_budget_bytes);
 
   // Pinned host staging.
   std::int64_t largest_nvme_param = 0;
-  bool optim_nvme = false, params_in_host = true;
+  bool optim_nvme = false, optim_device = false, params_in_host = true;
   for (const UnitPlan& u : p.units) {
     if (u.param_home == Tier::kNvme)
       largest_nvme_param = std::max(largest_nvme_param, u.param_numel);
     if (u.optim_home == Tier::kNvme) optim_nvme = true;
-    if (u.param_home != Tier::kHost) params_in_host = false;
+    if (u.optim_home == Tier::kDevice) optim_device = true;
+    // Parameters the CPU Adam writes straight into (host homes); device Adam writes its own.
+    if (u.param_home != Tier::kHost && u.optim_home != Tier::kDevice) params_in_host = false;
     for (int k = 0; k < kSlotKinds; ++k) {
       const auto kind = static_cast<SlotKind>(k);
       if (home_of(p, static_cast<int>(&u - p.units.data()), kind) != Tier::kNvme) continue;
@@ -377,18 +404,59 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
     p.param_staging_elements = std::max<std::int64_t>(
         static_cast<std::int64_t>(z.param_staging_elements), largest_nvme_param);
   }
-  p.grad_staging_buffers = 2;
-  p.grad_staging_elements = p.largest_shard;  // only the rank's shard leaves the device
+  // Gradients leave the device through staging (only the rank's shard), and NVMe-homed ones are
+  // written behind; the caller of an optimizer-only plan writes its gradients into their homes.
+  bool grads_leave = false;  // some gradient goes home to the host (not device-homed)
+  for (const UnitPlan& u : p.units)
+    grads_leave = grads_leave || u.optim_home != Tier::kDevice;
+  p.grad_staging_buffers = in.optimizer_only || !grads_leave ? 0 : 2;
+  p.grad_staging_elements = p.grad_staging_buffers == 0 ? 0 : p.largest_shard;
   p.pipeline_state = optim_nvme;
   p.pipeline_copy_out = !params_in_host;
-  p.grad_write_buffers = optim_nvme ? 2 : 0;
-  p.unit_scratch = optim_nvme || largest_nvme_param > 0;
+  p.grad_write_buffers = optim_nvme && !in.optimizer_only ? 2 : 0;
+  // Loading, saving and initialising state that is not in host memory goes through it.
+  p.unit_scratch = optim_nvme || optim_device || largest_nvme_param > 0;
   add_items(p, in);
   return p;
 }
 
-int layout_shards(const PlanSettings& settings, int world) {
-  return settings.zero_stage >= 1 ? std::max(world, 1) : 1;
+}  // namespace
+
+TierPlan make_plan_unchecked(const PlanInput& in) {
+  if (in.settings.optim_tier != Tier::kDevice) return build_plan(in);
+  // The optimizer state asked for on the device (offload_optimizer none): there, Adam runs on the
+  // device too. Caller-owned parameters and strata.device_optimizer off keep it on the host; auto
+  // does so on the CPU backend (CPU Adam then overlaps the next forward) and where the state does
+  // not fit the device budget beside the working set.
+  PlanInput host = in;
+  host.settings.optim_tier = Tier::kHost;
+  const DeviceOptimizer mode = in.settings.device_optimizer;
+  if (in.optimizer_only || mode == DeviceOptimizer::kOff ||
+      (mode == DeviceOptimizer::kAuto && in.device_is_host)) {
+    return build_plan(host);
+  }
+  if (in.settings.param_tier != Tier::kDevice) {
+    // Adam writes the new parameters where it runs: with the parameters offloaded it runs on the
+    // CPU beside them.
+    TierPlan p = build_plan(host);
+    p.notes.push_back(
+        "offload_optimizer none with offload_param cpu/nvme: the optimizer state lives in host "
+        "memory with CPU Adam, beside the parameters it updates");
+    return p;
+  }
+  TierPlan p = build_plan(in);
+  if (mode == DeviceOptimizer::kAuto && in.device_budget_bytes > 0 &&
+      p.device_minimum_bytes > in.device_budget_bytes) {
+    TierPlan fallback = build_plan(host);
+    fallback.notes.push_back(fmt::format(
+        "offload_optimizer none: the optimizer state ({}) does not fit the device budget {} "
+        "beside the working set, so it lives in host memory with CPU Adam (as with "
+        "offload_optimizer cpu); strata.device_optimizer on makes this an error instead",
+        format_bytes(p.device_minimum_bytes - fallback.device_minimum_bytes),
+        format_bytes(in.device_budget_bytes)));
+    return fallback;
+  }
+  return p;
 }
 
 Result<TierPlan> make_plan(const PlanInput& in) {
@@ -399,8 +467,8 @@ Result<TierPlan> make_plan(const PlanInput& in) {
         fmt::format("the device budget {} ({} bytes) is below this model's minimum "
                     "working set of {} ({} bytes: the runner's activations {}, one "
                     "frame per unit size for parameters and gradients, and the "
-                    "parameters kept on the device); raise it to at least {}, or "
-                    "offload more (offload_param, activation_offload)",
+                    "parameters and optimizer state kept on the device); raise it to at least "
+                    "{}, or offload more (offload_param, offload_optimizer, activation_offload)",
                     format_bytes(in.device_budget_bytes), in.device_budget_bytes,
                     format_bytes(p.device_minimum_bytes), p.device_minimum_bytes,
                     format_bytes(in.activation_device_bytes), format_bytes(p.device_minimum_bytes)),

@@ -12,9 +12,12 @@
 // unit at world size 1) holds five kinds of state, each with a home tier:
 //   param       settings.param_tier (units within param_host_elements_max elements stay on the
 //               host when it says nvme);
-//   master, exp_avg, exp_avg_sq, grad: settings.optim_tier; Strata's optimizer runs on the CPU,
-//               so it is the host or NVMe (optim_nvme_fraction < 1 keeps the first units' state on
-//               the host and offloads the rest).
+//   master, exp_avg, exp_avg_sq, grad: settings.optim_tier. On the device (offload_optimizer
+//               none) Adam runs there, on the backend's OptimizerOps, when device_optimizer allows
+//               and the state fits the device budget beside the working set (else the plan homes
+//               it on the host and says why in `notes`); on the host or NVMe CPU Adam runs
+//               (optim_nvme_fraction < 1 keeps the first units' state on the host and offloads
+//               the rest).
 // Optimizer work and NVMe extents are cut into tiles of `tile_elements` (settings.tile_elements
 // rounded up to 2048 elements, so every tile is a whole number of 4 KiB pages in every dtype).
 //
@@ -61,17 +64,22 @@ struct SwapSettings {
   io::EngineOptions engine;             // the I/O engine's block size, queue depth, threads
 };
 
+// Whether optimizer state asked for on the device (optim_tier kDevice) goes there
+// (strata.device_optimizer): auto = on a GPU when it fits, on = always, off = the host instead.
+enum class DeviceOptimizer : std::uint8_t { kAuto, kOn, kOff };
+
 // Everything the plan is decided from besides the model's layout, the rank and the budgets. The
 // member defaults are neutral (nothing offloaded, nothing sized); train::plan_settings(config)
 // gives the configuration's values, whose member initialisers hold Strata's defaults.
 struct PlanSettings {
   int zero_stage = 0;  // ZeRO: from 1 optimizer state and gradients are sharded, at 3 parameters
-  kernels::DType storage = kernels::DType::kF32;     // the parameters' type
-  Tier param_tier = Tier::kDevice;                   // the parameters' home
-  std::uint64_t param_host_elements_max = 0;         // with param_tier nvme: kept on the host
-  int param_staging_buffers = 0;                     // NVMe -> host -> device staging buffers
-  std::uint64_t param_staging_elements = 0;          // each at least the largest NVMe unit
-  Tier optim_tier = Tier::kHost;                     // master, moments, gradients: host or nvme
+  kernels::DType storage = kernels::DType::kF32;  // the parameters' type
+  Tier param_tier = Tier::kDevice;                // the parameters' home
+  std::uint64_t param_host_elements_max = 0;      // with param_tier nvme: kept on the host
+  int param_staging_buffers = 0;                  // NVMe -> host -> device staging buffers
+  std::uint64_t param_staging_elements = 0;       // each at least the largest NVMe unit
+  Tier optim_tier = Tier::kHost;                  // master, moments, gradients
+  DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;  // with optim_tier device
   double optim_nvme_fraction = 1.0;                  // with optim_tier nvme: the part offloaded
   std::uint64_t tile_elements = 0;                   // optimizer and NVMe tile (rounded up)
   std::uint64_t persistence_threshold_elements = 0;  // smaller framed units stay resident
@@ -119,11 +127,20 @@ struct PlanItem {
 struct PlanInput {
   PlanSettings settings;
   const model::ModelLayout* layout = nullptr;
+  // A plan for caller-owned parameters (the Python optimizer): the units are the caller's tensors,
+  // one process, no model runner. Parameters are homed on the host (where the step writes them);
+  // nothing is framed, prefetched or staged and nothing lives on the device, so the plan lists
+  // exactly the homes, the optimizer pipeline's stages and the unit scratch. ZeRO's stage and the
+  // parameter tier of the settings do not apply.
+  bool optimizer_only = false;
   int rank = 0;
   int world = 1;
   std::uint64_t activation_device_bytes = 0;  // the runner's device buffers
   std::uint64_t activation_host_bytes = 0;    // the runner's host checkpoints (activation_offload)
   std::uint64_t device_budget_bytes = 0;      // 0: no limit (prefetch frames as the config asks)
+  // The backend's device memory is host memory (the CPU backend): device_optimizer auto keeps the
+  // optimizer on the host there, where CPU Adam overlaps the next forward.
+  bool device_is_host = false;
 };
 
 struct TierPlan {
@@ -157,6 +174,7 @@ struct TierPlan {
 
   std::vector<PlanItem> items;             // everything allocated, per tier
   std::uint64_t device_minimum_bytes = 0;  // the device working set with base frames only
+  std::vector<std::string> notes;          // choices the plan made that the user should know
 
   // Sum of the items of `tier`.
   std::uint64_t bytes(Tier tier) const;
@@ -172,10 +190,6 @@ struct TierPlan {
   std::uint64_t pipeline_offset(int stage, int array) const;
 };
 
-// How many equal shards the model layout is cut into (model::build_layout): `world` from ZeRO
-// stage 1 (each rank owns a shard of every unit), else 1 (every rank holds whole units).
-int layout_shards(const PlanSettings& settings, int world);
-
 // The tier of `kind` for unit `u`.
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind);
 
@@ -184,7 +198,8 @@ std::vector<std::string> describe_plan(const TierPlan& plan,
                                        const std::vector<std::string>& swap_dirs);
 
 // The plan for `input`. kOutOfMemory naming strata.device_bytes_max when the device budget is
-// below the minimum working set (the message names the minimum and what it is made of).
+// below the minimum working set (the message names the minimum and what it is made of; with
+// device_optimizer on, the optimizer state counts in it).
 Result<TierPlan> make_plan(const PlanInput& input);
 
 // The same plan without the budget check (for `strata estimate`, which reports verdicts).

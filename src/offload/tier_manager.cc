@@ -128,10 +128,24 @@ Status TierManager::allocate_device() {
     return data;
   };
   device_params_.assign(p.units.size(), nullptr);
+  device_state_.assign(p.units.size() * 4, nullptr);
   persistent_.assign(p.units.size(), nullptr);
+  const char* state_names[4] = {"fp32 master weights (device home)", "Adam exp_avg (device home)",
+                                "Adam exp_avg_sq (device home)",
+                                "fp32 accumulated gradients (device home)"};
   for (std::size_t u = 0; u < p.units.size(); ++u) {
     const UnitPlan& up = p.units[u];
-    if (up.param_home == Tier::kDevice) {
+    if (up.optim_home == Tier::kDevice) {
+      // Zeroed, as the host home is: moments start at zero.
+      for (int k = 0; k < 4; ++k) {
+        const std::int64_t n = k == 3 ? up.grad_numel : up.shard_numel;
+        STRATA_ASSIGN_OR_RETURN(void* a, device(u64(n) * 4, state_names[k]));
+        backend_.ops_f32().zero(static_cast<float*>(a), n);
+        device_state_[u * 4 + static_cast<std::size_t>(k)] = static_cast<float*>(a);
+      }
+      if (up.params_in_master) device_params_[u] = device_state_[u * 4];
+    }
+    if (up.param_home == Tier::kDevice && !up.params_in_master) {
       STRATA_ASSIGN_OR_RETURN(device_params_[u],
                               device(u64(up.param_numel) * p.storage_bytes, "parameters"));
     }
@@ -161,7 +175,7 @@ Status TierManager::allocate_device() {
       grads_[k].push_back(f);
     }
   }
-  return Status::ok();
+  return backend_.synchronize(backend::StreamKind::kCompute);
 }
 
 Status TierManager::allocate_host() {
@@ -353,6 +367,14 @@ void* TierManager::host_param(int unit) const {
   return p;
 }
 
+float* TierManager::device_state(int unit, SlotKind kind) const {
+  STRATA_ASSERT(kind != SlotKind::kParam);
+  float* p = device_state_[static_cast<std::size_t>(unit) * 4 + static_cast<std::size_t>(kind) - 1];
+  STRATA_ASSERT_MSG(p != nullptr,
+                    "device_state of a unit whose optimizer state is not on the device");
+  return p;
+}
+
 void* TierManager::device_param(int unit) const {
   void* p = device_params_[static_cast<std::size_t>(unit)];
   STRATA_ASSERT_MSG(p != nullptr, "device_param of a unit not homed on the device");
@@ -391,6 +413,12 @@ Status TierManager::read_slot(SlotKind kind, int unit, void* dst) {
     std::memcpy(dst, host_state(unit, kind), bytes);
     return Status::ok();
   }
+  if (u.optim_home == Tier::kDevice) {
+    // On the compute stream, after the kernels (Adam) that wrote it.
+    STRATA_TRY(
+        backend_.copy_async(backend::StreamKind::kCompute, dst, device_state(unit, kind), bytes));
+    return backend_.synchronize(backend::StreamKind::kCompute);
+  }
   STRATA_ASSERT_MSG(reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0,
                     "read_slot from NVMe needs a 4 KiB-aligned destination");
   for (std::int64_t t = 0; t < u.tiles; ++t) {
@@ -408,6 +436,11 @@ Status TierManager::write_slot(SlotKind kind, int unit, const void* src) {
   if (u.optim_home == Tier::kHost) {
     if (src != host_state(unit, kind)) std::memcpy(host_state(unit, kind), src, bytes);
     return Status::ok();
+  }
+  if (u.optim_home == Tier::kDevice) {
+    STRATA_TRY(
+        backend_.copy_async(backend::StreamKind::kCompute, device_state(unit, kind), src, bytes));
+    return backend_.synchronize(backend::StreamKind::kCompute);
   }
   STRATA_ASSERT_MSG(reinterpret_cast<std::uintptr_t>(src) % 4096 == 0,
                     "write_slot to NVMe needs a 4 KiB-aligned source");
@@ -438,6 +471,21 @@ Status TierManager::write_slot(SlotKind kind, int unit, const void* src) {
 
 Status TierManager::refresh_params(int unit) {
   const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
+  if (u.params_in_master) return Status::ok();  // the master array is the parameters' home
+  const std::uint64_t c = plan_.storage_bytes;
+  if (u.optim_home == Tier::kDevice) {
+    // Both on the device (the plan keeps the optimizer there only beside device parameters):
+    // the same rounding as the host's cast, on the compute stream.
+    STRATA_ASSERT(u.param_home == Tier::kDevice);
+    float* master = device_state(unit, SlotKind::kMaster);
+    char* dst = static_cast<char*>(device_param(unit)) + u64(u.param_shard_offset()) * c;
+    if (plan_.storage == kernels::DType::kF32) {
+      backend_.ops_f32().copy(reinterpret_cast<float*>(dst), master, u.shard_numel);
+    } else {
+      backend_.ops_f32().cast_to(dst, plan_.storage, master, u.shard_numel);
+    }
+    return backend_.synchronize(backend::StreamKind::kCompute);
+  }
   const float* master = nullptr;
   if (u.optim_home == Tier::kHost) {
     master = host_state(unit, SlotKind::kMaster);
@@ -445,7 +493,6 @@ Status TierManager::refresh_params(int unit) {
     STRATA_TRY(read_slot(SlotKind::kMaster, unit, unit_scratch_));
     master = unit_scratch_;
   }
-  const std::uint64_t c = plan_.storage_bytes;
   for (std::int64_t t = 0; t < u.tiles; ++t) {
     const std::int64_t begin = plan_.tile_begin(unit, t), n = plan_.tile_numel(unit, t);
     void* dst = u.param_home == Tier::kHost

@@ -1,7 +1,9 @@
 // The tiered storage manager: owns every byte of training state of one rank, as the TierPlan
 // (plan.h) lays it out, and the fixed staging areas that move it:
-//   device  parameters homed on the device, parameter frames (per size class, plus a frame of
-//           its own for each persistent unit), fp32 compute copies, gradient frames;
+//   device  parameters homed on the device, master, exp_avg, exp_avg_sq and the gradient
+//           accumulator of units whose optimizer state is homed there (one allocation each),
+//           parameter frames (per size class, plus a frame of its own for each persistent unit),
+//           fp32 compute copies, gradient frames;
 //   host    pinned: parameters homed on the host; master, exp_avg, exp_avg_sq and the gradient
 //           accumulator of host-homed units (one mapping, each array 4 KiB-staggered); parameter
 //           staging, gradient staging, the optimizer pipeline's stage buffers, gradient
@@ -80,7 +82,10 @@ class TierManager {
   // ---- homes ----------------------------------------------------------------------------------
   // The shard of unit u of an optimizer kind (master .. grad), fp32, when homed on the host.
   float* host_state(int unit, SlotKind kind) const;
-  // Unit u's parameter shard in the storage type, when homed on the host / on the device.
+  // The same on the device (offload_optimizer none, when the plan put it there).
+  float* device_state(int unit, SlotKind kind) const;
+  // Unit u's parameter shard in the storage type, when homed on the host / on the device (the
+  // device master itself for fp32 parameters beside it).
   void* host_param(int unit) const;
   void* device_param(int unit) const;
 
@@ -99,8 +104,9 @@ class TierManager {
   std::uint64_t tile_bytes(SlotKind kind, int unit, std::int64_t tile) const;
 
   // ---- whole slots, any home (not on the step's hot path) -----------------------------------
-  // Copies the shard of (kind, unit) into `dst` (fp32 for optimizer kinds, storage type for
-  // params). NVMe reads go through the unit scratch; device homes through a copy and a wait.
+  // Copies the shard of (kind, unit) into `dst` (fp32 optimizer kinds; any host memory, or
+  // 4 KiB-aligned for NVMe homes). Device homes go through a copy on the compute stream and a
+  // wait.
   Status read_slot(SlotKind kind, int unit, void* dst);
   // Writes `src` (same layout) into the slot's home.
   Status write_slot(SlotKind kind, int unit, const void* src);
@@ -149,6 +155,7 @@ class TierManager {
   std::vector<void*> device_params_;      // per unit (device home) or null
   std::vector<void*> host_params_;        // per unit (host home) or null
   std::vector<float*> host_state_;        // per unit: 4 arrays (host home) or null
+  std::vector<float*> device_state_;      // per unit: 4 arrays (device home) or null
   std::vector<std::vector<void*>> frames_, compute_, grads_;  // per class
   std::vector<void*> persistent_;                             // per unit or null
   std::vector<void*> param_staging_, grad_staging_;

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "kernels/cpu/adam.h"
 #include "kernels/cpu/dtype.h"
 
 namespace strata::optim {
@@ -29,14 +30,34 @@ struct AdamUpdate {
   kernels::DType copy_dtype = kernels::DType::kBF16;
 };
 
+// Adam's hyperparameters as plain values (the offload engine takes these, not the config).
+struct AdamSettings {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw = true;  // decoupled weight decay (AdamW, or DeepSpeed's adam_w_mode)
+  bool bias_correction = true;
+};
+
+// The settings an optimizer section asks for.
+AdamSettings adam_settings(const config::OptimizerConfig& optimizer);
+
+// The Adam kernel's arguments for one step (CPU Adam and the device's OptimizerOps take the same,
+// so both perform the same fp32 operations): `lr` and Adam's `step` t, the gradient multiplier
+// (1 / combined scale) fused into the pass, the finite check off (the trainer checked the norm).
+kernels::AdamParams adam_params(const AdamSettings& settings, double lr, std::int64_t step);
+kernels::AdamFusion adam_fusion(double grad_multiplier);
+
 class AdamOptimizer {
  public:
-  // Adam or AdamW per `optimizer` (DeepSpeed's adam_w_mode), on `threads` threads (0 = all).
-  static Result<std::unique_ptr<AdamOptimizer>> create(const config::OptimizerConfig& optimizer,
-                                                       int threads);
+  // Adam or AdamW per `settings`, on `threads` threads (0 = all).
+  static Result<std::unique_ptr<AdamOptimizer>> create(const AdamSettings& settings, int threads);
   virtual ~AdamOptimizer() = default;
   // "AdamW (avx2, 2 threads)".
   virtual std::string description() const = 0;
+  // The hyperparameters it was made with (a device-side Adam uses the same).
+  virtual const AdamSettings& settings() const = 0;
   // Updates master, exp_avg, exp_avg_sq in place and writes copy_out when given.
   virtual void update(const AdamUpdate& update) = 0;
 };

@@ -60,8 +60,8 @@ Result<MachineReport> collect_report(const std::optional<std::string>& path) {
     if (!probe.is_ok()) return probe.status();
     report.directory = std::move(probe).value();
   }
-  report.cpu = kernels::cpu_features();
-  report.simd = kernels::best_simd_level();
+  report.cpu = cpu_features();
+  report.simd = best_simd_level();
   report.topology = probe_topology();
   report.memory = probe_host_memory();
   report.cuda = probe_cuda();
@@ -86,7 +86,7 @@ std::string report_text(const MachineReport& r) {
                          : "not built");
   if (*build::kSanitizers != '\0') line("sanitizers", build::kSanitizers);
 
-  const kernels::CpuFeatures& c = r.cpu;
+  const CpuFeatures& c = r.cpu;
   out += "cpu\n";
   line("model", c.brand.empty() ? c.vendor : c.brand);
   line("AVX2 / FMA / F16C",
@@ -95,7 +95,7 @@ std::string report_text(const MachineReport& r) {
                                          yes_no(c.avx512vl), yes_no(c.avx512dq)));
   line("AVX-512 BF16 / FP16", fmt::format("{} / {}", yes_no(c.avx512_bf16), yes_no(c.avx512_fp16)));
   line("AMX-BF16", yes_no(c.amx_bf16));
-  line("kernel SIMD path", kernels::to_string(r.simd));
+  line("kernel SIMD path", to_string(r.simd));
   if (r.topology.is_ok()) {
     const Topology& t = *r.topology;
     line("packages/cores/threads",
@@ -194,7 +194,7 @@ Json::Value report_json(const MachineReport& r) {
   b["cuda_architectures"] = r.cuda.built_with_cuda ? build::kCudaArchitectures : "";
   b["sanitizers"] = build::kSanitizers;
 
-  const kernels::CpuFeatures& c = r.cpu;
+  const CpuFeatures& c = r.cpu;
   Value& cpu = root["cpu"];
   cpu["vendor"] = c.vendor;
   cpu["model"] = c.brand;
@@ -208,7 +208,7 @@ Json::Value report_json(const MachineReport& r) {
   cpu["avx512_bf16"] = c.avx512_bf16;
   cpu["avx512_fp16"] = c.avx512_fp16;
   cpu["amx_bf16"] = c.amx_bf16;
-  cpu["simd_path"] = kernels::to_string(r.simd);
+  cpu["simd_path"] = to_string(r.simd);
   if (r.topology.is_ok()) {
     cpu["packages"] = r.topology->packages;
     cpu["cores"] = r.topology->cores;

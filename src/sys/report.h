@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 #include "io/probe.h"
-#include "kernels/cpu/cpu_features.h"
+#include "sys/cpu_features.h"
 #include "sys/gpu.h"
 #include "sys/memory.h"
 #include "sys/nccl.h"
@@ -20,8 +20,8 @@
 namespace strata::sys {
 
 struct MachineReport {
-  kernels::CpuFeatures cpu;
-  kernels::SimdLevel simd = kernels::SimdLevel::kScalar;
+  CpuFeatures cpu;
+  SimdLevel simd = SimdLevel::kScalar;
   Result<Topology> topology = Status(ErrorCode::kUnavailable, "not probed");
   Result<HostMemory> memory = Status(ErrorCode::kUnavailable, "not probed");
   CudaProbe cuda;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "sys/gpu.h"
+
 namespace strata::train {
 namespace {
 
@@ -80,9 +82,20 @@ offload::PlanSettings plan_settings(const config::Config& config,
   p.param_host_elements_max = z.offload_param.max_in_cpu;
   p.param_staging_buffers = static_cast<int>(z.offload_param.buffer_count);
   p.param_staging_elements = z.offload_param.buffer_size;
-  // Strata's optimizer runs on the CPU: "none" keeps its state in host memory, like "cpu".
-  p.optim_tier = z.offload_optimizer.device == config::OffloadDevice::kNvme ? offload::Tier::kNvme
-                                                                            : offload::Tier::kHost;
+  // "none" asks for the state on the device, where Adam then runs (the plan decides whether it
+  // goes there: strata.device_optimizer, and whether it fits).
+  p.optim_tier = home_tier(z.offload_optimizer.device);
+  switch (s.device_optimizer) {
+    case config::DeviceOptimizer::kAuto:
+      p.device_optimizer = offload::DeviceOptimizer::kAuto;
+      break;
+    case config::DeviceOptimizer::kOn:
+      p.device_optimizer = offload::DeviceOptimizer::kOn;
+      break;
+    case config::DeviceOptimizer::kOff:
+      p.device_optimizer = offload::DeviceOptimizer::kOff;
+      break;
+  }
   p.optim_nvme_fraction = z.offload_optimizer.ratio;
   p.tile_elements = z.sub_group_size;
   p.persistence_threshold_elements = z.stage3_param_persistence_threshold;
@@ -98,8 +111,17 @@ offload::PlanSettings plan_settings(const config::Config& config,
   return p;
 }
 
+offload::EngineSpec engine_spec(const config::Config& config) {
+  offload::EngineSpec spec;
+  spec.settings = plan_settings(config);
+  spec.device_budget_bytes = config.strata.device_bytes_max;
+  spec.adam = optim::adam_settings(config.optimizer);
+  spec.adam_threads = static_cast<int>(config.strata.optimizer_threads);
+  return spec;
+}
+
 int layout_shards(const config::Config& config) {
-  return offload::layout_shards(plan_settings(config),
+  return offload::layout_shards(static_cast<int>(config.zero_optimization.stage),
                                 static_cast<int>(std::max<std::int64_t>(config.world_size, 1)));
 }
 
@@ -153,9 +175,14 @@ backend::BackendRequest backend_request(const config::Config& config) {
 }
 
 offload::Estimate estimate(const config::Config& config, const offload::EstimateInput& input) {
+  offload::EstimateInput in = input;
+  // The estimate is for the backend the run would get here: "auto" without a GPU is the CPU's.
+  const config::Backend b = config.strata.backend;
+  in.device_is_host =
+      b == config::Backend::kCpu || (b == config::Backend::kAuto && sys::probe_cuda().gpus.empty());
   return offload::estimate(plan_settings(config),
                            static_cast<int>(std::max<std::int64_t>(config.world_size, 1)),
-                           runner_options(config, input.shape), input);
+                           runner_options(config, input.shape), in);
 }
 
 }  // namespace strata::train

@@ -5,6 +5,8 @@
 //   zero_optimization, strata.*_pipeline_*,  offload::PlanSettings          the tier plan, and from
 //   nvme_*, aio                                (with PrefetchLimits and       it the tier manager,
 //                                               SwapSettings)                 scheduler, pipeline
+//   the above, optimizer, optimizer_threads, offload::EngineSpec            offload::Engine::create
+//   device_bytes_max
 //   aio                                      io::EngineOptions              the swap files' engine
 //   strata.backend, comm_timeout_s, nvme_path comm::WorldOptions            join_world
 //   strata.backend, budgets, gemm_precision  backend::BackendRequest        make_backend
@@ -24,6 +26,7 @@
 #include "io/engine.h"
 #include "model/model_spec.h"
 #include "model/runner.h"
+#include "offload/engine.h"
 #include "offload/estimate.h"
 #include "offload/plan.h"
 
@@ -48,6 +51,12 @@ offload::PlanSettings plan_settings(const config::Config& config,
                                     const std::vector<std::string>& nearest,
                                     std::vector<std::string>* notes);
 
+// What the offload engine is built from, as far as the config says: the plan's settings (with
+// the swap folders as configured), Adam's hyperparameters and threads (strata.optimizer_threads),
+// and the device budget the user set (0: "auto", resolved by the engine from the backend). The
+// caller adds the backend, the units, the ranks and the runner's bytes.
+offload::EngineSpec engine_spec(const config::Config& config);
+
 // How many equal shards the model layout is cut into for this config (offload::layout_shards).
 int layout_shards(const config::Config& config);
 
@@ -62,7 +71,8 @@ comm::WorldOptions world_options(const config::Config& config);
 // The backend a config asks for: strata.backend, the budgets, cpu_threads, gemm_precision.
 backend::BackendRequest backend_request(const config::Config& config);
 
-// `strata estimate` for a config: the plan's settings, world size and runner from `config`.
+// `strata estimate` for a config: the plan's settings, world size and runner from `config`, for
+// the backend the run would get on this machine (strata.backend; "auto" asks for a GPU here).
 offload::Estimate estimate(const config::Config& config, const offload::EstimateInput& input);
 
 }  // namespace strata::train

@@ -10,12 +10,12 @@
 #include <numeric>
 
 #include "backend/backend_factory.h"
+#include "checkpoint/root.h"
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
 #include "offload/plan.h"
-#include "train/checkpoint_root.h"
-#include "train/rank_sync.h"
+#include "train/run_directories.h"
 #include "train/run_settings.h"
 #include "train/stop_signal.h"
 
@@ -89,7 +89,7 @@ Status Trainer::setup() {
 
   STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   // From ZeRO stage 1, each rank owns an equal shard of every unit.
-  layout_ = model::build_layout(shape_, offload::layout_shards(settings, world_size()));
+  layout_ = model::build_layout(shape_, offload::layout_shards(settings.zero_stage, world_size()));
   storage_ = settings.storage;
   if (s.data.seq_len > shape_.max_seq_len) {
     return Status(ErrorCode::kConfig,
@@ -121,39 +121,27 @@ Status Trainer::setup() {
   }
   const model::RunnerOptions runner = runner_options(config_, shape_);
 
-  // Where every byte lives: the plan, checked against the budgets before anything is allocated.
+  // Where every byte lives, and the engine that moves it (offload/engine.h: the plan is checked
+  // against the budgets before anything is allocated).
   const model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
-  offload::PlanInput plan_input;
-  plan_input.settings = std::move(settings);
-  plan_input.layout = &layout_;
-  plan_input.rank = rank();
-  plan_input.world = world_size();
-  plan_input.activation_device_bytes = activations.device_bytes;
-  plan_input.activation_host_bytes = activations.host_bytes;
-  // The budget the user set (the arena itself is rounded up to whole pages).
-  plan_input.device_budget_bytes =
-      s.device_bytes_max > 0 ? s.device_bytes_max : backend_->device_memory().bytes_max;
-  STRATA_ASSIGN_OR_RETURN(offload::TierPlan plan, offload::make_plan(plan_input));
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         trace_,
         Trace::open(rank() == 0 ? s.trace_file : fmt::format("{}.rank{}", s.trace_file, rank())));
   }
-  // With the optimizer state on NVMe the step is bound by the drive: Adam leaves a core to the
-  // kernel's completion of its writes (docs/tiers.md), unless strata.optimizer_threads says.
-  int adam_threads = static_cast<int>(s.optimizer_threads);
-  if (adam_threads == 0) {
-    adam_threads = backend_->compute_threads();
-    if (plan.uses(offload::SlotKind::kMaster, offload::Tier::kNvme) && adam_threads > 1)
-      --adam_threads;
-  }
-  STRATA_ASSIGN_OR_RETURN(adam_, optim::AdamOptimizer::create(config_.optimizer, adam_threads));
-  offload::TierOptions tier_options;
-  tier_options.engine_factory = options_.engine_factory;
-  tier_options.trace = trace_.get();
-  STRATA_ASSIGN_OR_RETURN(state_,
-                          offload::OffloadStore::create(*backend_, layout_, std::move(plan), *adam_,
-                                                        tier_options, world_.comm.get()));
+  offload::EngineSpec spec = engine_spec(config_);
+  spec.backend = backend_.get();
+  spec.layout = &layout_;
+  spec.settings = std::move(settings);
+  spec.rank = rank();
+  spec.world = world_size();
+  spec.comm = world_.comm.get();
+  spec.activation_device_bytes = activations.device_bytes;
+  spec.activation_host_bytes = activations.host_bytes;
+  spec.tier_options.engine_factory = options_.engine_factory;
+  spec.tier_options.trace = trace_.get();
+  STRATA_ASSIGN_OR_RETURN(engine_, offload::Engine::create(spec));
+  state_ = &engine_->store();
   STRATA_ASSIGN_OR_RETURN(runner_,
                           model::ModelRunner<float>::create(*backend_, shape_, layout_, runner));
   scaler_ = std::make_unique<optim::LossScaler>(config_);
@@ -193,8 +181,8 @@ Status Trainer::setup() {
   for (const std::string& line : dataset_->warnings())
     note("warning: " + line);
   note(fmt::format("optimizer: {}; micro-batch {} x {} tokens, {} accumulation steps; seed {}",
-                   adam_->description(), batch, s.data.seq_len, config_.gradient_accumulation_steps,
-                   s.seed));
+                   engine_->optimizer_description(), batch, s.data.seq_len,
+                   config_.gradient_accumulation_steps, s.seed));
   for (const std::string& line :
        offload::describe_plan(state_->tiers().plan(), state_->tiers().swap_dirs()))
     note(line);
@@ -211,11 +199,12 @@ Status Trainer::initialise_weights() {
   const config::StrataConfig& s = config_.strata;
   const offload::SlotKind master = offload::SlotKind::kMaster;
   if (!s.resume_from.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::string dir, find_checkpoint(s.resume_from));
-    STRATA_ASSIGN_OR_RETURN(counters_,
-                            read_checkpoint(dir, *state_, shape_, precision_name(config_), s.seed));
+    STRATA_ASSIGN_OR_RETURN(std::string dir, checkpoint::find_checkpoint(s.resume_from));
+    STRATA_ASSIGN_OR_RETURN(counters_, checkpoint::read_checkpoint(
+                                           dir, *state_, shape_, precision_name(config_), s.seed));
     STRATA_TRY(check_resumable(counters_, config_, dir));
-    const std::string newer = newer_checkpoints_note(checkpoint_root(config_), counters_.step);
+    const std::string newer =
+        checkpoint::newer_checkpoints_note(checkpoint_root(config_), counters_.step);
     if (!newer.empty()) note(newer);
     scaler_->restore(counters_.scaler);
     schedule_->restore(counters_.scheduler_iteration);
@@ -294,7 +283,7 @@ Result<StepReport> Trainer::train_step() {
   double sums[3] = {loss_sum, stop_requested() != 0 ? 1.0 : 0.0, state_->grad_sum_squares()};
   if (world_size() > 1)
     STRATA_TRY(
-        sum_over_ranks(*state_, *world_.comm, sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
+        state_->sharding().sum_over_ranks(sums, config_.zero_optimization.stage >= 1 ? 3 : 2));
   report.loss = plain ? sums[0] / static_cast<double>(accumulation * world_size())
                       : sums[0] / static_cast<double>(std::max<std::int64_t>(counted, 1));
   report.loss_tokens = counted;
@@ -379,12 +368,12 @@ Result<double> Trainer::evaluate(std::int64_t batches) {
 
 Result<std::string> Trainer::save_checkpoint() {
   // Each rank writes its shard; rank 0 commits once every rank's file is complete.
-  CheckpointOptions options;
+  checkpoint::CheckpointOptions options;
   options.zero_stage = static_cast<int>(config_.zero_optimization.stage);
   options.keep_last = static_cast<int>(config_.strata.checkpoint_keep_last);
-  Result<std::string> dir =
-      write_checkpoint(checkpoint_root(config_), counters_, *state_, shape_,
-                       precision_name(config_), config_.strata.seed, options, *world_.comm);
+  Result<std::string> dir = checkpoint::write_checkpoint(
+      checkpoint_root(config_), counters_, *state_, shape_, precision_name(config_),
+      config_.strata.seed, options, *world_.comm);
   if (!dir.is_ok()) {
     // Say what is left: the run stops, and the user resumes from the last good checkpoint.
     const Status& s = dir.status();
@@ -409,16 +398,14 @@ Status Trainer::save_model(const std::string& dir) {
                                                                           : kernels::DType::kF32;
   // A diverged model is not published as a result.
   auto check = [&](int u, const float* data) {
-    return check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
+    return checkpoint::check_final_masters(layout_.units[static_cast<std::size_t>(u)], data, dir);
   };
   const offload::TierPlan& plan = state_->tiers().plan();
   if (plan.world > 1 && config_.zero_optimization.stage >= 1) {
     // Each rank holds a shard of every master: the units are gathered one at a time, in unit
     // order on every rank (save_hf_model asks for them in that order), and rank 0 writes.
     std::vector<float> whole(static_cast<std::size_t>(plan.largest_unit));
-    auto gather = [&](int u) {
-      return gather_masters(*state_, world_.comm.get(), u, whole.data());
-    };
+    auto gather = [&](int u) { return state_->gather_masters(u, whole.data()); };
     if (rank() != 0) {
       for (int u = 0; u < state_->units(); ++u)
         STRATA_TRY(gather(u));

@@ -16,18 +16,19 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
 #include "comm/world.h"
 #include "common/trace.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "model/layout.h"
 #include "model/runner.h"
+#include "offload/engine.h"
 #include "offload/offload_store.h"
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "train/breakdown.h"
-#include "train/checkpoint.h"
 #include "train/metrics.h"
 
 namespace strata::train {
@@ -85,9 +86,10 @@ class Trainer {
 
   const model::ModelShape& shape() const { return shape_; }
   const model::ModelLayout& layout() const { return layout_; }
-  const TrainerCounters& counters() const { return counters_; }
+  const checkpoint::TrainerCounters& counters() const { return counters_; }
   offload::OffloadStore& state() { return *state_; }
-  optim::AdamOptimizer& adam() { return *adam_; }
+  optim::AdamOptimizer& adam() { return engine_->adam(); }
+  offload::Engine& engine() { return *engine_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }
   // This process's rank and the number of data-parallel ranks (comm/world.h).
@@ -115,12 +117,12 @@ class Trainer {
   kernels::DType storage_ = kernels::DType::kF32;
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<Trace> trace_;
-  std::unique_ptr<optim::AdamOptimizer> adam_;
-  std::unique_ptr<offload::OffloadStore> state_;
+  std::unique_ptr<offload::Engine> engine_;
+  offload::OffloadStore* state_ = nullptr;  // engine_->store()
   std::unique_ptr<model::ModelRunner<float>> runner_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::unique_ptr<optim::LrSchedule> schedule_;
-  TrainerCounters counters_;
+  checkpoint::TrainerCounters counters_;
   std::vector<data::Batch> step_batches_;  // this rank's micro-batches of one step
   data::Batch other_batch_;                // other ranks' micro-batches (read, not trained)
   data::Batch eval_batch_;

@@ -2,7 +2,7 @@
 // copies run on their own threads in stream order, events and stream waits follow CUDA's rules;
 // in stream-jitter mode the compute stream runs behind the host, a correct record/wait still
 // orders a copy after the kernels it needs, and a missing one is seen.
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 

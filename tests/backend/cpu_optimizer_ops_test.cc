@@ -1,12 +1,11 @@
 // OptimizerOps of the CPU backend: the same bits as kernels::AdamKernel on the whole tile (the
-// split over threads does not change a bit), the check_finite skip, and gradient statistics
-// added up over calls.
+// split over threads does not change a bit) and the check_finite skip.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "support/gpu_support.h"
 
 namespace strata::backend {
@@ -84,33 +83,6 @@ TEST(CpuOptimizerOps, InvalidParamsAreAnError) {
   auto result = backend->optimizer_ops().adam_step(params, {}, view(t));
   ASSERT_FALSE(result.is_ok());
   EXPECT_EQ(result.status().code(), ErrorCode::kInvalidArgument);
-}
-
-TEST(CpuOptimizerOps, GradStatsAddUpOverCalls) {
-  auto backend = testing::make_reference_backend();
-  OptimizerOps& ops = backend->optimizer_ops();
-  const std::vector<float> a = testing::random_floats(5000, 3);
-  std::vector<float> b = testing::random_floats(7000, 4);
-  ops.grad_stats_reset();
-  ops.grad_stats_add(a.data(), kernels::DType::kF32, 5000);
-  ops.grad_stats_add(b.data(), kernels::DType::kF32, 7000);
-  auto stats = ops.grad_stats_read();
-  ASSERT_TRUE(stats.is_ok());
-  double want = 0.0;
-  for (float x : a)
-    want += static_cast<double>(x) * x;
-  for (float x : b)
-    want += static_cast<double>(x) * x;
-  EXPECT_NEAR(stats->sum_sq, want, 1e-9 * want);
-  EXPECT_EQ(stats->nonfinite_count, 0u);
-
-  b[10] = std::numeric_limits<float>::quiet_NaN();
-  ops.grad_stats_reset();
-  ops.grad_stats_add(b.data(), kernels::DType::kF32, 7000);
-  stats = ops.grad_stats_read();
-  ASSERT_TRUE(stats.is_ok());
-  EXPECT_EQ(stats->nonfinite_count, 1u);
-  EXPECT_TRUE(std::isnan(stats->sum_sq));
 }
 
 }  // namespace

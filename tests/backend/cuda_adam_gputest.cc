@@ -146,36 +146,5 @@ TEST(CudaAdam, CheckFiniteSkipsATileWithInfOrNan) {
   EXPECT_NE(testing::to_host<float>(gpu, d.master), t.master);
 }
 
-TEST(CudaAdam, GradientStatisticsAccumulateOverUnits) {
-  STRATA_GPU_OR_SKIP(gpu, {});
-  auto cpu = testing::make_reference_backend();
-  std::vector<float> a = testing::random_floats(1'000'003, 5, -3.0f, 3.0f);
-  HostTile b = make_tile(70'001, DType::kF16, 6);
-  Buffer da = testing::to_device(gpu, a), db = testing::to_device(gpu, b.grad16);
-  OptimizerOps& ops = gpu.optimizer_ops();
-  OptimizerOps& ref = cpu->optimizer_ops();
-  ops.grad_stats_reset();
-  ref.grad_stats_reset();
-  ops.grad_stats_add(da.data(), DType::kF32, static_cast<std::int64_t>(a.size()));
-  ops.grad_stats_add(db.data(), DType::kF16, static_cast<std::int64_t>(b.grad16.size()));
-  ref.grad_stats_add(a.data(), DType::kF32, static_cast<std::int64_t>(a.size()));
-  ref.grad_stats_add(b.grad16.data(), DType::kF16, static_cast<std::int64_t>(b.grad16.size()));
-  auto got = ops.grad_stats_read();
-  auto want = ref.grad_stats_read();
-  ASSERT_TRUE(got.is_ok() && want.is_ok());
-  EXPECT_EQ(got->nonfinite_count, 0u);
-  EXPECT_NEAR(got->sum_sq, want->sum_sq, 1e-12 * want->sum_sq);
-
-  a[123] = -std::numeric_limits<float>::infinity();
-  a[999] = std::numeric_limits<float>::quiet_NaN();
-  da = testing::to_device(gpu, a);
-  ops.grad_stats_reset();
-  ops.grad_stats_add(da.data(), DType::kF32, static_cast<std::int64_t>(a.size()));
-  got = ops.grad_stats_read();
-  ASSERT_TRUE(got.is_ok());
-  EXPECT_EQ(got->nonfinite_count, 2u);
-  EXPECT_TRUE(std::isnan(got->sum_sq));
-}
-
 }  // namespace
 }  // namespace strata::backend

@@ -8,7 +8,7 @@
 
 #include "kernels/adam_support.h"
 #include "kernels/cpu/adam.h"
-#include "kernels/cpu/cpu_features.h"
+#include "sys/cpu_features.h"
 
 namespace strata::kernels {
 namespace {
@@ -17,14 +17,14 @@ using testing::Offsets;
 using testing::TileData;
 
 // Skips (visibly) when this CPU cannot run `level`; returns the kernel otherwise.
-#define STRATA_KERNEL_OR_SKIP(kernel, level)                                          \
-  if (!simd_level_supported(level)) {                                                 \
-    GTEST_SKIP() << to_string(level) << " path compiled but not run: this CPU ("      \
-                 << cpu_features().brand                                              \
-                 << ") lacks it (best here: " << to_string(best_simd_level()) << ")"; \
-  }                                                                                   \
-  auto kernel##_result = AdamKernel::create(level);                                   \
-  ASSERT_TRUE(kernel##_result.is_ok()) << kernel##_result.status().to_string();       \
+#define STRATA_KERNEL_OR_SKIP(kernel, level)                                               \
+  if (!sys::simd_level_supported(level)) {                                                 \
+    GTEST_SKIP() << to_string(level) << " path compiled but not run: this CPU ("           \
+                 << sys::cpu_features().brand                                              \
+                 << ") lacks it (best here: " << to_string(sys::best_simd_level()) << ")"; \
+  }                                                                                        \
+  auto kernel##_result = AdamKernel::create(level);                                        \
+  ASSERT_TRUE(kernel##_result.is_ok()) << kernel##_result.status().to_string();            \
   const AdamKernel kernel = *kernel##_result
 
 const std::size_t kLengths[] = {0, 1, 7, 15, 17, 33, 1031, 4099};
@@ -35,14 +35,14 @@ struct CopyChoice {
   DType dtype;
 };
 
-using MatrixParam = std::tuple<SimdLevel, DType, CopyChoice>;
+using MatrixParam = std::tuple<sys::SimdLevel, DType, CopyChoice>;
 
 class AdamMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(AdamMatrix, MatchesReferenceAndScalarPathAtOddLengthsAndMisalignments) {
   const auto [level, grad_dtype, copy] = GetParam();
   STRATA_KERNEL_OR_SKIP(kernel, level);
-  auto scalar = AdamKernel::create(SimdLevel::kScalar);
+  auto scalar = AdamKernel::create(sys::SimdLevel::kScalar);
   ASSERT_TRUE(scalar.is_ok());
 
   AdamFusion fusion;
@@ -79,14 +79,14 @@ std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllPaths, AdamMatrix,
-    ::testing::Combine(::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512),
-                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                       ::testing::Values(CopyChoice{false, DType::kBF16},
-                                         CopyChoice{true, DType::kBF16},
-                                         CopyChoice{true, DType::kF16})),
+    ::testing::Combine(
+        ::testing::Values(sys::SimdLevel::kScalar, sys::SimdLevel::kAvx2, sys::SimdLevel::kAvx512),
+        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+        ::testing::Values(CopyChoice{false, DType::kBF16}, CopyChoice{true, DType::kBF16},
+                          CopyChoice{true, DType::kF16})),
     matrix_name);
 
-class AdamPath : public ::testing::TestWithParam<SimdLevel> {};
+class AdamPath : public ::testing::TestWithParam<sys::SimdLevel> {};
 
 // A gradient element that is inf or NaN anywhere (first, middle, vector tail) makes the step skip
 // the whole tile: nothing is written, and the count is reported.
@@ -208,17 +208,17 @@ TEST_P(AdamPath, AdamwDecaysWeightsWhileAdamAddsDecayToTheGradient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPaths, AdamPath,
-                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2,
-                                           SimdLevel::kAvx512),
-                         [](const ::testing::TestParamInfo<SimdLevel>& info) {
+                         ::testing::Values(sys::SimdLevel::kScalar, sys::SimdLevel::kAvx2,
+                                           sys::SimdLevel::kAvx512),
+                         [](const ::testing::TestParamInfo<sys::SimdLevel>& info) {
                            return std::string(to_string(info.param));
                          });
 
 TEST(AdamKernel, UnsupportedPathIsAnErrorNamingIt) {
-  if (simd_level_supported(SimdLevel::kAvx512)) {
+  if (sys::simd_level_supported(sys::SimdLevel::kAvx512)) {
     GTEST_SKIP() << "every path runs on this CPU; nothing unsupported to request";
   }
-  auto kernel = AdamKernel::create(SimdLevel::kAvx512);
+  auto kernel = AdamKernel::create(sys::SimdLevel::kAvx512);
   ASSERT_FALSE(kernel.is_ok());
   EXPECT_EQ(kernel.status().code(), ErrorCode::kUnavailable);
   EXPECT_NE(kernel.status().message().find("avx512"), std::string::npos)
@@ -229,7 +229,7 @@ TEST(AdamKernel, DefaultPathIsTheBestSupportedWithoutOverride) {
   if (std::getenv("STRATA_SIMD") != nullptr) GTEST_SKIP() << "STRATA_SIMD is set";
   auto kernel = AdamKernel::create();
   ASSERT_TRUE(kernel.is_ok());
-  EXPECT_EQ(kernel->simd(), best_simd_level());
+  EXPECT_EQ(kernel->simd(), sys::best_simd_level());
 }
 
 TEST(AdamParamsValidation, RejectsEachOutOfRangeFieldByName) {
@@ -266,11 +266,11 @@ TEST(AdamParamsValidation, RejectsEachOutOfRangeFieldByName) {
 }
 
 TEST(SimdLevel, ParsesTheThreeNames) {
-  EXPECT_EQ(parse_simd_level("scalar"), SimdLevel::kScalar);
-  EXPECT_EQ(parse_simd_level("avx2"), SimdLevel::kAvx2);
-  EXPECT_EQ(parse_simd_level("avx512"), SimdLevel::kAvx512);
-  EXPECT_FALSE(parse_simd_level("sse").has_value());
-  EXPECT_TRUE(simd_level_supported(SimdLevel::kScalar));
+  EXPECT_EQ(sys::parse_simd_level("scalar"), sys::SimdLevel::kScalar);
+  EXPECT_EQ(sys::parse_simd_level("avx2"), sys::SimdLevel::kAvx2);
+  EXPECT_EQ(sys::parse_simd_level("avx512"), sys::SimdLevel::kAvx512);
+  EXPECT_FALSE(sys::parse_simd_level("sse").has_value());
+  EXPECT_TRUE(sys::simd_level_supported(sys::SimdLevel::kScalar));
 }
 
 }  // namespace

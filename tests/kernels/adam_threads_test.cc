@@ -12,7 +12,7 @@
 
 #include "kernels/adam_support.h"
 #include "kernels/cpu/adam.h"
-#include "kernels/cpu/cpu_executor.h"
+#include "runtime/cpu_executor.h"
 
 namespace strata::kernels {
 namespace {
@@ -22,16 +22,16 @@ using testing::TileData;
 // Bigger than kAdamParallelMinElems and not a multiple of the block or vector size.
 constexpr std::size_t kBigN = 5 * kAdamBlockElems + 12345;
 
-std::unique_ptr<CpuExecutor> make_executor(int threads) {
-  CpuExecutor::Options options;
+std::unique_ptr<runtime::CpuExecutor> make_executor(int threads) {
+  runtime::CpuExecutor::Options options;
   options.threads = threads;
-  auto executor = CpuExecutor::create(options);
+  auto executor = runtime::CpuExecutor::create(options);
   EXPECT_TRUE(executor.is_ok()) << executor.status().to_string();
   return executor.is_ok() ? std::move(executor).value() : nullptr;
 }
 
 AdamKernel best_kernel() {
-  auto kernel = AdamKernel::create(best_simd_level());
+  auto kernel = AdamKernel::create(sys::best_simd_level());
   STRATA_ASSERT(kernel.is_ok());
   return *kernel;
 }
@@ -124,10 +124,10 @@ TEST(AdamLayout, WarnsOnceAboutArraysAMultipleOf128MiBApart) {
   EXPECT_EQ(err.find("128 MiB", first + 1), std::string::npos) << "warned twice:\n" << err;
 }
 
-class GradStatsPath : public ::testing::TestWithParam<SimdLevel> {};
+class GradStatsPath : public ::testing::TestWithParam<sys::SimdLevel> {};
 
 TEST_P(GradStatsPath, CountsNonFiniteAndSumsSquaresLikeDouble) {
-  if (!simd_level_supported(GetParam())) {
+  if (!sys::simd_level_supported(GetParam())) {
     GTEST_SKIP() << to_string(GetParam()) << " path compiled but not run: this CPU lacks it";
   }
   auto kernel = AdamKernel::create(GetParam());
@@ -156,11 +156,11 @@ TEST_P(GradStatsPath, CountsNonFiniteAndSumsSquaresLikeDouble) {
 }
 
 TEST_P(GradStatsPath, SumHasTheSameBitsForEveryThreadCountAndPath) {
-  if (!simd_level_supported(GetParam())) {
+  if (!sys::simd_level_supported(GetParam())) {
     GTEST_SKIP() << to_string(GetParam()) << " path compiled but not run: this CPU lacks it";
   }
   auto kernel = AdamKernel::create(GetParam());
-  auto scalar = AdamKernel::create(SimdLevel::kScalar);
+  auto scalar = AdamKernel::create(sys::SimdLevel::kScalar);
   ASSERT_TRUE(kernel.is_ok() && scalar.is_ok());
   TileData data(kBigN, DType::kF32, DType::kBF16, false, {}, 12, 1000.0f);
   const GradStats serial = scalar->grad_stats(data.grad(), DType::kF32, kBigN);
@@ -173,7 +173,7 @@ TEST_P(GradStatsPath, SumHasTheSameBitsForEveryThreadCountAndPath) {
 }
 
 TEST_P(GradStatsPath, RooflineKernelAddsTheGradientToAllThree) {
-  if (!simd_level_supported(GetParam())) {
+  if (!sys::simd_level_supported(GetParam())) {
     GTEST_SKIP() << to_string(GetParam()) << " path compiled but not run: this CPU lacks it";
   }
   auto kernel = AdamKernel::create(GetParam());
@@ -192,9 +192,9 @@ TEST_P(GradStatsPath, RooflineKernelAddsTheGradientToAllThree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPaths, GradStatsPath,
-                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2,
-                                           SimdLevel::kAvx512),
-                         [](const ::testing::TestParamInfo<SimdLevel>& info) {
+                         ::testing::Values(sys::SimdLevel::kScalar, sys::SimdLevel::kAvx2,
+                                           sys::SimdLevel::kAvx512),
+                         [](const ::testing::TestParamInfo<sys::SimdLevel>& info) {
                            return std::string(to_string(info.param));
                          });
 

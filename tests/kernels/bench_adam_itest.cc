@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "kernels/cpu/cpu_features.h"
 #include "support/run_strata.h"
+#include "sys/cpu_features.h"
 
 namespace strata {
 namespace {
@@ -86,11 +86,11 @@ TEST(BenchAdam, StrataSimdEnvironmentChoosesThePathWhenNoneIsGiven) {
                         {"STRATA_SIMD=mmx"});
   ASSERT_EQ(bad.exit_code, 0) << bad.err;
   EXPECT_NE(bad.err.find("STRATA_SIMD='mmx'"), std::string::npos) << bad.err;
-  EXPECT_EQ(parse_json(bad.out)["simd"].asString(), kernels::to_string(kernels::best_simd_level()));
+  EXPECT_EQ(parse_json(bad.out)["simd"].asString(), sys::to_string(sys::best_simd_level()));
 }
 
 TEST(BenchAdam, UnsupportedSimdPathFailsNamingIt) {
-  if (kernels::simd_level_supported(kernels::SimdLevel::kAvx512)) {
+  if (sys::simd_level_supported(sys::SimdLevel::kAvx512)) {
     GTEST_SKIP() << "this CPU runs every path";
   }
   auto r = run_strata({"bench", "adam", "--params", "1000", "--simd", "avx512"});

@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/cpu_features.h"
+#include "sys/cpu_features.h"
 
 namespace strata::kernels {
 namespace {
@@ -146,7 +146,7 @@ __attribute__((target("avx2,f16c"))) float f16c_decode(std::uint16_t h) {
 }
 
 TEST(Float16, Fp16MatchesF16cBitForBitIncludingNan) {
-  if (!cpu_features().f16c) GTEST_SKIP() << "this CPU has no F16C to compare with";
+  if (!sys::cpu_features().f16c) GTEST_SKIP() << "this CPU has no F16C to compare with";
   for (std::uint64_t bits = 0; bits <= 0xffffffffull; bits += 997) {
     const float f = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
     ASSERT_EQ(float_to_fp16(f), f16c_encode(f)) << std::hex << bits;

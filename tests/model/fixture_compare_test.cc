@@ -4,7 +4,7 @@
 // compared with the float64 reference.
 #include <gtest/gtest.h>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/hf_io.h"
 #include "model/resident_store.h"
 #include "model/runner.h"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/layout.h"
 #include "model/resident_store.h"
 #include "model/runner.h"

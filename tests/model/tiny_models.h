@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/model_spec.h"
 
 namespace strata::testing {

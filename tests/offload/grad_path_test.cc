@@ -39,7 +39,7 @@ Status run_backward(GradPath& grads, TierManager& tiers, int micro_batches) {
         frame[i] += grad_value(u, m, i);
       STRATA_TRY(grads.ready(u));
     }
-    STRATA_TRY(grads.pump());
+    STRATA_TRY(grads.poll());
   }
   return grads.drain();
 }

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "common/units.h"
 #include "io/sim/sim_engine.h"
 #include "model/layout.h"
@@ -154,12 +154,16 @@ inline Result<std::vector<std::uint8_t>> read_params(TierManager& tiers, int uni
   return out;
 }
 
+// AdamW with weight decay 0.1 (the lr comes with each step).
+inline optim::AdamSettings adamw_settings() {
+  optim::AdamSettings s;
+  s.adamw = true;
+  s.weight_decay = 0.1;
+  return s;
+}
+
 inline std::unique_ptr<optim::AdamOptimizer> adamw() {
-  config::OptimizerConfig c;
-  c.type = config::OptimizerType::kAdamW;
-  c.params.lr = 1e-2;
-  c.params.weight_decay = 0.1;
-  auto adam = optim::AdamOptimizer::create(c, 1);
+  auto adam = optim::AdamOptimizer::create(adamw_settings(), 1);
   EXPECT_TRUE(adam.is_ok()) << adam.status().to_string();
   return adam.is_ok() ? std::move(*adam) : nullptr;
 }

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "offload/engine.h"
+
 #include <cstring>
 
 #include "offload_fixture.h"
@@ -19,8 +21,8 @@ struct Store {
   ::strata::testing::TempDir dir;
   model::ModelLayout layout;
   std::unique_ptr<backend::Backend> backend;
-  std::unique_ptr<optim::AdamOptimizer> adam;
-  std::unique_ptr<OffloadStore> store;
+  std::unique_ptr<Engine> engine;
+  OffloadStore* store = nullptr;
   io::SimControl* sim = nullptr;
 
   void build() {
@@ -30,15 +32,16 @@ struct Store {
     bo.host_bytes_max = 64 << 20;
     bo.threads = 1;
     backend = backend::make_cpu_backend(bo).value();
-    adam = testing::adamw();
-    PlanInput in;
+    EngineSpec spec;
+    spec.backend = backend.get();
+    spec.layout = &layout;
     // fp32 parameters on NVMe, read straight into frames (the CPU backend): the hand-off case.
-    in.settings =
+    spec.settings =
         testing::flat_settings(kernels::DType::kF32, Tier::kNvme, Tier::kNvme, dir.path());
-    in.settings.prefetch = {1 << 20, 1 << 20, 1 << 20};
-    in.layout = &layout;
-    TierOptions options;
-    options.engine_factory =
+    spec.settings.prefetch = {1 << 20, 1 << 20, 1 << 20};
+    spec.adam = testing::adamw_settings();
+    spec.adam_threads = 1;
+    spec.tier_options.engine_factory =
         [this](const io::EngineOptions& eo) -> Result<std::unique_ptr<io::IoEngine>> {
       io::SimOptions so;
       so.capacity_bytes = 64 << 20;
@@ -46,9 +49,10 @@ struct Store {
       sim = io::sim_control(engine.get());
       return engine;
     };
-    auto made = OffloadStore::create(*backend, layout, make_plan(in).value(), *adam, options);
+    auto made = Engine::create(spec);
     ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-    store = std::move(*made);
+    engine = std::move(*made);
+    store = &engine->store();
     for (int u = 0; u < store->units(); ++u) {
       float* master = store->fill_buffer(SlotKind::kMaster, u);
       for (std::int64_t i = 0; i < kUnits[static_cast<std::size_t>(u)]; ++i)
@@ -134,7 +138,7 @@ TEST(OffloadStore, TearsDownWithHandOffsInFlightAfterAFailedStep) {
   // The step fails; the hand-offs it accepted are never filled. Destroying the store must not
   // touch a destroyed pipeline (the sanitizer build checks the memory).
   EXPECT_EQ(s.store->finish_optimizer().code(), ErrorCode::kIo);
-  s.store.reset();
+  s.engine.reset();
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "common/fault_points.h"
 #include "io/sim/sim_engine.h"
 #include "kernels/cpu/float16.h"
@@ -106,6 +106,8 @@ class SchedulerTest : public ::testing::Test {
   void use(int unit) {
     auto p = scheduler_->acquire(unit);
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    // The store's progress driver moves fetches along at every acquire (progress.h).
+    ASSERT_TRUE(scheduler_->poll().is_ok());
     const auto* bits = static_cast<const std::uint16_t*>(*p);
     const std::int64_t n = layout_.units[static_cast<std::size_t>(unit)].padded_numel;
     for (std::int64_t i = 0; i < n; ++i) {
@@ -204,7 +206,7 @@ TEST_F(SchedulerTest, FaultCorruptParameterExtentFailsTheFetchAndDrainEnds) {
   Status drained = scheduler_->drain();  // ends: the failed fetch is no longer in flight
   EXPECT_EQ(drained.code(), ErrorCode::kCorrupt) << drained.to_string();
   EXPECT_EQ(scheduler_->first_error().code(), ErrorCode::kCorrupt);
-  EXPECT_EQ(scheduler_->pump().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(scheduler_->poll().code(), ErrorCode::kCorrupt);
   EXPECT_EQ(scheduler_->acquire(1).status().code(), ErrorCode::kCorrupt);
   scheduler_.reset();  // teardown drains too, and ends
 }

@@ -30,13 +30,17 @@ struct Fixture {
     config.train_micro_batch_size_per_gpu = 1;
     config.strata.data.seq_len = 16;
   }
-  TierPlan plan(std::uint64_t device_budget = 0) const {
+  PlanInput input(std::uint64_t device_budget = 0, bool device_is_host = false) const {
     PlanInput in;
     in.settings = train::plan_settings(config);
     in.layout = &layout;
     in.activation_device_bytes = 1 << 20;
     in.device_budget_bytes = device_budget;
-    return make_plan_unchecked(in);
+    in.device_is_host = device_is_host;
+    return in;
+  }
+  TierPlan plan(std::uint64_t device_budget = 0, bool device_is_host = false) const {
+    return make_plan_unchecked(input(device_budget, device_is_host));
   }
 };
 
@@ -48,7 +52,7 @@ TEST(TierPlan, HomesFollowTheOffloadDevices) {
     OffloadDevice param, optimizer;
     Tier param_home, optim_home;
   } cases[] = {
-      {OffloadDevice::kNone, OffloadDevice::kNone, Tier::kDevice, Tier::kHost},
+      {OffloadDevice::kNone, OffloadDevice::kNone, Tier::kDevice, Tier::kDevice},
       {OffloadDevice::kCpu, OffloadDevice::kCpu, Tier::kHost, Tier::kHost},
       {OffloadDevice::kNvme, OffloadDevice::kCpu, Tier::kNvme, Tier::kHost},
       {OffloadDevice::kNone, OffloadDevice::kNvme, Tier::kDevice, Tier::kNvme},
@@ -64,6 +68,70 @@ TEST(TierPlan, HomesFollowTheOffloadDevices) {
     }
     EXPECT_EQ(p.bytes(Tier::kNvme) > 0, c.param_home == Tier::kNvme || c.optim_home == Tier::kNvme);
   }
+}
+
+std::uint64_t item_bytes(const TierPlan& p, Tier tier, const std::string& what) {
+  std::uint64_t bytes = 0;
+  for (const PlanItem& item : p.items) {
+    if (item.tier == tier && item.what.find(what) != std::string::npos) bytes += item.bytes;
+  }
+  return bytes;
+}
+
+TEST(TierPlan, OptimizerNoneOnAGpuKeepsTheStateOnTheDeviceBesideTheParameters) {
+  Fixture f;  // offload_optimizer none, ZeRO 3 on one rank, bf16
+  const TierPlan p = f.plan();
+  std::uint64_t shard = 0;
+  for (const UnitPlan& u : p.units) {
+    EXPECT_EQ(u.optim_home, Tier::kDevice);
+    shard += static_cast<std::uint64_t>(u.shard_numel);
+  }
+  // 16 bytes per element of the shard: master, two moments and the gradient, all fp32.
+  EXPECT_EQ(item_bytes(p, Tier::kDevice, "(device home)") -
+                item_bytes(p, Tier::kDevice, "bf16 parameters"),
+            16 * shard);
+  EXPECT_EQ(item_bytes(p, Tier::kHost, "master"), 0u);
+  EXPECT_TRUE(p.unit_scratch);        // checkpoints and loads go through it
+  EXPECT_FALSE(p.pipeline_copy_out);  // device Adam writes the parameters itself
+  EXPECT_EQ(p.grad_write_buffers, 0);
+  EXPECT_TRUE(p.notes.empty());
+}
+
+TEST(TierPlan, OptimizerNoneStaysOnTheHostWhereTheDeviceOptimizerIsNotWanted) {
+  Fixture f;
+  // The CPU backend (auto), strata.device_optimizer off, offloaded parameters: CPU Adam.
+  EXPECT_EQ(f.plan(0, true).units[0].optim_home, Tier::kHost);
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kOff;
+  EXPECT_EQ(f.plan().units[0].optim_home, Tier::kHost);
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kOn;
+  EXPECT_EQ(f.plan(0, true).units[0].optim_home, Tier::kDevice);  // on: the CPU's arena too
+  f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;
+  const TierPlan offloaded = f.plan();
+  EXPECT_EQ(offloaded.units[0].optim_home, Tier::kHost);
+  ASSERT_EQ(offloaded.notes.size(), 1u);
+  EXPECT_NE(offloaded.notes[0].find("offload_param"), std::string::npos);
+}
+
+TEST(TierPlan, OptimizerNoneThatDoesNotFitGoesToTheHostWithANoteOrIsAnErrorWhenOn) {
+  Fixture f;
+  const TierPlan on_device = f.plan();
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kOff;
+  const TierPlan on_host = f.plan();
+  // Room for the working set but not for the optimizer state beside it.
+  const std::uint64_t budget = (on_host.device_minimum_bytes + on_device.device_minimum_bytes) / 2;
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kAuto;
+  const TierPlan fallback = f.plan(budget);
+  EXPECT_EQ(fallback.units[0].optim_home, Tier::kHost);
+  ASSERT_EQ(fallback.notes.size(), 1u);
+  EXPECT_NE(fallback.notes[0].find("does not fit"), std::string::npos) << fallback.notes[0];
+  EXPECT_EQ(describe_plan(fallback, {}).back(), fallback.notes[0]);
+  EXPECT_TRUE(make_plan(f.input(budget)).is_ok());
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kOn;
+  Result<TierPlan> refused = make_plan(f.input(budget));
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(refused.status().to_string().find("strata.device_bytes_max"), std::string::npos);
+  EXPECT_NE(refused.status().to_string().find("offload_optimizer"), std::string::npos);
 }
 
 TEST(TierPlan, MaxInCpuKeepsTheFirstUnitsParametersOnTheHost) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 
 namespace strata::testing {

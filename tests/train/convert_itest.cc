@@ -5,11 +5,11 @@
 
 #include <filesystem>
 
+#include "checkpoint/checkpoint.h"
 #include "model/hf_io.h"
 #include "model/safetensors.h"
 #include "tests/support/run_strata.h"
 #include "tests/train/rank_state_checks.h"
-#include "train/checkpoint.h"
 
 namespace strata::train {
 namespace {
@@ -29,16 +29,17 @@ std::string two_rank_checkpoint(const std::string& root, const std::string& fami
   }
   one = testing::checked_rank_state(family, 0, 0, 1);
   testing::checked_fill_known(*one);
-  const TrainerCounters c = testing::counters_after(7);
-  EXPECT_TRUE(prepare_checkpoint(root, c.step).is_ok());
-  std::vector<StateFileDigest> digests;
+  const checkpoint::TrainerCounters c = testing::counters_after(7);
+  EXPECT_TRUE(checkpoint::prepare_checkpoint(root, c.step).is_ok());
+  std::vector<checkpoint::StateFileDigest> digests;
   for (int r = 0; r < 2; ++r) {
-    auto d =
-        write_checkpoint_shard(root, c.step, *ranks[static_cast<std::size_t>(r)]->state, {r, 2, 2});
+    auto d = checkpoint::write_checkpoint_shard(
+        root, c.step, *ranks[static_cast<std::size_t>(r)]->state, {r, 2, 2});
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
     if (d.is_ok()) digests.push_back(*d);
   }
-  auto dir = commit_checkpoint(root, c, ranks[0]->shape, "fp32", kSeed, {0, 2, 2}, digests);
+  auto dir =
+      checkpoint::commit_checkpoint(root, c, ranks[0]->shape, "fp32", kSeed, {0, 2, 2}, digests);
   EXPECT_TRUE(dir.is_ok()) << dir.status().to_string();
   return dir.is_ok() ? *dir : std::string();
 }

@@ -14,10 +14,10 @@
 #include <fstream>
 #include <future>
 
+#include "checkpoint/checkpoint.h"
 #include "common/fault_points.h"
 #include "io/sim/sim_engine.h"
 #include "support/run_strata.h"
-#include "train/checkpoint.h"
 #include "train/offload_support.h"
 
 namespace strata {
@@ -121,7 +121,7 @@ void fault_mid_run(const io::SimFaults& faults, ErrorCode expected) {
   EXPECT_FALSE(t->save_checkpoint().is_ok());
   t.reset();
   const std::string root = s.dir.path() + "/out/checkpoints";
-  auto found = train::find_checkpoint(root);
+  auto found = checkpoint::find_checkpoint(root);
   ASSERT_TRUE(found.is_ok());
   EXPECT_EQ(*found, *checkpoint);
 
@@ -269,7 +269,7 @@ std::pair<std::uint64_t, std::uint64_t> writes_of_resume(Scenario& s, const std:
 // The checkpoint is still the latest, loads, and training from it goes on.
 void expect_checkpoint_intact(Scenario& s, const std::string& checkpoint) {
   const std::string root = s.dir.path() + "/out/checkpoints";
-  auto found = train::find_checkpoint(root);
+  auto found = checkpoint::find_checkpoint(root);
   ASSERT_TRUE(found.is_ok()) << found.status().to_string();
   EXPECT_EQ(*found, checkpoint);
   auto resumed = s.trainer({"strata.resume_from=" + root});

@@ -28,6 +28,10 @@ const std::vector<Tiers>& tier_matrix() {
       {"in_memory", 0, "none", "none", "", ""},
       {"optimizer_cpu", 2, "none", "cpu", "", ""},
       {"optimizer_nvme", 2, "none", "nvme", "", ""},
+      // offload_optimizer none with the state and AdamW on the device (here the CPU backend's
+      // arena and its OptimizerOps), at ZeRO 0 and 3.
+      {"optimizer_device", 0, "none", "none", "", R"("device_optimizer": "on",)"},
+      {"optimizer_device_stage3", 3, "none", "none", "", R"("device_optimizer": "on",)"},
       {"params_cpu", 3, "cpu", "cpu", "", ""},
       {"params_nvme", 3, "nvme", "cpu", "", ""},
       {"both_nvme", 3, "nvme", "nvme", "", ""},

@@ -7,7 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "checkpoint/manifest.h"
 #include "config/config.h"
 #include "io/sim/sim_engine.h"
 #include "model/layout.h"
@@ -15,7 +16,6 @@
 #include "offload/plan.h"
 #include "optim/adam_optimizer.h"
 #include "tests/train/offload_support.h"
-#include "train/checkpoint_manifest.h"
 #include "train/run_settings.h"
 
 namespace strata::testing {
@@ -25,8 +25,8 @@ struct RankState {
   model::ModelShape shape;
   model::ModelLayout layout;
   std::unique_ptr<backend::Backend> backend;
-  std::unique_ptr<optim::AdamOptimizer> adam;
-  std::unique_ptr<offload::OffloadStore> state;
+  std::unique_ptr<offload::Engine> engine;
+  offload::OffloadStore* state = nullptr;  // engine->store()
 };
 
 // Rank `rank` of `world` at ZeRO `stage` for the tiny model of offload_support.h. `optimizer`
@@ -51,32 +51,28 @@ inline Result<std::unique_ptr<RankState>> make_rank_state(const std::string& fam
   bo.host_bytes_max = 256 << 20;
   bo.threads = 1;
   STRATA_ASSIGN_OR_RETURN(r->backend, backend::make_cpu_backend(bo));
-  STRATA_ASSIGN_OR_RETURN(r->adam, optim::AdamOptimizer::create(r->config.optimizer, 1));
-  offload::PlanInput in;
-  in.settings = train::plan_settings(r->config);
-  in.layout = &r->layout;
-  in.rank = rank;
-  in.world = world;
-  in.device_budget_bytes = 64 << 20;
-  STRATA_ASSIGN_OR_RETURN(offload::TierPlan plan, offload::make_plan(in));
-  offload::TierOptions options;
+  offload::EngineSpec spec = train::engine_spec(r->config);
+  spec.backend = r->backend.get();
+  spec.layout = &r->layout;
+  spec.rank = rank;
+  spec.world = world;
+  spec.adam_threads = 1;
   static int states = 0;  // swap folders of live states must differ
-  options.swap_tag = "rank" + std::to_string(rank) + "-" + std::to_string(states++);
-  options.engine_factory = [](const io::EngineOptions& eo) {
+  spec.tier_options.swap_tag = "rank" + std::to_string(rank) + "-" + std::to_string(states++);
+  spec.tier_options.engine_factory = [](const io::EngineOptions& eo) {
     io::SimOptions so;
     so.capacity_bytes = 64 << 20;
     return io::make_sim_engine(eo, so);
   };
-  STRATA_ASSIGN_OR_RETURN(
-      r->state,
-      offload::OffloadStore::create(*r->backend, r->layout, std::move(plan), *r->adam, options));
+  STRATA_ASSIGN_OR_RETURN(r->engine, offload::Engine::create(spec));
+  r->state = &r->engine->store();
   return r;
 }
 
 // Counters as a trainer has them after `step` steps of which `skipped` were skipped (the manifest
 // checks these invariants: checkpoint_manifest.h).
-inline train::TrainerCounters counters_after(std::int64_t step, std::int64_t skipped = 0) {
-  train::TrainerCounters c;
+inline checkpoint::TrainerCounters counters_after(std::int64_t step, std::int64_t skipped = 0) {
+  checkpoint::TrainerCounters c;
   c.step = step;
   c.skipped_steps = skipped;
   c.adam_step = step - skipped;

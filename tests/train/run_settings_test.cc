@@ -56,8 +56,11 @@ TEST(RunSettings, ZeroAndStrataKeysReachThePlanSettings) {
   EXPECT_EQ(p.param_host_elements_max, 555u);
   EXPECT_EQ(p.param_staging_buffers, 3);
   EXPECT_EQ(p.param_staging_elements, 666u);
-  // Strata's Adam runs on the CPU: "none" keeps the optimizer state in host memory.
-  EXPECT_EQ(p.optim_tier, offload::Tier::kHost);
+  // "none" asks for the optimizer state on the device; the plan decides (device_optimizer).
+  EXPECT_EQ(p.optim_tier, offload::Tier::kDevice);
+  EXPECT_EQ(p.device_optimizer, offload::DeviceOptimizer::kAuto);
+  c.strata.device_optimizer = config::DeviceOptimizer::kOff;
+  EXPECT_EQ(plan_settings(c).device_optimizer, offload::DeviceOptimizer::kOff);
   EXPECT_EQ(p.optim_nvme_fraction, 0.25);
   EXPECT_EQ(p.pipeline_depth, 7);
   EXPECT_EQ(p.swap.param_dirs, (std::vector<std::string>{"/a", "/b"}));

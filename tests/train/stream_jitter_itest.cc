@@ -1,4 +1,4 @@
-// The CPU backend's stream-jitter mode (backend/cpu_backend.h) finds missing stream waits: a
+// The CPU backend's stream-jitter mode (backend/cpu/cpu_backend.h) finds missing stream waits: a
 // trainer with one wait planted out (common/fault_points.h, planted_race) still trains to the same
 // bits on the plain CPU backend, whose compute stream is synchronous and hides the bug, but not
 // under jitter, where the compute stream runs behind the host thread and every stream command is

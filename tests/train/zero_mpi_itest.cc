@@ -32,12 +32,13 @@ using testing::Tiers;
 constexpr double kRelativeTolerance = 1e-6;
 
 Tiers tiers_of(const std::string& name, int stage, const std::string& param = "none",
-               const std::string& optimizer = "none") {
+               const std::string& optimizer = "none", const std::string& extra_strata = "") {
   Tiers t;
   t.name = name;
   t.stage = stage;
   t.param = param;
   t.optimizer = optimizer;
+  t.extra_strata = extra_strata;
   return t;
 }
 
@@ -141,7 +142,13 @@ std::vector<Tiers> cases() {
   v.push_back(tiers_of("stage1_optimizer_nvme", 1, "none", "nvme"));
   v.push_back(tiers_of("stage2", 2));
   v.push_back(tiers_of("stage2_optimizer_cpu", 2, "none", "cpu"));
+  // The optimizer state and AdamW on the device (the CPU backend's arena): gradients are
+  // reduce-scattered and added on the device, the shards regathered after the update.
+  v.push_back(
+      tiers_of("stage2_optimizer_device", 2, "none", "none", R"("device_optimizer": "on",)"));
   v.push_back(tiers_of("stage3", 3));
+  v.push_back(
+      tiers_of("stage3_optimizer_device", 3, "none", "none", R"("device_optimizer": "on",)"));
   v.push_back(tiers_of("stage3_params_cpu_optimizer_nvme", 3, "cpu", "nvme"));
   v.push_back(tiers_of("stage3_all_nvme", 3, "nvme", "nvme"));
   return v;

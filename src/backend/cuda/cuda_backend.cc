@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/arena.h"
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
 #include "common/fault_points.h"
@@ -381,8 +381,7 @@ Status CudaBackend::init() {
   scratch.partials = doubles;
   scratch.sum_result = doubles + 2 * cuda::kReduceBlocks;
   scratch.tile_result = scratch.sum_result + 2;
-  scratch.grad_stats = scratch.tile_result + 2;
-  static_assert((2 * cuda::kReduceBlocks + 6) * sizeof(double) <= kMiscBytes);
+  static_assert((2 * cuda::kReduceBlocks + 4) * sizeof(double) <= kMiscBytes);
   STRATA_ASSIGN_OR_RETURN(pinned_scratch_, allocate_pinned(64, "reduction read-back"));
   scratch.host = pinned_scratch_.as<double>();
 
@@ -391,7 +390,6 @@ Status CudaBackend::init() {
   ops_ = std::make_unique<CudaOps>(stream_of(StreamKind::kCompute), gemm_.get(), scratch, &sink_);
   optimizer_ops_ =
       std::make_unique<CudaOptimizerOps>(stream_of(StreamKind::kCompute), scratch, &sink_);
-  optimizer_ops_->grad_stats_reset();
   STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_of(StreamKind::kCompute))));
   return sticky();
 }

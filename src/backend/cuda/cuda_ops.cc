@@ -336,24 +336,4 @@ Result<kernels::AdamResult> CudaOptimizerOps::adam_step(const kernels::AdamParam
   return result;
 }
 
-void CudaOptimizerOps::grad_stats_reset() {
-  sink_->add(
-      STRATA_CUDA_CHECK(cudaMemsetAsync(scratch_.grad_stats, 0, 2 * sizeof(double), stream_)));
-}
-
-void CudaOptimizerOps::grad_stats_add(const void* grad, kernels::DType dtype, std::int64_t n) {
-  if (n <= 0) return;
-  sink_->add(STRATA_CUDA_CHECK(ck::reduce_stats(stream_, grad, static_cast<int>(dtype), n, true,
-                                                scratch_.partials, scratch_.grad_stats, true)));
-}
-
-Result<kernels::GradStats> CudaOptimizerOps::grad_stats_read() {
-  if (sink_->failed()) return sink_->first();
-  STRATA_TRY(read_back(scratch_.grad_stats));
-  kernels::GradStats stats;
-  stats.sum_sq = scratch_.host[0];
-  stats.nonfinite_count = static_cast<std::uint64_t>(scratch_.host[1]);
-  return stats;
-}
-
 }  // namespace strata::backend

@@ -22,7 +22,6 @@ struct OpsScratch {
   double* partials = nullptr;     // 2 * kReduceBlocks doubles for reduce_stats
   double* sum_result = nullptr;   // 2 doubles: sum() / sum_squares()
   double* tile_result = nullptr;  // 2 doubles: check_finite of one Adam tile
-  double* grad_stats = nullptr;   // 2 doubles: the gradient-statistics accumulator
   double* host = nullptr;         // pinned: 2 doubles the results are read back into
 };
 
@@ -109,9 +108,6 @@ class CudaOptimizerOps final : public backend::OptimizerOps {
   Result<kernels::AdamResult> adam_step(const kernels::AdamParams& params,
                                         const kernels::AdamFusion& fusion,
                                         const kernels::AdamTile& tile) override;
-  void grad_stats_reset() override;
-  void grad_stats_add(const void* grad, kernels::DType dtype, std::int64_t n) override;
-  Result<kernels::GradStats> grad_stats_read() override;
 
  private:
   // Copies 2 doubles from the device to the pinned scratch and waits for the stream.

@@ -1,0 +1,42 @@
+// The run's folders: output_dir, the checkpoint root, the trace's folder and the NVMe paths,
+// created with safe modes, and the guards around them — a fresh run never silently replaces
+// another run's checkpoints in the same output_dir, and a resumed run has steps left to train
+// with counters that fit its config. The checkpoint root's own rules (steps, `latest`, rotation)
+// are in checkpoint/root.h; this is where the config meets them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "common/status.h"
+#include "config/config.h"
+
+namespace strata::train {
+
+// The checkpoint root a config writes to.
+std::string checkpoint_root(const config::Config& config);
+
+// Checks that a run may write into its output_dir and checkpoint root: one that holds another
+// run (a `latest`, step directories, metrics.jsonl or final/) is refused (kConfig naming the
+// directory and what to set) unless the run resumes from a checkpoint of that same root or
+// strata.overwrite_output_dir is true. With overwrite, `remove` true (rank 0) removes the old
+// run's checkpoints, `latest` and final/ first; `removed` lists what went.
+Status claim_output_dir(const config::Config& config, bool remove,
+                        std::vector<std::string>* removed);
+
+// Whether a run configured by `config` can continue from `counters`, read from the checkpoint
+// `dir`: steps are left to train, and the loss scaler fits the config (the static scale it
+// names, or a dynamic scale not below min_loss_scale). kConfig naming the key to change, or
+// kCorrupt naming the file.
+Status check_resumable(const checkpoint::TrainerCounters& counters, const config::Config& config,
+                       const std::string& dir);
+
+// Creates what a run writes into and is missing: output_dir, the checkpoint root, the trace
+// file's folder and every nvme_path the offload settings use; new folders get mode 0700 (swap and
+// traces are nobody else's business). Refuses what is unsafe: a path that exists but is not a
+// directory, or an nvme_path that others may write to without the sticky bit (they could replace
+// the swap files). kConfig naming the key and path.
+Status prepare_run_directories(const config::Config& config);
+
+}  // namespace strata::train
