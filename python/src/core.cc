@@ -39,6 +39,7 @@
 #include "model/layout.h"
 #include "offload/optimizer_pipeline.h"
 #include "offload/plan.h"
+#include "offload/slot_codec.h"
 #include "offload/tier_manager.h"
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
@@ -253,18 +254,25 @@ class Group {
     return tiers_->plan().uses(offload::SlotKind::kMaster, offload::Tier::kNvme);
   }
 
-  // A float32 view of unit u's state of `kind` (not param): the host home itself, or the unit
-  // scratch for NVMe-homed state (one unit at a time: load_state / store_state move it).
+  // A float32 view of unit u's state of `kind` (not param): the host home itself when it is
+  // stored there as fp32, else the unit scratch (one unit at a time: load_state / store_state
+  // move it, decoding and encoding compressed state, strata.optimizer_state).
   py::array state_view(py::object self, const std::string& kind_name, int u) {
     const offload::SlotKind kind = kind_of(kind_name);
     if (kind == offload::SlotKind::kParam) {
       check(invalid("kind", "state_view takes an optimizer kind; use param_view for 'param'"));
     }
-    float* data = offload::home_of(tiers_->plan(), checked(u), kind) == offload::Tier::kHost
-                      ? tiers_->host_state(u, kind)
-                      : tiers_->unit_scratch();
+    float* data = direct(checked(u), kind) ? tiers_->host_state(u, kind) : tiers_->unit_scratch();
     if (data == nullptr) check(Status(ErrorCode::kInternal, "no memory for this state", kind_name));
     return py::array(py::dtype::of<float>(), {shard_numel(u)}, {sizeof(float)}, data, self);
+  }
+  // Whether the state_view of `kind` is its home (writes need no store_state).
+  bool view_is_home(const std::string& kind_name) const {
+    const offload::SlotKind kind = kind_of(kind_name);
+    for (int u = 0; u < units(); ++u) {
+      if (!direct(u, kind)) return false;
+    }
+    return true;
   }
 
   // Unit u's parameters in the storage type: float32 or uint16 (bf16 / fp16 bits).
@@ -279,19 +287,38 @@ class Group {
                      static_cast<std::uint16_t*>(data), self);
   }
 
-  // NVMe-homed state: reads unit u's `kind` into the scratch / writes the scratch to it. No-ops
-  // for host-homed state (the view is the home).
+  // Reads unit u's `kind` into the scratch view (decoded) / writes the scratch view to its home
+  // (encoded). No-ops when the view is the home.
   void load_state(const std::string& kind_name, int u) {
     const offload::SlotKind kind = kind_of(kind_name);
-    if (offload::home_of(tiers_->plan(), checked(u), kind) != offload::Tier::kNvme) return;
+    if (direct(checked(u), kind)) return;
     py::gil_scoped_release release;
-    check(tiers_->read_slot(kind, u, tiers_->unit_scratch()));
+    const offload::TierPlan& plan = tiers_->plan();
+    if (offload::stored_as_fp32(plan, kind)) {
+      check(tiers_->read_slot(kind, u, tiers_->unit_scratch()));
+      return;
+    }
+    void* stored = tiers_->raw_scratch();
+    if (offload::home_of(plan, u, kind) == offload::Tier::kHost) {
+      stored = tiers_->host_slot(u, kind);
+    } else {
+      check(tiers_->read_slot(kind, u, stored));
+    }
+    offload::decode_slot(plan, kind, u, stored, tiers_->unit_scratch());
   }
   void store_state(const std::string& kind_name, int u) {
     const offload::SlotKind kind = kind_of(kind_name);
-    if (offload::home_of(tiers_->plan(), checked(u), kind) != offload::Tier::kNvme) return;
+    if (direct(checked(u), kind)) return;
     py::gil_scoped_release release;
-    check(tiers_->write_slot(kind, u, tiers_->unit_scratch()));
+    const offload::TierPlan& plan = tiers_->plan();
+    if (offload::stored_as_fp32(plan, kind)) {
+      check(tiers_->write_slot(kind, u, tiers_->unit_scratch()));
+      return;
+    }
+    const bool host = offload::home_of(plan, u, kind) == offload::Tier::kHost;
+    void* stored = host ? tiers_->host_slot(u, kind) : tiers_->raw_scratch();
+    offload::encode_slot(plan, kind, u, tiers_->unit_scratch(), stored);
+    if (!host) check(tiers_->write_slot(kind, u, stored));
   }
   // The parameters of unit u from its master weights (rounded to the storage type).
   void refresh_params(int u) {
@@ -350,6 +377,10 @@ class Group {
  private:
   const offload::UnitPlan& unit(int u) const {
     return tiers_->plan().units[static_cast<std::size_t>(u)];
+  }
+  bool direct(int u, offload::SlotKind kind) const {
+    return offload::home_of(tiers_->plan(), u, kind) == offload::Tier::kHost &&
+           offload::stored_as_fp32(tiers_->plan(), kind);
   }
   int checked(int u) const {
     if (u < 0 || u >= units()) {
@@ -483,6 +514,7 @@ PYBIND11_MODULE(_core, m) {
                             int u) { return self.cast<Group&>().state_view(self, kind, u); })
       .def("param_view",
            [](py::object self, int u) { return self.cast<Group&>().param_view(self, u); })
+      .def("view_is_home", &Group::view_is_home)
       .def("load_state", &Group::load_state)
       .def("store_state", &Group::store_state)
       .def("refresh_params", &Group::refresh_params)

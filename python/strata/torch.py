@@ -84,6 +84,9 @@ class _Engine:
         self.core = _core.Group(ctx, units, _STORAGE[dtype], float(hyper["weight_decay"]),
                                 float(beta1), float(beta2), float(hyper["eps"]), adamw)
         self.nvme = self.core.nvme()
+        # Whether the gradient view is the gradient's home (host memory, fp32): else it is a
+        # scratch that store_state() encodes (bf16 gradients) or writes (NVMe) from.
+        self.grad_home = self.core.view_is_home("grad")
         self.by_unit = [[] for _ in units]
         for s in slots:
             self.by_unit[s.unit].append(s)
@@ -210,7 +213,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _bind_engine(self, e):
         for u, slots in enumerate(e.by_unit):
             params = e.param_view(u)
-            grads = None if e.nvme else e.view("grad", u)
+            grads = e.view("grad", u) if e.grad_home else None
             for s in slots:
                 p = s.param
                 if self._bind and p.device.type == "cpu" and p.dtype == e.dtype:
@@ -248,13 +251,13 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _gather_grads(self, e):
         for u, slots in enumerate(e.by_unit):
             grad = e.view("grad", u)
-            if e.nvme:
+            if not e.grad_home:
                 grad.zero_()
             for s in slots:
                 g = s.param.grad
                 span = grad[s.offset:s.offset + s.numel]
                 if g is None:
-                    if not e.nvme:
+                    if e.grad_home:
                         span.zero_()
                 elif s.bound_grad is not None and g.data_ptr() == s.bound_grad.data_ptr():
                     continue  # backward accumulated into the gradient home itself

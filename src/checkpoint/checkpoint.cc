@@ -15,6 +15,7 @@
 #include "common/durable_file.h"
 #include "common/fault_points.h"
 #include "model/safetensors.h"
+#include "offload/slot_codec.h"
 
 namespace strata::checkpoint {
 namespace fs = std::filesystem;
@@ -91,22 +92,34 @@ Status agree(comm::Comm& comm, const Status& mine, const std::string& phase,
   return Status::ok();
 }
 
-// The tensor names of a rank file, in the order it writes them.
-std::vector<std::string> tensor_names(const model::ModelLayout& layout) {
+// The tensor names of a rank file, in the order it writes them: each kind, and after an 8-bit
+// moment its per-block absmax.
+std::vector<std::string> tensor_names(const model::ModelLayout& layout,
+                                      const offload::TierPlan& plan) {
   std::vector<std::string> names;
   for (const model::UnitLayout& unit : layout.units) {
-    for (offload::SlotKind kind : kStateKinds)
+    for (offload::SlotKind kind : kStateKinds) {
       names.push_back(unit.name + "." + offload::to_string(kind));
+      if (offload::has_absmax(plan, kind)) names.push_back(names.back() + kAbsmaxSuffix);
+    }
   }
   return names;
+}
+
+// The file's element type of a kind as stored (slot_codec.h).
+model::StDType stored_st_dtype(const offload::TierPlan& plan, offload::SlotKind kind) {
+  if (offload::has_absmax(plan, kind))
+    return kind == offload::SlotKind::kExpAvg ? model::StDType::kI8 : model::StDType::kU8;
+  return offload::value_bytes(plan, kind) == 2 ? model::StDType::kBF16 : model::StDType::kF32;
 }
 
 // Every rank's digest on rank 0, as a fixed-size row of int64 per rank: bytes, header digest,
 // then one digest per tensor in tensor_names order (zeros for a rank that writes no file).
 Result<std::vector<StateFileDigest>> gather_digests(comm::Comm& comm, const StateFileDigest& mine,
                                                     const model::ModelLayout& layout,
+                                                    const offload::TierPlan& plan,
                                                     int state_files) {
-  const std::vector<std::string> names = tensor_names(layout);
+  const std::vector<std::string> names = tensor_names(layout, plan);
   const std::size_t row = 2 + names.size();
   std::vector<std::int64_t> send(row, 0);
   if (!mine.name.empty()) {
@@ -216,10 +229,12 @@ Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int
     metadata[unit.name + ".padded_numel"] = std::to_string(up.padded_numel);
     for (offload::SlotKind kind : kStateKinds) {
       const std::string name = unit.name + "." + offload::to_string(kind);
+      // As stored (fp32, bf16, or 8-bit codes and their absmax): a compressed state's checkpoint
+      // is as small as the state, and resumes bit for bit.
       tensors.push_back(
-          model::StTensorToWrite{name, model::StDType::kF32, {up.shard_numel}, nullptr});
-      producers.push_back([&, u, kind, name, begin = up.shard_begin,
-                           n = up.shard_numel](const model::StWriteFn& write) -> Status {
+          model::StTensorToWrite{name, stored_st_dtype(plan, kind), {up.shard_numel}, nullptr});
+      producers.push_back([&, u, kind, name, begin = up.shard_begin, n = up.shard_numel,
+                           tiles = up.tiles](const model::StWriteFn& write) -> Status {
         STRATA_ASSIGN_OR_RETURN(const float* data, state.view(kind, u));
         // A diverged or damaged state must not replace the last good checkpoint.
         const std::int64_t bad = first_invalid_value(kind, data, n);
@@ -231,7 +246,31 @@ Result<StateFileDigest> write_checkpoint_shard(const std::string& root, std::int
                                     name, data[bad], begin + bad, step),
                         path);
         }
-        return write(data, static_cast<std::uint64_t>(n) * 4);
+        if (offload::stored_as_fp32(plan, kind))
+          return write(data, static_cast<std::uint64_t>(n) * 4);
+        STRATA_ASSIGN_OR_RETURN(const void* stored, state.view_stored(kind, u));
+        for (std::int64_t t = 0; t < tiles; ++t) {
+          const std::int64_t tn = plan.tile_numel(u, t);
+          STRATA_TRY(write(static_cast<const char*>(stored) + plan.tile_offset(kind, u, t),
+                           static_cast<std::uint64_t>(tn) * offload::value_bytes(plan, kind)));
+        }
+        return Status::ok();
+      });
+      if (!offload::has_absmax(plan, kind)) continue;
+      const std::int64_t blocks = up.shard_numel / plan.state.block;
+      tensors.push_back(
+          model::StTensorToWrite{name + kAbsmaxSuffix, model::StDType::kF32, {blocks}, nullptr});
+      producers.push_back([&, u, kind, tiles = up.tiles](const model::StWriteFn& write) -> Status {
+        STRATA_ASSIGN_OR_RETURN(const void* stored, state.view_stored(kind, u));
+        for (std::int64_t t = 0; t < tiles; ++t) {
+          const std::int64_t tn = plan.tile_numel(u, t);
+          const offload::StoredTile tile = offload::stored_tile(
+              plan, kind,
+              const_cast<char*>(static_cast<const char*>(stored)) + plan.tile_offset(kind, u, t),
+              tn);
+          STRATA_TRY(write(tile.absmax, static_cast<std::uint64_t>(tn / plan.state.block) * 4));
+        }
+        return Status::ok();
       });
     }
   }
@@ -331,7 +370,8 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
   Result<StateFileDigest> written = write_checkpoint_shard(root, counters.step, state, who);
   STRATA_TRY(agree(comm, written.status(), "write its checkpoint shard", dir + ".tmp"));
   STRATA_ASSIGN_OR_RETURN(const std::vector<StateFileDigest> digests,
-                          gather_digests(comm, *written, state.layout(), who.state_files()));
+                          gather_digests(comm, *written, state.layout(), state.tiers().plan(),
+                                         who.state_files()));
   Status committed = Status::ok();
   if (who.rank == 0) {
     committed = commit_checkpoint(root, counters, shape, precision, seed, who, digests).status();

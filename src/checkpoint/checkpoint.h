@@ -10,8 +10,10 @@
 //                                             state file's size and xxHash3 digests (header,
 //                                             every tensor); checksummed itself (rank 0)
 //   <root>/latest                             the name of the newest complete step dir
-// A rank file holds, per unit, `<unit>.master`, `<unit>.exp_avg` and `<unit>.exp_avg_sq` (fp32,
-// shape {shard_numel}): elements [shard_begin, shard_begin + shard_numel) of the unit's flat
+// A rank file holds, per unit, `<unit>.master`, `<unit>.exp_avg` and `<unit>.exp_avg_sq` (shape
+// {shard_numel}, as strata.optimizer_state stores them: F32 by default, BF16, or 8-bit codes, I8
+// for exp_avg and U8 for exp_avg_sq, each followed by `<name>.absmax`, F32 of shard_numel / block
+// elements, the block size being shard_numel / that): elements [shard_begin, shard_begin + shard_numel) of the unit's flat
 // padded buffer. Its safetensors metadata says which, and whose it is: "format", "rank",
 // "state_files", "world_size", "zero_stage", "step", and per unit "<unit>.shard_begin" and
 // "<unit>.padded_numel". With ZeRO stage >= 1 every rank writes its shard (state_files = world
@@ -66,6 +68,9 @@ struct CheckpointRank {
   // Whether this rank writes a file.
   bool writes() const { return rank < state_files(); }
 };
+
+// The name suffix of an 8-bit moment's per-block absmax tensor.
+inline constexpr const char* kAbsmaxSuffix = ".absmax";
 
 // "<root>/step_00000042": where the checkpoint of `step` goes.
 std::string checkpoint_dir(const std::string& root, std::int64_t step);

@@ -16,6 +16,9 @@
 #include "common/log.h"
 #include "model/hf_io.h"
 #include "model/safetensors.h"
+#include "common/units.h"
+#include "kernels/cpu/state_codec.h"
+#include "offload/slot_codec.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -190,59 +193,98 @@ Result<TrainerCounters> CheckpointReader::counters() const {
   return impl_->manifest.counters;
 }
 
-Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind kind,
-                              std::int64_t begin, std::int64_t numel, float* dst) const {
-  STRATA_ASSERT(begin >= 0 && numel >= 0 && (dst != nullptr || numel == 0));
-  STRATA_ASSERT(kind == offload::SlotKind::kMaster || kind == offload::SlotKind::kExpAvg ||
-                kind == offload::SlotKind::kExpAvgSq);
+namespace {
+
+// Part of a unit's `kind` found in one rank file: elements [lo, hi) of the unit, in tensor `t`
+// (its values) that holds elements [file_begin, file_begin + t.shape[0]); 8-bit moments also
+// have their absmax tensor and block size.
+struct Piece {
+  const StateFile* file = nullptr;
+  const model::StTensor* values = nullptr;
+  const model::StTensor* absmax = nullptr;
+  std::int64_t lo = 0, hi = 0, file_begin = 0;
+  std::int64_t block = 0;
+};
+
+bool valid_block(std::int64_t block) {
+  return block >= static_cast<std::int64_t>(kernels::kQ8BlockMin) &&
+         block <= static_cast<std::int64_t>(kernels::kQ8BlockMax) && (block & (block - 1)) == 0;
+}
+
+// The pieces covering elements [begin, begin + numel) of `unit`'s `kind`, each tensor's form
+// and digest checked; kCorrupt when a real element (below unit.numel) is in none of them.
+Result<std::vector<Piece>> find_pieces(const std::vector<StateFile>& files, const std::string& dir,
+                                       const model::UnitLayout& unit, offload::SlotKind kind,
+                                       std::int64_t begin, std::int64_t numel) {
   const std::string name = unit.name + "." + offload::to_string(kind);
   const std::int64_t end = begin + numel;
-  if (numel > 0) std::memset(dst, 0, static_cast<std::size_t>(numel) * sizeof(float));
-  std::vector<std::pair<std::int64_t, std::int64_t>> covered;  // [lo, hi) copied
-  for (const StateFile& f : impl_->files) {
+  const bool moment = kind != offload::SlotKind::kMaster;
+  std::vector<Piece> pieces;
+  for (const StateFile& f : files) {
     const model::StTensor* t = f.file.find(name);
     if (t == nullptr) {
       return Status(ErrorCode::kCorrupt, fmt::format("tensor '{}' is missing", name),
                     f.file.path());
     }
-    if (t->dtype != model::StDType::kF32 || t->shape.size() != 1) {
+    const model::StDType code_type =
+        kind == offload::SlotKind::kExpAvg ? model::StDType::kI8 : model::StDType::kU8;
+    const bool coded = moment && t->dtype == code_type;
+    if ((t->dtype != model::StDType::kF32 && t->dtype != model::StDType::kBF16 && !coded) ||
+        t->shape.size() != 1) {
       return Status(ErrorCode::kCorrupt,
-                    fmt::format("tensor '{}' is {} of {} dimensions; expected F32 of 1", name,
-                                model::st_dtype_name(t->dtype), t->shape.size()),
+                    fmt::format("tensor '{}' is {} of {} dimensions; expected F32 or BF16{} of 1",
+                                name, model::st_dtype_name(t->dtype), t->shape.size(),
+                                moment ? fmt::format(" or {} (8-bit, with '{}{}')",
+                                                     model::st_dtype_name(code_type), name,
+                                                     kAbsmaxSuffix)
+                                       : std::string()),
                     f.file.path());
     }
+    Piece piece;
+    piece.file = &f;
+    piece.values = t;
     const std::int64_t file_numel = t->shape[0];
-    std::int64_t file_begin = 0, file_padded = file_numel;
+    if (coded) {
+      const std::string absmax_name = name + kAbsmaxSuffix;
+      const model::StTensor* a = f.file.find(absmax_name);
+      const std::int64_t blocks =
+          a != nullptr && a->shape.size() == 1 ? a->shape[0] : std::int64_t{0};
+      piece.block = blocks > 0 ? file_numel / blocks : 0;
+      if (a == nullptr || a->dtype != model::StDType::kF32 || a->shape.size() != 1 ||
+          blocks <= 0 || file_numel % blocks != 0 || !valid_block(piece.block)) {
+        return Status(ErrorCode::kCorrupt,
+                      fmt::format("tensor '{}' holds 8-bit codes, so '{}' must be F32 of one "
+                                  "value per block of 64 to 2048 (a power of two) elements",
+                                  name, absmax_name),
+                      f.file.path());
+      }
+      piece.absmax = a;
+    }
+    std::int64_t file_padded = file_numel;
     if (!f.whole_units) {
-      STRATA_ASSIGN_OR_RETURN(file_begin, meta_int(f, unit.name + ".shard_begin"));
+      STRATA_ASSIGN_OR_RETURN(piece.file_begin, meta_int(f, unit.name + ".shard_begin"));
       STRATA_ASSIGN_OR_RETURN(file_padded, meta_int(f, unit.name + ".padded_numel"));
     }
-    if (file_padded < unit.numel || file_begin > file_padded ||
-        file_numel > file_padded - file_begin) {
+    if (file_padded < unit.numel || piece.file_begin > file_padded ||
+        file_numel > file_padded - piece.file_begin) {
       return Status(ErrorCode::kCorrupt,
                     fmt::format("tensor '{}' holds elements [{}, {}) of a unit of {} padded "
                                 "elements; the unit has {} elements",
-                                name, file_begin, file_begin + file_numel, file_padded, unit.numel),
+                                name, piece.file_begin, piece.file_begin + file_numel,
+                                file_padded, unit.numel),
                     f.file.path());
     }
-    const std::int64_t lo = std::max(begin, file_begin);
-    const std::int64_t hi = std::min(end, file_begin + file_numel);
-    if (lo >= hi) continue;
+    piece.lo = std::max(begin, piece.file_begin);
+    piece.hi = std::min(end, piece.file_begin + file_numel);
+    if (piece.lo >= piece.hi) continue;
     STRATA_TRY(check_tensor(f, *t));
-    float* out = dst + (lo - begin);
-    std::memcpy(out, f.file.data(*t) + (lo - file_begin) * 4,
-                static_cast<std::size_t>(hi - lo) * 4);
-    const std::int64_t bad = first_invalid_value(kind, out, hi - lo);
-    if (bad >= 0) {
-      return Status(ErrorCode::kCorrupt,
-                    fmt::format("tensor '{}' holds {} at element {}, which training cannot "
-                                "continue from (the run had diverged, or the file was damaged)",
-                                name, out[bad], lo + bad),
-                    f.file.path());
-    }
-    covered.emplace_back(lo, hi);
+    if (piece.absmax != nullptr) STRATA_TRY(check_tensor(f, *piece.absmax));
+    pieces.push_back(piece);
   }
   // Every real element must have come from some file; the rest is padding and stays zero.
+  std::vector<std::pair<std::int64_t, std::int64_t>> covered;
+  for (const Piece& p : pieces)
+    covered.emplace_back(p.lo, p.hi);
   std::sort(covered.begin(), covered.end());
   const std::int64_t real_end = std::min(end, unit.numel);
   std::int64_t next = begin;
@@ -261,10 +303,106 @@ Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind k
     return Status(ErrorCode::kCorrupt,
                   fmt::format("elements [{}, {}) of '{}' (a unit of {} elements) are in none of "
                               "the checkpoint's {} state file(s)",
-                              next, gap_end, name, unit.numel, impl_->files.size()),
-                  impl_->dir);
+                              next, gap_end, name, unit.numel, files.size()),
+                  dir);
+  }
+  return pieces;
+}
+
+// A piece's values decoded to fp32 into out[0, hi - lo).
+void decode_piece(const Piece& p, offload::SlotKind kind, float* out) {
+  const std::uint8_t* data = p.file->file.data(*p.values);
+  const std::int64_t first = p.lo - p.file_begin, n = p.hi - p.lo;
+  switch (p.values->dtype) {
+    case model::StDType::kF32:
+      std::memcpy(out, data + first * 4, static_cast<std::size_t>(n) * 4);
+      return;
+    case model::StDType::kBF16:
+      kernels::decode_values(kernels::DType::kBF16, data + first * 2, out,
+                             static_cast<std::size_t>(n));
+      return;
+    default: {
+      std::vector<float> absmax(static_cast<std::size_t>(p.absmax->shape[0]));
+      std::memcpy(absmax.data(), p.file->file.data(*p.absmax), absmax.size() * 4);
+      const kernels::Moment which = kind == offload::SlotKind::kExpAvg
+                                        ? kernels::Moment::kExpAvg
+                                        : kernels::Moment::kExpAvgSq;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t e = first + i;
+        out[i] = kernels::q8_value(which, data[e], absmax[static_cast<std::size_t>(e / p.block)]);
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+Status CheckpointReader::read(const model::UnitLayout& unit, offload::SlotKind kind,
+                              std::int64_t begin, std::int64_t numel, float* dst) const {
+  STRATA_ASSERT(begin >= 0 && numel >= 0 && (dst != nullptr || numel == 0));
+  STRATA_ASSERT(kind == offload::SlotKind::kMaster || kind == offload::SlotKind::kExpAvg ||
+                kind == offload::SlotKind::kExpAvgSq);
+  if (numel > 0) std::memset(dst, 0, static_cast<std::size_t>(numel) * sizeof(float));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces,
+                          find_pieces(impl_->files, impl_->dir, unit, kind, begin, numel));
+  for (const Piece& p : pieces) {
+    float* out = dst + (p.lo - begin);
+    decode_piece(p, kind, out);
+    const std::int64_t bad = first_invalid_value(kind, out, p.hi - p.lo);
+    if (bad >= 0) {
+      return Status(ErrorCode::kCorrupt,
+                    fmt::format("tensor '{}' holds {} at element {}, which training cannot "
+                                "continue from (the run had diverged, or the file was damaged)",
+                                p.values->name, out[bad], p.lo + bad),
+                    p.file->file.path());
+    }
   }
   return Status::ok();
+}
+
+Result<bool> CheckpointReader::read_stored(const model::UnitLayout& unit, offload::SlotKind kind,
+                                           std::int64_t begin, std::int64_t numel,
+                                           const offload::TierPlan& plan, void* values,
+                                           float* absmax) const {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<Piece> pieces,
+                          find_pieces(impl_->files, impl_->dir, unit, kind, begin, numel));
+  const bool coded = offload::has_absmax(plan, kind);
+  const std::uint64_t vb = offload::value_bytes(plan, kind);
+  const std::int64_t block = plan.state.block;
+  for (const Piece& p : pieces) {
+    const bool same = coded ? p.absmax != nullptr && p.block == block &&
+                                  (p.lo - p.file_begin) % block == 0 &&
+                                  (p.hi - p.lo) % block == 0 && (p.lo - begin) % block == 0
+                            : p.absmax == nullptr && model::st_dtype_bytes(p.values->dtype) == vb;
+    if (!same) return false;
+  }
+  std::memset(values, 0, static_cast<std::size_t>(numel) * vb);
+  if (coded) std::memset(absmax, 0, static_cast<std::size_t>(numel / block) * 4);
+  std::vector<float> check;
+  for (const Piece& p : pieces) {
+    const std::int64_t first = p.lo - p.file_begin, n = p.hi - p.lo;
+    std::memcpy(static_cast<char*>(values) + static_cast<std::uint64_t>(p.lo - begin) * vb,
+                p.file->file.data(*p.values) + static_cast<std::uint64_t>(first) * vb,
+                static_cast<std::size_t>(n) * vb);
+    if (coded) {
+      std::memcpy(absmax + (p.lo - begin) / block,
+                  p.file->file.data(*p.absmax) + (first / block) * 4,
+                  static_cast<std::size_t>(n / block) * 4);
+    }
+    // The same check as read(): every value as training would see it.
+    check.resize(static_cast<std::size_t>(n));
+    decode_piece(p, kind, check.data());
+    const std::int64_t bad = first_invalid_value(kind, check.data(), n);
+    if (bad >= 0) {
+      return Status(ErrorCode::kCorrupt,
+                    fmt::format("tensor '{}' holds {} at element {}, which training cannot "
+                                "continue from (the run had diverged, or the file was damaged)",
+                                p.values->name, check[static_cast<std::size_t>(bad)], p.lo + bad),
+                    p.file->file.path());
+    }
+  }
+  return true;
 }
 
 Status consolidate_checkpoint(const CheckpointReader& reader, const std::string& out_dir,
@@ -323,6 +461,23 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::Offload
     const offload::UnitPlan& up = plan.units[static_cast<std::size_t>(u)];
     for (offload::SlotKind kind :
          {offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq}) {
+      if (!offload::stored_as_fp32(plan, kind)) {
+        // Saved as this run stores it: the bytes themselves (a resume continues bit for bit).
+        // Else decoded below and encoded the way this run stores it.
+        char* values = reinterpret_cast<char*>(state.tiers().unit_scratch());
+        float* absmax = reinterpret_cast<float*>(
+            values + align_up(static_cast<std::uint64_t>(up.shard_numel) *
+                                  offload::value_bytes(plan, kind),
+                              64));
+        STRATA_ASSIGN_OR_RETURN(const bool same, reader.read_stored(unit, kind, up.shard_begin,
+                                                                    up.shard_numel, plan, values,
+                                                                    absmax));
+        if (same) {
+          offload::pack_slot(plan, kind, u, values, absmax, state.tiers().raw_scratch());
+          STRATA_TRY(state.store_stored(kind, u, state.tiers().raw_scratch()));
+          continue;
+        }
+      }
       float* buffer = state.fill_buffer(kind, u);
       STRATA_TRY(reader.read(unit, kind, up.shard_begin, up.shard_numel, buffer));
       STRATA_TRY(state.store(kind, u, buffer));

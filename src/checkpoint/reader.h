@@ -55,8 +55,16 @@ class CheckpointReader {
   // they are padding (>= unit.numel); a real one is kCorrupt naming the unit, kind and range. A
   // tensor failing its digest, or a value that is not finite (or a negative exp_avg_sq), is
   // kCorrupt naming the file, tensor and element.
+  // Any stored form is decoded (F32, BF16, 8-bit codes with their absmax).
   Status read(const model::UnitLayout& unit, offload::SlotKind kind, std::int64_t begin,
               std::int64_t numel, float* dst) const;
+  // The same elements as `plan` stores `kind` (slot_codec.h), undecoded: values (numel x
+  // value_bytes) and, for 8-bit moments, absmax (numel / block). false, with nothing read, when
+  // some file holds them in another form (another dtype or block size): read() them instead.
+  // The same checks and errors as read().
+  Result<bool> read_stored(const model::UnitLayout& unit, offload::SlotKind kind,
+                           std::int64_t begin, std::int64_t numel, const offload::TierPlan& plan,
+                           void* values, float* absmax) const;
 
  private:
   struct Impl;

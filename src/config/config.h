@@ -25,6 +25,8 @@ enum class Backend { kAuto, kCpu, kCuda };
 // What the CUDA backend rounds GEMM inputs to (auto: follows fp16/bf16; fp32 runs keep fp32).
 enum class GemmPrecision { kAuto, kFp32, kTf32, kBf16, kFp16 };
 enum class DeviceOptimizer { kAuto, kOn, kOff };
+enum class MomentStorage { kFp32, kBf16, k8bit };
+enum class StateDtype { kFp32, kBf16 };
 enum class ModelFamily { kGpt2, kLlama };
 enum class DataSource { kSynthetic, kTokens, kText };
 enum class Precision { kFp32, kFp16, kBf16 };
@@ -174,6 +176,15 @@ struct DataConfig {
   std::int64_t synthetic_branching = 4;  // successors per state of the synthetic Markov chain
 };
 
+// How the optimizer state is stored outside the device (strata.optimizer_state; docs/adam.md):
+// fp32 everywhere by default, so results are those of fp32 AdamW.
+struct OptimizerStateConfig {
+  MomentStorage moments = MomentStorage::kFp32;  // Adam's two moments
+  std::int64_t block_size = 2048;  // 8bit: elements per absmax block (a power of two, 64-2048)
+  StateDtype master = StateDtype::kFp32;     // bf16: stochastically rounded master weights
+  StateDtype gradients = StateDtype::kFp32;  // bf16: the accumulated gradient
+};
+
 struct StrataConfig {
   std::string output_dir = "strata_out";
   std::int64_t train_steps = 100;
@@ -212,6 +223,7 @@ struct StrataConfig {
   // GPU when the state fits the device budget beside the working set, else in host memory with
   // CPU Adam; on = always (an error naming the budget when it does not fit); off = host memory.
   DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;
+  OptimizerStateConfig optimizer_state;
   ModelConfig model;
   DataConfig data;
 };

@@ -66,6 +66,19 @@ inline const EnumNames<Backend>& backend_names() {
       {Backend::kAuto, "auto"}, {Backend::kCpu, "cpu"}, {Backend::kCuda, "cuda"}};
   return names;
 }
+inline const EnumNames<MomentStorage>& moment_storage_names() {
+  static const EnumNames<MomentStorage> names = {{MomentStorage::kFp32, "fp32"},
+                                                 {MomentStorage::kBf16, "bf16"},
+                                                 {MomentStorage::k8bit, "8bit"}};
+  return names;
+}
+
+inline const EnumNames<StateDtype>& state_dtype_names() {
+  static const EnumNames<StateDtype> names = {{StateDtype::kFp32, "fp32"},
+                                              {StateDtype::kBf16, "bf16"}};
+  return names;
+}
+
 inline const EnumNames<DeviceOptimizer>& device_optimizer_names() {
   static const EnumNames<DeviceOptimizer> names = {{DeviceOptimizer::kAuto, "auto"},
                                                    {DeviceOptimizer::kOn, "on"},

@@ -122,11 +122,13 @@ void visit_fields(V& v, Bf16Config& c) {
            {"Strata always skips a step whose gradient is not finite", true, true});
   v.refused("bf16_master_weights_and_grads", Check::boolean(),
             {RefuseWhen::kTrue,
-             "bf16 master weights and gradients change the update's arithmetic; Strata keeps "
-             "fp32 master weights and accumulates gradients in fp32"});
+             "Strata's bf16 master weights and gradients round stochastically, which is not "
+             "DeepSpeed's arithmetic; ask for them with strata.optimizer_state.master and "
+             ".gradients \"bf16\" instead"});
   v.refused("bf16_optimizer_states", Check::boolean(),
             {RefuseWhen::kTrue,
-             "bf16 Adam moments change the update's arithmetic; Strata keeps them in fp32"});
+             "Strata's bf16 Adam moments round stochastically, which is not DeepSpeed's "
+             "arithmetic; ask for them with strata.optimizer_state.moments \"bf16\" instead"});
 }
 
 template <typename V>
@@ -380,6 +382,15 @@ void visit_fields(V& v, ModelConfig& c) {
 }
 
 template <typename V>
+void visit_fields(V& v, OptimizerStateConfig& c) {
+  v.unknown_keys(UnknownKeys::kError);
+  v.choice("moments", c.moments, moment_storage_names());
+  v.integer("block_size", c.block_size, 64, 2048);
+  v.choice("master", c.master, state_dtype_names());
+  v.choice("gradients", c.gradients, state_dtype_names());
+}
+
+template <typename V>
 void visit_fields(V& v, DataConfig& c) {
   v.unknown_keys(UnknownKeys::kError);
   v.choice("source", c.source, data_source_names());
@@ -421,6 +432,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.real("comm_timeout_s", c.comm_timeout_s, 0.0, 86400.0, true);
   v.boolean("overlap_optimizer", c.overlap_optimizer);
   v.choice("device_optimizer", c.device_optimizer, device_optimizer_names());
+  v.section("optimizer_state", c.optimizer_state);
   v.section("model", c.model);
   v.section("data", c.data);
 }

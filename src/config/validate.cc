@@ -532,6 +532,23 @@ void validate(LoadContext& ctx) {
           "moves activation checkpoints to the host, so it needs "
           "strata.model.activation_checkpointing = true");
   }
+  const OptimizerStateConfig& state = c.strata.optimizer_state;
+  if ((state.block_size & (state.block_size - 1)) != 0) {
+    error({"strata.optimizer_state.block_size"}, "strata.optimizer_state.block_size",
+          fmt::format("{} is not a power of two; valid: 64, 128, 256, 512, 1024 or 2048",
+                      state.block_size));
+  }
+  const bool compressed = state.moments != MomentStorage::kFp32 ||
+                          state.master != StateDtype::kFp32 ||
+                          state.gradients != StateDtype::kFp32;
+  if (compressed && c.strata.device_optimizer == DeviceOptimizer::kOn &&
+      c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone) {
+    error({"strata.optimizer_state", "strata.device_optimizer"}, "strata.optimizer_state",
+          "compressed optimizer state is kept and updated by CPU Adam in host memory or on NVMe; "
+          "with strata.device_optimizer \"on\" it would live on the device, where AdamW runs on "
+          "fp32 state; set strata.device_optimizer to \"auto\" or \"off\", or "
+          "offload_optimizer.device to \"cpu\" or \"nvme\"");
+  }
 
   derive_batch_sizes(ctx);
   mark_inert_keys(ctx);

@@ -21,6 +21,23 @@ std::uint64_t Estimate::bytes(Tier tier) const {
   return sum;
 }
 
+double Estimate::state_bytes_per_param(Tier tier, SlotKind kind) const {
+  if (state_params <= 0.0) return 0.0;
+  return static_cast<double>(state_bytes[static_cast<int>(tier)][static_cast<int>(kind)]) /
+         state_params;
+}
+
+double Estimate::state_bytes_per_param(Tier tier) const {
+  double sum = 0.0;
+  for (int k = 0; k < kSlotKinds; ++k)
+    sum += state_bytes_per_param(tier, static_cast<SlotKind>(k));
+  return sum;
+}
+
+double Estimate::state_bytes_per_param() const {
+  return state_bytes_per_param(Tier::kHost) + state_bytes_per_param(Tier::kNvme);
+}
+
 model::ModelShape assumed_shape(std::int64_t params) {
   STRATA_ASSERT(params > 0);
   model::ModelShape s;
@@ -69,6 +86,18 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   std::int64_t largest = 0;
   for (const model::UnitLayout& u : layout.units)
     largest = std::max(largest, u.numel);
+  for (int t = 0; t < kTierCount; ++t) {
+    for (int k = 0; k < kSlotKinds; ++k)
+      e.state_bytes[t][k] = plan.state_bytes(static_cast<Tier>(t), static_cast<SlotKind>(k));
+  }
+  // The rank's share of the parameters the layout holds: its shard of each (padded) unit.
+  double shard = 0.0, padded = 0.0, numel = 0.0;
+  for (std::size_t i = 0; i < plan.units.size(); ++i) {
+    shard += static_cast<double>(plan.units[i].shard_numel);
+    padded += static_cast<double>(plan.units[i].padded_numel);
+    numel += static_cast<double>(layout.units[i].numel);
+  }
+  e.state_params = padded > 0.0 ? numel * shard / padded : 0.0;
   e.largest_unit_params = largest;
 
   e.assumptions.push_back(fmt::format(
@@ -89,6 +118,16 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
     e.assumptions.push_back(
         "offload_optimizer none on a GPU: the optimizer state stays on the device and Adam runs "
         "there (strata.device_optimizer auto; off keeps it in host memory)");
+  }
+  if (plan.state.compressed()) {
+    e.assumptions.push_back(fmt::format(
+        "strata.optimizer_state: {} master weights, {} Adam moments{}, {} accumulated gradients "
+        "(docs/adam.md: what each choice does to the loss)",
+        kernels::to_string(plan.state.master), kernels::to_string(plan.state.moments),
+        plan.state.moments == kernels::MomentFormat::kQ8
+            ? fmt::format(" with an fp32 absmax per block of {}", plan.state.block)
+            : std::string(),
+        kernels::to_string(plan.state.grad)));
   }
   for (const std::string& note : plan.notes)
     e.assumptions.push_back(note);

@@ -28,12 +28,20 @@ struct Estimate {
   std::int64_t ranks_per_node = 1;
   std::int64_t largest_unit_params = 0;
   std::vector<EstimateItem> items;
+  // The training state per tier and kind as stored (TierPlan::state_bytes), per rank, and the
+  // parameters it is for (the rank's shard of them).
+  std::uint64_t state_bytes[kTierCount][kSlotKinds] = {};
+  double state_params = 0.0;
   std::vector<std::string> assumptions;  // one sentence each, printed with the numbers
 
   // Sum of the items of `tier`, per rank.
   std::uint64_t bytes(Tier tier) const;
   // Per node: a node's host memory and NVMe drives serve all of its ranks.
   std::uint64_t node_bytes(Tier tier) const { return bytes(tier) * ranks_per_node; }
+  // Bytes of training state per parameter outside the device (host + NVMe) and on `tier`.
+  double state_bytes_per_param() const;
+  double state_bytes_per_param(Tier tier) const;
+  double state_bytes_per_param(Tier tier, SlotKind kind) const;
 };
 
 struct EstimateInput {

@@ -10,6 +10,7 @@
 #include "common/fault_points.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cpu/state_codec.h"
 
 namespace strata::offload {
 namespace {
@@ -73,9 +74,10 @@ Result<std::unique_ptr<GradPath>> GradPath::create(TierManager& tiers, Sharding*
   return g;
 }
 
-void GradPath::begin_micro_batch(bool first, bool last) {
+void GradPath::begin_micro_batch(bool first, bool last, std::int64_t sequence) {
   first_ = first;
   last_ = last;
+  sequence_ = sequence;
 }
 
 GradPath::Frame* GradPath::frame_of(int unit) {
@@ -136,6 +138,7 @@ Status GradPath::ready(int unit) {
     Job job;
     job.unit = unit;
     job.first = first_;
+    job.sequence = sequence_;
     job.last = last_;
     job.device = true;
     return send_home(job, f);
@@ -160,6 +163,7 @@ Status GradPath::ready(int unit) {
   job.unit = unit;
   job.staging = staging;
   job.first = first_;
+  job.sequence = sequence_;
   job.last = last_;
   job.device = device;
   job.begin_us = trace ? trace->now_us() : 0;
@@ -288,13 +292,15 @@ Status GradPath::accumulate(const Job& job) {
   }
   TraceScope scope(trace, TraceLane::kAdam, "grad accumulate", u);
   const std::size_t base = tile_base_[static_cast<std::size_t>(u)];
+  const bool bf16 = plan_.state.grad == kernels::DType::kBF16;
   for (std::int64_t t = 0; t < up.tiles; ++t) {
     const std::int64_t b = plan_.tile_begin(u, t), n = plan_.tile_numel(u, t);
     const char* src = staging + u64(b) * plan_.storage_bytes;
-    float* acc = nullptr;
+    void* acc = nullptr;  // the tile's accumulator as stored
     int buffer = -1;
     if (up.optim_home == Tier::kHost) {
-      acc = tiers_.host_state(u, SlotKind::kGrad) + b;
+      acc = static_cast<char*>(tiers_.host_slot(u, SlotKind::kGrad)) +
+            plan_.tile_offset(SlotKind::kGrad, u, t);
     } else {
       STRATA_ASSIGN_OR_RETURN(buffer, free_write_buffer());
       acc = tiers_.grad_write_buffer(buffer);
@@ -305,8 +311,19 @@ Status GradPath::accumulate(const Job& job) {
         STRATA_TRY(tiers_.wait(SlotKind::kGrad, h));
       }
     }
-    kernels::accumulate_from(acc, src, plan_.storage, n, job.first);
-    if (job.last) sums_[base + static_cast<std::size_t>(t)] = kernels::sum_squares(acc, n);
+    double squares = 0.0;
+    if (bf16) {
+      const std::uint32_t key =
+          job.first ? 0U : kernels::rounding_key(plan_.state.seed, job.sequence, u);
+      squares = kernels::accumulate_bf16(static_cast<std::uint16_t*>(acc), src, plan_.storage,
+                                         static_cast<std::size_t>(n), job.first, key,
+                                         static_cast<std::uint32_t>(up.shard_begin + b), job.last);
+    } else {
+      auto* acc32 = static_cast<float*>(acc);
+      kernels::accumulate_from(acc32, src, plan_.storage, n, job.first);
+      if (job.last) squares = kernels::sum_squares(acc32, n);
+    }
+    if (job.last) sums_[base + static_cast<std::size_t>(t)] = squares;
     if (buffer >= 0) {
       STRATA_ASSIGN_OR_RETURN(
           io::SwapHandle h, tiers_.write_tile(SlotKind::kGrad, u, t, acc, io::Priority::kPrefetch));

@@ -1,5 +1,5 @@
 // The gradient path: each unit's gradient leaves the device once, in its final flat layout, and
-// is accumulated in fp32 in its home tier (or, homed on the device with the optimizer, never
+// is accumulated in fp32 (or bf16, strata.optimizer_state.gradients) in its home tier (or, homed on the device with the optimizer, never
 // leaves it: ready(u) adds it into its device home on the compute stream, with the same
 // arithmetic).
 //   acquire(u)  a device fp32 gradient frame of u's size class, zeroed (the runner accumulates
@@ -38,8 +38,10 @@ class GradPath {
   GradPath& operator=(const GradPath&) = delete;
 
   // Starts a micro-batch: `first` makes it overwrite the accumulators, `last` makes its
-  // gradients final (their sums of squares are taken).
-  void begin_micro_batch(bool first, bool last);
+  // gradients final (their sums of squares are taken). `sequence` numbers the micro-batch over
+  // the run (step x accumulation + m): bf16 accumulators round stochastically with bits of
+  // (strata.seed, sequence, unit, tile), so a resumed run adds with the same bits.
+  void begin_micro_batch(bool first, bool last, std::int64_t sequence = 0);
   // Unit u's device gradient frame, zeroed at the micro-batch's first acquire.
   Result<float*> acquire(int unit);
   // Unit u's gradient for this micro-batch is complete: it leaves the device.
@@ -68,6 +70,7 @@ class GradPath {
     int staging = -1;
     bool first = true;  // of the micro-batch the gradient belongs to
     bool last = true;
+    std::int64_t sequence = 0;
     bool device = false;  // homed on the device: added there, no staging buffer
     std::uint64_t begin_us = 0;
     Frame* frame = nullptr;  // several ranks: the frame whose reduction is in flight
@@ -111,6 +114,7 @@ class GradPath {
   std::vector<double> sums_;            // per (unit, tile)
   bool first_ = true;
   bool last_ = true;
+  std::int64_t sequence_ = 0;
   double wait_ms_ = 0.0;
 };
 

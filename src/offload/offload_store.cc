@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/clock.h"
+#include "offload/slot_codec.h"
 
 namespace strata::offload {
 
@@ -43,13 +44,22 @@ Result<std::unique_ptr<OffloadStore>> OffloadStore::create(TierManager& tiers,
 }
 
 float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
-  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
+  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost && stored_as_fp32(tiers_.plan(), kind))
+    return tiers_.host_state(unit, kind);
   return tiers_.unit_scratch();
 }
 
 Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   if (!failure_.is_ok()) return failure_;
-  const UnitPlan& up = tiers_.plan().units[static_cast<std::size_t>(unit)];
+  const TierPlan& p = tiers_.plan();
+  const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
+  if (!stored_as_fp32(p, kind)) {
+    // Encoded straight into a host home, else into the state scratch and written from there.
+    const bool host = up.optim_home == Tier::kHost;
+    void* stored = host ? tiers_.host_slot(unit, kind) : tiers_.raw_scratch();
+    encode_slot(p, kind, unit, src, stored);
+    return host ? Status::ok() : guard(tiers_.write_slot(kind, unit, stored));
+  }
   if (up.optim_home == Tier::kNvme && src != tiers_.unit_scratch()) {
     std::memcpy(tiers_.unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
     src = tiers_.unit_scratch();
@@ -57,10 +67,40 @@ Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   return guard(tiers_.write_slot(kind, unit, src));
 }
 
-Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
-  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
+Result<const void*> OffloadStore::view_stored(SlotKind kind, int unit) {
+  if (home_of(tiers_.plan(), unit, kind) == Tier::kHost)
+    return static_cast<const void*>(tiers_.host_slot(unit, kind));
   if (!failure_.is_ok()) return failure_;
-  STRATA_TRY(guard(tiers_.read_slot(kind, unit, tiers_.unit_scratch())));
+  void* scratch = stored_as_fp32(tiers_.plan(), kind) ? static_cast<void*>(tiers_.unit_scratch())
+                                                      : tiers_.raw_scratch();
+  STRATA_TRY(guard(tiers_.read_slot(kind, unit, scratch)));
+  return static_cast<const void*>(scratch);
+}
+
+Status OffloadStore::store_stored(SlotKind kind, int unit, const void* stored) {
+  if (!failure_.is_ok()) return failure_;
+  const UnitPlan& up = tiers_.plan().units[static_cast<std::size_t>(unit)];
+  if (up.optim_home == Tier::kNvme) {
+    void* scratch = stored_as_fp32(tiers_.plan(), kind) ? static_cast<void*>(tiers_.unit_scratch())
+                                                        : tiers_.raw_scratch();
+    if (stored != scratch) {
+      std::memcpy(scratch, stored, static_cast<std::size_t>(tiers_.plan().shard_bytes(kind, unit)));
+    }
+    stored = scratch;
+  }
+  return guard(tiers_.write_slot(kind, unit, stored));
+}
+
+Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
+  const TierPlan& p = tiers_.plan();
+  if (stored_as_fp32(p, kind)) {
+    if (home_of(p, unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
+    if (!failure_.is_ok()) return failure_;
+    STRATA_TRY(guard(tiers_.read_slot(kind, unit, tiers_.unit_scratch())));
+    return static_cast<const float*>(tiers_.unit_scratch());
+  }
+  STRATA_ASSIGN_OR_RETURN(const void* stored, view_stored(kind, unit));
+  decode_slot(p, kind, unit, stored, tiers_.unit_scratch());
   return static_cast<const float*>(tiers_.unit_scratch());
 }
 
@@ -90,10 +130,10 @@ Status OffloadStore::refresh(bool zero_moments) {
   return Status::ok();
 }
 
-void OffloadStore::begin_micro_batch(bool first, bool last) {
+void OffloadStore::begin_micro_batch(bool first, bool last, std::int64_t sequence) {
   last_micro_batch_ = last;
   preloaded_ = false;
-  grads_->begin_micro_batch(first, last);
+  grads_->begin_micro_batch(first, last, sequence);
   scheduler_->begin_pass(Pass::kTrain);
 }
 

@@ -16,7 +16,7 @@
 // change a single bit of the result.
 //
 // A step, as the trainer drives it:
-//   for each micro-batch m:  begin_micro_batch(m == 0, m == last)
+//   for each micro-batch m:  begin_micro_batch(m == 0, m == last, step * accumulation + m)
 //                            runner.train_step(*this)   (acquire/release params, grads)
 //                            end_micro_batch()
 //   finish_backward()        every gradient is home; grad_sum_squares() is final
@@ -73,13 +73,19 @@ class OffloadStore final : public model::UnitStore<float> {
 
   // ---- whole units (initialisation, checkpoints; not the step's hot path) --------------------
   // A buffer for unit u's fp32 `kind` shard to be filled and then passed to store(): the host
-  // home itself, or the unit scratch.
+  // home itself (stored as fp32), or the unit scratch.
   float* fill_buffer(SlotKind kind, int unit);
-  // Stores unit u's fp32 `kind` shard from `src` (any memory) into its home.
+  // Stores unit u's fp32 `kind` shard from `src` (any memory) into its home, encoded as the
+  // plan stores it (slot_codec.h).
   Status store(SlotKind kind, int unit, const float* src);
-  // Unit u's fp32 `kind` shard: the host home itself, or a copy in the unit scratch (valid until
-  // the next view / store / fill_buffer).
+  // Unit u's fp32 `kind` shard: the host home itself (stored as fp32), or a copy in the unit
+  // scratch, decoded when stored compressed (valid until the next view / store / fill_buffer).
   Result<const float*> view(SlotKind kind, int unit);
+  // Unit u's `kind` slot as stored (TierPlan::shard_bytes; checkpoints): the host home itself,
+  // or a copy in the state scratch (the unit scratch for fp32 state).
+  Result<const void*> view_stored(SlotKind kind, int unit);
+  // Writes a slot image as stored into unit u's `kind` home.
+  Status store_stored(SlotKind kind, int unit, const void* stored);
   // After the masters changed (initialisation, resume): zeroes the moments when `zero_moments`,
   // and rounds every master into the parameters' home.
   Status refresh(bool zero_moments);
@@ -89,7 +95,8 @@ class OffloadStore final : public model::UnitStore<float> {
   Status gather_masters(int unit, float* whole);
 
   // ---- the step -------------------------------------------------------------------------------
-  void begin_micro_batch(bool first, bool last);
+  // `sequence`: the micro-batch's number in the run (GradPath::begin_micro_batch).
+  void begin_micro_batch(bool first, bool last, std::int64_t sequence = 0);
   Status end_micro_batch();
   // Every gradient of the step is in its home.
   Status finish_backward();

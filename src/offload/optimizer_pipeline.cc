@@ -8,6 +8,8 @@
 
 #include "common/clock.h"
 #include "common/thread_priority.h"
+#include "kernels/cpu/state_codec.h"
+#include "offload/slot_codec.h"
 
 namespace strata::offload {
 namespace {
@@ -80,8 +82,8 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager
   return p;
 }
 
-float* OptimizerPipeline::stage(int slot, int array) const {
-  return reinterpret_cast<float*>(tiers_.pipeline_area() + plan_.pipeline_offset(slot, array));
+char* OptimizerPipeline::stage(int slot, int array) const {
+  return tiers_.pipeline_area() + plan_.pipeline_offset(slot, array);
 }
 
 bool OptimizerPipeline::nvme_state(std::int64_t tile) const {
@@ -193,11 +195,18 @@ Status OptimizerPipeline::compute(Slot& slot) {
   Trace* trace = tiers_.trace();
   if (trace && nvme) {
     trace->add(TraceLane::kNvmeRead, "optimizer read", slot.read_begin_us, trace->now_us(), t.unit,
-               u64(n) * 16);
+               tiers_.tile_bytes(SlotKind::kMaster, t.unit, t.index) +
+                   tiers_.tile_bytes(SlotKind::kExpAvg, t.unit, t.index) * 2 +
+                   tiers_.tile_bytes(SlotKind::kGrad, t.unit, t.index));
   }
-  float* arrays[4];
-  for (int a = 0; a < 4; ++a)
-    arrays[a] = nvme ? stage(s, a) : tiers_.host_state(t.unit, kStateKinds[a]) + begin;
+  // The tile's four arrays as stored (slot_codec.h): in its host home, or in the stage its
+  // NVMe reads filled.
+  char* arrays[4];
+  for (int a = 0; a < 4; ++a) {
+    arrays[a] = nvme ? stage(s, a)
+                     : static_cast<char*>(tiers_.host_slot(t.unit, kStateKinds[a])) +
+                           plan_.tile_offset(kStateKinds[a], t.unit, t.index);
+  }
   void* param_out = up.param_home == Tier::kHost ? static_cast<char*>(tiers_.host_param(t.unit)) +
                                                        u64(up.param_shard_offset() + begin) * c
                                                  : static_cast<void*>(stage(s, 4));
@@ -205,16 +214,30 @@ Status OptimizerPipeline::compute(Slot& slot) {
     TraceScope scope(trace, TraceLane::kAdam, "adam", t.unit, u64(n) * 4);
     const auto start = std::chrono::steady_clock::now();
     if (!skip_adam_) {
+      const StateFormat& f = plan_.state;
+      const StoredTile m = stored_tile(plan_, SlotKind::kExpAvg, arrays[1], n);
+      const StoredTile v = stored_tile(plan_, SlotKind::kExpAvgSq, arrays[2], n);
       optim::AdamUpdate update;
       update.master = arrays[0];
-      update.exp_avg = arrays[1];
-      update.exp_avg_sq = arrays[2];
+      update.master_dtype = f.master;
+      update.exp_avg = m.values;
+      update.exp_avg_sq = v.values;
+      update.moments = f.moments;
+      update.exp_avg_absmax = m.absmax;
+      update.exp_avg_sq_absmax = v.absmax;
+      update.block = f.block;
+      // Keyed by (seed, step, unit) and each element's index in the unit: the same bits
+      // whatever the tiling and the ranks' shards.
+      update.rounding_key = kernels::rounding_key(f.seed, step_.step, t.unit);
+      update.rounding_offset = static_cast<std::uint32_t>(up.shard_begin + begin);
       update.grad = arrays[3];
+      update.grad_dtype = f.grad;
       update.n = n;
       update.lr = step_.lr;
       update.grad_multiplier = step_.grad_multiplier;
       update.step = step_.step;
-      // fp32: a copy of the master, made while it is in cache; none when the master is the home.
+      // A copy of the stored master (rounded to the storage type), made while it is in cache;
+      // none when the master is the parameters' home.
       update.copy_out = param_out == arrays[0] ? nullptr : param_out;
       update.copy_dtype = plan_.storage;
       adam_.update(update);
@@ -309,7 +332,9 @@ Status OptimizerPipeline::reap(Slot& slot, bool block, bool* freed) {
   Trace* trace = tiers_.trace();
   if (trace && slot.write_count > 0) {
     trace->add(TraceLane::kNvmeWrite, "optimizer write", slot.write_begin_us, trace->now_us(),
-               t.unit, u64(plan_.tile_numel(t.unit, t.index)) * 12);
+               t.unit,
+               tiers_.tile_bytes(SlotKind::kMaster, t.unit, t.index) +
+                   tiers_.tile_bytes(SlotKind::kExpAvg, t.unit, t.index) * 2);
   }
   slot.state = SlotState::kFree;
   *freed = true;

@@ -144,7 +144,7 @@ class OptimizerPipeline final : public UpdateGate {
   };
 
   OptimizerPipeline(TierManager& tiers, optim::AdamOptimizer& adam);
-  float* stage(int slot, int array) const;
+  char* stage(int slot, int array) const;
   Slot& slot_of(std::int64_t tile) { return slots_[static_cast<std::size_t>(tile % depth_)]; }
   bool nvme_state(std::int64_t tile) const;
   // Worker side.

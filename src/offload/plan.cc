@@ -130,12 +130,18 @@ void add_items(TierPlan& p, const PlanInput& in) {
       d.grads);
   // Optimizer state: one host mapping, each array followed by a 4 KiB stagger; on the device,
   // one allocation per unit and kind.
-  const char* names[4] = {"fp32 master weights", "Adam exp_avg", "Adam exp_avg_sq",
-                          "fp32 accumulated gradients"};
+  const std::string moments = p.state.moments == kernels::MomentFormat::kQ8
+                                  ? fmt::format("8bit, absmax per {}", p.state.block)
+                                  : std::string(kernels::to_string(p.state.moments));
+  const std::string names[4] = {
+      fmt::format("{} master weights", kernels::to_string(p.state.master)),
+      fmt::format("Adam exp_avg ({})", moments), fmt::format("Adam exp_avg_sq ({})", moments),
+      fmt::format("{} accumulated gradients", kernels::to_string(p.state.grad))};
   for (int k = 0; k < 4; ++k) {
     std::uint64_t host = 0;
-    for (const UnitPlan& u : p.units) {
-      if (u.optim_home == Tier::kHost) host += u64(state_numel(u, k)) * 4 + kStaggerBytes;
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      if (p.units[u].optim_home == Tier::kHost)
+        host += p.shard_bytes(static_cast<SlotKind>(k + 1), static_cast<int>(u)) + kStaggerBytes;
     }
     add(Tier::kDevice, fmt::format("{} (device home)", names[k]), d.state[k]);
     add(Tier::kHost, fmt::format("{} (host home)", names[k]), host);
@@ -164,19 +170,26 @@ void add_items(TierPlan& p, const PlanInput& in) {
   if (p.pipeline_bytes() > 0) {
     add(Tier::kHost,
         fmt::format("optimizer pipeline, pinned ({} stages x {}{} elements)", p.pipeline_depth,
-                    p.pipeline_state ? "4 fp32 arrays + " : "",
+                    p.pipeline_state ? "4 state arrays + " : "",
                     p.pipeline_copy_out ? fmt::format("a {} copy-out of {}", dtype, p.largest_tile)
                                         : fmt::format("{}", p.largest_tile)),
         p.pipeline_bytes() + slack);
   }
   if (p.grad_write_buffers > 0) {
     add(Tier::kHost,
-        fmt::format("gradient write-behind, pinned ({} fp32 tiles)", p.grad_write_buffers),
-        u64(p.grad_write_buffers) * (u64(p.largest_tile) * 4 + kStaggerBytes) + slack);
+        fmt::format("gradient write-behind, pinned ({} {} tiles)", p.grad_write_buffers,
+                    kernels::to_string(p.state.grad)),
+        u64(p.grad_write_buffers) *
+                (align_up(p.slot_bytes(SlotKind::kGrad, p.largest_tile), 4096) + kStaggerBytes) +
+            slack);
   }
   if (p.unit_scratch) {
     add(Tier::kHost, "unit scratch, pinned (one fp32 unit: initialisation, checkpoints)",
         u64(p.largest_unit) * 4);
+  }
+  if (p.raw_scratch_bytes > 0) {
+    add(Tier::kHost, "state scratch, pinned (one unit's compressed state as stored)",
+        p.raw_scratch_bytes);
   }
   add(Tier::kDevice, "activations, logits chunk and backward scratch (the model runner)",
       in.activation_device_bytes);
@@ -211,14 +224,73 @@ std::int64_t TierPlan::tile_numel(int unit, std::int64_t t) const {
   return std::min(tile_elements, units[static_cast<std::size_t>(unit)].shard_numel - begin);
 }
 
+std::uint64_t TierPlan::slot_bytes(SlotKind kind, std::int64_t n) const {
+  switch (kind) {
+    case SlotKind::kParam:
+      return u64(n) * storage_bytes;
+    case SlotKind::kMaster:
+      return u64(n) * kernels::dtype_bytes(state.master);
+    case SlotKind::kExpAvg:
+    case SlotKind::kExpAvgSq:
+      return kernels::moment_bytes(state.moments, u64(n)) +
+             4 * kernels::absmax_count(state.moments, u64(n), u64(state.block));
+    case SlotKind::kGrad:
+      return u64(n) * kernels::dtype_bytes(state.grad);
+  }
+  return 0;
+}
+
+std::uint64_t TierPlan::tile_bytes(SlotKind kind, int unit, std::int64_t t) const {
+  return align_up(slot_bytes(kind, tile_numel(unit, t)), 4096);
+}
+
+std::uint64_t TierPlan::tile_offset(SlotKind kind, int unit, std::int64_t t) const {
+  STRATA_ASSERT(t >= 0 && t <= units[static_cast<std::size_t>(unit)].tiles);
+  return u64(t) * align_up(slot_bytes(kind, tile_elements), 4096);
+}
+
+std::uint64_t TierPlan::shard_bytes(SlotKind kind, int unit) const {
+  const std::int64_t tiles = units[static_cast<std::size_t>(unit)].tiles;
+  return tile_offset(kind, unit, tiles - 1) + tile_bytes(kind, unit, tiles - 1);
+}
+
+std::uint64_t TierPlan::state_bytes(Tier tier, SlotKind kind) const {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const UnitPlan& u = units[i];
+    if (kind == SlotKind::kParam) {
+      if (u.param_home == tier && !u.params_in_master) sum += u64(u.param_numel) * storage_bytes;
+    } else if (u.optim_home == tier) {
+      if (tier == Tier::kDevice) {  // fp32 (device state is never compressed)
+        sum += u64(kind == SlotKind::kGrad ? u.grad_numel : u.shard_numel) * 4;
+      } else {
+        sum += shard_bytes(kind, static_cast<int>(i));
+      }
+    }
+  }
+  return sum;
+}
+
 std::uint64_t TierPlan::pipeline_offset(int stage, int array) const {
   STRATA_ASSERT(stage >= 0 && stage < pipeline_depth && array >= 0 && array <= 4);
-  const std::uint64_t fp32 = pipeline_state ? u64(largest_tile) * 4 + kStaggerBytes : 0;
+  // Each stage: master, exp_avg, exp_avg_sq, grad (as stored, a whole tile rounded up to 4 KiB
+  // so it can be read from NVMe straight into it), each followed by a stagger; then the copy-out.
+  std::uint64_t arrays[4] = {0, 0, 0, 0};
+  std::uint64_t state_bytes = 0;
+  if (pipeline_state) {
+    for (int a = 0; a < 4; ++a) {
+      arrays[a] = align_up(slot_bytes(static_cast<SlotKind>(a + 1), largest_tile), 4096) +
+                  kStaggerBytes;
+      state_bytes += arrays[a];
+    }
+  }
   const std::uint64_t copy =
       pipeline_copy_out ? align_up(u64(largest_tile) * storage_bytes, kStaggerBytes) + kStaggerBytes
                         : 0;
-  const std::uint64_t stage_bytes = 4 * fp32 + copy;
-  return u64(stage) * stage_bytes + (array < 4 ? u64(array) * fp32 : 4 * fp32);
+  std::uint64_t at = u64(stage) * (state_bytes + copy);
+  for (int a = 0; a < array && a < 4; ++a)
+    at += arrays[a];
+  return at;
 }
 
 std::uint64_t TierPlan::pipeline_bytes() const {
@@ -291,6 +363,7 @@ TierPlan build_plan(const PlanInput& in) {
   p.zero_stage = stage;
   p.storage = z.storage;
   p.storage_bytes = kernels::dtype_bytes(p.storage);
+  p.state = z.state;
   p.tile_elements = static_cast<std::int64_t>(
       align_up(std::max<std::uint64_t>(z.tile_elements, 1), model::kUnitPadElements));
   p.prefetch = z.prefetch;
@@ -332,9 +405,9 @@ TierPlan build_plan(const PlanInput& in) {
               : Tier::kHost;
     }
     params_before += u.shard_numel;
-    // fp32 parameters homed beside their fp32 master of the same extent (host or device): one
-    // array.
-    u.params_in_master = p.storage == kernels::DType::kF32 && u.param_home == u.optim_home &&
+    // Parameters homed beside a master of their own type and extent (host or device; fp32, or
+    // bf16 parameters over a bf16 master): one array.
+    u.params_in_master = p.storage == p.state.master && u.param_home == u.optim_home &&
                          u.param_home != Tier::kNvme && u.param_numel == u.shard_numel;
     u.framed =
         !in.optimizer_only && (u.param_home != Tier::kDevice || (stage >= 3 && in.world > 1));
@@ -394,7 +467,9 @@ TierPlan build_plan(const PlanInput& in) {
       const std::int64_t n = kind == SlotKind::kParam  ? u.param_numel
                              : kind == SlotKind::kGrad ? u.grad_numel
                                                        : u.shard_numel;
-      p.swap_bytes[k] += u64(n) * (kind == SlotKind::kParam ? p.storage_bytes : 4);
+      STRATA_ASSERT_MSG(n == u.shard_numel, "NVMe homes hold the rank's shard");
+      for (std::int64_t t = 0; t < u.tiles; ++t)
+        p.swap_bytes[k] += p.tile_bytes(kind, static_cast<int>(&u - p.units.data()), t);
       if (z.swap.checksum) p.swap_footer_bytes += u64(u.tiles) * 4096;
     }
   }
@@ -415,7 +490,15 @@ TierPlan build_plan(const PlanInput& in) {
   p.pipeline_copy_out = !params_in_host;
   p.grad_write_buffers = optim_nvme && !in.optimizer_only ? 2 : 0;
   // Loading, saving and initialising state that is not in host memory goes through it.
-  p.unit_scratch = optim_nvme || optim_device || largest_nvme_param > 0;
+  p.unit_scratch = optim_nvme || optim_device || largest_nvme_param > 0 || p.state.compressed();
+  if (p.state.compressed()) {
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      for (int k = 1; k < kSlotKinds; ++k) {
+        p.raw_scratch_bytes = std::max(
+            p.raw_scratch_bytes, p.shard_bytes(static_cast<SlotKind>(k), static_cast<int>(u)));
+      }
+    }
+  }
   add_items(p, in);
   return p;
 }
@@ -434,6 +517,14 @@ TierPlan make_plan_unchecked(const PlanInput& in) {
   if (in.optimizer_only || mode == DeviceOptimizer::kOff ||
       (mode == DeviceOptimizer::kAuto && in.device_is_host)) {
     return build_plan(host);
+  }
+  if (in.settings.state.compressed()) {
+    // AdamW on the device keeps fp32 state; compressed state is CPU Adam's.
+    TierPlan p = build_plan(host);
+    p.notes.push_back(
+        "offload_optimizer none with a compressed strata.optimizer_state: the optimizer state "
+        "lives in host memory with CPU Adam, which reads and writes the compressed formats");
+    return p;
   }
   if (in.settings.param_tier != Tier::kDevice) {
     // Adam writes the new parameters where it runs: with the parameters offloaded it runs on the

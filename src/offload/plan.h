@@ -35,6 +35,7 @@
 #include "common/status.h"
 #include "io/engine.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/state_codec.h"
 #include "model/layout.h"
 #include "offload/tier.h"
 
@@ -64,6 +65,20 @@ struct SwapSettings {
   io::EngineOptions engine;             // the I/O engine's block size, queue depth, threads
 };
 
+// How the optimizer state is stored (strata.optimizer_state; kernels/cpu/state_codec.h): fp32
+// throughout by default. Anything else is CPU Adam's (host or NVMe homes).
+struct StateFormat {
+  kernels::DType master = kernels::DType::kF32;  // kF32, or kBF16 (stochastic rounding)
+  kernels::MomentFormat moments = kernels::MomentFormat::kF32;
+  std::int64_t block = 2048;                   // kQ8: elements per absmax block
+  kernels::DType grad = kernels::DType::kF32;  // kF32, or kBF16 (the accumulated gradient)
+  std::uint64_t seed = 0;                      // of the stochastic rounding
+  bool compressed() const {
+    return master != kernels::DType::kF32 || moments != kernels::MomentFormat::kF32 ||
+           grad != kernels::DType::kF32;
+  }
+};
+
 // Whether optimizer state asked for on the device (optim_tier kDevice) goes there
 // (strata.device_optimizer): auto = on a GPU when it fits, on = always, off = the host instead.
 enum class DeviceOptimizer : std::uint8_t { kAuto, kOn, kOff };
@@ -80,6 +95,7 @@ struct PlanSettings {
   std::uint64_t param_staging_elements = 0;       // each at least the largest NVMe unit
   Tier optim_tier = Tier::kHost;                  // master, moments, gradients
   DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;  // with optim_tier device
+  StateFormat state;
   double optim_nvme_fraction = 1.0;                  // with optim_tier nvme: the part offloaded
   std::uint64_t tile_elements = 0;                   // optimizer and NVMe tile (rounded up)
   std::uint64_t persistence_threshold_elements = 0;  // smaller framed units stay resident
@@ -149,6 +165,7 @@ struct TierPlan {
   int zero_stage = 0;  // zero_optimization.stage
   kernels::DType storage = kernels::DType::kF32;
   std::uint64_t storage_bytes = 4;
+  StateFormat state;  // how master, moments and gradients are stored
   std::int64_t tile_elements = 0;
   std::int64_t largest_unit = 0;   // padded elements
   std::int64_t largest_shard = 0;  // elements
@@ -166,6 +183,9 @@ struct TierPlan {
   bool pipeline_copy_out = false;  // storage-type copy-out buffers (params not in host memory)
   int grad_write_buffers = 0;      // fp32 write-behind tiles for NVMe-homed gradients
   bool unit_scratch = false;       // one fp32 unit for loading, saving and initialising
+  // With compressed state: a second scratch of the largest shard's slot as stored (state
+  // decoded from / encoded into it; 0 otherwise).
+  std::uint64_t raw_scratch_bytes = 0;
   std::uint64_t swap_bytes[kSlotKinds] = {0, 0, 0, 0, 0};  // data bytes per kind on NVMe
   std::uint64_t swap_footer_bytes = 0;                     // one 4 KiB checksum block per NVMe tile
 
@@ -183,6 +203,21 @@ struct TierPlan {
   // Elements [begin, begin + n) of tile `t` of unit `u`, relative to the shard's start.
   std::int64_t tile_begin(int unit, std::int64_t t) const;
   std::int64_t tile_numel(int unit, std::int64_t t) const;
+  // Bytes of n elements of `kind` as stored (parameters in the storage type; kQ8 moments: the
+  // codes, then each block's absmax), without padding.
+  std::uint64_t slot_bytes(SlotKind kind, std::int64_t n) const;
+  // A tile as it is stored, in host memory as on NVMe: slot_bytes of its elements rounded up to
+  // 4 KiB (so a tile is read from NVMe straight into its place). A slot's tiles lie one after
+  // the other; only the kQ8 format is ever rounded.
+  std::uint64_t tile_bytes(SlotKind kind, int unit, std::int64_t t) const;
+  // Where tile t of a slot of unit u starts, in bytes from the slot's start.
+  std::uint64_t tile_offset(SlotKind kind, int unit, std::int64_t t) const;
+  // The slot's bytes (every tile of its shard).
+  std::uint64_t shard_bytes(SlotKind kind, int unit) const;
+  // Bytes of the training state of `kind` homed on `tier`, as stored: the parameters in the
+  // storage type (none when they are the master), master, moments and gradients per
+  // strata.optimizer_state (no staging, stagger or NVMe checksum footers).
+  std::uint64_t state_bytes(Tier tier, SlotKind kind) const;
   // Bytes of the optimizer pipeline's staging area (0 when none).
   std::uint64_t pipeline_bytes() const;
   // Offsets within the pipeline area: stage s (0..depth-1), array a (0 master, 1 exp_avg,

@@ -13,6 +13,7 @@
 #include "common/units.h"
 #include "io/probe.h"
 #include "kernels/cpu/cast.h"
+#include "offload/slot_codec.h"
 
 namespace strata::offload {
 namespace {
@@ -32,10 +33,6 @@ constexpr const char* kOptimKey = "zero_optimization.offload_optimizer.nvme_path
 
 std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
-}
-
-std::uint64_t element_bytes(const TierPlan& plan, SlotKind kind) {
-  return kind == SlotKind::kParam ? plan.storage_bytes : 4;
 }
 
 }  // namespace
@@ -186,7 +183,11 @@ Status TierManager::allocate_host() {
   for (const UnitPlan& u : p.units) {
     if (u.param_home == Tier::kHost && !u.params_in_master)
       param_bytes += u64(u.param_numel) * p.storage_bytes;
-    if (u.optim_home == Tier::kHost) state_bytes += 4 * (u64(u.shard_numel) * 4 + kStaggerBytes);
+  }
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    if (p.units[u].optim_home != Tier::kHost) continue;
+    for (int k = 1; k < kSlotKinds; ++k)
+      state_bytes += p.shard_bytes(static_cast<SlotKind>(k), static_cast<int>(u)) + kStaggerBytes;
   }
   if (param_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(void* base, pinned(param_bytes, 4096, "parameters (host home)"));
@@ -204,11 +205,12 @@ Status TierManager::allocate_host() {
     auto* at = static_cast<char*>(base);
     for (std::size_t u = 0; u < p.units.size(); ++u) {
       if (p.units[u].optim_home != Tier::kHost) continue;
-      const std::uint64_t stride = u64(p.units[u].shard_numel) * 4 + kStaggerBytes;
       for (int k = 0; k < 4; ++k) {
-        host_state_[u * 4 + static_cast<std::size_t>(k)] = reinterpret_cast<float*>(at);
-        std::memset(at, 0, stride - kStaggerBytes);
-        at += stride;
+        const std::uint64_t bytes =
+            p.shard_bytes(static_cast<SlotKind>(k + 1), static_cast<int>(u));
+        host_state_[u * 4 + static_cast<std::size_t>(k)] = at;
+        std::memset(at, 0, bytes);
+        at += bytes + kStaggerBytes;
       }
       if (p.units[u].params_in_master) host_params_[u] = host_state_[u * 4];
     }
@@ -236,15 +238,19 @@ Status TierManager::allocate_host() {
     pipeline_ = static_cast<char*>(base);
   }
   if (p.grad_write_buffers > 0) {
-    const std::uint64_t each = u64(p.largest_tile) * 4 + kStaggerBytes;
+    const std::uint64_t each =
+        align_up(p.slot_bytes(SlotKind::kGrad, p.largest_tile), 4096) + kStaggerBytes;
     STRATA_ASSIGN_OR_RETURN(void* base, pinned(each * u64(p.grad_write_buffers), kStagingAlignBytes,
                                                "gradient write-behind"));
     for (int j = 0; j < p.grad_write_buffers; ++j)
-      grad_write_.push_back(reinterpret_cast<float*>(static_cast<char*>(base) + each * u64(j)));
+      grad_write_.push_back(static_cast<char*>(base) + each * u64(j));
   }
   if (p.unit_scratch) {
     STRATA_ASSIGN_OR_RETURN(void* base, pinned(u64(p.largest_unit) * 4, 4096, "unit scratch"));
     unit_scratch_ = static_cast<float*>(base);
+  }
+  if (p.raw_scratch_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(raw_scratch_, pinned(p.raw_scratch_bytes, 4096, "state scratch"));
   }
   return Status::ok();
 }
@@ -351,14 +357,19 @@ io::SwapSpace& TierManager::space_of(SlotKind kind) const {
 }
 
 std::uint64_t TierManager::tile_bytes(SlotKind kind, int unit, std::int64_t tile) const {
-  return u64(plan_.tile_numel(unit, tile)) * element_bytes(plan_, kind);
+  return plan_.tile_bytes(kind, unit, tile);
+}
+
+void* TierManager::host_slot(int unit, SlotKind kind) const {
+  STRATA_ASSERT(kind != SlotKind::kParam);
+  char* p = host_state_[static_cast<std::size_t>(unit) * 4 + static_cast<std::size_t>(kind) - 1];
+  STRATA_ASSERT_MSG(p != nullptr, "host_slot of a slot not homed on the host");
+  return p;
 }
 
 float* TierManager::host_state(int unit, SlotKind kind) const {
-  STRATA_ASSERT(kind != SlotKind::kParam);
-  float* p = host_state_[static_cast<std::size_t>(unit) * 4 + static_cast<std::size_t>(kind) - 1];
-  STRATA_ASSERT_MSG(p != nullptr, "host_state of a slot not homed on the host");
-  return p;
+  STRATA_ASSERT_MSG(stored_as_fp32(plan_, kind), "host_state of a slot not stored as fp32");
+  return static_cast<float*>(host_slot(unit, kind));
 }
 
 void* TierManager::host_param(int unit) const {
@@ -408,9 +419,9 @@ std::optional<Status> TierManager::poll(SlotKind kind, io::SwapHandle handle) {
 Status TierManager::read_slot(SlotKind kind, int unit, void* dst) {
   STRATA_ASSERT(kind != SlotKind::kParam);
   const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
-  const std::uint64_t bytes = u64(u.shard_numel) * 4;
+  const std::uint64_t bytes = plan_.shard_bytes(kind, unit);
   if (u.optim_home == Tier::kHost) {
-    std::memcpy(dst, host_state(unit, kind), bytes);
+    std::memcpy(dst, host_slot(unit, kind), bytes);
     return Status::ok();
   }
   if (u.optim_home == Tier::kDevice) {
@@ -422,7 +433,7 @@ Status TierManager::read_slot(SlotKind kind, int unit, void* dst) {
   STRATA_ASSERT_MSG(reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0,
                     "read_slot from NVMe needs a 4 KiB-aligned destination");
   for (std::int64_t t = 0; t < u.tiles; ++t) {
-    char* at = static_cast<char*>(dst) + u64(plan_.tile_begin(unit, t)) * 4;
+    char* at = static_cast<char*>(dst) + plan_.tile_offset(kind, unit, t);
     STRATA_ASSIGN_OR_RETURN(io::SwapHandle h, read_tile(kind, unit, t, at, io::Priority::kDemand));
     STRATA_TRY(wait(kind, h));
   }
@@ -432,9 +443,9 @@ Status TierManager::read_slot(SlotKind kind, int unit, void* dst) {
 Status TierManager::write_slot(SlotKind kind, int unit, const void* src) {
   STRATA_ASSERT(kind != SlotKind::kParam);
   const UnitPlan& u = plan_.units[static_cast<std::size_t>(unit)];
-  const std::uint64_t bytes = u64(u.shard_numel) * 4;
+  const std::uint64_t bytes = plan_.shard_bytes(kind, unit);
   if (u.optim_home == Tier::kHost) {
-    if (src != host_state(unit, kind)) std::memcpy(host_state(unit, kind), src, bytes);
+    if (src != host_slot(unit, kind)) std::memcpy(host_slot(unit, kind), src, bytes);
     return Status::ok();
   }
   if (u.optim_home == Tier::kDevice) {
@@ -453,7 +464,7 @@ Status TierManager::write_slot(SlotKind kind, int unit, const void* src) {
       Status s = wait(kind, handles[t % kInFlight]);
       if (!s.is_ok() && first_error.is_ok()) first_error = s;
     }
-    const char* at = static_cast<const char*>(src) + u64(plan_.tile_begin(unit, t)) * 4;
+    const char* at = static_cast<const char*>(src) + plan_.tile_offset(kind, unit, t);
     auto h = write_tile(kind, unit, t, at, io::Priority::kDemand);
     if (!h.is_ok()) {
       for (std::int64_t w = std::max<std::int64_t>(0, t - kInFlight + 1); w < t; ++w)
@@ -486,20 +497,23 @@ Status TierManager::refresh_params(int unit) {
     }
     return backend_.synchronize(backend::StreamKind::kCompute);
   }
-  const float* master = nullptr;
+  // The master as stored (fp32 or bf16; its tiles lie one after the other).
+  const char* master = nullptr;
   if (u.optim_home == Tier::kHost) {
-    master = host_state(unit, SlotKind::kMaster);
+    master = static_cast<const char*>(host_slot(unit, SlotKind::kMaster));
   } else {
-    STRATA_TRY(read_slot(SlotKind::kMaster, unit, unit_scratch_));
-    master = unit_scratch_;
+    void* scratch = raw_scratch_ != nullptr ? raw_scratch_ : unit_scratch_;
+    STRATA_TRY(read_slot(SlotKind::kMaster, unit, scratch));
+    master = static_cast<const char*>(scratch);
   }
+  const kernels::DType master_type = plan_.state.master;
   for (std::int64_t t = 0; t < u.tiles; ++t) {
     const std::int64_t begin = plan_.tile_begin(unit, t), n = plan_.tile_numel(unit, t);
     void* dst = u.param_home == Tier::kHost
                     ? static_cast<char*>(host_param(unit)) + u64(u.param_shard_offset() + begin) * c
                     : static_cast<void*>(pipeline_ + plan_.pipeline_offset(0, 4));
-    if (dst != master + begin)
-      kernels::cast_array(dst, plan_.storage, master + begin, kernels::DType::kF32, n);
+    const char* src = master + plan_.tile_offset(SlotKind::kMaster, unit, t);
+    if (dst != src) kernels::cast_array(dst, plan_.storage, src, master_type, n);
     if (u.param_home == Tier::kDevice) {
       STRATA_TRY(backend_.copy_async(
           backend::StreamKind::kHostToDevice,
@@ -521,7 +535,7 @@ void* TierManager::param_staging(int i) const {
 void* TierManager::grad_staging(int i) const {
   return grad_staging_[static_cast<std::size_t>(i)];
 }
-float* TierManager::grad_write_buffer(int i) const {
+void* TierManager::grad_write_buffer(int i) const {
   return grad_write_[static_cast<std::size_t>(i)];
 }
 void* TierManager::param_frame(int size_class, int i) const {

@@ -80,7 +80,10 @@ class TierManager {
   int units() const { return static_cast<int>(plan_.units.size()); }
 
   // ---- homes ----------------------------------------------------------------------------------
-  // The shard of unit u of an optimizer kind (master .. grad), fp32, when homed on the host.
+  // The slot of unit u of an optimizer kind (master .. grad) as stored (slot_codec.h), when
+  // homed on the host.
+  void* host_slot(int unit, SlotKind kind) const;
+  // The same as fp32, for a kind stored as fp32 (the default; stored_as_fp32()).
   float* host_state(int unit, SlotKind kind) const;
   // The same on the device (offload_optimizer none, when the plan put it there).
   float* device_state(int unit, SlotKind kind) const;
@@ -100,13 +103,13 @@ class TierManager {
   // against its checksum. Errors (kIo, kNoSpace, kCorrupt) name the file, extent and errno.
   Status wait(SlotKind kind, io::SwapHandle handle);
   std::optional<Status> poll(SlotKind kind, io::SwapHandle handle);
-  // Bytes of tile t of `kind` for unit u.
+  // Bytes of tile t of `kind` for unit u as stored (TierPlan::tile_bytes).
   std::uint64_t tile_bytes(SlotKind kind, int unit, std::int64_t tile) const;
 
   // ---- whole slots, any home (not on the step's hot path) -----------------------------------
-  // Copies the shard of (kind, unit) into `dst` (fp32 optimizer kinds; any host memory, or
-  // 4 KiB-aligned for NVMe homes). Device homes go through a copy on the compute stream and a
-  // wait.
+  // Copies the slot of (kind, unit) as stored (TierPlan::shard_bytes) into `dst` (any host
+  // memory, or 4 KiB-aligned for NVMe homes). Device homes (fp32 only) go through a copy on the
+  // compute stream and a wait.
   Status read_slot(SlotKind kind, int unit, void* dst);
   // Writes `src` (same layout) into the slot's home.
   Status write_slot(SlotKind kind, int unit, const void* src);
@@ -114,11 +117,14 @@ class TierManager {
   Status refresh_params(int unit);
   // The fp32 unit scratch (largest unit), or null when the plan has none.
   float* unit_scratch() const { return unit_scratch_; }
+  // With compressed state: a slot image of the largest shard (TierPlan::raw_scratch_bytes,
+  // 4 KiB-aligned); else null.
+  void* raw_scratch() const { return raw_scratch_; }
 
   // ---- staging areas (pinned) -----------------------------------------------------------------
   void* param_staging(int i) const;       // plan().param_staging_buffers of them
   void* grad_staging(int i) const;        // plan().grad_staging_buffers
-  float* grad_write_buffer(int i) const;  // plan().grad_write_buffers fp32 tiles
+  void* grad_write_buffer(int i) const;  // plan().grad_write_buffers tiles as stored
   char* pipeline_area() const { return pipeline_; }
 
   // ---- device areas ---------------------------------------------------------------------------
@@ -154,14 +160,15 @@ class TierManager {
   std::vector<backend::Buffer> buffers_;  // every device and pinned allocation
   std::vector<void*> device_params_;      // per unit (device home) or null
   std::vector<void*> host_params_;        // per unit (host home) or null
-  std::vector<float*> host_state_;        // per unit: 4 arrays (host home) or null
+  std::vector<char*> host_state_;         // per unit: 4 slots (host home) or null
   std::vector<float*> device_state_;      // per unit: 4 arrays (device home) or null
   std::vector<std::vector<void*>> frames_, compute_, grads_;  // per class
   std::vector<void*> persistent_;                             // per unit or null
   std::vector<void*> param_staging_, grad_staging_;
-  std::vector<float*> grad_write_;
+  std::vector<void*> grad_write_;
   char* pipeline_ = nullptr;
   float* unit_scratch_ = nullptr;
+  void* raw_scratch_ = nullptr;
   std::uint64_t nvme_bytes_ = 0;
   std::uint64_t nvme_budget_ = 0;
 

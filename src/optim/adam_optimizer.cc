@@ -27,10 +27,17 @@ class CpuAdamOptimizer final : public AdamOptimizer {
     const kernels::AdamFusion fusion = adam_fusion(u.grad_multiplier);
     kernels::AdamTile tile;
     tile.master = u.master;
+    tile.master_dtype = u.master_dtype;
     tile.exp_avg = u.exp_avg;
     tile.exp_avg_sq = u.exp_avg_sq;
+    tile.moments = u.moments;
+    tile.exp_avg_absmax = u.exp_avg_absmax;
+    tile.exp_avg_sq_absmax = u.exp_avg_sq_absmax;
+    tile.block = static_cast<std::size_t>(u.block);
+    tile.rounding_key = u.rounding_key;
+    tile.rounding_offset = u.rounding_offset;
     tile.grad = u.grad;
-    tile.grad_dtype = kernels::DType::kF32;
+    tile.grad_dtype = u.grad_dtype;
     tile.copy_out = u.copy_out;
     tile.copy_dtype = u.copy_dtype;
     tile.n = static_cast<std::size_t>(u.n);

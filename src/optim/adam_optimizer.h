@@ -1,5 +1,6 @@
 // The optimizer driver's view of Adam/AdamW: one call updates one flat buffer (a unit, or a tile
-// of one) of fp32 master weights and moments from an fp32 gradient, with the gradient multiplier
+// of one) of master weights and moments (fp32, or as strata.optimizer_state stores them) from an
+// fp32 or bf16 gradient, with the gradient multiplier
 // (unscale and clip combined, optim/loss_scaler.h) and the copy-out of the new weights in the
 // parameters' storage type fused into the same pass. It wraps the CPU Adam kernel
 // (kernels/cpu/adam.h) and its executor, so the rest of the trainer does not depend on the
@@ -14,14 +15,25 @@
 #include "config/config.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/state_codec.h"
 
 namespace strata::optim {
 
 struct AdamUpdate {
-  float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  const float* grad = nullptr;
+  // The tile's state as stored (kernels/cpu/adam.h AdamTile): fp32 by default; a bf16 master,
+  // bf16 or 8-bit moments (with their per-block absmax) when strata.optimizer_state asks.
+  void* master = nullptr;
+  kernels::DType master_dtype = kernels::DType::kF32;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  kernels::MomentFormat moments = kernels::MomentFormat::kF32;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
+  std::int64_t block = 2048;
+  std::uint32_t rounding_key = 0;  // the unit's stochastic rounding (kernels/cpu/state_codec.h)
+  std::uint32_t rounding_offset = 0;  // the tile's first element's index in its unit
+  const void* grad = nullptr;
+  kernels::DType grad_dtype = kernels::DType::kF32;
   std::int64_t n = 0;
   double lr = 0.0;
   double grad_multiplier = 1.0;  // 1 / combined loss scale (and clip)

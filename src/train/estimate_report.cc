@@ -106,6 +106,18 @@ Json::Value estimate_json(const EstimateReport& report) {
   root["largest_unit_params"] = Json::Int64{e.largest_unit_params};
   root["world_size"] = Json::Int64{e.world_size};
   root["ranks_per_node"] = Json::Int64{e.ranks_per_node};
+  // Training state per parameter outside the device, by tier and kind (as stored).
+  Json::Value& state = root["state_bytes_per_param"] = Json::Value(Json::objectValue);
+  state["off_device"] = e.state_bytes_per_param();
+  for (int t = 0; t < offload::kTierCount; ++t) {
+    const auto tier = static_cast<offload::Tier>(t);
+    Json::Value& one = state[offload::to_string(tier)] = Json::Value(Json::objectValue);
+    one["total"] = e.state_bytes_per_param(tier);
+    for (int k = 0; k < offload::kSlotKinds; ++k) {
+      const auto kind = static_cast<offload::SlotKind>(k);
+      one[offload::to_string(kind)] = e.state_bytes_per_param(tier, kind);
+    }
+  }
   Json::Value& items = root["items"] = Json::Value(Json::arrayValue);
   for (const offload::EstimateItem& item : e.items) {
     Json::Value one;

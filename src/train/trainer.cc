@@ -264,7 +264,7 @@ Result<StepReport> Trainer::train_step() {
   for (std::int64_t m = 0; m < accumulation; ++m) {
     const data::Batch& b = step_batches_[static_cast<std::size_t>(m)];
     STRATA_TRY(data::feed_batch(*runner_, b));
-    state_->begin_micro_batch(m == 0, m == accumulation - 1);
+    state_->begin_micro_batch(m == 0, m == accumulation - 1, counters_.step * accumulation + m);
     double loss = 0.0;
     {
       TraceScope scope(trace_.get(), TraceLane::kCompute, "forward + backward");

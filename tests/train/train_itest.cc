@@ -144,7 +144,14 @@ TEST(Train, ResumedRunContinuesBitIdentically) {
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"gpt2", "bf16", ""},
            {"llama", "fp16", ""},
-           {"llama", "bf16", R"("device_optimizer": "on",)"}}) {
+           {"llama", "bf16", R"("device_optimizer": "on",)"},
+           // Compressed optimizer state: checkpointed as stored (8-bit codes and absmax, bf16),
+           // read back as stored; bf16 gradients accumulate over two micro-batches with the
+           // stochastic rounding of their run-wide micro-batch number.
+           {"llama", "bf16",
+            R"("optimizer_state": {"moments": "8bit", "block_size": 64, "master": "bf16",
+                                   "gradients": "bf16"},)"},
+           {"gpt2", "fp16", R"("optimizer_state": {"moments": "bf16", "gradients": "bf16"},)"}}) {
     TempDir dir;
     RunConfig c;
     c.family = family;

@@ -1,0 +1,119 @@
+// The optimizer state's compressed formats (strata.optimizer_state, docs/adam.md), defined once:
+// how many bytes they take, and their encoding and decoding outside the Adam kernel's fused pass
+// (initialisation, checkpoints, loads, views). The Adam kernel (adam.h) performs the same
+// operations element by element inside its update, so a state decoded here and re-encoded by the
+// kernel, or the other way round, agrees bit for bit.
+//
+//   moments kF32   fp32, as Adam keeps them
+//           kBF16  bf16; the kernel rounds stochastically (unbiased), loads round to nearest even
+//           kQ8    one byte per element and an fp32 absmax per block of `block` elements (a power
+//                  of two in [64, 2048]): exp_avg as int8 q in [-127, 127] with
+//                      m = sign(q) * ((|q| / 127)^2 * absmax)      (power-law code, densest near 0)
+//                  exp_avg_sq as uint8 q in [0, 255] with
+//                      v = ((q / 255)^2)^2 * absmax
+//                  and, encoding, q = rint(127 * sqrt(|m| / absmax)), rint(255 * sqrt(sqrt(v /
+//                  absmax))), with absmax the block's largest |m| or v (0: every code is 0).
+//   master bf16    the fp32 master's bytes halved; the kernel rounds stochastically.
+//   gradient bf16  the accumulated gradient in bf16 (micro-batches added with stochastic
+//                  rounding).
+// Stochastic rounding adds 16 random bits below a bf16's mantissa and truncates; the bits come
+// from a counter-based hash of (the key of the seed, step and unit, the stream, the element's
+// index in its unit), so they depend on neither threads nor timing, nor on tiles or ranks.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/dtype.h"
+
+namespace strata::kernels {
+
+// How Adam's moments are stored.
+enum class MomentFormat : std::uint8_t {
+  kF32 = 0,
+  kBF16 = 1,  // bf16, stochastically rounded after each update
+  kQ8 = 2,    // 8 bits per element and an fp32 absmax per block
+};
+// "fp32", "bf16", "8bit".
+const char* to_string(MomentFormat format);
+
+inline constexpr std::size_t kQ8BlockMin = 64;
+inline constexpr std::size_t kQ8BlockMax = 2048;
+
+// Which moment: the signed first or the non-negative second.
+enum class Moment : std::uint8_t { kExpAvg = 0, kExpAvgSq = 1 };
+
+// Bytes of n elements of a moment's codes (absmax not included).
+std::uint64_t moment_bytes(MomentFormat format, std::uint64_t n);
+// The absmax floats of n elements (kQ8: n / block; else 0). n must be a multiple of block.
+std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t block);
+
+// The hash behind stochastic rounding (Chris Wellons' lowbias32).
+inline std::uint32_t lowbias32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+// The random bits of element `index` of a tile with key `key`, stream `stream` (0 master,
+// 1 exp_avg, 2 exp_avg_sq, 3 gradient).
+inline std::uint32_t rounding_bits(std::uint32_t key, int stream, std::uint32_t index) {
+  const std::uint32_t key_s = lowbias32(key + static_cast<std::uint32_t>(stream) + 1U);
+  return lowbias32(index * 0x9E3779B1U + key_s);
+}
+// fp32 -> bf16 rounded stochastically with 16 random bits r (non-finite: to nearest even).
+inline std::uint16_t sr_bf16(float x, std::uint32_t r) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits | 0x00400000u) >> 16);
+    return static_cast<std::uint16_t>(bits >> 16);
+  }
+  return static_cast<std::uint16_t>((bits + (r & 0xFFFFu)) >> 16);
+}
+
+// The stochastic-rounding key of one unit's update (or gradient addition) `step`: one stream
+// per (seed, step, unit). Within it, element e of the unit (its index in the unit's flat buffer)
+// gets rounding_bits(key, stream, e), so the bits do not depend on how the unit is tiled or
+// sharded over ranks.
+std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step, int unit);
+
+// One 8-bit code of a moment decoded against its block's absmax (the kernel's arithmetic).
+inline float q8_value(Moment which, std::uint8_t code, float absmax) {
+  constexpr float kInv127 = 1.0f / 127.0f;
+  constexpr float kInv255 = 1.0f / 255.0f;
+  if (which == Moment::kExpAvg) {
+    const int q = static_cast<std::int8_t>(code);
+    const float t = static_cast<float>(q < 0 ? -q : q) * kInv127;
+    const float m = (t * t) * absmax;
+    return q < 0 ? -m : m;
+  }
+  const float t = static_cast<float>(code) * kInv255;
+  const float t2 = t * t;
+  return (t2 * t2) * absmax;
+}
+
+// n elements of a moment in `format` (codes at `src`, absmax per block for kQ8) to fp32 `dst`.
+void decode_moment(MomentFormat format, Moment which, const void* src, const float* absmax,
+                   std::size_t block, float* dst, std::size_t n);
+// n fp32 elements to `format`: bf16 rounds to nearest even; kQ8 takes each block's absmax and
+// codes exactly as the kernel does. n must be a multiple of block for kQ8.
+void encode_moment(MomentFormat format, Moment which, const float* src, void* dst,
+                   float* absmax, std::size_t block, std::size_t n);
+
+// fp32 <-> a master or gradient of `dtype` (kF32 or kBF16; narrowing rounds to nearest even).
+void decode_values(DType dtype, const void* src, float* dst, std::size_t n);
+void encode_values(DType dtype, const float* src, void* dst, std::size_t n);
+
+// grad (+)= src for a bf16 accumulator: `assign` stores src rounded to nearest even (the first
+// micro-batch: a bf16 gradient is stored exactly); else float(acc) + float(src) rounded
+// stochastically with the bits of (key, stream 3, first_index + i). With `sum_squares`, returns
+// the sum of the squares of the stored results in double, in a fixed order (chunks of 64 Ki
+// elements, in order), whatever the threads; else 0.
+double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std::size_t n,
+                       bool assign, std::uint32_t key, std::uint32_t first_index,
+                       bool sum_squares);
+
+}  // namespace strata::kernels
