@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "common/log.h"
 #include "kernels/cpu/adam_internal.h"
@@ -49,32 +50,58 @@ bool aligned_to(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
+bool is_power_of_two(std::size_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
+
 void check_tile(const AdamTile& t) {
+  STRATA_ASSERT_MSG(t.master_dtype == DType::kF32 || t.master_dtype == DType::kBF16,
+                    "master_dtype must be fp32 or bf16");
+  STRATA_ASSERT_MSG(t.moments == MomentFormat::kF32 || t.moments == MomentFormat::kBF16 ||
+                        t.moments == MomentFormat::kQ8,
+                    "moments must be a MomentFormat");
+  const bool q8 = t.moments == MomentFormat::kQ8;
+  if (q8) {
+    STRATA_ASSERT_MSG(is_power_of_two(t.block) && t.block >= kAdamQ8BlockMin &&
+                          t.block <= kAdamQ8BlockMax && t.n % t.block == 0,
+                      "8-bit moments need block a power of two in [64, 2048] that divides n");
+  }
   if (t.n == 0) return;
   STRATA_ASSERT(t.master != nullptr && t.exp_avg != nullptr && t.exp_avg_sq != nullptr &&
                 t.grad != nullptr);
-  STRATA_ASSERT(aligned_to(t.master, 4) && aligned_to(t.exp_avg, 4) &&
-                aligned_to(t.exp_avg_sq, 4) && aligned_to(t.grad, dtype_bytes(t.grad_dtype)));
+  STRATA_ASSERT_MSG(!q8 || (t.exp_avg_absmax != nullptr && t.exp_avg_sq_absmax != nullptr),
+                    "8-bit moments need exp_avg_absmax and exp_avg_sq_absmax");
+  const std::size_t master_size = dtype_bytes(t.master_dtype);
+  const std::size_t moment_size = moment_bytes(t.moments);
+  STRATA_ASSERT(aligned_to(t.master, master_size) && aligned_to(t.exp_avg, moment_size) &&
+                aligned_to(t.exp_avg_sq, moment_size) &&
+                aligned_to(t.grad, dtype_bytes(t.grad_dtype)));
   STRATA_ASSERT(t.copy_out == nullptr || aligned_to(t.copy_out, dtype_bytes(t.copy_dtype)));
-  const std::size_t f32_bytes = t.n * 4;
-  const std::size_t copy_bytes = t.n * dtype_bytes(t.copy_dtype);
-  const std::size_t grad_bytes = t.n * dtype_bytes(t.grad_dtype);
-  const void* state[3] = {t.master, t.exp_avg, t.exp_avg_sq};
-  for (int a = 0; a < 3; ++a) {
-    for (int b = a + 1; b < 3; ++b) {
-      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, state[b], f32_bytes),
-                        "master, exp_avg and exp_avg_sq must not overlap");
+  STRATA_ASSERT(!q8 || (aligned_to(t.exp_avg_absmax, 4) && aligned_to(t.exp_avg_sq_absmax, 4)));
+  // Every array by its actual size in bytes; none may share a byte with another.
+  struct Array {
+    const void* data;
+    std::size_t bytes;
+    const char* name;
+  };
+  const std::size_t absmax_bytes = q8 ? t.n / t.block * 4 : 0;
+  const Array arrays[7] = {
+      {t.master, t.n * master_size, "master"},
+      {t.exp_avg, t.n * moment_size, "exp_avg"},
+      {t.exp_avg_sq, t.n * moment_size, "exp_avg_sq"},
+      {t.grad, t.n * dtype_bytes(t.grad_dtype), "grad"},
+      {t.copy_out, t.copy_out != nullptr ? t.n * dtype_bytes(t.copy_dtype) : 0, "copy_out"},
+      {t.exp_avg_absmax, absmax_bytes, "exp_avg_absmax"},
+      {t.exp_avg_sq_absmax, absmax_bytes, "exp_avg_sq_absmax"}};
+  for (int a = 0; a < 7; ++a) {
+    for (int b = a + 1; b < 7; ++b) {
+      if (arrays[a].bytes == 0 || arrays[b].bytes == 0) continue;
+      if (overlaps(arrays[a].data, arrays[a].bytes, arrays[b].data, arrays[b].bytes)) {
+        const std::string message = fmt::format("the {} and {} arrays of an AdamTile overlap",
+                                                arrays[a].name, arrays[b].name);
+        STRATA_ASSERT_MSG(false, message.c_str());
+      }
     }
-    STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.grad, grad_bytes),
-                      "grad must not overlap the state it updates");
-    if (t.copy_out != nullptr) {
-      STRATA_ASSERT_MSG(!overlaps(state[a], f32_bytes, t.copy_out, copy_bytes),
-                        "copy_out must not overlap the state");
-    }
-  }
-  if (t.copy_out != nullptr) {
-    STRATA_ASSERT_MSG(!overlaps(t.grad, grad_bytes, t.copy_out, copy_bytes),
-                      "copy_out must not overlap grad");
   }
 }
 
@@ -186,6 +213,18 @@ Result<AdamKernel> AdamKernel::create(std::optional<sys::SimdLevel> simd) {
   return AdamKernel(level);
 }
 
+const char* to_string(MomentFormat format) {
+  switch (format) {
+    case MomentFormat::kF32:
+      return "fp32";
+    case MomentFormat::kBF16:
+      return "bf16";
+    case MomentFormat::kQ8:
+      return "8bit";
+  }
+  return "unknown";
+}
+
 AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
                             const AdamTile& tile, runtime::CpuExecutor* executor) const {
   STRATA_ASSERT_MSG(validate(params).is_ok(), "AdamParams out of range; see validate()");
@@ -202,6 +241,17 @@ AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
   }
   warn_once_if_aliased(tile);
   const AdamConstants constants = make_constants(params, fusion);
+  const std::size_t master_bytes = tile.n * dtype_bytes(tile.master_dtype);
+  if (tile.master_dtype != DType::kF32 || tile.moments != MomentFormat::kF32) {
+    // Compressed state: every copy-out (fp32 included: it is the stored master widened) is made in
+    // the pass. Threads split at multiples of kAdamBlockElems, so 8-bit blocks stay whole, and the
+    // range functions see tile indices, so the stochastic rounding ignores the split.
+    const detail::AdamRangeFn adam_state = path_for(simd_).adam_state;
+    for_blocks(
+        tile.n, executor, tile.master, master_bytes,
+        [&](std::size_t begin, std::size_t end) { adam_state(constants, tile, begin, end); });
+    return result;
+  }
   const detail::AdamRangeFn adam = path_for(simd_).adam;
   if (tile.copy_out != nullptr && tile.copy_dtype == DType::kF32) {
     // An fp32 copy-out is the new master itself: each block is copied right after its update,
@@ -210,16 +260,17 @@ AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
     AdamTile in_place = tile;
     in_place.copy_out = nullptr;
     auto* out = static_cast<float*>(tile.copy_out);
-    for_blocks(tile.n, executor, tile.master, tile.n * 4, [&](std::size_t begin, std::size_t end) {
-      for (std::size_t b = begin; b < end; b += kAdamBlockElems) {
-        const std::size_t e = std::min(b + kAdamBlockElems, end);
-        adam(constants, in_place, b, e);
-        std::memcpy(out + b, tile.master + b, (e - b) * 4);
-      }
-    });
+    for_blocks(tile.n, executor, tile.master, master_bytes,
+               [&](std::size_t begin, std::size_t end) {
+                 for (std::size_t b = begin; b < end; b += kAdamBlockElems) {
+                   const std::size_t e = std::min(b + kAdamBlockElems, end);
+                   adam(constants, in_place, b, e);
+                   std::memcpy(out + b, static_cast<const float*>(tile.master) + b, (e - b) * 4);
+                 }
+               });
     return result;
   }
-  for_blocks(tile.n, executor, tile.master, tile.n * 4,
+  for_blocks(tile.n, executor, tile.master, master_bytes,
              [&](std::size_t begin, std::size_t end) { adam(constants, tile, begin, end); });
   return result;
 }

@@ -1,7 +1,9 @@
-// CPU Adam / AdamW over one tile of fp32 master weights and moments, with the mixed-precision work
+// CPU Adam / AdamW over one tile of master weights and moments, with the mixed-precision work
 // fused into the same memory pass: gradient unscale (1/loss_scale), gradient clipping
 // coefficient, optional inf/NaN detection that skips the whole tile, and the write of the updated
-// weights as bf16 or fp16 for the compute copy. See docs/adam.md.
+// weights as bf16 or fp16 for the compute copy. The state may be stored compressed (bf16 master,
+// bf16 or 8-bit moments): it is decoded, updated and re-encoded in the same pass. See
+// docs/adam.md.
 //
 // Semantics (PyTorch torch.optim.Adam / AdamW, and DeepSpeed's DeepSpeedCPUAdam), per element,
 // with t = params.step (1 for the first step):
@@ -14,7 +16,9 @@
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 //   copy_out = round_to_nearest_even(p)            (bf16 or fp16, when copy_out is given)
 // Each SIMD path computes exactly the same fp32 operations (fma where written above as a*b + c),
-// so all paths, and every thread count, give bit-identical results.
+// so all paths, and every thread count, give bit-identical results. Compressed state is decoded
+// to fp32 before and encoded after these operations, bit-identically on every path too: the
+// exact definition is adam_state_reference() in adam_reference.h.
 //
 // Typical use (the optimizer pipeline streams tiles; the trainer calls it per parameter buffer):
 //   auto kernel = AdamKernel::create();                 // best SIMD path, or STRATA_SIMD
@@ -61,16 +65,46 @@ struct AdamFusion {
   bool check_finite = false;
 };
 
+// How a tile's moments (exp_avg, exp_avg_sq) are stored.
+enum class MomentFormat : std::uint8_t {
+  kF32 = 0,   // fp32
+  kBF16 = 1,  // bf16, stochastically rounded after each update
+  kQ8 = 2,    // 8-bit codes with an fp32 absmax per block of AdamTile::block elements
+};
+
+// "fp32", "bf16", "8bit".
+const char* to_string(MomentFormat format);
+
+// Bytes per element of each moment array: 4, 2 or 1.
+constexpr std::size_t moment_bytes(MomentFormat format) {
+  return format == MomentFormat::kF32 ? 4 : format == MomentFormat::kBF16 ? 2 : 1;
+}
+
 // One tile: n elements of each array. Arrays must not overlap; any alignment of the element type
-// is accepted (4 bytes for fp32, 2 for bf16/fp16).
+// is accepted (4 bytes for fp32, 2 for bf16/fp16, 1 for 8-bit codes).
+//
+// Compressed state (docs/adam.md, "Compressed optimizer state"), element i of the tile:
+//   bf16 (master or moments): decoded exactly; after the update rounded stochastically with 16
+//     random bits that depend on rounding_key, the array and i only (not on the thread split).
+//   kQ8 exp_avg: int8 code q in [-127, 127]; m = sign(q) * (|q| / 127)^2 * absmax of its block.
+//   kQ8 exp_avg_sq: uint8 code q in [0, 255]; v = (q / 255)^4 * absmax of its block.
+//   Each block of `block` elements (from element 0) is re-encoded after the update against the
+//   block's new max |m| and max v; a block whose max is below FLT_MIN is stored as zeros.
 struct AdamTile {
-  float* master = nullptr;      // [n] fp32 weights, updated in place
-  float* exp_avg = nullptr;     // [n] fp32 first moment, updated in place
-  float* exp_avg_sq = nullptr;  // [n] fp32 second moment, updated in place
-  const void* grad = nullptr;   // [n] gradient of grad_dtype, read only
+  void* master = nullptr;            // [n] of master_dtype, updated in place
+  DType master_dtype = DType::kF32;  // kF32, or kBF16 (stochastically rounded after each update)
+  void* exp_avg = nullptr;           // [n] first moment: fp32 / bf16 / int8 codes, per `moments`
+  void* exp_avg_sq = nullptr;        // [n] second moment: fp32 / bf16 / uint8 codes, per `moments`
+  MomentFormat moments = MomentFormat::kF32;
+  float* exp_avg_absmax = nullptr;     // kQ8: [n / block] per-block scale of exp_avg
+  float* exp_avg_sq_absmax = nullptr;  // kQ8: [n / block] per-block scale of exp_avg_sq
+  std::size_t block =
+      2048;  // kQ8: elements per block; a power of two in [64, 2048]; n % block == 0
+  std::uint32_t rounding_key = 0;  // the tile's stochastic-rounding stream (bf16 master or moments)
+  const void* grad = nullptr;      // [n] gradient of grad_dtype, read only
   DType grad_dtype = DType::kF32;
-  void* copy_out = nullptr;  // [n] of copy_dtype receiving the new weights (bf16/fp16 rounded,
-                             // or fp32: a copy of master made block by block); null: no copy
+  void* copy_out = nullptr;  // [n] of copy_dtype receiving the new weights: the stored master
+                             // rounded to nearest even (bf16/fp16), or as fp32; null: no copy
   DType copy_dtype = DType::kBF16;
   std::size_t n = 0;
 };
@@ -91,6 +125,11 @@ struct GradStats {
 inline constexpr std::size_t kAdamParallelMinElems = 64 * 1024;
 // Elements per scheduling block (64 KiB per fp32 array); blocks are dealt to threads statically.
 inline constexpr std::size_t kAdamBlockElems = 16 * 1024;
+// The largest AdamTile::block of 8-bit moments. Threads split tiles at multiples of
+// kAdamBlockElems, so a multiple of this keeps every 8-bit block on one thread.
+inline constexpr std::size_t kAdamQ8BlockMax = 2048;
+inline constexpr std::size_t kAdamQ8BlockMin = 64;
+static_assert(kAdamBlockElems % kAdamQ8BlockMax == 0);
 
 class AdamKernel {
  public:
@@ -103,7 +142,8 @@ class AdamKernel {
 
   // One Adam step over one tile. With an executor (and n >= kAdamParallelMinElems) the tile is
   // split over its threads; without, it runs on the calling thread. Asserts on programmer errors
-  // (null arrays with n > 0, overlapping arrays, bad dtypes, invalid params).
+  // (null arrays with n > 0, overlapping arrays, bad dtypes or formats, a bad 8-bit block size,
+  // invalid params).
   AdamResult step(const AdamParams& params, const AdamFusion& fusion, const AdamTile& tile,
                   runtime::CpuExecutor* executor = nullptr) const;
 

@@ -4,59 +4,14 @@
 // prefetchers for these long unit-stride streams (docs/adam.md). Only the functions marked with
 // the target attribute use these extensions, so the library still runs on any x86-64 CPU; this
 // path is only called when CPUID says it can run.
-#include "kernels/cpu/adam_internal.h"
-
-#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#include "kernels/cpu/adam_avx2_vec.h"
 
 namespace strata::kernels::detail {
 namespace {
 
-// 8 gradient elements from index i, widened to fp32.
-template <DType kGrad>
-STRATA_AVX2 inline __m256 load_grad8(const void* grad, std::size_t i) {
-  if constexpr (kGrad == DType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
-  } else {
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(grad) + i));
-    if constexpr (kGrad == DType::kBF16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm256_cvtph_ps(h);
-    }
-  }
-}
-
-// fp32 -> bf16 round to nearest even, NaN quieted: the same bits as float_to_bf16().
-STRATA_AVX2 inline __m128i to_bf16x8(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_srli_epi32(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), 16);
-  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-// The step's constants broadcast once per range, held in registers. (Read through the
-// AdamConstants reference instead, they would be reloaded after every float store, which the
-// compiler must assume could alias them.)
-struct Constants8 {
-  __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bc2, decay,
-      l2, grad_scale;
-  STRATA_AVX2 explicit Constants8(const AdamConstants& c)
-      : beta1(_mm256_set1_ps(c.beta1)),
-        one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)),
-        beta2(_mm256_set1_ps(c.beta2)),
-        one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
-        eps(_mm256_set1_ps(c.eps)),
-        neg_step_size(_mm256_set1_ps(-c.step_size)),
-        inv_sqrt_bc2(_mm256_set1_ps(c.inv_sqrt_bc2)),
-        decay(_mm256_set1_ps(c.decay)),
-        l2(_mm256_set1_ps(c.l2)),
-        grad_scale(_mm256_set1_ps(c.grad_scale)) {}
-};
+using avx2::Constants8;
+using avx2::load_grad8;
+using avx2::to_bf16x8;
 
 // The tile's pointers as locals, so stores through them cannot be taken to modify them.
 struct Streams {
@@ -104,7 +59,8 @@ STRATA_AVX2 void adam_range_t(const AdamConstants& constants, const AdamTile& t,
                               std::size_t end) {
   const AdamConstants c = constants;
   const Constants8 k(c);
-  const Streams s{t.master, t.exp_avg, t.exp_avg_sq, t.grad,
+  const Streams s{static_cast<float*>(t.master), static_cast<float*>(t.exp_avg),
+                  static_cast<float*>(t.exp_avg_sq), t.grad,
                   static_cast<std::uint16_t*>(t.copy_out)};
   auto scalar = [&](std::size_t i) {
     adam_element<kL2, kCopy>(c, load_grad(s.grad, kGrad, i), s.master + i, s.exp_avg + i,
@@ -241,7 +197,7 @@ STRATA_AVX2 void roofline_range(float* p, float* m, float* v, const float* g, st
 }  // namespace
 
 AdamPath avx2_path() {
-  return {adam_range, stats_range, roofline_range};
+  return {adam_range, adam_state_range_avx2, stats_range, roofline_range};
 }
 
 }  // namespace strata::kernels::detail

@@ -1,66 +1,15 @@
-// The AVX-512 (F, BW, VL, DQ) path of the CPU Adam kernels: 16 floats per vector, one cache line
-// of each fp32 stream per loop iteration, and the shared scalar element update for the tail. Only
-// the functions marked with the target attribute use AVX-512, so the library still runs on any
-// x86-64 CPU; this path is only called when CPUID says it can run. GCC 12 reports
-// -Wmaybe-uninitialized inside its own AVX-512 headers (_mm512_undefined_*, GCC bug 105593, fixed
-// in GCC 13). The pragma must precede the header's first inclusion.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
-#include "kernels/cpu/adam_internal.h"
-
-#define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+// The AVX-512 (F, BW, VL, DQ) path of the CPU Adam kernels for fp32 state: 16 floats per
+// vector, one cache line of each fp32 stream per loop iteration, and the shared scalar element
+// update for the tail. Only the functions marked with the target attribute use AVX-512, so the
+// library still runs on any x86-64 CPU; this path is only called when CPUID says it can run.
+#include "kernels/cpu/adam_avx512_vec.h"  // first: it carries a pragma for the intrinsics header
 
 namespace strata::kernels::detail {
 namespace {
 
-// 16 gradient elements from index i, widened to fp32.
-template <DType kGrad>
-STRATA_AVX512 inline __m512 load_grad16(const void* grad, std::size_t i) {
-  if constexpr (kGrad == DType::kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(grad) + i);
-  } else {
-    const __m256i h = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(grad) + i));
-    if constexpr (kGrad == DType::kBF16) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
-// fp32 -> bf16 round to nearest even, NaN quieted: the same bits as float_to_bf16().
-STRATA_AVX512 inline __m256i to_bf16x16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __m512i quiet = _mm512_srli_epi32(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), 16);
-  const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
-}
-
-// The step's constants broadcast once per range, held in registers. (Read through the
-// AdamConstants reference instead, they would be reloaded after every float store, which the
-// compiler must assume could alias them.)
-struct Constants16 {
-  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bc2, decay,
-      l2, grad_scale;
-  STRATA_AVX512 explicit Constants16(const AdamConstants& c)
-      : beta1(_mm512_set1_ps(c.beta1)),
-        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
-        beta2(_mm512_set1_ps(c.beta2)),
-        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
-        eps(_mm512_set1_ps(c.eps)),
-        neg_step_size(_mm512_set1_ps(-c.step_size)),
-        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bc2)),
-        decay(_mm512_set1_ps(c.decay)),
-        l2(_mm512_set1_ps(c.l2)),
-        grad_scale(_mm512_set1_ps(c.grad_scale)) {}
-};
+using avx512::Constants16;
+using avx512::load_grad16;
+using avx512::to_bf16x16;
 
 // The tile's pointers as locals, so stores through them cannot be taken to modify them.
 struct Streams {
@@ -107,7 +56,8 @@ STRATA_AVX512 void adam_range_t(const AdamConstants& constants, const AdamTile& 
                                 std::size_t begin, std::size_t end) {
   const AdamConstants c = constants;
   const Constants16 k(c);
-  const Streams s{t.master, t.exp_avg, t.exp_avg_sq, t.grad,
+  const Streams s{static_cast<float*>(t.master), static_cast<float*>(t.exp_avg),
+                  static_cast<float*>(t.exp_avg_sq), t.grad,
                   static_cast<std::uint16_t*>(t.copy_out)};
   auto scalar = [&](std::size_t i) {
     adam_element<kL2, kCopy>(c, load_grad(s.grad, kGrad, i), s.master + i, s.exp_avg + i,
@@ -224,7 +174,7 @@ STRATA_AVX512 void roofline_range(float* p, float* m, float* v, const float* g, 
 }  // namespace
 
 AdamPath avx512_path() {
-  return {adam_range, stats_range, roofline_range};
+  return {adam_range, adam_state_range_avx512, stats_range, roofline_range};
 }
 
 }  // namespace strata::kernels::detail

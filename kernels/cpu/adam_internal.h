@@ -51,10 +51,27 @@ inline AdamConstants make_constants(const AdamParams& p, const AdamFusion& f) {
   return c;
 }
 
-// Copy-out variants, as template arguments.
-enum class CopyKind { kNone = 0, kBF16 = 1, kF16 = 2 };
+// Copy-out variants: template arguments of the fp32 paths (kNone, kBF16, kF16; an fp32 copy is
+// made in adam.cc there), a run-time choice of the compressed-state paths (all four).
+enum class CopyKind { kNone = 0, kBF16 = 1, kF16 = 2, kF32 = 3 };
 
-// Runs [begin, end) of one tile; the tile's pointers are the tile's base pointers.
+inline CopyKind copy_kind(const AdamTile& t) {
+  if (t.copy_out == nullptr) return CopyKind::kNone;
+  switch (t.copy_dtype) {
+    case DType::kBF16:
+      return CopyKind::kBF16;
+    case DType::kF16:
+      return CopyKind::kF16;
+    case DType::kF32:
+      return CopyKind::kF32;
+  }
+  return CopyKind::kNone;
+}
+
+// Runs [begin, end) of one tile; the tile's pointers are the tile's base pointers, so begin and
+// end are tile indices (the stochastic rounding of compressed state hashes them). The fp32 paths
+// take an all-fp32 tile; the compressed-state paths any other, with begin a multiple of the tile's
+// block for 8-bit moments (and end too, or n).
 using AdamRangeFn = void (*)(const AdamConstants& c, const AdamTile& tile, std::size_t begin,
                              std::size_t end);
 // Stats of grad[begin, end): nonfinite count, and grad^2 summed into 16 lanes (element i goes to
@@ -66,7 +83,8 @@ using RooflineRangeFn = void (*)(float* p, float* m, float* v, const float* g, s
                                  std::size_t end);
 
 struct AdamPath {
-  AdamRangeFn adam = nullptr;
+  AdamRangeFn adam = nullptr;        // fp32 master and moments
+  AdamRangeFn adam_state = nullptr;  // any other state format (adam_state.h)
   StatsRangeFn stats = nullptr;
   RooflineRangeFn roofline = nullptr;
 };
@@ -105,18 +123,28 @@ class MxcsrGuard {
   return 0.0f;
 }
 
-// The update of one element: the exact operation sequence every vector path performs.
+// The update of one element in fp32: the exact operation sequence every vector path performs,
+// whatever the state is stored as.
+template <bool kL2>
+[[gnu::always_inline]] inline void adam_update(const AdamConstants& c, float grad, float& param,
+                                               float& m, float& v) {
+  float g = grad * c.grad_scale;
+  if constexpr (kL2) g = std::fma(c.l2, param, g);
+  m = std::fma(c.beta1, m, c.one_minus_beta1 * g);
+  v = std::fma(c.beta2, v, (c.one_minus_beta2 * g) * g);
+  const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
+  param = param * c.decay;
+  param = std::fma(-c.step_size, m / denom, param);
+}
+
+// The update of one fp32 element in place, with its copy-out.
 template <bool kL2, CopyKind kCopy>
 [[gnu::always_inline]] inline void adam_element(const AdamConstants& c, float grad, float* p,
                                                 float* m, float* v, void* copy_out, std::size_t i) {
-  float g = grad * c.grad_scale;
   float param = *p;
-  if constexpr (kL2) g = std::fma(c.l2, param, g);
-  const float new_m = std::fma(c.beta1, *m, c.one_minus_beta1 * g);
-  const float new_v = std::fma(c.beta2, *v, (c.one_minus_beta2 * g) * g);
-  const float denom = std::fma(std::sqrt(new_v), c.inv_sqrt_bc2, c.eps);
-  param = param * c.decay;
-  param = std::fma(-c.step_size, new_m / denom, param);
+  float new_m = *m;
+  float new_v = *v;
+  adam_update<kL2>(c, grad, param, new_m, new_v);
   *p = param;
   *m = new_m;
   *v = new_v;

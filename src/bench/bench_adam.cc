@@ -1,6 +1,8 @@
 // `strata bench adam`: the CPU Adam kernel's speed, against the bandwidth ceiling of its access
 // pattern measured in the same run (an in-place kernel that reads 4 fp32 arrays and writes 3),
-// with the same threads, SIMD path and blocking. See docs/benchmarks.md ("CPU Adam").
+// with the same threads, SIMD path and blocking; optionally over compressed state (bf16 master,
+// bf16 or 8-bit moments), alone or alternating with the fp32 step (--compare) so that both see
+// the same machine. See docs/benchmarks.md ("CPU Adam") and docs/adam.md.
 #include <json/json.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
@@ -40,8 +42,40 @@ struct BenchAdamOptions {
   int repeats = 10;
   bool check_finite = false;
   std::string layout = "staggered";
+  std::string moments = "fp32";
+  std::string master = "fp32";
+  std::size_t block = 2048;
+  bool compare = false;
   bool json = false;
 };
+
+std::optional<kernels::MomentFormat> parse_moments(const std::string& text) {
+  if (text == "fp32") return kernels::MomentFormat::kF32;
+  if (text == "bf16") return kernels::MomentFormat::kBF16;
+  if (text == "8bit") return kernels::MomentFormat::kQ8;
+  return std::nullopt;
+}
+
+// Bytes per parameter as JSON: an integer when it is one (every fp32-state figure), else a real.
+Json::Value json_bytes(double bytes) {
+  return bytes == std::floor(bytes) ? Json::Value(Json::UInt64(bytes)) : Json::Value(bytes);
+}
+
+// What one step over one state format moves, per parameter.
+struct StepBytes {
+  double read = 0;
+  double write = 0;
+  double total() const { return read + write; }
+};
+
+StepBytes step_bytes(DType master, kernels::MomentFormat moments, std::size_t block,
+                     std::size_t grad_bytes, std::size_t copy_bytes, bool check_finite) {
+  const double state =
+      static_cast<double>(kernels::dtype_bytes(master) + 2 * kernels::moment_bytes(moments)) +
+      (moments == kernels::MomentFormat::kQ8 ? 8.0 / block : 0.0);
+  const double grad = static_cast<double>(grad_bytes * (check_finite ? 2 : 1));
+  return {state + grad, state + static_cast<double>(copy_bytes)};
+}
 
 // All benchmark arrays live in one anonymous mapping (huge pages when the kernel allows them:
 // fewer TLB misses for Adam and the roofline alike). Layout "staggered" (the default) rounds each
@@ -109,6 +143,22 @@ double time_seconds(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// One timed configuration: its tile, its times, what it moves.
+struct Measured {
+  kernels::AdamTile tile;
+  StepBytes bytes;
+  std::vector<double> seconds;
+  Timing timing;
+  double gbps = 0;
+  double ns_per_param = 0;
+};
+
+void finish(Measured& m, std::size_t n) {
+  m.timing = summarize(m.seconds);
+  m.gbps = static_cast<double>(n) * m.bytes.total() / m.timing.median / 1e9;
+  m.ns_per_param = m.timing.median * 1e9 / static_cast<double>(n);
+}
+
 int run_bench_adam(const BenchAdamOptions& o) {
   auto usage = [](const std::string& message) {
     return cli::report_error(Status(ErrorCode::kUsage, message, "strata bench adam"));
@@ -118,7 +168,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
     return usage("--params '" + o.params +
                  "' is not a positive count (e.g. 67108864, 64M = 2^26, 1e8)");
   }
-  const std::size_t n = *params_parsed;
+  std::size_t n = *params_parsed;
   const std::optional<DType> grad_dtype = kernels::parse_dtype(o.grad);
   if (!grad_dtype) return usage("--grad '" + o.grad + "' is not one of fp32, bf16, fp16");
   std::optional<DType> copy_dtype;
@@ -136,6 +186,24 @@ int run_bench_adam(const BenchAdamOptions& o) {
     simd = sys::parse_simd_level(o.simd);
     if (!simd) return usage("--simd '" + o.simd + "' is not one of auto, avx512, avx2, scalar");
   }
+  const std::optional<kernels::MomentFormat> moments = parse_moments(o.moments);
+  if (!moments) return usage("--moments '" + o.moments + "' is not one of fp32, bf16, 8bit");
+  const std::optional<DType> master = kernels::parse_dtype(o.master);
+  if (!master || *master == DType::kF16) {
+    return usage("--master '" + o.master + "' is not one of fp32, bf16");
+  }
+  const bool q8 = *moments == kernels::MomentFormat::kQ8;
+  if (q8 && (o.block < kernels::kAdamQ8BlockMin || o.block > kernels::kAdamQ8BlockMax ||
+             (o.block & (o.block - 1)) != 0 || n < o.block)) {
+    return usage(fmt::format(
+        "--block {} with 8bit moments must be a power of two in [64, 2048], at most --params ({})",
+        o.block, n));
+  }
+  if (q8) n -= n % o.block;  // whole blocks; the output reports the count used
+  const bool compressed = *master != DType::kF32 || *moments != kernels::MomentFormat::kF32;
+  if (o.compare && !compressed) {
+    return usage("--compare runs fp32 state against --moments bf16|8bit or --master bf16");
+  }
 
   auto kernel = AdamKernel::create(simd);
   if (!kernel.is_ok()) return cli::report_error(kernel.status());
@@ -145,11 +213,21 @@ int run_bench_adam(const BenchAdamOptions& o) {
   if (!executor_result.is_ok()) return cli::report_error(executor_result.status());
   runtime::CpuExecutor* executor = executor_result->get();
 
-  // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (Adam's or the roofline's), then the
-  // 16-bit gradient and the copy-out when asked for.
+  // Arrays: master, exp_avg, exp_avg_sq, fp32 gradient (the fp32 step's and the roofline's), the
+  // 16-bit gradient and the copy-out when asked for, then the compressed state and its absmax.
   const bool grad16_used = *grad_dtype != DType::kF32;
-  std::vector<std::size_t> sizes = {
-      n * 4, n * 4, n * 4, n * 4, grad16_used ? n * 2 : 0, copy_dtype ? n * 2 : 0};
+  const std::size_t blocks_q8 = q8 ? n / o.block : 0;
+  std::vector<std::size_t> sizes = {n * 4,
+                                    n * 4,
+                                    n * 4,
+                                    n * 4,
+                                    grad16_used ? n * 2 : 0,
+                                    copy_dtype ? n * 2 : 0,
+                                    compressed ? n * kernels::dtype_bytes(*master) : 0,
+                                    compressed ? n * kernels::moment_bytes(*moments) : 0,
+                                    compressed ? n * kernels::moment_bytes(*moments) : 0,
+                                    blocks_q8 * 4,
+                                    blocks_q8 * 4};
   ArrayArena arena;
   if (Status mapped = arena.map(sizes, o.layout == "staggered"); !mapped.is_ok()) {
     return cli::report_error(mapped);
@@ -160,6 +238,10 @@ int run_bench_adam(const BenchAdamOptions& o) {
   float* g = arena.array<float>(3);
   std::uint16_t* g16 = grad16_used ? arena.array<std::uint16_t>(4) : nullptr;
   std::uint16_t* out16 = copy_dtype ? arena.array<std::uint16_t>(5) : nullptr;
+  const std::size_t moment_size = kernels::moment_bytes(*moments);
+  auto* c_master = compressed ? arena.array<char>(6) : nullptr;
+  auto* c_exp_avg = compressed ? arena.array<char>(7) : nullptr;
+  auto* c_exp_avg_sq = compressed ? arena.array<char>(8) : nullptr;
   // First touch from the threads that will use each part (same static blocking as the kernel),
   // so on a NUMA machine pages land next to the threads that stream them.
   const std::size_t blocks = (n + kernels::kAdamBlockElems - 1) / kernels::kAdamBlockElems;
@@ -170,8 +252,9 @@ int run_bench_adam(const BenchAdamOptions& o) {
           std::mt19937 rng(static_cast<std::uint32_t>(r.begin()));  // seeded by position
           std::uniform_real_distribution<float> weight(-1.0f, 1.0f);
           std::uniform_real_distribution<float> gradient(1e-4f, 1e-3f);  // > 0: v stays >= 0
+          const std::size_t begin = r.begin() * kernels::kAdamBlockElems;
           const std::size_t end = std::min(r.end() * kernels::kAdamBlockElems, n);
-          for (std::size_t i = r.begin() * kernels::kAdamBlockElems; i < end; ++i) {
+          for (std::size_t i = begin; i < end; ++i) {
             p[i] = weight(rng);
             m[i] = 0.0f;
             v[i] = 0.0f;
@@ -181,6 +264,18 @@ int run_bench_adam(const BenchAdamOptions& o) {
                                                    : kernels::float_to_fp16(g[i]);
             }
             if (out16 != nullptr) out16[i] = 0;
+            if (compressed && *master == DType::kF32) reinterpret_cast<float*>(c_master)[i] = p[i];
+            if (compressed && *master == DType::kBF16) {
+              reinterpret_cast<std::uint16_t*>(c_master)[i] = kernels::float_to_bf16(p[i]);
+            }
+          }
+          if (compressed) {  // zero moments (and absmax) are valid in every format
+            std::memset(c_exp_avg + begin * moment_size, 0, (end - begin) * moment_size);
+            std::memset(c_exp_avg_sq + begin * moment_size, 0, (end - begin) * moment_size);
+          }
+          for (std::size_t b = begin / o.block; q8 && b < end / o.block; ++b) {
+            arena.array<float>(9)[b] = 0.0f;
+            arena.array<float>(10)[b] = 0.0f;
           }
         },
         tbb::static_partitioner());
@@ -191,56 +286,75 @@ int run_bench_adam(const BenchAdamOptions& o) {
   kernels::AdamFusion fusion;
   fusion.grad_scale_inv = 1.0f / 1024.0f;
   fusion.check_finite = o.check_finite;
-  kernels::AdamTile tile;
-  tile.master = p;
-  tile.exp_avg = m;
-  tile.exp_avg_sq = v;
-  tile.grad = *grad_dtype == DType::kF32 ? static_cast<const void*>(g) : g16;
-  tile.grad_dtype = *grad_dtype;
-  tile.copy_out = out16;
-  tile.copy_dtype = copy_dtype.value_or(DType::kBF16);
-  tile.n = n;
+  const std::size_t grad_bytes = kernels::dtype_bytes(*grad_dtype);
+  const std::size_t copy_bytes = copy_dtype ? 2 : 0;
+  Measured fp32;
+  fp32.tile.master = p;
+  fp32.tile.exp_avg = m;
+  fp32.tile.exp_avg_sq = v;
+  fp32.tile.grad = *grad_dtype == DType::kF32 ? static_cast<const void*>(g) : g16;
+  fp32.tile.grad_dtype = *grad_dtype;
+  fp32.tile.copy_out = out16;
+  fp32.tile.copy_dtype = copy_dtype.value_or(DType::kBF16);
+  fp32.tile.n = n;
+  fp32.bytes = step_bytes(DType::kF32, kernels::MomentFormat::kF32, o.block, grad_bytes, copy_bytes,
+                          o.check_finite);
+  Measured state = fp32;
+  if (compressed) {
+    state.tile.master = c_master;
+    state.tile.master_dtype = *master;
+    state.tile.exp_avg = c_exp_avg;
+    state.tile.exp_avg_sq = c_exp_avg_sq;
+    state.tile.moments = *moments;
+    state.tile.exp_avg_absmax = q8 ? arena.array<float>(9) : nullptr;
+    state.tile.exp_avg_sq_absmax = q8 ? arena.array<float>(10) : nullptr;
+    state.tile.block = o.block;
+    state.bytes = step_bytes(*master, *moments, o.block, grad_bytes, copy_bytes, o.check_finite);
+  }
+  // The timed configurations: the one asked for, and with --compare the fp32 step before it.
+  std::vector<Measured*> timed = {&state};
+  if (o.compare) timed.insert(timed.begin(), &fp32);
 
-  // One untimed round of each, then alternate them so that noise from other processes hits both.
+  // One untimed round of each, then alternate them so that noise from other processes hits all.
   std::uint64_t skipped = 0;
-  auto adam_step = [&] {
-    if (kernel->step(params, fusion, tile, executor).skipped) ++skipped;
-    ++params.step;
+  auto adam_step = [&](Measured& c) {
+    c.tile.rounding_key = static_cast<std::uint32_t>(params.step) * 0x9E3779B9u;
+    if (kernel->step(params, fusion, c.tile, executor).skipped) ++skipped;
   };
   auto roofline_step = [&] { kernel->roofline_step(p, m, v, g, n, executor); };
-  adam_step();
+  for (Measured* c : timed)
+    adam_step(*c);
   roofline_step();
-  std::vector<double> adam_s, roofline_s, pair_ratio;
-  for (int r = 0; r < o.repeats; ++r) {
-    adam_s.push_back(time_seconds(adam_step));
+  ++params.step;
+  std::vector<double> roofline_s, pair_ratio, pair_speedup;
+  for (int r = 0; r < o.repeats; ++r, ++params.step) {
+    for (Measured* c : timed)
+      c->seconds.push_back(time_seconds([&] { adam_step(*c); }));
     roofline_s.push_back(time_seconds(roofline_step));
-    pair_ratio.push_back(roofline_s.back() / adam_s.back());
+    pair_ratio.push_back(roofline_s.back() / state.seconds.back());
+    if (o.compare) pair_speedup.push_back(fp32.seconds.back() / state.seconds.back());
   }
   if (skipped > 0) {
     return cli::report_error(make_error(
         ErrorCode::kInternal, "{} Adam steps were skipped on finite benchmark data", skipped));
   }
 
-  const std::size_t grad_bytes = kernels::dtype_bytes(*grad_dtype);
-  const std::size_t copy_bytes = copy_dtype ? 2 : 0;
-  const std::size_t adam_read = 12 + grad_bytes + (o.check_finite ? grad_bytes : 0);
-  const std::size_t adam_write = 12 + copy_bytes;
-  const std::size_t adam_bytes = adam_read + adam_write;
   const std::size_t roofline_bytes = 28;
-  const Timing adam_t = summarize(adam_s);
+  for (Measured* c : timed)
+    finish(*c, n);
   const Timing roofline_t = summarize(roofline_s);
-  const double gbps =
-      static_cast<double>(n) * static_cast<double>(adam_bytes) / adam_t.median / 1e9;
   const double roofline_gbps =
       static_cast<double>(n) * static_cast<double>(roofline_bytes) / roofline_t.median / 1e9;
-  const double ratio = gbps / roofline_gbps;
+  const double ratio = state.gbps / roofline_gbps;
   // The same ratio from each interleaved pair: less sensitive to slow drifts in background load.
   const double pair_ratio_median =
-      summarize(pair_ratio).median * static_cast<double>(adam_bytes) / roofline_bytes;
-  const double params_per_s = static_cast<double>(n) / adam_t.median;
+      summarize(pair_ratio).median * state.bytes.total() / static_cast<double>(roofline_bytes);
+  const double params_per_s = static_cast<double>(n) / state.timing.median;
   const int threads = n < kernels::kAdamParallelMinElems
                           ? 1  // small tiles run on the calling thread
                           : executor->threads_for_node(executor->node_for(p, n * 4));
+  const double speedup = o.compare ? fp32.timing.median / state.timing.median : 0.0;
+  const double speedup_pairs = o.compare ? summarize(pair_speedup).median : 0.0;
 
   if (o.json) {
     Json::Value out;
@@ -250,46 +364,77 @@ int run_bench_adam(const BenchAdamOptions& o) {
     out["simd"] = sys::to_string(kernel->simd());
     out["grad"] = kernels::to_string(*grad_dtype);
     out["copy"] = copy_dtype ? kernels::to_string(*copy_dtype) : "none";
+    out["master"] = kernels::to_string(*master);
+    out["moments"] = kernels::to_string(*moments);
+    if (q8) out["block"] = Json::UInt64(o.block);
     out["check_finite"] = o.check_finite;
     out["layout"] = o.layout;
     out["repeats"] = o.repeats;
-    out["bytes_per_param"] = Json::UInt64(adam_bytes);
-    out["bytes_read_per_param"] = Json::UInt64(adam_read);
-    out["bytes_written_per_param"] = Json::UInt64(adam_write);
+    out["bytes_per_param"] = json_bytes(state.bytes.total());
+    out["bytes_read_per_param"] = json_bytes(state.bytes.read);
+    out["bytes_written_per_param"] = json_bytes(state.bytes.write);
     out["roofline_bytes_per_param"] = Json::UInt64(roofline_bytes);
-    out["ms_per_step"] = adam_t.median * 1e3;
-    out["ms_per_step_min"] = adam_t.min * 1e3;
-    out["ms_per_step_max"] = adam_t.max * 1e3;
+    out["ms_per_step"] = state.timing.median * 1e3;
+    out["ms_per_step_min"] = state.timing.min * 1e3;
+    out["ms_per_step_max"] = state.timing.max * 1e3;
+    out["ns_per_param"] = state.ns_per_param;
     out["roofline_ms"] = roofline_t.median * 1e3;
     out["roofline_ms_min"] = roofline_t.min * 1e3;
     out["roofline_ms_max"] = roofline_t.max * 1e3;
     out["params_per_s"] = params_per_s;
-    out["gbps"] = gbps;
+    out["gbps"] = state.gbps;
     out["roofline_gbps"] = roofline_gbps;
     out["ratio"] = ratio;
     out["ratio_pairs_median"] = pair_ratio_median;
+    if (o.compare) {
+      Json::Value base;
+      base["bytes_per_param"] = json_bytes(fp32.bytes.total());
+      base["ms_per_step"] = fp32.timing.median * 1e3;
+      base["ms_per_step_min"] = fp32.timing.min * 1e3;
+      base["ms_per_step_max"] = fp32.timing.max * 1e3;
+      base["ns_per_param"] = fp32.ns_per_param;
+      base["gbps"] = fp32.gbps;
+      base["ratio"] = fp32.gbps / roofline_gbps;
+      out["fp32"] = base;
+      out["speedup_vs_fp32"] = speedup;
+      out["speedup_vs_fp32_pairs_median"] = speedup_pairs;
+    }
     Json::StreamWriterBuilder writer;
     writer["indentation"] = "  ";
     std::printf("%s\n", Json::writeString(writer, out).c_str());
     return 0;
   }
+  const std::string state_name =
+      compressed
+          ? fmt::format("master {}, moments {}{}", kernels::to_string(*master),
+                        kernels::to_string(*moments), q8 ? fmt::format(" (block {})", o.block) : "")
+          : "fp32 state";
   std::printf(
-      "strata bench adam: %zu params, %d threads, %s path, grad %s, copy %s, "
+      "strata bench adam: %zu params, %d threads, %s path, %s, grad %s, copy %s, "
       "check_finite %s, %s arrays, median of %d\n",
-      n, threads, sys::to_string(kernel->simd()), kernels::to_string(*grad_dtype),
-      copy_dtype ? kernels::to_string(*copy_dtype) : "none", o.check_finite ? "on" : "off",
-      o.layout.c_str(), o.repeats);
-  std::printf(
-      "  adam      %8.2f ms/step (min %.2f, max %.2f)  %.3g params/s  %6.2f GB/s  "
-      "(%zu B/param: read %zu, write %zu)\n",
-      adam_t.median * 1e3, adam_t.min * 1e3, adam_t.max * 1e3, params_per_s, gbps, adam_bytes,
-      adam_read, adam_write);
+      n, threads, sys::to_string(kernel->simd()), state_name.c_str(),
+      kernels::to_string(*grad_dtype), copy_dtype ? kernels::to_string(*copy_dtype) : "none",
+      o.check_finite ? "on" : "off", o.layout.c_str(), o.repeats);
+  auto line = [&](const char* name, const Measured& c) {
+    std::printf(
+        "  %-9s %8.2f ms/step (min %.2f, max %.2f)  %.3g params/s  %6.3f ns/param  %6.2f GB/s  "
+        "(%.4g B/param: read %.4g, write %.4g)\n",
+        name, c.timing.median * 1e3, c.timing.min * 1e3, c.timing.max * 1e3,
+        static_cast<double>(n) / c.timing.median, c.ns_per_param, c.gbps, c.bytes.total(),
+        c.bytes.read, c.bytes.write);
+  };
+  if (o.compare) line("adam fp32", fp32);
+  line("adam", state);
   std::printf(
       "  roofline  %8.2f ms/pass (min %.2f, max %.2f)  %29.2f GB/s  "
       "(28 B/param: p+=g, m+=g, v+=g in place)\n",
       roofline_t.median * 1e3, roofline_t.min * 1e3, roofline_t.max * 1e3, roofline_gbps);
   std::printf("  ratio     %.3f of the in-place roofline (interleaved pairs: %.3f)\n", ratio,
               pair_ratio_median);
+  if (o.compare) {
+    std::printf("  speedup   %.3f x the fp32 step (interleaved pairs: %.3f)\n", speedup,
+                speedup_pairs);
+  }
   return 0;
 }
 
@@ -322,6 +467,20 @@ void register_adam(CLI::App* bench, cli::Registry& registry) {
                    "Array placement: staggered (by 4 KiB + 64 B), or back-to-back (equal arrays "
                    "at power-of-two distances, a known slow layout)")
       ->capture_default_str();
+  adam->add_option("--moments", options->moments,
+                   "How the moments are stored: fp32, bf16 (stochastically rounded), 8bit "
+                   "(power-law codes with an fp32 absmax per --block elements)")
+      ->capture_default_str();
+  adam->add_option("--master", options->master,
+                   "How the master weights are stored: fp32, bf16 (stochastically rounded)")
+      ->capture_default_str();
+  adam->add_option("--block", options->block,
+                   "Elements per absmax block of 8bit moments: a power of two in [64, 2048] "
+                   "(--params is rounded down to whole blocks)")
+      ->capture_default_str();
+  adam->add_flag("--compare", options->compare,
+                 "Also time the fp32 step, alternating with the compressed one, and print both "
+                 "with the speedup");
   adam->add_flag("--json", options->json, "Print one JSON object instead of text");
   registry.add(adam, [options] { return run_bench_adam(*options); });
 }

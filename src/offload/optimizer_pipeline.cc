@@ -606,7 +606,8 @@ Status OptimizerPipeline::run_device_tiles() {
       if (Result<kernels::AdamResult> r = ops.adam_step(params, fusion, tile); !r.is_ok())
         return r.status();
       if (copy_fp32) {
-        backend_.ops_f32().copy(reinterpret_cast<float*>(params_at), tile.master, n);
+        backend_.ops_f32().copy(reinterpret_cast<float*>(params_at),
+                                static_cast<float*>(tile.master), n);
       }
     }
   }

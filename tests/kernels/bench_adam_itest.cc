@@ -58,6 +58,36 @@ TEST(BenchAdam, TextOutputNamesBothKernelsAndTheRatio) {
   EXPECT_NE(r.out.find("ratio"), std::string::npos) << r.out;
 }
 
+// --compare times the fp32 step beside the compressed one; the bytes per parameter count the
+// 8-bit codes, the bf16 gradient and the absmax of each 2048-element block (read and written).
+TEST(BenchAdam, CompareReportsCompressedStateBesideFp32) {
+  auto r = run_strata({"bench", "adam", "--params", "300000", "--threads", "2", "--grad", "bf16",
+                       "--moments", "8bit", "--compare", "--repeats", "2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json::Value j = parse_json(r.out);
+  EXPECT_EQ(j["params"].asUInt64(), 300000u / 2048 * 2048) << "whole 8-bit blocks";
+  EXPECT_EQ(j["moments"].asString(), "8bit");
+  EXPECT_EQ(j["master"].asString(), "fp32");
+  EXPECT_EQ(j["block"].asUInt64(), 2048u);
+  // Read 4 (master) + 1 + 1 (codes) + 2 (grad) + 8 / 2048 (absmax); written the same less grad.
+  EXPECT_DOUBLE_EQ(j["bytes_read_per_param"].asDouble(), 8.0 + 8.0 / 2048);
+  EXPECT_DOUBLE_EQ(j["bytes_written_per_param"].asDouble(), 6.0 + 8.0 / 2048);
+  EXPECT_EQ(j["fp32"]["bytes_per_param"].asUInt64(), 26u);
+  const double ms = j["ms_per_step"].asDouble();
+  const double fp32_ms = j["fp32"]["ms_per_step"].asDouble();
+  ASSERT_GT(ms, 0.0);
+  ASSERT_GT(fp32_ms, 0.0);
+  EXPECT_NEAR(j["speedup_vs_fp32"].asDouble(), fp32_ms / ms, 1e-9);
+  EXPECT_NEAR(j["ns_per_param"].asDouble(), ms * 1e6 / j["params"].asDouble(), 1e-9);
+  EXPECT_NEAR(j["ratio"].asDouble(), j["gbps"].asDouble() / j["roofline_gbps"].asDouble(), 1e-9);
+
+  auto text = run_strata({"bench", "adam", "--params", "70000", "--master", "bf16", "--moments",
+                          "bf16", "--compare", "--repeats", "1"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("master bf16, moments bf16"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("speedup"), std::string::npos) << text.out;
+}
+
 TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
   struct Case {
     std::vector<std::string> args;
@@ -67,7 +97,11 @@ TEST(BenchAdam, BadValuesAreUsageErrorsNamingThem) {
                         {{"--copy", "fp32"}, "fp32"},
                         {{"--simd", "sse"}, "sse"},
                         {{"--params", "0"}, "--params"},
-                        {{"--layout", "diagonal"}, "diagonal"}};
+                        {{"--layout", "diagonal"}, "diagonal"},
+                        {{"--moments", "int4"}, "int4"},
+                        {{"--master", "fp16"}, "fp16"},
+                        {{"--moments", "8bit", "--block", "100"}, "--block 100"},
+                        {{"--compare"}, "--compare"}};
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench", "adam"};
     args.insert(args.end(), c.args.begin(), c.args.end());

@@ -12,6 +12,11 @@ Result<kernels::AdamResult> CpuOptimizerOps::adam_step(const kernels::AdamParams
                                                        const kernels::AdamFusion& fusion,
                                                        const kernels::AdamTile& tile) {
   STRATA_TRY(kernels::validate(params));
+  // The split below moves fp32 pointers; compressed state would need the kernel's own split
+  // (8-bit blocks, tile-relative rounding indices), as the CUDA backend keeps fp32 too.
+  STRATA_ASSERT_MSG(
+      tile.moments == kernels::MomentFormat::kF32 && tile.master_dtype == kernels::DType::kF32,
+      "the CPU backend's optimizer ops keep fp32 master and moments");
   kernels::AdamResult result;
   kernels::AdamFusion blocks_fusion = fusion;
   if (fusion.check_finite) {
@@ -31,9 +36,9 @@ Result<kernels::AdamResult> CpuOptimizerOps::adam_step(const kernels::AdamParams
       const std::size_t begin = r.begin() * block;
       const std::size_t end = std::min(r.end() * block, tile.n);
       kernels::AdamTile part = tile;
-      part.master = tile.master + begin;
-      part.exp_avg = tile.exp_avg + begin;
-      part.exp_avg_sq = tile.exp_avg_sq + begin;
+      part.master = static_cast<float*>(tile.master) + begin;
+      part.exp_avg = static_cast<float*>(tile.exp_avg) + begin;
+      part.exp_avg_sq = static_cast<float*>(tile.exp_avg_sq) + begin;
       part.grad = static_cast<const char*>(tile.grad) + begin * grad_bytes;
       if (tile.copy_out != nullptr) part.copy_out = static_cast<char*>(tile.copy_out) + begin * 2;
       part.n = end - begin;

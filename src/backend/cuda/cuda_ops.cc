@@ -312,6 +312,9 @@ Result<kernels::AdamResult> CudaOptimizerOps::adam_step(const kernels::AdamParam
   if (tile.n == 0) return result;
   STRATA_ASSERT(tile.master != nullptr && tile.exp_avg != nullptr && tile.exp_avg_sq != nullptr &&
                 tile.grad != nullptr);
+  STRATA_ASSERT_MSG(
+      tile.moments == kernels::MomentFormat::kF32 && tile.master_dtype == kernels::DType::kF32,
+      "the CUDA Adam step keeps fp32 master and moments");
   if (sink_->failed()) return sink_->first();
   const kernels::detail::AdamConstants k = kernels::detail::make_constants(params, fusion);
   const ck::AdamDeviceConstants c{k.beta1, k.one_minus_beta1, k.beta2,        k.one_minus_beta2,
@@ -325,9 +328,10 @@ Result<kernels::AdamResult> CudaOptimizerOps::adam_step(const kernels::AdamParam
                                                   scratch_.partials, scratch_.tile_result, false)));
     skip = scratch_.tile_result;
   }
-  STRATA_TRY(STRATA_CUDA_CHECK(ck::adam_step(
-      stream_, c, tile.master, tile.exp_avg, tile.exp_avg_sq, tile.grad, grad_code, tile.copy_out,
-      tile.copy_out == nullptr ? -1 : static_cast<int>(tile.copy_dtype), n, skip)));
+  STRATA_TRY(STRATA_CUDA_CHECK(
+      ck::adam_step(stream_, c, static_cast<float*>(tile.master), static_cast<float*>(tile.exp_avg),
+                    static_cast<float*>(tile.exp_avg_sq), tile.grad, grad_code, tile.copy_out,
+                    tile.copy_out == nullptr ? -1 : static_cast<int>(tile.copy_dtype), n, skip)));
   if (fusion.check_finite) {
     STRATA_TRY(read_back(scratch_.tile_result));
     result.nonfinite_count = static_cast<std::uint64_t>(scratch_.host[1]);
