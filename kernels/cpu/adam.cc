@@ -213,18 +213,6 @@ Result<AdamKernel> AdamKernel::create(std::optional<sys::SimdLevel> simd) {
   return AdamKernel(level);
 }
 
-const char* to_string(MomentFormat format) {
-  switch (format) {
-    case MomentFormat::kF32:
-      return "fp32";
-    case MomentFormat::kBF16:
-      return "bf16";
-    case MomentFormat::kQ8:
-      return "8bit";
-  }
-  return "unknown";
-}
-
 AdamResult AdamKernel::step(const AdamParams& params, const AdamFusion& fusion,
                             const AdamTile& tile, runtime::CpuExecutor* executor) const {
   STRATA_ASSERT_MSG(validate(params).is_ok(), "AdamParams out of range; see validate()");

@@ -34,6 +34,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/state_codec.h"
 #include "runtime/cpu_executor.h"
 #include "sys/cpu_features.h"
 
@@ -65,27 +66,17 @@ struct AdamFusion {
   bool check_finite = false;
 };
 
-// How a tile's moments (exp_avg, exp_avg_sq) are stored.
-enum class MomentFormat : std::uint8_t {
-  kF32 = 0,   // fp32
-  kBF16 = 1,  // bf16, stochastically rounded after each update
-  kQ8 = 2,    // 8-bit codes with an fp32 absmax per block of AdamTile::block elements
-};
-
-// "fp32", "bf16", "8bit".
-const char* to_string(MomentFormat format);
-
-// Bytes per element of each moment array: 4, 2 or 1.
-constexpr std::size_t moment_bytes(MomentFormat format) {
-  return format == MomentFormat::kF32 ? 4 : format == MomentFormat::kBF16 ? 2 : 1;
-}
+// How a tile's moments are stored (MomentFormat, to_string, moment_bytes): state_codec.h, which
+// also encodes and decodes them outside the update (initialisation, checkpoints, views).
 
 // One tile: n elements of each array. Arrays must not overlap; any alignment of the element type
 // is accepted (4 bytes for fp32, 2 for bf16/fp16, 1 for 8-bit codes).
 //
 // Compressed state (docs/adam.md, "Compressed optimizer state"), element i of the tile:
 //   bf16 (master or moments): decoded exactly; after the update rounded stochastically with 16
-//     random bits that depend on rounding_key, the array and i only (not on the thread split).
+//     random bits that depend on rounding_key, the array and rounding_offset + i only (not on
+//     the thread split; the offset makes the bits those of the element's place in a larger
+//     array, so a unit's elements round alike however it is tiled).
 //   kQ8 exp_avg: int8 code q in [-127, 127]; m = sign(q) * (|q| / 127)^2 * absmax of its block.
 //   kQ8 exp_avg_sq: uint8 code q in [0, 255]; v = (q / 255)^4 * absmax of its block.
 //   Each block of `block` elements (from element 0) is re-encoded after the update against the
@@ -101,6 +92,7 @@ struct AdamTile {
   std::size_t block =
       2048;  // kQ8: elements per block; a power of two in [64, 2048]; n % block == 0
   std::uint32_t rounding_key = 0;  // the tile's stochastic-rounding stream (bf16 master or moments)
+  std::uint32_t rounding_offset = 0;  // element i hashes index rounding_offset + i
   const void* grad = nullptr;      // [n] gradient of grad_dtype, read only
   DType grad_dtype = DType::kF32;
   void* copy_out = nullptr;  // [n] of copy_dtype receiving the new weights: the stored master

@@ -223,7 +223,7 @@ AdamResult adam_state_reference(const AdamParams& params, const AdamFusion& fusi
     if (t.master_dtype == DType::kF32) {
       static_cast<float*>(t.master)[i] = w[i];
     } else {
-      const std::uint16_t bits = rounded_bf16(w[i], t.rounding_key, 0, i);
+      const std::uint16_t bits = rounded_bf16(w[i], t.rounding_key, 0, t.rounding_offset + i);
       static_cast<std::uint16_t*>(t.master)[i] = bits;
       stored = bf16_to_float(bits);
     }
@@ -244,16 +244,18 @@ AdamResult adam_state_reference(const AdamParams& params, const AdamFusion& fusi
       static_cast<float*>(t.exp_avg)[i] = m[i];
       static_cast<float*>(t.exp_avg_sq)[i] = v[i];
     } else if (t.moments == MomentFormat::kBF16) {
-      static_cast<std::uint16_t*>(t.exp_avg)[i] = rounded_bf16(m[i], t.rounding_key, 1, i);
-      static_cast<std::uint16_t*>(t.exp_avg_sq)[i] = rounded_bf16(v[i], t.rounding_key, 2, i);
+      static_cast<std::uint16_t*>(t.exp_avg)[i] = rounded_bf16(m[i], t.rounding_key, 1, t.rounding_offset + i);
+      static_cast<std::uint16_t*>(t.exp_avg_sq)[i] = rounded_bf16(v[i], t.rounding_key, 2, t.rounding_offset + i);
     }
   }
   if (t.moments == MomentFormat::kQ8) {
     for (std::size_t b = 0; b < n; b += t.block) {
       t.exp_avg_absmax[b / t.block] = q8_encode_exp_avg_block(
-          m.data() + b, t.block, static_cast<std::int8_t*>(t.exp_avg) + b, t.rounding_key, b);
+          m.data() + b, t.block, static_cast<std::int8_t*>(t.exp_avg) + b, t.rounding_key,
+          t.rounding_offset + b);
       t.exp_avg_sq_absmax[b / t.block] = q8_encode_exp_avg_sq_block(
-          v.data() + b, t.block, static_cast<std::uint8_t*>(t.exp_avg_sq) + b, t.rounding_key, b);
+          v.data() + b, t.block, static_cast<std::uint8_t*>(t.exp_avg_sq) + b, t.rounding_key,
+          t.rounding_offset + b);
     }
   }
   return result;

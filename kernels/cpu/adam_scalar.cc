@@ -52,7 +52,7 @@ struct ScalarState {
                     std::size_t end) {
     const AdamConstants c = constants;
     const StatePointers s = state_pointers(t);
-    const RoundingKeys keys(t.rounding_key);
+    const RoundingKeys keys(t.rounding_key, t.rounding_offset);
     const CopyKind copy = copy_kind(t);
     if constexpr (kMoments != MomentFormat::kQ8) {
       for (std::size_t i = begin; i < end; ++i) {

@@ -36,13 +36,17 @@ inline constexpr std::uint32_t kIndexMul = 0x9E3779B1u;
 }
 
 // The per-array keys of a tile's rounding stream: stream s (0 master, 1 exp_avg, 2 exp_avg_sq)
-// is keyed by lowbias32(rounding_key + s + 1).
+// is keyed by lowbias32(rounding_key + s + 1). Element i of the tile hashes index
+// rounding_offset + i; as (o + i) * kIndexMul + key = i * kIndexMul + (o * kIndexMul + key)
+// modulo 2^32, the offset is folded into the keys once and every path hashes i as before.
 struct RoundingKeys {
   std::uint32_t master;
   std::uint32_t exp_avg;
   std::uint32_t exp_avg_sq;
-  explicit RoundingKeys(std::uint32_t key)
-      : master(lowbias32(key + 1)), exp_avg(lowbias32(key + 2)), exp_avg_sq(lowbias32(key + 3)) {}
+  RoundingKeys(std::uint32_t key, std::uint32_t offset)
+      : master(lowbias32(key + 1) + offset * kIndexMul),
+        exp_avg(lowbias32(key + 2) + offset * kIndexMul),
+        exp_avg_sq(lowbias32(key + 3) + offset * kIndexMul) {}
 };
 
 // The random bits for element i (tile index) of the stream keyed by stream_key.

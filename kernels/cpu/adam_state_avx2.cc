@@ -263,7 +263,7 @@ struct Avx2State {
     const Range8 r{Constants8(c),
                    _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                       _mm256_set1_epi32(static_cast<int>(kIndexMul))),
-                   RoundingKeys(t.rounding_key), copy_kind(t), copy_aligned(t, begin, 8)};
+                   RoundingKeys(t.rounding_key, t.rounding_offset), copy_kind(t), copy_aligned(t, begin, 8)};
     if constexpr (kMoments != MomentFormat::kQ8) {
       std::size_t i = begin;
       for (; i + 8 <= end; i += 8)

@@ -257,7 +257,7 @@ struct Avx512State {
         Constants16(c),
         _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                            _mm512_set1_epi32(static_cast<int>(kIndexMul))),
-        RoundingKeys(t.rounding_key), copy_kind(t), copy_aligned(t, begin, 16)};
+        RoundingKeys(t.rounding_key, t.rounding_offset), copy_kind(t), copy_aligned(t, begin, 16)};
     if constexpr (kMoments != MomentFormat::kQ8) {
       std::size_t i = begin;
       for (; i + 16 <= end; i += 16)

@@ -9,6 +9,7 @@
 #include "common/assert.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/float16.h"
+#include "kernels/cpu/adam_state.h"
 #include "kernels/cpu/parallel.h"
 
 namespace strata::kernels {
@@ -20,15 +21,12 @@ bool valid_block(std::size_t block) {
   return block >= kQ8BlockMin && block <= kQ8BlockMax && (block & (block - 1)) == 0;
 }
 
-std::uint8_t encode_q8(Moment which, float x, float inv) {
-  if (which == Moment::kExpAvg) {
-    const float s = std::sqrt(std::fabs(x) * inv);
-    const int q = std::clamp(static_cast<int>(std::rint(s * 127.0f)), 0, 127);
-    return static_cast<std::uint8_t>(static_cast<std::int8_t>(x < 0.0f ? -q : q));
-  }
-  const float s = std::sqrt(std::sqrt(x * inv));
-  return static_cast<std::uint8_t>(std::clamp(static_cast<int>(std::rint(s * 255.0f)), 0, 255));
-}
+// The kernel's code positions, rounded to nearest: 16 rounding bits of 0x8000 put u at the
+// middle of its range (detail::q8_round).
+constexpr std::uint32_t kNearest = 0x80008000u;
+
+// The stream of a bf16 gradient's stochastic rounding beside the kernel's 0 (master), 1 and 2.
+constexpr std::uint32_t kGradStream = 3;
 
 }  // namespace
 
@@ -44,18 +42,6 @@ const char* to_string(MomentFormat format) {
   return "?";
 }
 
-std::uint64_t moment_bytes(MomentFormat format, std::uint64_t n) {
-  switch (format) {
-    case MomentFormat::kF32:
-      return n * 4;
-    case MomentFormat::kBF16:
-      return n * 2;
-    case MomentFormat::kQ8:
-      return n;
-  }
-  return n * 4;
-}
-
 std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t block) {
   if (format != MomentFormat::kQ8) return 0;
   STRATA_ASSERT(valid_block(block) && n % block == 0);
@@ -63,11 +49,18 @@ std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t b
 }
 
 std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step, int unit) {
+  using detail::lowbias32;
   std::uint32_t k = lowbias32(static_cast<std::uint32_t>(seed) ^ 0x5bd1e995U);
   k = lowbias32(k ^ static_cast<std::uint32_t>(seed >> 32));
   k = lowbias32(k ^ static_cast<std::uint32_t>(step));
-  k = lowbias32(k ^ static_cast<std::uint32_t>(step >> 32));
+  k = lowbias32(k ^ static_cast<std::uint32_t>(static_cast<std::uint64_t>(step) >> 32));
   return lowbias32(k ^ static_cast<std::uint32_t>(unit));
+}
+
+float q8_value(Moment which, std::uint8_t code, float absmax) {
+  return which == Moment::kExpAvg
+             ? detail::q8_decode_exp_avg(static_cast<std::int8_t>(code), absmax)
+             : detail::q8_decode_exp_avg_sq(code, absmax);
 }
 
 void decode_moment(MomentFormat format, Moment which, const void* src, const float* absmax,
@@ -113,14 +106,23 @@ void encode_moment(MomentFormat format, Moment which, const float* src, void* ds
                       float max = 0.0f;
                       for (std::size_t i = at; i < at + block; ++i)
                         max = std::max(max, std::fabs(src[i]));
-                      absmax[b] = max;
-                      if (max == 0.0f) {
+                      const float scale = detail::q8_block_scale(max);
+                      absmax[b] = scale;
+                      if (scale == 0.0f) {
                         std::memset(codes + at, 0, block);
                         continue;
                       }
-                      const float inv = 1.0f / max;
-                      for (std::size_t i = at; i < at + block; ++i)
-                        codes[i] = encode_q8(which, src[i], inv);
+                      if (which == Moment::kExpAvg) {
+                        const float inv = 1.0f / scale;
+                        for (std::size_t i = at; i < at + block; ++i)
+                          codes[i] = static_cast<std::uint8_t>(
+                              detail::q8_encode_exp_avg(src[i], inv, kNearest));
+                      } else {
+                        const float inv_sqrt = 1.0f / std::sqrt(scale);
+                        for (std::size_t i = at; i < at + block; ++i)
+                          codes[i] = detail::q8_encode_exp_avg_sq(std::sqrt(src[i]), inv_sqrt,
+                                                                  kNearest);
+                      }
                     }
                   });
 }
@@ -139,6 +141,7 @@ double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std:
                        bool assign, std::uint32_t key, std::uint32_t first_index,
                        bool sum_squares) {
   const auto count = static_cast<std::int64_t>(n);
+  const std::uint32_t stream = detail::lowbias32(key + kGradStream + 1);
   std::vector<double> parts(static_cast<std::size_t>((count + kGrain - 1) / kGrain), 0.0);
   parallel_chunks(count, kGrain, [&](std::int64_t i0, std::int64_t i1) {
     double squares = 0.0;
@@ -159,7 +162,7 @@ double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std:
         acc[i] = float_to_bf16(v);
       } else {
         const float sum = bf16_to_float(acc[i]) + v;
-        acc[i] = sr_bf16(sum, rounding_bits(key, 3, first_index + static_cast<std::uint32_t>(i)));
+        acc[i] = detail::sr_bf16(sum, detail::rounding_bits(stream, first_index + static_cast<std::size_t>(i)));
       }
       if (sum_squares) {
         const double stored = bf16_to_float(acc[i]);

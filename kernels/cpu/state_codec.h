@@ -21,7 +21,6 @@
 // index in its unit), so they depend on neither threads nor timing, nor on tiles or ranks.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -44,35 +43,12 @@ inline constexpr std::size_t kQ8BlockMax = 2048;
 // Which moment: the signed first or the non-negative second.
 enum class Moment : std::uint8_t { kExpAvg = 0, kExpAvgSq = 1 };
 
-// Bytes of n elements of a moment's codes (absmax not included).
-std::uint64_t moment_bytes(MomentFormat format, std::uint64_t n);
+// Bytes of n elements of a moment's values or codes (absmax not included): 4, 2 or 1 each.
+constexpr std::uint64_t moment_bytes(MomentFormat format, std::uint64_t n = 1) {
+  return n * (format == MomentFormat::kF32 ? 4 : format == MomentFormat::kBF16 ? 2 : 1);
+}
 // The absmax floats of n elements (kQ8: n / block; else 0). n must be a multiple of block.
 std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t block);
-
-// The hash behind stochastic rounding (Chris Wellons' lowbias32).
-inline std::uint32_t lowbias32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-// The random bits of element `index` of a tile with key `key`, stream `stream` (0 master,
-// 1 exp_avg, 2 exp_avg_sq, 3 gradient).
-inline std::uint32_t rounding_bits(std::uint32_t key, int stream, std::uint32_t index) {
-  const std::uint32_t key_s = lowbias32(key + static_cast<std::uint32_t>(stream) + 1U);
-  return lowbias32(index * 0x9E3779B1U + key_s);
-}
-// fp32 -> bf16 rounded stochastically with 16 random bits r (non-finite: to nearest even).
-inline std::uint16_t sr_bf16(float x, std::uint32_t r) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
-  if ((bits & 0x7f800000u) == 0x7f800000u) {
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits | 0x00400000u) >> 16);
-    return static_cast<std::uint16_t>(bits >> 16);
-  }
-  return static_cast<std::uint16_t>((bits + (r & 0xFFFFu)) >> 16);
-}
 
 // The stochastic-rounding key of one unit's update (or gradient addition) `step`: one stream
 // per (seed, step, unit). Within it, element e of the unit (its index in the unit's flat buffer)
@@ -81,25 +57,15 @@ inline std::uint16_t sr_bf16(float x, std::uint32_t r) {
 std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step, int unit);
 
 // One 8-bit code of a moment decoded against its block's absmax (the kernel's arithmetic).
-inline float q8_value(Moment which, std::uint8_t code, float absmax) {
-  constexpr float kInv127 = 1.0f / 127.0f;
-  constexpr float kInv255 = 1.0f / 255.0f;
-  if (which == Moment::kExpAvg) {
-    const int q = static_cast<std::int8_t>(code);
-    const float t = static_cast<float>(q < 0 ? -q : q) * kInv127;
-    const float m = (t * t) * absmax;
-    return q < 0 ? -m : m;
-  }
-  const float t = static_cast<float>(code) * kInv255;
-  const float t2 = t * t;
-  return (t2 * t2) * absmax;
-}
+float q8_value(Moment which, std::uint8_t code, float absmax);
 
 // n elements of a moment in `format` (codes at `src`, absmax per block for kQ8) to fp32 `dst`.
 void decode_moment(MomentFormat format, Moment which, const void* src, const float* absmax,
                    std::size_t block, float* dst, std::size_t n);
-// n fp32 elements to `format`: bf16 rounds to nearest even; kQ8 takes each block's absmax and
-// codes exactly as the kernel does. n must be a multiple of block for kQ8.
+// n fp32 elements to `format`: bf16 rounds to nearest even; kQ8 takes each block's absmax as the
+// kernel does (0 below FLT_MIN) and codes each element with the kernel's code positions, rounded
+// to nearest (the kernel rounds stochastically; a decoded code re-encodes to itself either way).
+// n must be a multiple of block for kQ8.
 void encode_moment(MomentFormat format, Moment which, const float* src, void* dst,
                    float* absmax, std::size_t block, std::size_t n);
 
@@ -109,7 +75,8 @@ void encode_values(DType dtype, const float* src, void* dst, std::size_t n);
 
 // grad (+)= src for a bf16 accumulator: `assign` stores src rounded to nearest even (the first
 // micro-batch: a bf16 gradient is stored exactly); else float(acc) + float(src) rounded
-// stochastically with the bits of (key, stream 3, first_index + i). With `sum_squares`, returns
+// stochastically, as the Adam kernel rounds, with the bits of stream 3 of `key` (the kernel's
+// streams 0-2 are master and moments) at index first_index + i. With `sum_squares`, returns
 // the sum of the squares of the stored results in double, in a fixed order (chunks of 64 Ki
 // elements, in order), whatever the threads; else 0.
 double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std::size_t n,

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "bench/bench.h"
@@ -41,6 +42,7 @@ struct BenchOffloadOptions : TrainingOptions {
   std::int64_t data_vocab = 0;
   std::int64_t data_branching = 4;
   std::string host_bytes;
+  std::string optimizer_state;  // a JSON object for strata.optimizer_state ("" = fp32 state)
   bool activation_offload = false;
   bool skip_memory = false;
   bool skip_optimizer = false;
@@ -60,7 +62,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const BenchMode
             "offload_optimizer": {{"device": "{}", "nvme_path": "{}"}}}},
           "strata": {{"output_dir": "{}", "train_steps": {}, "cpu_threads": {},
                       "optimizer_threads": {}, "optimizer_pipeline_depth": {},
-                      "device_bytes_max": "{}"{},
+                      "device_bytes_max": "{}"{}{},
                       "data": {{"source": "synthetic", "seq_len": {},
                                 "synthetic_vocab_size": {}, "synthetic_branching": {}}}}}}})",
       precision, o.batch, o.lr,
@@ -68,6 +70,8 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const BenchMode
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.optimizer_threads,
       o.pipeline_depth, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
+      o.optimizer_state.empty() ? ""
+                                : fmt::format(R"(, "optimizer_state": {})", o.optimizer_state),
       o.seq_len,
       o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
                        : std::min<std::int64_t>(shape.vocab_size, 1 << 20),
@@ -167,6 +171,21 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
   if (!std::filesystem::is_directory(o.path)) {
     return Status(ErrorCode::kUsage, "not a directory: give one on the NVMe drive", "--path");
   }
+  Json::Value state(Json::objectValue);
+  if (!o.optimizer_state.empty()) {  // an object, so that it cannot reach past its key
+    Json::CharReaderBuilder builder;
+    std::unique_ptr<Json::CharReader> reader(builder.newCharReader());
+    std::string errors;
+    const std::string& text = o.optimizer_state;
+    if (!reader->parse(text.data(), text.data() + text.size(), &state, &errors) ||
+        !state.isObject()) {
+      return Status(ErrorCode::kUsage,
+                    "'" + text +
+                        "' is not a JSON object; valid: e.g. {\"moments\": \"8bit\", "
+                        "\"master\": \"bf16\", \"gradients\": \"bf16\"}",
+                    "--optimizer-state");
+    }
+  }
   const std::string out_dir =
       (std::filesystem::temp_directory_path() / fmt::format("strata-bench-offload-{}", ::getpid()))
           .string();
@@ -183,6 +202,7 @@ Result<Json::Value> bench(const BenchOffloadOptions& o) {
   j["data_branching"] = Json::Int64(o.data_branching);
   j["steps"] = o.steps;
   j["repeat"] = o.repeat;
+  j["optimizer_state"] = state;
 
   double memory_step = 0.0;
   if (!o.skip_memory) {
@@ -322,6 +342,9 @@ void register_offload(CLI::App* bench, cli::Registry& registry) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--host-bytes", o->host_bytes, "Host budget (default: 80% of free memory)");
+  cmd->add_option("--optimizer-state", o->optimizer_state,
+                  "strata.optimizer_state as a JSON object, e.g. '{\"moments\": \"8bit\"}' "
+                  "(default: fp32 master, moments and gradients)");
   cmd->add_flag("--activation-offload", o->activation_offload,
                 "Activation checkpoints in host memory (implies --checkpointing)");
   cmd->add_flag("--skip-memory", o->skip_memory,
