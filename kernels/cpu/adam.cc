@@ -62,8 +62,8 @@ void check_tile(const AdamTile& t) {
                     "moments must be a MomentFormat");
   const bool q8 = t.moments == MomentFormat::kQ8;
   if (q8) {
-    STRATA_ASSERT_MSG(is_power_of_two(t.block) && t.block >= kAdamQ8BlockMin &&
-                          t.block <= kAdamQ8BlockMax && t.n % t.block == 0,
+    STRATA_ASSERT_MSG(is_power_of_two(t.block) && t.block >= kQ8BlockMinElems &&
+                          t.block <= kQ8BlockMaxElems && t.n % t.block == 0,
                       "8-bit moments need block a power of two in [64, 2048] that divides n");
   }
   if (t.n == 0) return;

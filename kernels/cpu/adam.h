@@ -93,7 +93,7 @@ struct AdamTile {
       2048;  // kQ8: elements per block; a power of two in [64, 2048]; n % block == 0
   std::uint32_t rounding_key = 0;  // the tile's stochastic-rounding stream (bf16 master or moments)
   std::uint32_t rounding_offset = 0;  // element i hashes index rounding_offset + i
-  const void* grad = nullptr;      // [n] gradient of grad_dtype, read only
+  const void* grad = nullptr;         // [n] gradient of grad_dtype, read only
   DType grad_dtype = DType::kF32;
   void* copy_out = nullptr;  // [n] of copy_dtype receiving the new weights: the stored master
                              // rounded to nearest even (bf16/fp16), or as fp32; null: no copy
@@ -117,11 +117,9 @@ struct GradStats {
 inline constexpr std::size_t kAdamParallelMinElems = 64 * 1024;
 // Elements per scheduling block (64 KiB per fp32 array); blocks are dealt to threads statically.
 inline constexpr std::size_t kAdamBlockElems = 16 * 1024;
-// The largest AdamTile::block of 8-bit moments. Threads split tiles at multiples of
-// kAdamBlockElems, so a multiple of this keeps every 8-bit block on one thread.
-inline constexpr std::size_t kAdamQ8BlockMax = 2048;
-inline constexpr std::size_t kAdamQ8BlockMin = 64;
-static_assert(kAdamBlockElems % kAdamQ8BlockMax == 0);
+// Threads split tiles at multiples of kAdamBlockElems, a multiple of the largest 8-bit block
+// (kQ8BlockMaxElems, state_codec.h), so every 8-bit block stays on one thread.
+static_assert(kAdamBlockElems % kQ8BlockMaxElems == 0);
 
 class AdamKernel {
  public:

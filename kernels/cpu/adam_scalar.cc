@@ -61,8 +61,8 @@ struct ScalarState {
       }
     } else {
       const std::size_t block = t.block;
-      alignas(64) float new_m[kAdamQ8BlockMax];
-      alignas(64) float new_sqrt_v[kAdamQ8BlockMax];
+      alignas(64) float new_m[kQ8BlockMaxElems];
+      alignas(64) float new_sqrt_v[kQ8BlockMaxElems];
       for (std::size_t b = begin; b < end; b += block) {
         Q8Pass pass = q8_begin_block(s, block, b, new_m, new_sqrt_v);
         for (std::size_t i = b; i < b + block; ++i) {

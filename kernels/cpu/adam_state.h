@@ -254,7 +254,7 @@ struct Q8Scales {
 // machine, where the step is bound by the divider and the vector ports; it costs nothing.)
 struct Q8Buffers {
   static constexpr std::size_t kSkewFloats = 272;
-  static constexpr std::size_t kStride = kAdamQ8BlockMax + kSkewFloats;
+  static constexpr std::size_t kStride = kQ8BlockMaxElems + kSkewFloats;
   alignas(64) float data[4 * kStride];
   float* get(int pair, int which) { return data + (2 * pair + which) * kStride; }
 };

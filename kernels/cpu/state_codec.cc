@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/assert.h"
+#include "kernels/cpu/adam_state.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/float16.h"
-#include "kernels/cpu/adam_state.h"
 #include "kernels/cpu/parallel.h"
 
 namespace strata::kernels {
@@ -18,7 +18,7 @@ namespace {
 constexpr std::int64_t kGrain = 1 << 16;
 
 bool valid_block(std::size_t block) {
-  return block >= kQ8BlockMin && block <= kQ8BlockMax && (block & (block - 1)) == 0;
+  return block >= kQ8BlockMinElems && block <= kQ8BlockMaxElems && (block & (block - 1)) == 0;
 }
 
 // The kernel's code positions, rounded to nearest: 16 rounding bits of 0x8000 put u at the
@@ -86,8 +86,8 @@ void decode_moment(MomentFormat format, Moment which, const void* src, const flo
                   });
 }
 
-void encode_moment(MomentFormat format, Moment which, const float* src, void* dst,
-                   float* absmax, std::size_t block, std::size_t n) {
+void encode_moment(MomentFormat format, Moment which, const float* src, void* dst, float* absmax,
+                   std::size_t block, std::size_t n) {
   if (format == MomentFormat::kF32) {
     std::memcpy(dst, src, n * 4);
     return;
@@ -99,32 +99,32 @@ void encode_moment(MomentFormat format, Moment which, const float* src, void* ds
   STRATA_ASSERT(valid_block(block) && n % block == 0);
   auto* codes = static_cast<std::uint8_t*>(dst);
   const auto blocks = static_cast<std::int64_t>(n / block);
-  parallel_chunks(blocks, std::max<std::int64_t>(1, kGrain / static_cast<std::int64_t>(block)),
-                  [&](std::int64_t b0, std::int64_t b1) {
-                    for (std::int64_t b = b0; b < b1; ++b) {
-                      const std::size_t at = static_cast<std::size_t>(b) * block;
-                      float max = 0.0f;
-                      for (std::size_t i = at; i < at + block; ++i)
-                        max = std::max(max, std::fabs(src[i]));
-                      const float scale = detail::q8_block_scale(max);
-                      absmax[b] = scale;
-                      if (scale == 0.0f) {
-                        std::memset(codes + at, 0, block);
-                        continue;
-                      }
-                      if (which == Moment::kExpAvg) {
-                        const float inv = 1.0f / scale;
-                        for (std::size_t i = at; i < at + block; ++i)
-                          codes[i] = static_cast<std::uint8_t>(
-                              detail::q8_encode_exp_avg(src[i], inv, kNearest));
-                      } else {
-                        const float inv_sqrt = 1.0f / std::sqrt(scale);
-                        for (std::size_t i = at; i < at + block; ++i)
-                          codes[i] = detail::q8_encode_exp_avg_sq(std::sqrt(src[i]), inv_sqrt,
-                                                                  kNearest);
-                      }
-                    }
-                  });
+  parallel_chunks(
+      blocks, std::max<std::int64_t>(1, kGrain / static_cast<std::int64_t>(block)),
+      [&](std::int64_t b0, std::int64_t b1) {
+        for (std::int64_t b = b0; b < b1; ++b) {
+          const std::size_t at = static_cast<std::size_t>(b) * block;
+          float max = 0.0f;
+          for (std::size_t i = at; i < at + block; ++i)
+            max = std::max(max, std::fabs(src[i]));
+          const float scale = detail::q8_block_scale(max);
+          absmax[b] = scale;
+          if (scale == 0.0f) {
+            std::memset(codes + at, 0, block);
+            continue;
+          }
+          if (which == Moment::kExpAvg) {
+            const float inv = 1.0f / scale;
+            for (std::size_t i = at; i < at + block; ++i)
+              codes[i] =
+                  static_cast<std::uint8_t>(detail::q8_encode_exp_avg(src[i], inv, kNearest));
+          } else {
+            const float inv_sqrt = 1.0f / std::sqrt(scale);
+            for (std::size_t i = at; i < at + block; ++i)
+              codes[i] = detail::q8_encode_exp_avg_sq(std::sqrt(src[i]), inv_sqrt, kNearest);
+          }
+        }
+      });
 }
 
 void decode_values(DType dtype, const void* src, float* dst, std::size_t n) {
@@ -162,7 +162,8 @@ double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std:
         acc[i] = float_to_bf16(v);
       } else {
         const float sum = bf16_to_float(acc[i]) + v;
-        acc[i] = detail::sr_bf16(sum, detail::rounding_bits(stream, first_index + static_cast<std::size_t>(i)));
+        acc[i] = detail::sr_bf16(
+            sum, detail::rounding_bits(stream, first_index + static_cast<std::size_t>(i)));
       }
       if (sum_squares) {
         const double stored = bf16_to_float(acc[i]);

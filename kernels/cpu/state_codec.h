@@ -37,8 +37,8 @@ enum class MomentFormat : std::uint8_t {
 // "fp32", "bf16", "8bit".
 const char* to_string(MomentFormat format);
 
-inline constexpr std::size_t kQ8BlockMin = 64;
-inline constexpr std::size_t kQ8BlockMax = 2048;
+inline constexpr std::size_t kQ8BlockMinElems = 64;
+inline constexpr std::size_t kQ8BlockMaxElems = 2048;
 
 // Which moment: the signed first or the non-negative second.
 enum class Moment : std::uint8_t { kExpAvg = 0, kExpAvgSq = 1 };
@@ -66,8 +66,8 @@ void decode_moment(MomentFormat format, Moment which, const void* src, const flo
 // kernel does (0 below FLT_MIN) and codes each element with the kernel's code positions, rounded
 // to nearest (the kernel rounds stochastically; a decoded code re-encodes to itself either way).
 // n must be a multiple of block for kQ8.
-void encode_moment(MomentFormat format, Moment which, const float* src, void* dst,
-                   float* absmax, std::size_t block, std::size_t n);
+void encode_moment(MomentFormat format, Moment which, const float* src, void* dst, float* absmax,
+                   std::size_t block, std::size_t n);
 
 // fp32 <-> a master or gradient of `dtype` (kF32 or kBF16; narrowing rounds to nearest even).
 void decode_values(DType dtype, const void* src, float* dst, std::size_t n);
@@ -80,7 +80,6 @@ void encode_values(DType dtype, const float* src, void* dst, std::size_t n);
 // the sum of the squares of the stored results in double, in a fixed order (chunks of 64 Ki
 // elements, in order), whatever the threads; else 0.
 double accumulate_bf16(std::uint16_t* acc, const void* src, DType src_type, std::size_t n,
-                       bool assign, std::uint32_t key, std::uint32_t first_index,
-                       bool sum_squares);
+                       bool assign, std::uint32_t key, std::uint32_t first_index, bool sum_squares);
 
 }  // namespace strata::kernels

@@ -193,7 +193,7 @@ int run_bench_adam(const BenchAdamOptions& o) {
     return usage("--master '" + o.master + "' is not one of fp32, bf16");
   }
   const bool q8 = *moments == kernels::MomentFormat::kQ8;
-  if (q8 && (o.block < kernels::kAdamQ8BlockMin || o.block > kernels::kAdamQ8BlockMax ||
+  if (q8 && (o.block < kernels::kQ8BlockMinElems || o.block > kernels::kQ8BlockMaxElems ||
              (o.block & (o.block - 1)) != 0 || n < o.block)) {
     return usage(fmt::format(
         "--block {} with 8bit moments must be a power of two in [64, 2048], at most --params ({})",

@@ -14,10 +14,10 @@
 #include "common/assert.h"
 #include "common/bounded_read.h"
 #include "common/log.h"
-#include "model/hf_io.h"
-#include "model/safetensors.h"
 #include "common/units.h"
 #include "kernels/cpu/state_codec.h"
+#include "model/hf_io.h"
+#include "model/safetensors.h"
 #include "offload/slot_codec.h"
 
 namespace strata::checkpoint {
@@ -207,8 +207,9 @@ struct Piece {
 };
 
 bool valid_block(std::int64_t block) {
-  return block >= static_cast<std::int64_t>(kernels::kQ8BlockMin) &&
-         block <= static_cast<std::int64_t>(kernels::kQ8BlockMax) && (block & (block - 1)) == 0;
+  return block >= static_cast<std::int64_t>(kernels::kQ8BlockMinElems) &&
+         block <= static_cast<std::int64_t>(kernels::kQ8BlockMaxElems) &&
+         (block & (block - 1)) == 0;
 }
 
 // The pieces covering elements [begin, begin + numel) of `unit`'s `kind`, each tensor's form
@@ -231,14 +232,14 @@ Result<std::vector<Piece>> find_pieces(const std::vector<StateFile>& files, cons
     const bool coded = moment && t->dtype == code_type;
     if ((t->dtype != model::StDType::kF32 && t->dtype != model::StDType::kBF16 && !coded) ||
         t->shape.size() != 1) {
-      return Status(ErrorCode::kCorrupt,
-                    fmt::format("tensor '{}' is {} of {} dimensions; expected F32 or BF16{} of 1",
-                                name, model::st_dtype_name(t->dtype), t->shape.size(),
-                                moment ? fmt::format(" or {} (8-bit, with '{}{}')",
-                                                     model::st_dtype_name(code_type), name,
-                                                     kAbsmaxSuffix)
-                                       : std::string()),
-                    f.file.path());
+      return Status(
+          ErrorCode::kCorrupt,
+          fmt::format("tensor '{}' is {} of {} dimensions; expected F32 or BF16{} of 1", name,
+                      model::st_dtype_name(t->dtype), t->shape.size(),
+                      moment ? fmt::format(" or {} (8-bit, with '{}{}')",
+                                           model::st_dtype_name(code_type), name, kAbsmaxSuffix)
+                             : std::string()),
+          f.file.path());
     }
     Piece piece;
     piece.file = &f;
@@ -250,8 +251,8 @@ Result<std::vector<Piece>> find_pieces(const std::vector<StateFile>& files, cons
       const std::int64_t blocks =
           a != nullptr && a->shape.size() == 1 ? a->shape[0] : std::int64_t{0};
       piece.block = blocks > 0 ? file_numel / blocks : 0;
-      if (a == nullptr || a->dtype != model::StDType::kF32 || a->shape.size() != 1 ||
-          blocks <= 0 || file_numel % blocks != 0 || !valid_block(piece.block)) {
+      if (a == nullptr || a->dtype != model::StDType::kF32 || a->shape.size() != 1 || blocks <= 0 ||
+          file_numel % blocks != 0 || !valid_block(piece.block)) {
         return Status(ErrorCode::kCorrupt,
                       fmt::format("tensor '{}' holds 8-bit codes, so '{}' must be F32 of one "
                                   "value per block of 64 to 2048 (a power of two) elements",
@@ -270,8 +271,8 @@ Result<std::vector<Piece>> find_pieces(const std::vector<StateFile>& files, cons
       return Status(ErrorCode::kCorrupt,
                     fmt::format("tensor '{}' holds elements [{}, {}) of a unit of {} padded "
                                 "elements; the unit has {} elements",
-                                name, piece.file_begin, piece.file_begin + file_numel,
-                                file_padded, unit.numel),
+                                name, piece.file_begin, piece.file_begin + file_numel, file_padded,
+                                unit.numel),
                     f.file.path());
     }
     piece.lo = std::max(begin, piece.file_begin);
@@ -324,9 +325,8 @@ void decode_piece(const Piece& p, offload::SlotKind kind, float* out) {
     default: {
       std::vector<float> absmax(static_cast<std::size_t>(p.absmax->shape[0]));
       std::memcpy(absmax.data(), p.file->file.data(*p.absmax), absmax.size() * 4);
-      const kernels::Moment which = kind == offload::SlotKind::kExpAvg
-                                        ? kernels::Moment::kExpAvg
-                                        : kernels::Moment::kExpAvgSq;
+      const kernels::Moment which = kind == offload::SlotKind::kExpAvg ? kernels::Moment::kExpAvg
+                                                                       : kernels::Moment::kExpAvgSq;
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t e = first + i;
         out[i] = kernels::q8_value(which, data[e], absmax[static_cast<std::size_t>(e / p.block)]);
@@ -465,13 +465,13 @@ Result<TrainerCounters> read_checkpoint(const std::string& dir, offload::Offload
         // Saved as this run stores it: the bytes themselves (a resume continues bit for bit).
         // Else decoded below and encoded the way this run stores it.
         char* values = reinterpret_cast<char*>(state.tiers().unit_scratch());
-        float* absmax = reinterpret_cast<float*>(
-            values + align_up(static_cast<std::uint64_t>(up.shard_numel) *
-                                  offload::value_bytes(plan, kind),
-                              64));
-        STRATA_ASSIGN_OR_RETURN(const bool same, reader.read_stored(unit, kind, up.shard_begin,
-                                                                    up.shard_numel, plan, values,
-                                                                    absmax));
+        float* absmax =
+            reinterpret_cast<float*>(values + align_up(static_cast<std::uint64_t>(up.shard_numel) *
+                                                           offload::value_bytes(plan, kind),
+                                                       64));
+        STRATA_ASSIGN_OR_RETURN(
+            const bool same,
+            reader.read_stored(unit, kind, up.shard_begin, up.shard_numel, plan, values, absmax));
         if (same) {
           offload::pack_slot(plan, kind, u, values, absmax, state.tiers().raw_scratch());
           STRATA_TRY(state.store_stored(kind, u, state.tiers().raw_scratch()));

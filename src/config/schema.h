@@ -109,7 +109,8 @@ void visit_fields(V& v, Fp16Config& c) {
   v.refused("fp16_master_weights_and_grads", Check::boolean(),
             {RefuseWhen::kTrue,
              "fp16 master weights and gradients change the update's arithmetic; Strata keeps "
-             "fp32 master weights and accumulates gradients in fp32"});
+             "them in fp32, or in bf16 with stochastic rounding when asked with "
+             "strata.optimizer_state.master and .gradients \"bf16\""});
 }
 
 template <typename V>
@@ -152,10 +153,12 @@ void visit_fields(V& v, OptimizerParams& c) {
              "changes the update; Strata has no AMSGrad"});
   v.refused("maximize", Check::boolean(),
             {RefuseWhen::kTrue, "maximize ascends the gradient; Strata minimises the loss"});
-  v.refused(
-      "fp32_optimizer_states", Check::boolean(),
-      {RefuseWhen::kNotBenign,
-       "16-bit Adam moments change the update's arithmetic; Strata keeps them in fp32", true});
+  v.refused("fp32_optimizer_states", Check::boolean(),
+            {RefuseWhen::kNotBenign,
+             "DeepSpeed's 16-bit Adam moments change the update's arithmetic; Strata keeps them in "
+             "fp32, or compressed when asked with strata.optimizer_state.moments \"bf16\" or "
+             "\"8bit\"",
+             true});
   v.legacy("max_grad_norm", "gradient_clipping");
 }
 

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "model/safetensors.h"
 #include "offload/estimate.h"
 #include "support/run_strata.h"
 #include "train/offload_support.h"
@@ -30,7 +33,8 @@ const std::vector<Format>& formats() {
   static const std::vector<Format> f = {
       {"gradients_bf16", R"("optimizer_state": {"gradients": "bf16"},)"},
       {"moments_8bit", R"("optimizer_state": {"moments": "8bit", "block_size": 256},)"},
-      {"moments_bf16_grads_bf16", R"("optimizer_state": {"moments": "bf16", "gradients": "bf16"},)"},
+      {"moments_bf16_grads_bf16",
+       R"("optimizer_state": {"moments": "bf16", "gradients": "bf16"},)"},
       {"all_compressed",
        R"("optimizer_state": {"moments": "8bit", "block_size": 64, "master": "bf16",
                               "gradients": "bf16"},)"},
@@ -59,7 +63,7 @@ struct FormatRun {
 };
 
 FormatRun train_with(const std::string& family, const std::string& precision, const Tiers& t,
-               const Format& f, int steps) {
+                     const Format& f, int steps) {
   TempDir dir;
   std::filesystem::create_directories(dir.path() + "/nvme");
   Tiers with = t;
@@ -69,8 +73,7 @@ FormatRun train_with(const std::string& family, const std::string& precision, co
   train::TrainerOptions options;
   options.quiet = true;
   auto trainer = train::Trainer::create(config, options);
-  EXPECT_TRUE(trainer.is_ok()) << t.name << " " << f.name << ": "
-                               << trainer.status().to_string();
+  EXPECT_TRUE(trainer.is_ok()) << t.name << " " << f.name << ": " << trainer.status().to_string();
   FormatRun run;
   if (!trainer.is_ok()) return run;
   for (int s = 0; s < steps; ++s) {
@@ -131,6 +134,60 @@ TEST(CompressedState, CompressedRunsDifferFromFp32ButStayClose) {
   }
 }
 
+TEST(CompressedState, ConvertWritesTheMasterWeightsOfACompressedCheckpoint) {
+  // A checkpoint of compressed state (bf16 master, 8-bit moments, on NVMe) converts to the fp32
+  // weights the trainer itself saves (its bf16 master decoded, byte for byte), and to bf16
+  // weights that are those same values exactly (the master is bf16: nothing is rounded twice).
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/nvme");
+  Tiers t = tiers()[4];  // both_nvme
+  t.extra_strata += formats()[3].keys;
+  const config::Config config = testing::load(
+      testing::tiny_config("llama", "bf16", t, dir.path() + "/out", dir.path() + "/nvme", 3));
+  train::TrainerOptions options;
+  options.quiet = true;
+  auto trainer = train::Trainer::create(config, options);
+  ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
+  for (int s = 0; s < 3; ++s)
+    ASSERT_TRUE((*trainer)->train_step().is_ok());
+  auto ckpt = (*trainer)->save_checkpoint();
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  ASSERT_TRUE((*trainer)->save_model(dir.path() + "/saved").is_ok());
+  trainer->reset();
+
+  auto fp32 = testing::run_strata({"convert", *ckpt, dir.path() + "/fp32"});
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.err;
+  auto bf16 = testing::run_strata({"convert", *ckpt, dir.path() + "/bf16", "--dtype", "bf16"});
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  auto saved = model::SafetensorsFile::open(dir.path() + "/saved/model.safetensors");
+  auto a = model::SafetensorsFile::open(dir.path() + "/fp32/model.safetensors");
+  auto b = model::SafetensorsFile::open(dir.path() + "/bf16/model.safetensors");
+  ASSERT_TRUE(saved.is_ok() && a.is_ok() && b.is_ok());
+  ASSERT_EQ(saved->tensors().size(), a->tensors().size());
+  std::uint64_t elements = 0, not_bf16 = 0;
+  for (const model::StTensor& s : saved->tensors()) {
+    const model::StTensor* x = a->find(s.name);
+    const model::StTensor* y = b->find(s.name);
+    ASSERT_TRUE(x != nullptr && y != nullptr) << s.name;
+    ASSERT_EQ(s.dtype, model::StDType::kF32) << s.name;
+    ASSERT_EQ(x->dtype, model::StDType::kF32) << s.name;
+    ASSERT_EQ(y->dtype, model::StDType::kBF16) << s.name;
+    ASSERT_EQ(s.end - s.begin, x->end - x->begin) << s.name;
+    ASSERT_EQ(s.end - s.begin, 2 * (y->end - y->begin)) << s.name;
+    EXPECT_EQ(std::memcmp(saved->data(s), a->data(*x), s.end - s.begin), 0) << s.name;
+    for (std::uint64_t i = 0; i < x->numel(); ++i) {
+      std::uint32_t f32 = 0;
+      std::uint16_t b16 = 0;
+      std::memcpy(&f32, a->data(*x) + 4 * i, 4);
+      std::memcpy(&b16, b->data(*y) + 2 * i, 2);
+      ++elements;
+      not_bf16 += (f32 & 0xFFFFu) != 0 || (f32 >> 16) != b16 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(elements, 0u);
+  EXPECT_EQ(not_bf16, 0u);
+}
+
 TEST(CompressedState, EstimateSaysBytesPerParameterForEachChoice) {
   // A 1.3B-parameter model (assumed Llama shape) with the optimizer in host memory and the
   // parameters on the device: fp32 state is 16 bytes per parameter; 8-bit moments with bf16
@@ -146,9 +203,9 @@ TEST(CompressedState, EstimateSaysBytesPerParameterForEachChoice) {
            {R"("optimizer_state": {"moments": "8bit", "master": "bf16", "gradients": "bf16"},)",
             6.0}}) {
     Tiers t{"optimizer_cpu", 2, "none", "cpu", "", c.keys};
-    const config::Config config = testing::load(
-        testing::tiny_config("llama", "bf16", t, "/tmp/unused", "/tmp/unused", 1),
-        {"strata.host_bytes_max=0", "strata.device_bytes_max=0"});
+    const config::Config config =
+        testing::load(testing::tiny_config("llama", "bf16", t, "/tmp/unused", "/tmp/unused", 1),
+                      {"strata.host_bytes_max=0", "strata.device_bytes_max=0"});
     offload::EstimateInput input;
     input.params = 1'300'000'000;
     input.shape = offload::assumed_shape(input.params);
