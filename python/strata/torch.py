@@ -10,6 +10,8 @@ Where the state lives comes from a DeepSpeed-style config (a path, a dict, or No
   the budgets (an optimizer that does not fit fails with Strata's message naming the key);
   ``zero_optimization.sub_group_size``: the tile; ``strata.optimizer_pipeline_depth``,
   ``strata.optimizer_threads``, ``strata.nvme_checksum``;
+- ``strata.optimizer_state``: compressed state (bf16 or 8-bit moments, bf16 master, bf16
+  gradient accumulator), decoded, updated and re-encoded by the CPU Adam in one pass;
 - ``gradient_clipping`` (when the config gives it; ``max_grad_norm=`` wins) and ``fp16`` with
   dynamic loss scaling (``scale_loss()``/``loss_scale``), with DeepSpeed's semantics.
 
