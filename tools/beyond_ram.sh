@@ -8,10 +8,10 @@
 #   3b (default): configs/beyond-ram-3b.json, 3.18 B parameters, fp32 optimizer state
 #                 (18 bytes per parameter: 57 GB on NVMe);
 #   7b:           configs/beyond-ram-7b.json, 6.74 B parameters, compressed optimizer state
-#                 (8-bit moments, bf16 master and gradients: ~6 bytes per parameter, ~40 GB).
+#                 (8-bit moments, bf16 master and gradients: 8 bytes per parameter, 54 GB).
 # No checkpoint is written; the swap files are deleted at the end, also on failure.
 # Usage: tools/beyond_ram.sh [3b|7b] [NVME_DIR]   (default strata_out/nvme-beyond-ram; needs
-# ~58 GB free for 3b, ~42 GB for 7b)
+# ~58 GB free for 3b, ~55 GB for 7b)
 # Runs under `chrt -f 10` when that is permitted (the figures in docs/benchmarks.md were).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

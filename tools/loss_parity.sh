@@ -80,16 +80,30 @@ print(json.dumps({"run": name, "steps": len(losses), "first_loss": losses[0],
 EOF
 }
 results="$work/results.jsonl"
-: > "$results"
-run fp32 '{}' | tee -a "$results"
-run moments_bf16 '{"moments": "bf16"}' | tee -a "$results"
-run moments_8bit '{"moments": "8bit"}' | tee -a "$results"
-run moments_8bit_grads_bf16 '{"moments": "8bit", "gradients": "bf16"}' | tee -a "$results"
-run all_compressed '{"moments": "8bit", "master": "bf16", "gradients": "bf16"}' | tee -a "$results"
+# LOSS_PARITY_RUNS picks runs (e.g. "moments_8bit all_compressed"); the others' rows are kept.
+runs="${LOSS_PARITY_RUNS:-fp32 moments_bf16 moments_8bit moments_8bit_grads_bf16 all_compressed}"
+touch "$results"
+for name in $runs; do
+  case "$name" in
+    fp32) state='{}' ;;
+    moments_bf16) state='{"moments": "bf16"}' ;;
+    moments_8bit) state='{"moments": "8bit"}' ;;
+    moments_8bit_grads_bf16) state='{"moments": "8bit", "gradients": "bf16"}' ;;
+    all_compressed) state='{"moments": "8bit", "master": "bf16", "gradients": "bf16"}' ;;
+    *) echo "loss_parity: unknown run '$name' in LOSS_PARITY_RUNS" >&2; exit 2 ;;
+  esac
+  row="$(run "$name" "$state")"
+  echo "$row"
+  grep -v "\"run\": \"$name\"" "$results" > "$results.tmp" || true
+  echo "$row" >> "$results.tmp"
+  mv "$results.tmp" "$results"
+done
 "$python" - "$results" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-base = rows[0]
+base = next((r for r in rows if r["run"] == "fp32"), None)
+if base is None:
+    sys.exit("loss_parity: no fp32 run to compare with (run it: LOSS_PARITY_RUNS=fp32)")
 for r in rows:
     r["final_vs_fp32"] = r["final_loss"] / base["final_loss"]
     if r["eval_loss"] is not None and base["eval_loss"]:

@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,10 @@ struct AdamConstants {
   float decay = 1;         // AdamW: 1 - lr * weight_decay; Adam: 1
   float l2 = 0;            // Adam: weight_decay; AdamW: 0
   float grad_scale = 1;    // grad_scale_inv * clip_coef
+  // Adam's bound on |exp_avg| / sqrt(exp_avg_sq) (8-bit moments clamp the decoded exp_avg to it;
+  // docs/adam.md): (1 - beta1) / sqrt((1 - beta2)(1 - beta1^2 / beta2)), FLT_MAX where
+  // beta1^2 >= beta2 gives none.
+  float m_bound = 0;
 };
 
 // The constants of one step, computed in double and rounded to fp32 (every path, CPU and GPU,
@@ -48,6 +53,13 @@ inline AdamConstants make_constants(const AdamParams& p, const AdamFusion& f) {
       p.adamw_mode ? static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay) : 1.0f;
   c.l2 = p.adamw_mode ? 0.0f : p.weight_decay;
   c.grad_scale = static_cast<float>(static_cast<double>(f.grad_scale_inv) * f.clip_coef);
+  // |m_t| <= sqrt(sum_i a_i^2 / b_i) sqrt(v_t) (Cauchy-Schwarz) with a_i = (1 - beta1) beta1^(t-i),
+  // b_i = (1 - beta2) beta2^(t-i): a geometric series when beta1^2 < beta2.
+  double bound = DBL_MAX;
+  if (beta1 * beta1 < beta2 && beta2 < 1.0) {
+    bound = (1.0 - beta1) / std::sqrt((1.0 - beta2) * (1.0 - beta1 * beta1 / beta2));
+  }
+  c.m_bound = bound < FLT_MAX ? static_cast<float>(bound) : FLT_MAX;
   return c;
 }
 

@@ -197,12 +197,26 @@ AdamResult adam_state_reference(const AdamParams& params, const AdamFusion& fusi
         m[i] = bf16_to_float(static_cast<const std::uint16_t*>(t.exp_avg)[i]);
         v[i] = bf16_to_float(static_cast<const std::uint16_t*>(t.exp_avg_sq)[i]);
         break;
-      case MomentFormat::kQ8:
-        m[i] = q8_decode_exp_avg(static_cast<const std::int8_t*>(t.exp_avg)[i],
-                                 t.exp_avg_absmax[i / t.block]);
-        v[i] = q8_decode_exp_avg_sq(static_cast<const std::uint8_t*>(t.exp_avg_sq)[i],
-                                    t.exp_avg_sq_absmax[i / t.block]);
+      case MomentFormat::kQ8: {
+        // m as the update reads it: |m| held to Adam's bound m_bound * sqrt(v), computed as
+        // (q_v / 255)^2 * (m_bound * sqrt(absmax_v)) (at most FLT_MAX; 0 for an all-zero
+        // block), the comparison as x86 minps does it.
+        const float absmax_v = t.exp_avg_sq_absmax[i / t.block];
+        const std::uint8_t code_v = static_cast<const std::uint8_t*>(t.exp_avg_sq)[i];
+        const float tv = static_cast<float>(code_v) * (1.0f / 255.0f);
+        float block_limit = 0.0f;
+        if (absmax_v > 0.0f) {
+          block_limit = c.m_bound * std::sqrt(absmax_v);
+          if (!(block_limit < FLT_MAX)) block_limit = FLT_MAX;
+        }
+        const float limit = (tv * tv) * block_limit;
+        const std::int8_t code_m = static_cast<const std::int8_t*>(t.exp_avg)[i];
+        float magnitude = std::fabs(q8_decode_exp_avg(code_m, t.exp_avg_absmax[i / t.block]));
+        if (!(magnitude < limit)) magnitude = limit;
+        m[i] = std::copysign(magnitude, static_cast<float>(code_m));
+        v[i] = q8_decode_exp_avg_sq(code_v, absmax_v);
         break;
+      }
     }
   }
 

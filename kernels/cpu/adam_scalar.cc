@@ -64,7 +64,7 @@ struct ScalarState {
       alignas(64) float new_m[kQ8BlockMaxElems];
       alignas(64) float new_sqrt_v[kQ8BlockMaxElems];
       for (std::size_t b = begin; b < end; b += block) {
-        Q8Pass pass = q8_begin_block(s, block, b, new_m, new_sqrt_v);
+        Q8Pass pass = q8_begin_block(c, s, block, b, new_m, new_sqrt_v);
         for (std::size_t i = b; i < b + block; ++i) {
           state_element<kMaster, kMoments, kL2>(c, s, keys, load_grad(s.grad, kGrad, i), copy, i,
                                                 &pass);

@@ -79,11 +79,34 @@ struct RoundingKeys {
   return std::copysign((t * t) * absmax, static_cast<float>(q));
 }
 
+// (q / 255)^2 of an exp_avg_sq code: sqrt(v / absmax) in real arithmetic.
+[[gnu::always_inline]] inline float q8_t2(std::uint8_t q) {
+  const float t = static_cast<float>(q) * kInv255;
+  return t * t;
+}
+
 // exp_avg_sq from its code: ((q / 255)^2)^2 * absmax.
 [[gnu::always_inline]] inline float q8_decode_exp_avg_sq(std::uint8_t q, float absmax) {
-  const float t = static_cast<float>(q) * kInv255;
-  const float t2 = t * t;
+  const float t2 = q8_t2(q);
   return (t2 * t2) * absmax;
+}
+
+// The block's bound on a decoded |exp_avg| per unit of q8_t2() of its exp_avg_sq code:
+// m_bound * sqrt(absmax of exp_avg_sq), at most FLT_MAX (so that t2 * limit is never 0 * inf),
+// and 0 for an all-zero block (v = 0 means every gradient so far was 0, so m = 0).
+[[gnu::always_inline]] inline float q8_m_limit(float m_bound, float scale_v) {
+  return scale_v > 0.0f ? min_ps(m_bound * std::sqrt(scale_v), FLT_MAX) : 0.0f;
+}
+
+// exp_avg from its code as the update reads it: magnitude min((t * t) * absmax, limit) (min_ps)
+// with limit = q8_t2(v's code) * q8_m_limit(), then q's sign. Adam's own moments always satisfy
+// |m| <= m_bound * sqrt(v); independently rounded codes need not (a v code rounded to 0 under a
+// non-zero m code would make m / (sqrt(v) + eps) enormous), so the decoded m is held to it.
+[[gnu::always_inline]] inline float q8_decode_exp_avg_bounded(std::int8_t q, float absmax,
+                                                              float limit) {
+  const int magnitude = q < 0 ? -q : q;
+  const float t = static_cast<float>(magnitude) * kInv127;
+  return std::copysign(min_ps((t * t) * absmax, limit), static_cast<float>(q));
 }
 
 // The absmax a block is stored with: its max, or 0 (all codes 0) when the max is below FLT_MIN,
@@ -136,6 +159,7 @@ inline constexpr float kCodeNoiseStep = static_cast<float>((1.0 - 1.0 / 1024.0) 
 struct Q8Pass {
   float scale_m = 0;  // the exp_avg absmax the codes were stored with
   float scale_v = 0;
+  float limit = 0;  // q8_m_limit() of the block
   float* new_m = nullptr;       // [block] the new exp_avg
   float* new_sqrt_v = nullptr;  // [block] sqrt of the new exp_avg_sq
   std::size_t base = 0;         // the tile index of the block's first element
@@ -207,8 +231,11 @@ template <DType kMaster, MomentFormat kMoments, bool kL2>
     m = bf16_to_float(static_cast<const std::uint16_t*>(s.exp_avg)[i]);
     v = bf16_to_float(static_cast<const std::uint16_t*>(s.exp_avg_sq)[i]);
   } else {
-    m = q8_decode_exp_avg(static_cast<const std::int8_t*>(s.exp_avg)[i], q8->scale_m);
-    v = q8_decode_exp_avg_sq(static_cast<const std::uint8_t*>(s.exp_avg_sq)[i], q8->scale_v);
+    const std::uint8_t code_v = static_cast<const std::uint8_t*>(s.exp_avg_sq)[i];
+    const float t2 = q8_t2(code_v);
+    v = (t2 * t2) * q8->scale_v;
+    m = q8_decode_exp_avg_bounded(static_cast<const std::int8_t*>(s.exp_avg)[i], q8->scale_m,
+                                  t2 * q8->limit);
   }
   adam_update<kL2>(c, grad, w, m, v);
   if constexpr (kMaster == DType::kF32) {
@@ -260,11 +287,12 @@ struct Q8Buffers {
 };
 
 // The first pass over the block starting at tile index base, with the block's stored scales.
-inline Q8Pass q8_begin_block(const StatePointers& s, std::size_t block, std::size_t base,
-                             float* new_m, float* new_sqrt_v) {
+inline Q8Pass q8_begin_block(const AdamConstants& c, const StatePointers& s, std::size_t block,
+                             std::size_t base, float* new_m, float* new_sqrt_v) {
   Q8Pass pass;
   pass.scale_m = s.absmax_m[base / block];
   pass.scale_v = s.absmax_v[base / block];
+  pass.limit = q8_m_limit(c.m_bound, pass.scale_v);
   pass.new_m = new_m;
   pass.new_sqrt_v = new_sqrt_v;
   pass.base = base;

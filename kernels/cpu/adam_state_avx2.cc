@@ -59,22 +59,24 @@ STRATA_AVX2 inline __m128i load_bytes8(const void* p) {
   return _mm_loadl_epi64(static_cast<const __m128i*>(p));
 }
 
-// q8_decode_exp_avg() of 8 codes: t from the signed code (the same magnitude as from |q|), t * t,
+// q8_decode_exp_avg_bounded() of 8 codes: t from the signed code (the same magnitude as from |q|), t * t,
 // times the scale, then q's sign bit (copysign).
-STRATA_AVX2 inline __m256 q8_decode_m8(const std::int8_t* codes, __m256 scale) {
+STRATA_AVX2 inline __m256 q8_decode_m8(const std::int8_t* codes, __m256 scale, __m256 limit) {
   const __m256i q = _mm256_cvtepi8_epi32(load_bytes8(codes));
   const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kInv127));
-  const __m256 m = _mm256_mul_ps(_mm256_mul_ps(t, t), scale);
+  // q8_decode_exp_avg_bounded(): the magnitude held to limit (minps: limit when unordered).
+  const __m256 m = _mm256_min_ps(_mm256_mul_ps(_mm256_mul_ps(t, t), scale), limit);
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000U));
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_andnot_si256(sign, _mm256_castps_si256(m)),
                                              _mm256_and_si256(sign, q)));
 }
 
-// q8_decode_exp_avg_sq() of 8 codes.
-STRATA_AVX2 inline __m256 q8_decode_v8(const std::uint8_t* codes, __m256 scale) {
+// q8_decode_exp_avg_sq() of 8 codes, and their q8_t2().
+STRATA_AVX2 inline __m256 q8_decode_v8(const std::uint8_t* codes, __m256 scale, __m256* t2_out) {
   const __m256i q = _mm256_cvtepu8_epi32(load_bytes8(codes));
   const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kInv255));
   const __m256 t2 = _mm256_mul_ps(t, t);
+  *t2_out = t2;
   return _mm256_mul_ps(_mm256_mul_ps(t2, t2), scale);
 }
 
@@ -151,6 +153,7 @@ struct Range8 {
 struct Q8Pass8 {
   __m256 scale_m, scale_v;
   __m256 max_m, max_v;
+  __m256 limit;  // q8_m_limit() of the block
 };
 
 // Elements [i, i + 8): decode, update, and encode all but 8-bit moments, which go to the block
@@ -175,8 +178,10 @@ STRATA_AVX2 inline void state8(const Range8& r, const StatePointers& s, std::siz
     m = load_bf16x8(s.exp_avg, i);
     v = load_bf16x8(s.exp_avg_sq, i);
   } else {
-    m = q8_decode_m8(static_cast<const std::int8_t*>(s.exp_avg) + i, q8->scale_m);
-    v = q8_decode_v8(static_cast<const std::uint8_t*>(s.exp_avg_sq) + i, q8->scale_v);
+    __m256 t2;
+    v = q8_decode_v8(static_cast<const std::uint8_t*>(s.exp_avg_sq) + i, q8->scale_v, &t2);
+    m = q8_decode_m8(static_cast<const std::int8_t*>(s.exp_avg) + i, q8->scale_m,
+                     _mm256_mul_ps(t2, q8->limit));
   }
   // adam_update(), operation for operation.
   if constexpr (kL2) g = _mm256_fmadd_ps(k.l2, w, g);
@@ -281,9 +286,10 @@ struct Avx2State {
       bool pending = false;
       int parity = 0;
       for (std::size_t b = begin; b < end; b += block, parity ^= 1) {
-        Q8Pass pass = q8_begin_block(s, block, b, buffers.get(parity, 0), buffers.get(parity, 1));
+        Q8Pass pass =
+            q8_begin_block(c, s, block, b, buffers.get(parity, 0), buffers.get(parity, 1));
         Q8Pass8 q8{_mm256_set1_ps(pass.scale_m), _mm256_set1_ps(pass.scale_v), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
+                    _mm256_setzero_ps(), _mm256_set1_ps(pass.limit)};
         if (pending) {
           const Q8Scales scales(done);
           Q8Encode8 e(r, done, scales, s);

@@ -57,22 +57,26 @@ STRATA_AVX512 inline void store_bf16x16(void* p, std::size_t i, __m256i h) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(p) + i), h);
 }
 
-// q8_decode_exp_avg() of 16 codes: t from the signed code (the same magnitude as from |q|), t * t,
+// q8_decode_exp_avg_bounded() of 16 codes: t from the signed code (the same magnitude as from |q|), t * t,
 // times the scale, then q's sign bit (copysign).
-STRATA_AVX512 inline __m512 q8_decode_m16(const std::int8_t* codes, __m512 scale) {
+STRATA_AVX512 inline __m512 q8_decode_m16(const std::int8_t* codes, __m512 scale,
+                                          __m512 limit) {
   const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(kInv127));
-  const __m512 m = _mm512_mul_ps(_mm512_mul_ps(t, t), scale);
+  // q8_decode_exp_avg_bounded(): the magnitude held to limit (minps: limit when unordered).
+  const __m512 m = _mm512_min_ps(_mm512_mul_ps(_mm512_mul_ps(t, t), scale), limit);
   // Bit select: the sign bit from q, the rest from m (imm 0xB8: b ? c : a per bit).
   return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
       _mm512_castps_si512(m), _mm512_set1_epi32(static_cast<int>(0x80000000U)), q, 0xB8));
 }
 
-// q8_decode_exp_avg_sq() of 16 codes.
-STRATA_AVX512 inline __m512 q8_decode_v16(const std::uint8_t* codes, __m512 scale) {
+// q8_decode_exp_avg_sq() of 16 codes, and their q8_t2().
+STRATA_AVX512 inline __m512 q8_decode_v16(const std::uint8_t* codes, __m512 scale,
+                                          __m512* t2_out) {
   const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(kInv255));
   const __m512 t2 = _mm512_mul_ps(t, t);
+  *t2_out = t2;
   return _mm512_mul_ps(_mm512_mul_ps(t2, t2), scale);
 }
 
@@ -145,6 +149,7 @@ struct Range16 {
 struct Q8Pass16 {
   __m512 scale_m, scale_v;
   __m512 max_m, max_v;
+  __m512 limit;  // q8_m_limit() of the block
 };
 
 // Elements [i, i + 16): decode, update, and encode all but 8-bit moments, which go to the block
@@ -169,8 +174,10 @@ STRATA_AVX512 inline void state16(const Range16& r, const StatePointers& s, std:
     m = load_bf16x16(s.exp_avg, i);
     v = load_bf16x16(s.exp_avg_sq, i);
   } else {
-    m = q8_decode_m16(static_cast<const std::int8_t*>(s.exp_avg) + i, q8->scale_m);
-    v = q8_decode_v16(static_cast<const std::uint8_t*>(s.exp_avg_sq) + i, q8->scale_v);
+    __m512 t2;
+    v = q8_decode_v16(static_cast<const std::uint8_t*>(s.exp_avg_sq) + i, q8->scale_v, &t2);
+    m = q8_decode_m16(static_cast<const std::int8_t*>(s.exp_avg) + i, q8->scale_m,
+                     _mm512_mul_ps(t2, q8->limit));
   }
   // adam_update(), operation for operation.
   if constexpr (kL2) g = _mm512_fmadd_ps(k.l2, w, g);
@@ -276,9 +283,10 @@ struct Avx512State {
       bool pending = false;
       int parity = 0;
       for (std::size_t b = begin; b < end; b += block, parity ^= 1) {
-        Q8Pass pass = q8_begin_block(s, block, b, buffers.get(parity, 0), buffers.get(parity, 1));
+        Q8Pass pass =
+            q8_begin_block(c, s, block, b, buffers.get(parity, 0), buffers.get(parity, 1));
         Q8Pass16 q8{_mm512_set1_ps(pass.scale_m), _mm512_set1_ps(pass.scale_v), _mm512_setzero_ps(),
-                    _mm512_setzero_ps()};
+                    _mm512_setzero_ps(), _mm512_set1_ps(pass.limit)};
         if (pending) {
           const Q8Scales scales(done);
           Q8Encode16 e(r, done, scales, s);
