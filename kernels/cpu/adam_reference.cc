@@ -258,15 +258,17 @@ AdamResult adam_state_reference(const AdamParams& params, const AdamFusion& fusi
       static_cast<float*>(t.exp_avg)[i] = m[i];
       static_cast<float*>(t.exp_avg_sq)[i] = v[i];
     } else if (t.moments == MomentFormat::kBF16) {
-      static_cast<std::uint16_t*>(t.exp_avg)[i] = rounded_bf16(m[i], t.rounding_key, 1, t.rounding_offset + i);
-      static_cast<std::uint16_t*>(t.exp_avg_sq)[i] = rounded_bf16(v[i], t.rounding_key, 2, t.rounding_offset + i);
+      static_cast<std::uint16_t*>(t.exp_avg)[i] =
+          rounded_bf16(m[i], t.rounding_key, 1, t.rounding_offset + i);
+      static_cast<std::uint16_t*>(t.exp_avg_sq)[i] =
+          rounded_bf16(v[i], t.rounding_key, 2, t.rounding_offset + i);
     }
   }
   if (t.moments == MomentFormat::kQ8) {
     for (std::size_t b = 0; b < n; b += t.block) {
-      t.exp_avg_absmax[b / t.block] = q8_encode_exp_avg_block(
-          m.data() + b, t.block, static_cast<std::int8_t*>(t.exp_avg) + b, t.rounding_key,
-          t.rounding_offset + b);
+      t.exp_avg_absmax[b / t.block] =
+          q8_encode_exp_avg_block(m.data() + b, t.block, static_cast<std::int8_t*>(t.exp_avg) + b,
+                                  t.rounding_key, t.rounding_offset + b);
       t.exp_avg_sq_absmax[b / t.block] = q8_encode_exp_avg_sq_block(
           v.data() + b, t.block, static_cast<std::uint8_t*>(t.exp_avg_sq) + b, t.rounding_key,
           t.rounding_offset + b);

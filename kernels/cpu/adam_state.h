@@ -159,7 +159,7 @@ inline constexpr float kCodeNoiseStep = static_cast<float>((1.0 - 1.0 / 1024.0) 
 struct Q8Pass {
   float scale_m = 0;  // the exp_avg absmax the codes were stored with
   float scale_v = 0;
-  float limit = 0;  // q8_m_limit() of the block
+  float limit = 0;              // q8_m_limit() of the block
   float* new_m = nullptr;       // [block] the new exp_avg
   float* new_sqrt_v = nullptr;  // [block] sqrt of the new exp_avg_sq
   std::size_t base = 0;         // the tile index of the block's first element

@@ -59,8 +59,8 @@ STRATA_AVX2 inline __m128i load_bytes8(const void* p) {
   return _mm_loadl_epi64(static_cast<const __m128i*>(p));
 }
 
-// q8_decode_exp_avg_bounded() of 8 codes: t from the signed code (the same magnitude as from |q|), t * t,
-// times the scale, then q's sign bit (copysign).
+// q8_decode_exp_avg_bounded() of 8 codes: t from the signed code (the same magnitude as from |q|),
+// t * t, times the scale, then q's sign bit (copysign).
 STRATA_AVX2 inline __m256 q8_decode_m8(const std::int8_t* codes, __m256 scale, __m256 limit) {
   const __m256i q = _mm256_cvtepi8_epi32(load_bytes8(codes));
   const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kInv127));
@@ -268,7 +268,8 @@ struct Avx2State {
     const Range8 r{Constants8(c),
                    _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                       _mm256_set1_epi32(static_cast<int>(kIndexMul))),
-                   RoundingKeys(t.rounding_key, t.rounding_offset), copy_kind(t), copy_aligned(t, begin, 8)};
+                   RoundingKeys(t.rounding_key, t.rounding_offset), copy_kind(t),
+                   copy_aligned(t, begin, 8)};
     if constexpr (kMoments != MomentFormat::kQ8) {
       std::size_t i = begin;
       for (; i + 8 <= end; i += 8)
@@ -289,7 +290,7 @@ struct Avx2State {
         Q8Pass pass =
             q8_begin_block(c, s, block, b, buffers.get(parity, 0), buffers.get(parity, 1));
         Q8Pass8 q8{_mm256_set1_ps(pass.scale_m), _mm256_set1_ps(pass.scale_v), _mm256_setzero_ps(),
-                    _mm256_setzero_ps(), _mm256_set1_ps(pass.limit)};
+                   _mm256_setzero_ps(), _mm256_set1_ps(pass.limit)};
         if (pending) {
           const Q8Scales scales(done);
           Q8Encode8 e(r, done, scales, s);

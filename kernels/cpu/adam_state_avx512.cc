@@ -57,10 +57,9 @@ STRATA_AVX512 inline void store_bf16x16(void* p, std::size_t i, __m256i h) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(p) + i), h);
 }
 
-// q8_decode_exp_avg_bounded() of 16 codes: t from the signed code (the same magnitude as from |q|), t * t,
-// times the scale, then q's sign bit (copysign).
-STRATA_AVX512 inline __m512 q8_decode_m16(const std::int8_t* codes, __m512 scale,
-                                          __m512 limit) {
+// q8_decode_exp_avg_bounded() of 16 codes: t from the signed code (the same magnitude as from |q|),
+// t * t, times the scale, then q's sign bit (copysign).
+STRATA_AVX512 inline __m512 q8_decode_m16(const std::int8_t* codes, __m512 scale, __m512 limit) {
   const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(kInv127));
   // q8_decode_exp_avg_bounded(): the magnitude held to limit (minps: limit when unordered).
@@ -71,8 +70,7 @@ STRATA_AVX512 inline __m512 q8_decode_m16(const std::int8_t* codes, __m512 scale
 }
 
 // q8_decode_exp_avg_sq() of 16 codes, and their q8_t2().
-STRATA_AVX512 inline __m512 q8_decode_v16(const std::uint8_t* codes, __m512 scale,
-                                          __m512* t2_out) {
+STRATA_AVX512 inline __m512 q8_decode_v16(const std::uint8_t* codes, __m512 scale, __m512* t2_out) {
   const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(kInv255));
   const __m512 t2 = _mm512_mul_ps(t, t);
@@ -177,7 +175,7 @@ STRATA_AVX512 inline void state16(const Range16& r, const StatePointers& s, std:
     __m512 t2;
     v = q8_decode_v16(static_cast<const std::uint8_t*>(s.exp_avg_sq) + i, q8->scale_v, &t2);
     m = q8_decode_m16(static_cast<const std::int8_t*>(s.exp_avg) + i, q8->scale_m,
-                     _mm512_mul_ps(t2, q8->limit));
+                      _mm512_mul_ps(t2, q8->limit));
   }
   // adam_update(), operation for operation.
   if constexpr (kL2) g = _mm512_fmadd_ps(k.l2, w, g);

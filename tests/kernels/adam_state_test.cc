@@ -569,7 +569,8 @@ TEST(AdamStateQuality, AGradientCollapseTakesNoOversizedStep) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> g1(d);
-  for (float& g : g1) g = std::exp(3.0f * normal(rng)) * (normal(rng) < 0 ? -1.0f : 1.0f);
+  for (float& g : g1)
+    g = std::exp(3.0f * normal(rng)) * (normal(rng) < 0 ? -1.0f : 1.0f);
   auto run = [&](MomentFormat moments) {
     std::vector<float> x(d, 0.0f), grad(d);
     std::vector<std::byte> m(d * 4, std::byte{0}), v(d * 4, std::byte{0});
@@ -588,13 +589,15 @@ TEST(AdamStateQuality, AGradientCollapseTakesNoOversizedStep) {
     params.lr = 1e-3f;
     params.weight_decay = 0.0f;
     for (int step = 1; step <= 6; ++step) {
-      for (std::size_t i = 0; i < d; ++i) grad[i] = step == 1 ? g1[i] : g1[i] * 1e-4f;
+      for (std::size_t i = 0; i < d; ++i)
+        grad[i] = step == 1 ? g1[i] : g1[i] * 1e-4f;
       params.step = step;
       tile.rounding_key = 0x9E3779B9u * static_cast<std::uint32_t>(step);
       (void)kernel->step(params, AdamFusion{}, tile);
     }
     float largest = 0;
-    for (float xi : x) largest = std::max(largest, std::fabs(xi));
+    for (float xi : x)
+      largest = std::max(largest, std::fabs(xi));
     return largest;
   };
   const float fp32 = run(MomentFormat::kF32);
