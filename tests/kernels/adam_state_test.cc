@@ -437,6 +437,32 @@ TEST(AdamStateRounding, Bf16MasterFollowsUpdatesSmallerThanItsUlp) {
   EXPECT_NEAR(sum / n, 1.0 - 200 * 1e-4, 0.002);
 }
 
+// An fp32 master of d elements at 0 with zeroed moments in `moments` (8-bit: blocks of `block`)
+// and an fp32 gradient, as one tile.
+struct ZeroState {
+  std::vector<float> x, grad;
+  std::vector<std::byte> m, v;
+  std::vector<float> absmax_m, absmax_v;
+  AdamTile tile;
+  ZeroState(std::size_t d, std::size_t block, MomentFormat moments)
+      : x(d, 0.0f),
+        grad(d, 0.0f),
+        m(d * 4, std::byte{0}),
+        v(d * 4, std::byte{0}),
+        absmax_m(d / block, 0.0f),
+        absmax_v(d / block, 0.0f) {
+    tile.master = x.data();
+    tile.exp_avg = m.data();
+    tile.exp_avg_sq = v.data();
+    tile.moments = moments;
+    tile.exp_avg_absmax = absmax_m.data();
+    tile.exp_avg_sq_absmax = absmax_v.data();
+    tile.block = block;
+    tile.grad = grad.data();
+    tile.n = d;
+  }
+};
+
 // One optimizer run on the noisy quadratic f(x) = 1/2 sum h_i (x_i - c_i)^2: fp32 master, the
 // given moment format; the loss (without noise) after every step, and the final weights.
 struct Trajectory {
@@ -461,32 +487,24 @@ Trajectory run_quadratic(const AdamKernel& kernel, MomentFormat moments, int ste
       sum += 0.5 * h[i] * (double(x[i]) - c[i]) * (double(x[i]) - c[i]);
     return sum;
   };
+  ZeroState state(d, block, moments);
+  std::vector<float>& x = state.x;
+  std::vector<float>& grad = state.grad;
+  AdamTile& tile = state.tile;
   Trajectory out;
-  out.x.assign(d, 0.0f);
-  std::vector<std::byte> m(d * 4, std::byte{0}), v(d * 4, std::byte{0});
-  std::vector<float> absmax_m(d / block, 0.0f), absmax_v(d / block, 0.0f), grad(d);
-  AdamTile tile;
-  tile.master = out.x.data();
-  tile.exp_avg = m.data();
-  tile.exp_avg_sq = v.data();
-  tile.moments = moments;
-  tile.exp_avg_absmax = absmax_m.data();
-  tile.exp_avg_sq_absmax = absmax_v.data();
-  tile.block = block;
-  tile.grad = grad.data();
-  tile.n = d;
   AdamParams params;
   params.lr = 1e-2f;
   std::mt19937 noise_rng(77);  // the same gradient noise in every run
-  out.loss.push_back(loss(out.x));
+  out.loss.push_back(loss(x));
   for (int step = 1; step <= steps; ++step) {
     for (std::size_t i = 0; i < d; ++i)
-      grad[i] = h[i] * (out.x[i] - c[i]) + 0.3f * normal(noise_rng);
+      grad[i] = h[i] * (x[i] - c[i]) + 0.3f * normal(noise_rng);
     params.step = step;
     tile.rounding_key = 0x9E3779B9u * static_cast<std::uint32_t>(step);
     (void)kernel.step(params, AdamFusion{}, tile);
-    out.loss.push_back(loss(out.x));
+    out.loss.push_back(loss(x));
   }
+  out.x = x;
   return out;
 }
 
@@ -572,31 +590,19 @@ TEST(AdamStateQuality, AGradientCollapseTakesNoOversizedStep) {
   for (float& g : g1)
     g = std::exp(3.0f * normal(rng)) * (normal(rng) < 0 ? -1.0f : 1.0f);
   auto run = [&](MomentFormat moments) {
-    std::vector<float> x(d, 0.0f), grad(d);
-    std::vector<std::byte> m(d * 4, std::byte{0}), v(d * 4, std::byte{0});
-    std::vector<float> absmax_m(d / block, 0.0f), absmax_v(d / block, 0.0f);
-    AdamTile tile;
-    tile.master = x.data();
-    tile.exp_avg = m.data();
-    tile.exp_avg_sq = v.data();
-    tile.moments = moments;
-    tile.exp_avg_absmax = absmax_m.data();
-    tile.exp_avg_sq_absmax = absmax_v.data();
-    tile.block = block;
-    tile.grad = grad.data();
-    tile.n = d;
+    ZeroState state(d, block, moments);
     AdamParams params;
     params.lr = 1e-3f;
     params.weight_decay = 0.0f;
     for (int step = 1; step <= 6; ++step) {
       for (std::size_t i = 0; i < d; ++i)
-        grad[i] = step == 1 ? g1[i] : g1[i] * 1e-4f;
+        state.grad[i] = step == 1 ? g1[i] : g1[i] * 1e-4f;
       params.step = step;
-      tile.rounding_key = 0x9E3779B9u * static_cast<std::uint32_t>(step);
-      (void)kernel->step(params, AdamFusion{}, tile);
+      state.tile.rounding_key = 0x9E3779B9u * static_cast<std::uint32_t>(step);
+      (void)kernel->step(params, AdamFusion{}, state.tile);
     }
     float largest = 0;
-    for (float xi : x)
+    for (float xi : state.x)
       largest = std::max(largest, std::fabs(xi));
     return largest;
   };
