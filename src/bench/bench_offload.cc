@@ -70,8 +70,7 @@ Result<config::Config> make_config(const BenchOffloadOptions& o, const BenchMode
       o.path, optimizer, o.path, out_dir, o.steps + o.warmup + 1, o.threads, o.optimizer_threads,
       o.pipeline_depth, o.device_bytes,
       o.host_bytes.empty() ? "" : fmt::format(R"(, "host_bytes_max": "{}")", o.host_bytes),
-      o.optimizer_state.empty() ? ""
-                                : fmt::format(R"(, "optimizer_state": {})", o.optimizer_state),
+      o.optimizer_state.empty() ? "" : fmt::format(R"(, "optimizer_state": {})", o.optimizer_state),
       o.seq_len,
       o.data_vocab > 0 ? std::min(o.data_vocab, shape.vocab_size)
                        : std::min<std::int64_t>(shape.vocab_size, 1 << 20),

@@ -369,9 +369,9 @@ Result<std::string> write_checkpoint(const std::string& root, const TrainerCount
   STRATA_TRY(agree(comm, prepared, "prepare the checkpoint directory", dir + ".tmp"));
   Result<StateFileDigest> written = write_checkpoint_shard(root, counters.step, state, who);
   STRATA_TRY(agree(comm, written.status(), "write its checkpoint shard", dir + ".tmp"));
-  STRATA_ASSIGN_OR_RETURN(const std::vector<StateFileDigest> digests,
-                          gather_digests(comm, *written, state.layout(), state.tiers().plan(),
-                                         who.state_files()));
+  STRATA_ASSIGN_OR_RETURN(
+      const std::vector<StateFileDigest> digests,
+      gather_digests(comm, *written, state.layout(), state.tiers().plan(), who.state_files()));
   Status committed = Status::ok();
   if (who.rank == 0) {
     committed = commit_checkpoint(root, counters, shape, precision, seed, who, digests).status();

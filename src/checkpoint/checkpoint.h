@@ -13,9 +13,10 @@
 // A rank file holds, per unit, `<unit>.master`, `<unit>.exp_avg` and `<unit>.exp_avg_sq` (shape
 // {shard_numel}, as strata.optimizer_state stores them: F32 by default, BF16, or 8-bit codes, I8
 // for exp_avg and U8 for exp_avg_sq, each followed by `<name>.absmax`, F32 of shard_numel / block
-// elements, the block size being shard_numel / that): elements [shard_begin, shard_begin + shard_numel) of the unit's flat
-// padded buffer. Its safetensors metadata says which, and whose it is: "format", "rank",
-// "state_files", "world_size", "zero_stage", "step", and per unit "<unit>.shard_begin" and
+// elements, the block size being shard_numel / that): elements [shard_begin, shard_begin +
+// shard_numel) of the unit's flat padded buffer. Its safetensors metadata says which, and whose it
+// is: "format", "rank", "state_files", "world_size", "zero_stage", "step", and per unit
+// "<unit>.shard_begin" and
 // "<unit>.padded_numel". With ZeRO stage >= 1 every rank writes its shard (state_files = world
 // size); at stage 0 every rank holds whole units, so only rank 0 writes (state_files = 1). A
 // world-1 run writes state-rank00000-of-00001. Formats 2 (rank files without digests) and 1 (one

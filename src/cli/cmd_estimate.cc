@@ -34,9 +34,10 @@ void print_text(const offload::Estimate& e, const std::vector<offload::Verdict>&
       }
     }
   }
-  std::printf("training state outside the device: %.3f bytes per parameter (host %.3f, NVMe %.3f)\n",
-              e.state_bytes_per_param(), e.state_bytes_per_param(offload::Tier::kHost),
-              e.state_bytes_per_param(offload::Tier::kNvme));
+  std::printf(
+      "training state outside the device: %.3f bytes per parameter (host %.3f, NVMe %.3f)\n",
+      e.state_bytes_per_param(), e.state_bytes_per_param(offload::Tier::kHost),
+      e.state_bytes_per_param(offload::Tier::kNvme));
   for (int k = 0; k < offload::kSlotKinds; ++k) {
     const auto kind = static_cast<offload::SlotKind>(k);
     const double host = e.state_bytes_per_param(offload::Tier::kHost, kind);

@@ -539,8 +539,7 @@ void validate(LoadContext& ctx) {
                       state.block_size));
   }
   const bool compressed = state.moments != MomentStorage::kFp32 ||
-                          state.master != StateDtype::kFp32 ||
-                          state.gradients != StateDtype::kFp32;
+                          state.master != StateDtype::kFp32 || state.gradients != StateDtype::kFp32;
   if (compressed && c.strata.device_optimizer == DeviceOptimizer::kOn &&
       c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone) {
     error({"strata.optimizer_state", "strata.device_optimizer"}, "strata.optimizer_state",

@@ -1,7 +1,7 @@
 // The gradient path: each unit's gradient leaves the device once, in its final flat layout, and
-// is accumulated in fp32 (or bf16, strata.optimizer_state.gradients) in its home tier (or, homed on the device with the optimizer, never
-// leaves it: ready(u) adds it into its device home on the compute stream, with the same
-// arithmetic).
+// is accumulated in fp32 (or bf16, strata.optimizer_state.gradients) in its home tier (or, homed on
+// the device with the optimizer, never leaves it: ready(u) adds it into its device home on the
+// compute stream, with the same arithmetic).
 //   acquire(u)  a device fp32 gradient frame of u's size class, zeroed (the runner accumulates
 //               one micro-batch into it; the tied head and the embedding share unit 0's frame);
 //   ready(u)    the frame is cast to the storage type (bf16/fp16, as a 16-bit .grad would be),

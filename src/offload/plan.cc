@@ -279,8 +279,8 @@ std::uint64_t TierPlan::pipeline_offset(int stage, int array) const {
   std::uint64_t state_bytes = 0;
   if (pipeline_state) {
     for (int a = 0; a < 4; ++a) {
-      arrays[a] = align_up(slot_bytes(static_cast<SlotKind>(a + 1), largest_tile), 4096) +
-                  kStaggerBytes;
+      arrays[a] =
+          align_up(slot_bytes(static_cast<SlotKind>(a + 1), largest_tile), 4096) + kStaggerBytes;
       state_bytes += arrays[a];
     }
   }

@@ -52,8 +52,8 @@ void decode_slot(const TierPlan& plan, SlotKind kind, int unit, const void* stor
   for (std::int64_t t = 0; t < tiles; ++t) {
     const std::int64_t n = plan.tile_numel(unit, t);
     float* out = dst + plan.tile_begin(unit, t);
-    auto* at = const_cast<char*>(static_cast<const char*>(stored)) +
-               plan.tile_offset(kind, unit, t);
+    auto* at =
+        const_cast<char*>(static_cast<const char*>(stored)) + plan.tile_offset(kind, unit, t);
     if (is_moment(kind)) {
       const StoredTile s = stored_tile(plan, kind, at, n);
       kernels::decode_moment(plan.state.moments, moment_of(kind), s.values, s.absmax,

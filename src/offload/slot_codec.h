@@ -18,8 +18,8 @@ namespace strata::offload {
 
 // Tile arrays inside a stored tile of n elements starting at `tile`.
 struct StoredTile {
-  void* values = nullptr;    // fp32 / bf16 values, or 8-bit codes
-  float* absmax = nullptr;   // 8-bit moments: n / block scales; else null
+  void* values = nullptr;   // fp32 / bf16 values, or 8-bit codes
+  float* absmax = nullptr;  // 8-bit moments: n / block scales; else null
 };
 StoredTile stored_tile(const TierPlan& plan, SlotKind kind, void* tile, std::int64_t n);
 

@@ -122,8 +122,8 @@ class TierManager {
   void* raw_scratch() const { return raw_scratch_; }
 
   // ---- staging areas (pinned) -----------------------------------------------------------------
-  void* param_staging(int i) const;       // plan().param_staging_buffers of them
-  void* grad_staging(int i) const;        // plan().grad_staging_buffers
+  void* param_staging(int i) const;      // plan().param_staging_buffers of them
+  void* grad_staging(int i) const;       // plan().grad_staging_buffers
   void* grad_write_buffer(int i) const;  // plan().grad_write_buffers tiles as stored
   char* pipeline_area() const { return pipeline_; }
 

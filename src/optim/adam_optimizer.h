@@ -30,7 +30,7 @@ struct AdamUpdate {
   float* exp_avg_absmax = nullptr;
   float* exp_avg_sq_absmax = nullptr;
   std::int64_t block = 2048;
-  std::uint32_t rounding_key = 0;  // the unit's stochastic rounding (kernels/cpu/state_codec.h)
+  std::uint32_t rounding_key = 0;     // the unit's stochastic rounding (kernels/cpu/state_codec.h)
   std::uint32_t rounding_offset = 0;  // the tile's first element's index in its unit
   const void* grad = nullptr;
   kernels::DType grad_dtype = kernels::DType::kF32;

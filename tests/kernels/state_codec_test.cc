@@ -45,8 +45,8 @@ TEST(StateCodec, EightBitDecodedStateEncodesBackToTheSameBytes) {
   for (std::size_t block : {64u, 256u, 2048u}) {
     for (Moment which : {Moment::kExpAvg, Moment::kExpAvgSq}) {
       const std::size_t n = 8192;
-      std::vector<float> v = random_values(n, static_cast<std::uint32_t>(block), which ==
-                                                                                  Moment::kExpAvgSq);
+      std::vector<float> v =
+          random_values(n, static_cast<std::uint32_t>(block), which == Moment::kExpAvgSq);
       std::fill(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(block), 0.0f);  // a zero block
       std::vector<std::uint8_t> codes(n), again(n);
       std::vector<float> absmax(n / block), absmax_again(n / block), decoded(n);
@@ -71,13 +71,13 @@ TEST(StateCodec, EightBitDecodedStateEncodesBackToTheSameBytes) {
                                                     : std::sqrt(std::sqrt(v[i] / max));
           const double step = which == Moment::kExpAvg ? 1.0 / 127 : 1.0 / 255;
           const double bound =
-              max == 0.0f ? 0.0
-                          : max * (which == Moment::kExpAvg
-                                       ? (2 * t + step) * step / 2 * 1.0001
-                                       : (4 * t * t * t + 6 * t * t * step + 4 * t * step * step +
-                                          step * step * step) *
-                                             step / 2 * 1.0001 +
-                                             1e-45);
+              max == 0.0f
+                  ? 0.0
+                  : max * (which == Moment::kExpAvg ? (2 * t + step) * step / 2 * 1.0001
+                                                    : (4 * t * t * t + 6 * t * t * step +
+                                                       4 * t * step * step + step * step * step) *
+                                                              step / 2 * 1.0001 +
+                                                          1e-45);
           EXPECT_LE(std::fabs(decoded[i] - v[i]), bound + 1e-30) << i;
         }
       }
@@ -126,7 +126,8 @@ TEST(StateCodec, Bf16AccumulationIsDeterministicAndSumsTheStoredValues) {
   std::vector<std::uint16_t> acc1(n), acc2(n);
   for (std::vector<std::uint16_t>* acc : {&acc1, &acc2}) {
     accumulate_bf16(acc->data(), a.data(), DType::kF32, n, true, 0, 0, false);
-    const double squares = accumulate_bf16(acc->data(), b.data(), DType::kF32, n, false, 99, 5, true);
+    const double squares =
+        accumulate_bf16(acc->data(), b.data(), DType::kF32, n, false, 99, 5, true);
     double expect = 0.0;
     for (std::size_t c = 0; c < n; c += 65536) {
       double part = 0.0;
@@ -143,9 +144,10 @@ TEST(StateCodec, Bf16AccumulationIsDeterministicAndSumsTheStoredValues) {
   for (std::size_t i = 0; i < n; i += 997) {
     const float exact = bf16_to_float(float_to_bf16(a[i])) + b[i];
     const float got = bf16_to_float(acc1[i]);
-    const float down = bf16_to_float(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(exact) >> 16));
-    const float up = bf16_to_float(
-        static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(exact) >> 16) + 1));
+    const float down =
+        bf16_to_float(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(exact) >> 16));
+    const float up =
+        bf16_to_float(static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(exact) >> 16) + 1));
     EXPECT_TRUE(got == down || got == up || got == exact) << i;
   }
 }
