@@ -329,14 +329,30 @@ class Group {
 
   // One Adam step over every tile of every unit (the gradients must be in their homes).
   void step(double lr, double grad_multiplier, std::int64_t t) {
-    if (!(lr >= 0.0)) check(invalid("lr", "the learning rate must be 0 or more"));
-    if (t < 1) check(invalid("step", "Adam's step count starts at 1"));
-    offload::PipelineStep s;
-    s.lr = lr;
-    s.grad_multiplier = grad_multiplier;
-    s.step = t;
+    const offload::PipelineStep s = pipeline_step(lr, grad_multiplier, t);
     py::gil_scoped_release release;
     check(pipeline_->start(s));
+    check(pipeline_->finish());
+  }
+  // The same step over `units` alone, in that order, left running: wait_params(u) returns when
+  // unit u's new parameters are in their home, finish() when the step is done. A step split into
+  // parts gives the bits of the whole (the overlapped hand-off of strata.torch).
+  void start(double lr, double grad_multiplier, std::int64_t t, const std::vector<int>& parts) {
+    const offload::PipelineStep s = pipeline_step(lr, grad_multiplier, t);
+    if (pipeline_->active()) {
+      check(Status(ErrorCode::kInvalidArgument,
+                   "a step is running; valid: finish() it before starting another", "start"));
+    }
+    py::gil_scoped_release release;
+    check(pipeline_->start(s, parts));
+  }
+  void wait_params(int u) {
+    checked(u);
+    py::gil_scoped_release release;
+    check(pipeline_->wait_for_params(u));
+  }
+  void finish() {
+    py::gil_scoped_release release;
     check(pipeline_->finish());
   }
 
@@ -375,6 +391,15 @@ class Group {
   }
 
  private:
+  static offload::PipelineStep pipeline_step(double lr, double grad_multiplier, std::int64_t t) {
+    if (!(lr >= 0.0)) check(invalid("lr", "the learning rate must be 0 or more"));
+    if (t < 1) check(invalid("step", "Adam's step count starts at 1"));
+    offload::PipelineStep s;
+    s.lr = lr;
+    s.grad_multiplier = grad_multiplier;
+    s.step = t;
+    return s;
+  }
   const offload::UnitPlan& unit(int u) const {
     return tiers_->plan().units[static_cast<std::size_t>(u)];
   }
@@ -519,6 +544,10 @@ PYBIND11_MODULE(_core, m) {
       .def("store_state", &Group::store_state)
       .def("refresh_params", &Group::refresh_params)
       .def("step", &Group::step, py::arg("lr"), py::arg("grad_multiplier"), py::arg("step"))
+      .def("start", &Group::start, py::arg("lr"), py::arg("grad_multiplier"), py::arg("step"),
+           py::arg("units"))
+      .def("wait_params", &Group::wait_params, py::arg("unit"))
+      .def("finish", &Group::finish)
       .def("usage", &Group::usage);
 
   m.def("gradient_multiplier", &strata::optim::gradient_multiplier, py::arg("scaled_norm"),

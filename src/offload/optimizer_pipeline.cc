@@ -63,8 +63,9 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager
       continue;
     }
     for (std::int64_t t = 0; t < plan.units[u].tiles; ++t)
-      p->tiles_.push_back(Tile{static_cast<int>(u), t});
+      p->all_tiles_.push_back(Tile{static_cast<int>(u), t});
   }
+  p->tiles_ = p->all_tiles_;
   p->params_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
   p->done_tiles_ = std::vector<std::atomic<std::int64_t>>(plan.units.size());
   p->hand_ = std::vector<std::atomic<int>>(plan.units.size());
@@ -453,8 +454,16 @@ void OptimizerPipeline::worker_main() {
 
 // ---- the trainer's thread ------------------------------------------------------------------
 
+void OptimizerPipeline::whole_step_tiles() {
+  STRATA_ASSERT(!active_.load() && preloaded_ == 0);
+  if (!partial_) return;
+  tiles_ = all_tiles_;
+  partial_ = false;
+}
+
 Status OptimizerPipeline::preload() {
   if (active_.load() || preloaded_ > 0 || failed_.load()) return Status::ok();
+  whole_step_tiles();
   const auto ntiles = static_cast<std::int64_t>(tiles_.size());
   for (std::int64_t t = 0; t < std::min(depth_, ntiles) && nvme_state(t); ++t) {
     Status s = issue_reads(slot_of(t), t, false);
@@ -487,18 +496,60 @@ Status OptimizerPipeline::cancel_preload() {
 
 Status OptimizerPipeline::start(const PipelineStep& step) {
   STRATA_ASSERT_MSG(!active_.load(), "optimizer step started while the previous one runs");
+  if (preloaded_ == 0) whole_step_tiles();  // a preload already made tiles_ the whole step's
+  return begin_step(step, nullptr);
+}
+
+Status OptimizerPipeline::start(const PipelineStep& step, const std::vector<int>& units) {
+  STRATA_ASSERT_MSG(!active_.load(), "optimizer step started while the previous one runs");
+  std::vector<char> listed(plan_.units.size(), 0);
+  for (int u : units) {
+    if (u < 0 || static_cast<std::size_t>(u) >= plan_.units.size()) {
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("unit {} is not a unit; valid: 0 to {}", u,
+                                static_cast<int>(plan_.units.size()) - 1),
+                    "units");
+    }
+    if (device_unit(u)) {
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("unit {} has its optimizer state on the device, which a partial "
+                                "step does not run; valid: host- or NVMe-homed units",
+                                u),
+                    "units");
+    }
+    if (listed[static_cast<std::size_t>(u)] != 0) {
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("unit {} is listed twice; valid: each unit once per step", u),
+                    "units");
+    }
+    listed[static_cast<std::size_t>(u)] = 1;
+  }
+  if (preloaded_ > 0) STRATA_TRY(cancel_preload());
+  tiles_.clear();
+  for (int u : units) {
+    for (std::int64_t t = 0; t < plan_.units[static_cast<std::size_t>(u)].tiles; ++t)
+      tiles_.push_back(Tile{u, t});
+  }
+  partial_ = true;
+  return begin_step(step, &listed);
+}
+
+Status OptimizerPipeline::begin_step(const PipelineStep& step, const std::vector<char>* listed) {
   if (failed_.load()) {
     std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
   STRATA_TRY(backend_.record(step_started_, backend::StreamKind::kCompute));
   step_ = step;
-  STRATA_TRY(run_device_tiles());
+  if (listed == nullptr) STRATA_TRY(run_device_tiles());
   next_compute_ = done_ = 0;
-  for (auto& n : params_tiles_)
-    n.store(0);
-  for (auto& n : done_tiles_)
-    n.store(0);
+  for (std::size_t u = 0; u < plan_.units.size(); ++u) {
+    // Units a partial step leaves out are as ready as between steps.
+    const bool left_out =
+        listed != nullptr && (*listed)[u] == 0 && !device_unit(static_cast<int>(u));
+    params_tiles_[u].store(left_out ? plan_.units[u].tiles : 0);
+    done_tiles_[u].store(left_out ? plan_.units[u].tiles : 0);
+  }
   for (std::size_t u = 0; u < hand_.size(); ++u) {
     hand_[u].store(kHandNone);
     hand_destination_[u].store(nullptr);

@@ -86,6 +86,12 @@ class OptimizerPipeline final : public UpdateGate {
   Status cancel_preload();
   // Starts a step over every tile (the previous one must be finished).
   Status start(const PipelineStep& step);
+  // Starts a step over the tiles of `units` alone, in that order (host- or NVMe-homed units, each
+  // once): a binding that hands gradients over unit by unit during the backward steps each unit
+  // as soon as it has landed. Each tile's arithmetic is the same as in a whole step, so a step
+  // split into parts gives the bits of the whole. Units left out are untouched and count as
+  // ready. A preload in flight (it read the whole step's first tiles) is discarded.
+  Status start(const PipelineStep& step, const std::vector<int>& units);
   // Issues the host->device copies of new device-homed parameters; returns the step's error.
   Status pump();
   // Block until every write of unit u's update is done / the step is complete. The first error
@@ -167,7 +173,12 @@ class OptimizerPipeline final : public UpdateGate {
   const TierPlan& plan_;
   optim::AdamOptimizer& adam_;
   std::int64_t depth_ = 0;
-  std::vector<Tile> tiles_;  // every tile the worker runs (host and NVMe homes), units in order
+  std::vector<Tile> all_tiles_;  // every host- and NVMe-homed tile, units in order
+  std::vector<Tile> tiles_;      // the tiles of this step: all_tiles_, or those of some units
+  bool partial_ = false;         // tiles_ is a part (start(step, units))
+  // listed: per unit, whether a partial step runs it (nullptr: the whole step).
+  Status begin_step(const PipelineStep& step, const std::vector<char>* listed);
+  void whole_step_tiles();
   std::vector<int> device_units_;  // units whose state (and Adam) is on the device
   // Recorded on the compute stream after the device units' AdamW: their milestones.
   backend::Event device_done_;

@@ -261,5 +261,51 @@ TEST(OptimizerPipeline, ASkippedStepDropsThePreload) {
   x.expect_updated(step_of(), "after a dropped preload");
 }
 
+TEST(OptimizerPipeline, AStepSplitIntoPartsInAnyOrderGivesTheWholeStepsBits) {
+  const struct {
+    const char* name;
+    kernels::DType storage;
+    Tier param, optim;
+  } cases[] = {
+      {"host state, host params, bf16", kernels::DType::kBF16, Tier::kHost, Tier::kHost},
+      {"nvme state, host params, fp32", kernels::DType::kF32, Tier::kHost, Tier::kNvme},
+      {"nvme state, device params, bf16", kernels::DType::kBF16, Tier::kDevice, Tier::kNvme},
+  };
+  for (const auto& c : cases) {
+    Fixture x;
+    ASSERT_NO_FATAL_FAILURE(x.make(c.storage, c.param, c.optim)) << c.name;
+    OptimizerPipeline* pipeline = x.pipeline.get();
+    // A preload of the whole step's first tiles is discarded by a partial start.
+    ASSERT_TRUE(pipeline->preload().is_ok()) << c.name;
+    // The units as a backward hands them over: the last one first, then the other two.
+    ASSERT_TRUE(pipeline->start(step_of(), {2}).is_ok()) << c.name;
+    EXPECT_TRUE(pipeline->params_ready(0)) << "a unit left out counts as ready";
+    EXPECT_TRUE(pipeline->unit_done(1));
+    ASSERT_TRUE(pipeline->wait_for_params(2).is_ok()) << c.name;
+    ASSERT_TRUE(pipeline->finish().is_ok()) << c.name;
+    ASSERT_TRUE(pipeline->start(step_of(), {1, 0}).is_ok()) << c.name;
+    ASSERT_TRUE(pipeline->finish().is_ok()) << c.name;
+    x.expect_updated(step_of(), c.name);
+    // A whole step (with a preload) runs every unit again afterwards.
+    ASSERT_TRUE(pipeline->preload().is_ok());
+    ASSERT_TRUE(pipeline->start(step_of()).is_ok());
+    ASSERT_TRUE(pipeline->finish().is_ok());
+  }
+}
+
+TEST(OptimizerPipeline, APartialStepRefusesUnknownAndRepeatedUnits) {
+  Fixture x;
+  ASSERT_NO_FATAL_FAILURE(x.make(kernels::DType::kBF16, Tier::kHost, Tier::kHost));
+  Status bad = x.pipeline->start(step_of(), {3});
+  EXPECT_EQ(bad.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.to_string().find("unit 3 is not a unit; valid: 0 to 2"), std::string::npos)
+      << bad.to_string();
+  bad = x.pipeline->start(step_of(), {1, 1});
+  EXPECT_NE(bad.to_string().find("unit 1 is listed twice"), std::string::npos) << bad.to_string();
+  EXPECT_FALSE(x.pipeline->active());
+  ASSERT_TRUE(x.pipeline->start(step_of(), {}).is_ok()) << "an empty part is a no-op";
+  ASSERT_TRUE(x.pipeline->finish().is_ok());
+}
+
 }  // namespace
 }  // namespace strata::offload
