@@ -11,7 +11,13 @@
 #   sanitize  (with --sanitize) compute-sanitizer's memcheck, racecheck, synccheck and initcheck
 #             over the gpu test programs (SANITIZE_FILTER, a gtest filter, default every test)
 #             and over a short `strata train` of configs/demo.json on the CUDA backend;
-#   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape.
+#   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape;
+#   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
+#             the bits of overlap=False on the GPU; PYTHON, default python3, with torch), and with
+#             --bench tools/bench_torch_offload.py: the Llama-3.2-1B shape (torch fused AdamW on
+#             the GPU, OffloadAdamW cpu with and without overlap, FSDP2 + CPUOffloadPolicy,
+#             DeepSpeed ZeRO-2 where it imports), then the Llama-3.1-8B shape with OffloadAdamW
+#             nvme (NVME_DIR, default /tmp).
 # On the GPU machine, after ../shared/gpu/bundle.sh: bash .gpu/run.sh 'tools/gpu_checks.sh
 # --build $B --sanitize' (run.sh gives each command STEP_S seconds: raise it, or run the phases as
 # separate commands with --only). Exit status: 0 when every phase passed, 1 otherwise.
@@ -33,8 +39,8 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_checks: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$only" in ""|tests|repeat|sanitize|bench) ;; *)
-  echo "gpu_checks: --only '$only'; valid: tests, repeat, sanitize, bench" >&2; exit 2 ;;
+case "$only" in ""|tests|repeat|sanitize|bench|torch) ;; *)
+  echo "gpu_checks: --only '$only'; valid: tests, repeat, sanitize, bench, torch" >&2; exit 2 ;;
 esac
 [ -x "$build/strata" ] || { echo "gpu_checks: no $build/strata: build with CUDA first" >&2; exit 2; }
 command -v nvidia-smi >/dev/null 2>&1 || { echo "gpu_checks: no nvidia-smi: this needs a GPU" >&2; exit 2; }
@@ -97,6 +103,20 @@ if want bench && { [ "$bench" = 1 ] || [ "$only" = bench ]; }; then
     "$root/configs/models/gpt2-124m.json" 3
   STRATA="$build/strata" BATCH=4 step bench.llama_1b bash "$root/tools/bench_gpu_vs_pytorch.sh" \
     "$root/configs/models/llama-1b.json" 3
+fi
+
+if want torch; then
+  py="${PYTHON:-python3}"
+  PYTHONPATH="$build/python" STRATA_REQUIRE_PYTHON=1 step torch.pytest "$py" -m pytest -q \
+    "$root/python/tests/test_offload_overlap.py" "$root/python/tests/test_offload_adamw.py"
+  if [ "$bench" = 1 ]; then
+    PYTHONPATH="$build/python" step torch.bench_1b "$py" "$root/tools/bench_torch_offload.py" \
+      --preset 1b --json --variants \
+      torch-fused,strata-cpu,strata-cpu-sync,fsdp2-cpu-offload,deepspeed-zero2
+    PYTHONPATH="$build/python" step torch.bench_8b "$py" "$root/tools/bench_torch_offload.py" \
+      --preset 8b --json --steps 2 --warmup 1 --batch 4 --variants strata-nvme \
+      --offload-ratio 0.45 --nvme-dir "${NVME_DIR:-/tmp}"
+  fi
 fi
 
 echo "gpu_checks: $([ $failed = 0 ] && echo every phase passed || echo FAILED: see the logs above)"

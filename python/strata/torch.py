@@ -63,10 +63,13 @@ def _config_text(config):
 
 class _Slot:
     """Where one parameter lives in its engine."""
-    __slots__ = ("param", "index", "unit", "offset", "numel", "bound_param", "bound_grad")
+    __slots__ = ("param", "index", "unit", "offset", "numel", "bound_param", "bound_grad",
+                 "device", "dtype")
 
     def __init__(self, param, index, unit, offset, numel):
         self.param = param
+        self.device = param.device  # what the parameter must stay on, and be
+        self.dtype = param.dtype
         self.index = index  # the parameter's number in state_dict(), as torch numbers them
         self.unit = unit
         self.offset = offset
@@ -116,11 +119,23 @@ class OffloadAdamW(torch.optim.Optimizer):
         unit_elements: the packing target of the flat units.
         bind_params: let CPU parameters of the stored dtype live in the optimizer's parameter
             home (zero-copy); False copies the new values into them after each step.
+        overlap: hand each unit's gradients over during the backward, as they become final, and
+            run Adam on it there (module ``strata._overlap``, docs/python.md "Overlap"): the same
+            parameters bit for bit as ``overlap=False``. Every backward outside ``no_sync()`` (or
+            the last of ``accumulation_steps``) must then be followed by ``step()``.
+        module: with overlap, the model: the next forward waits, module by module, for the new
+            values of the parameters each module holds; None: ``step()`` waits for all of them.
+        accumulation_steps: with overlap, only every N-th backward hands gradients over (the
+            others accumulate), like running the first N-1 under ``no_sync()``.
+        overlap_buffers: with overlap, staging buffers per dtype (each the size of the largest
+            unit; pinned with a GPU); a hand-off waits for a free one.
+        overlap_trace: with overlap, record a timeline (``overlap_trace()``).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  config=None, max_grad_norm=None, adamw_mode=True, unit_elements=1 << 23,
-                 bind_params=True):
+                 bind_params=True, overlap=False, module=None, accumulation_steps=1,
+                 overlap_buffers=3, overlap_trace=False):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -152,10 +167,22 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._last_step_s = 0.0
         self._last_norm = None
         self._engines = []
+        self._overlap = None
+        self._overlap_wanted = bool(overlap)
+        if module is not None and not overlap:
+            raise StrataError("OffloadAdamW: module= is for overlap=True; valid: overlap=True "
+                              "with module=<the model>, or no module")
         index = 0
+        seen = {}
         for gi, group in enumerate(self.param_groups):
             by_dtype = {}
             for p in group["params"]:
+                if id(p) in seen:
+                    raise StrataError(f"param group {gi}, parameter {index} is parameter "
+                                      f"{seen[id(p)]} again (the same tensor); valid: each "
+                                      f"parameter once (model.parameters() lists a tied weight "
+                                      f"once)")
+                seen[id(p)] = index
                 if p.dtype not in _STORAGE:
                     raise StrataError(f"param group {gi}, parameter {index}: dtype {p.dtype} "
                                       f"cannot be trained; valid: float32, bfloat16, float16")
@@ -181,6 +208,11 @@ class OffloadAdamW(torch.optim.Optimizer):
         for e in self._engines:
             self._load_from_params(e)
             self._bind_engine(e)
+        if overlap and self._engines:
+            from ._overlap import Overlap
+            self._overlap = Overlap(self, module, accumulation_steps, overlap_buffers,
+                                    overlap_trace)
+            self.notes.extend(self._overlap.notes)
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -222,32 +254,46 @@ class OffloadAdamW(torch.optim.Optimizer):
                     home = params[s.offset:s.offset + s.numel].view(p.shape)
                     p.data = home
                     s.bound_param = home
+                # With overlap, the hand-off copies each gradient (a bound one would be written
+                # by the next backward while Adam may still read it).
                 if (grads is not None and self._bind and p.device.type == "cpu"
-                        and p.dtype == torch.float32):
+                        and p.dtype == torch.float32 and not self._overlap_wanted):
                     s.bound_grad = grads[s.offset:s.offset + s.numel].view(p.shape)
 
     def _check_open(self):
         if self._ctx is None:
             raise StrataError("OffloadAdamW: the optimizer was closed; valid: create a new one")
 
+    @staticmethod
+    def _check_param(s):
+        """A parameter must keep the device and dtype it had when the optimizer laid out its
+        state (its copies, uploads and gradient buffers were made for them)."""
+        p = s.param
+        if p.device != s.device or p.dtype != s.dtype:
+            raise StrataError(
+                f"parameter {s.index} ({tuple(p.shape)}) is now {p.dtype} on {p.device}; it was "
+                f"{s.dtype} on {s.device} when the optimizer was created; valid: move and cast "
+                f"the model (model.to(...)) before creating OffloadAdamW, or create a new one")
+
+    def _synchronize(self):
+        if self._overlap is not None:
+            self._overlap.synchronize()
+
     # ---- the step ------------------------------------------------------------------------------
 
-    def _grads(self):
-        return [s.param.grad for e in self._engines for s in e.slots if s.param.grad is not None]
-
-    @staticmethod
-    def _total_norm(grads):
-        if not grads:
-            return 0.0
-        per_device = {}
-        for g in grads:
-            per_device.setdefault((g.device, g.dtype), []).append(g)
-        norms = []
-        for (device, _), gs in per_device.items():
-            norms.extend(torch._foreach_norm(gs, 2.0))
-        total = torch.linalg.vector_norm(
-            torch.stack([n.to(device="cpu", dtype=torch.float32) for n in norms]), 2.0)
-        return float(total)
+    def _total_norm(self):
+        """The global gradient norm as the overlapped hand-off computes it: per unit, the fp32
+        norms of its gradients (one torch._foreach_norm over the unit's list), then their
+        squares summed in double, units in order; so both give the same bits."""
+        total = 0.0
+        for e in self._engines:
+            for slots in e.by_unit:
+                grads = [s.param.grad for s in slots if s.param.grad is not None]
+                if grads:
+                    norms = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+                    for n in norms.tolist():
+                        total += n * n
+        return math.sqrt(total)
 
     @torch.no_grad()
     def _gather_grads(self, e):
@@ -294,6 +340,14 @@ class OffloadAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         begin = time.perf_counter()
+        if self._overlap is not None:
+            self._scaled = False  # the hand-off took it at the step's first gradient
+            self._overlap.step()
+            self._last_step_s = time.perf_counter() - begin
+            return loss
+        for e in self._engines:
+            for s in e.slots:
+                self._check_param(s)
         # The loss scale applies to gradients of a loss that went through scale_loss() (a
         # torch.amp.GradScaler, as the HF Trainer's fp16 uses, unscales them itself).
         scaled = self._scaled
@@ -302,7 +356,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         multiplier = 1.0 / scale
         self._last_norm = None
         if self._clip > 0 or scaled:
-            norm = self._total_norm(self._grads())
+            norm = self._total_norm()
             self._last_norm = norm
             if not math.isfinite(norm):
                 self._skipped += 1
@@ -326,6 +380,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         """Clears the gradients as torch does. With ``set_to_none=False`` a CPU fp32 parameter's
         gradient becomes a zeroed view of the optimizer's gradient home, so the next backward
         accumulates straight into it and step() copies nothing."""
+        if self._overlap is not None and self._overlap.open_hand_off():
+            raise StrataError("OffloadAdamW.zero_grad: a backward has already handed its "
+                              "gradients over (overlap=True) and step() has not run; valid: "
+                              "step() first, or that backward under opt.no_sync()")
         for e in self._engines:
             for s in e.slots:
                 p = s.param
@@ -338,6 +396,34 @@ class OffloadAdamW(torch.optim.Optimizer):
                 elif p.grad is not None:
                     p.grad.detach_()
                     p.grad.zero_()
+
+    # ---- overlap --------------------------------------------------------------------------------
+
+    def no_sync(self):
+        """With overlap: a context for the backward of a micro-batch that only accumulates (its
+        gradients stay in ``.grad``; the next backward outside it hands them over). Without
+        overlap it does nothing (gradients are read at step())."""
+        if self._overlap is None:
+            import contextlib
+            return contextlib.nullcontext()
+        return self._overlap.no_sync()
+
+    def synchronize(self):
+        """With overlap: waits until the last step's Adam ran and its new parameters are in place
+        (the current CUDA stream waits for their uploads); raises a failed step's error."""
+        self._check_open()
+        self._synchronize()
+
+    @property
+    def last_handoff_order(self):
+        """With overlap: the parameter indices (as state_dict() numbers them) in the order the
+        last step handed their gradients over (the backward's order, then what step() sent)."""
+        return [] if self._overlap is None else list(self._overlap.last_order)
+
+    def overlap_trace(self):
+        """With ``overlap_trace=True``: [(lane, label, begin_s, end_s)] of the hand-offs (the
+        backward's hooks), landings, Adam and uploads (the worker) since the optimizer was made."""
+        return [] if self._overlap is None else list(self._overlap.trace)
 
     # ---- fp16 loss scaling ---------------------------------------------------------------------
 
@@ -362,6 +448,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         ``exp_avg_sq`` and, for 16-bit parameters, the fp32 ``master`` weights; plus a
         "strata" entry (steps, skipped steps, loss scaler)."""
         self._check_open()
+        self._synchronize()
         state = {}
         for e in self._engines:
             kinds = _STATE_KINDS if e.dtype != torch.float32 else _STATE_KINDS[1:]
@@ -394,6 +481,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Restores what state_dict() saved (the same parameters, in the same groups)."""
         self._check_open()
+        self._synchronize()
         if not isinstance(state_dict, dict) or "state" not in state_dict or \
                 "param_groups" not in state_dict:
             raise StrataError("load_state_dict: valid: a dict with 'state' and 'param_groups', "
@@ -468,6 +556,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         """Steps, skipped steps, the loss scale, the last step's seconds, and per engine the
         tiers' bytes (plan, in use, peak, budget), NVMe bytes moved and the plan's lines."""
         self._check_open()
+        self._synchronize()
         engines = []
         tiers = {"device": 0, "host": 0, "nvme": 0}
         for e in self._engines:
@@ -488,6 +577,12 @@ class OffloadAdamW(torch.optim.Optimizer):
             "last_step_s": self._last_step_s,
             "bytes": tiers,
             "engines": engines,
+            "overlap": None if self._overlap is None else {
+                "module_waits": self._overlap.module is not None,
+                "accumulation_steps": self._overlap.accumulation_steps,
+                "staging_bytes": self._overlap.staging_bytes,
+                "device": str(self._overlap.device or "cpu"),
+            },
             "notes": self.notes,
         }
 
@@ -497,6 +592,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         removed). The optimizer cannot step afterwards."""
         if self._ctx is None:
             return
+        if self._overlap is not None:
+            overlap, self._overlap = self._overlap, None
+            overlap.close()
         for e in self._engines:
             for s in e.slots:
                 p = s.param
