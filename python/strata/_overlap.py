@@ -38,9 +38,24 @@ import time
 
 import torch
 
-from ._core import StrataError
+from ._core import StrataError, gradient_multiplier
 
 _POLL_S = 0.05  # waits wake this often to notice a failed worker
+
+
+def unit_norms(grads):
+    """The fp32 norms of one unit's gradients, one torch._foreach_norm over its list: the plain
+    step() and the hand-off call this on the same lists, so their norms have the same bits."""
+    return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+
+
+def global_norm(norm_lists):
+    """The global gradient norm from per-unit norms: squares summed in double, in order."""
+    total = 0.0
+    for norms in norm_lists:
+        for n in norms:
+            total += n * n
+    return math.sqrt(total)
 
 
 class _Flight:
@@ -65,7 +80,9 @@ class _Flight:
         self.norms = {}  # key -> per-tensor norms (floats), once landed
         self.landed = []  # keys landed, in landing order
         self.ran = set()  # keys whose Adam ran (or that a skip left as they were)
-        self.closed = False  # every key is handed over
+        self.closed = False  # every key is handed over (the hooks' and step()'s side)
+        self.closed_by_step = False  # the worker has seen step()'s "close"
+        self.settled = False  # the caller's thread applied the outcome to the counters
         self.decided = threading.Event()  # multiplier or skip known
         self.done = threading.Event()  # every unit's Adam ran and its upload is enqueued
         self.ready = {k: threading.Event() for k in keys}  # the unit's new parameters are home
@@ -296,12 +313,9 @@ class Overlap:
         fl.handed.add(key)
         present = []
         for s in slots:
-            g = s.param.grad
+            g = self.opt._dense_grad(s)
             if g is None:
                 continue
-            if g.is_sparse:
-                raise StrataError(f"parameter {s.index}: sparse gradients are not supported; "
-                                  f"valid: dense gradients")
             present.append((s, g))
             fl.order.append(s.index)
             fl.versions.append((s, g, g._version))
@@ -321,8 +335,7 @@ class Overlap:
                     buf[s.offset:s.offset + s.numel].copy_(g.reshape(-1), non_blocking=True)
                     g.record_stream(self.d2h)
                 if fl.need_norm and grads:
-                    on_device = torch.stack(torch._foreach_norm(grads, 2.0,
-                                                                dtype=torch.float32))
+                    on_device = unit_norms(grads)
                     norms = torch.empty(len(grads), dtype=torch.float32, pin_memory=True)
                     norms.copy_(on_device, non_blocking=True)
                 landed = torch.cuda.Event()
@@ -331,7 +344,7 @@ class Overlap:
             for s, g in present:
                 buf[s.offset:s.offset + s.numel].copy_(g.reshape(-1))
             if fl.need_norm and grads:
-                norms = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+                norms = unit_norms(grads)
         self._note("hand-off", f"unit {u}", begin)
         self.queue.put(("land", fl, key, buf, [s for s, _ in present], landed, norms))
 
@@ -350,9 +363,7 @@ class Overlap:
         the uploads go on behind (module given) or are waited for (module None)."""
         opt = self.opt
         with self.lock:
-            for e in opt._engines:
-                for s in e.slots:
-                    opt._check_param(s)
+            opt._check_params()
             fl = self.flight
             if fl is None:
                 fl = self._begin()  # no hook handed anything over (gradients set by hand)
@@ -390,7 +401,7 @@ class Overlap:
     def _reap(self):
         """Forgets the steps that are over (the caller holds the lock)."""
         while self.flights and self.flights[0].done.is_set() and \
-                getattr(self.flights[0], "settled", False):
+                self.flights[0].settled:
             self.flights.popleft()
 
     def _settle_decided(self):
@@ -399,21 +410,11 @@ class Overlap:
         opt = self.opt
         with self.lock:
             for fl in self.flights:
-                if getattr(fl, "settled", False) or not fl.decided.is_set() or \
-                        fl.error is not None:
+                if fl.settled or not fl.decided.is_set() or fl.error is not None:
                     continue
                 fl.settled = True
-                self._settle(opt, fl)
-
-    @staticmethod
-    def _settle(opt, fl):
-        opt._last_norm = fl.norm
-        if fl.skip:
-            opt._skipped += 1
-        else:
-            opt._steps = fl.t
-        if fl.scaled:
-            opt._ctx.update_loss_scale(fl.skip)
+                opt._last_norm = fl.norm
+                opt._record_step(fl.t, fl.skip, fl.scaled)
 
     def wait_key(self, key):
         """The next forward's wait for unit `key`'s new parameters (a forward pre-hook)."""
@@ -528,12 +529,9 @@ class Overlap:
         e = self.opt._engines[ei]
         if landed is not None:
             landed.synchronize()
-        grad = e.view("grad", u)
-        grad.zero_()
-        for s in present:
-            grad[s.offset:s.offset + s.numel].copy_(buf[s.offset:s.offset + s.numel])
+        handed = {id(s) for s in present}
+        e.store_grads(u, lambda s: buf[s.offset:s.offset + s.numel] if id(s) in handed else None)
         self.free[ei].put(buf)
-        e.core.store_state("grad", u)
         fl.norms[key] = norms.tolist() if norms is not None else []
         fl.landed.append(key)
         self._note("land", f"unit {u}", begin)
@@ -542,17 +540,12 @@ class Overlap:
         """Runs what the flight allows now: Adam on landed units (multiplier known), or the
         decision once every unit has landed."""
         if fl.need_norm and not fl.decided.is_set():
-            if not (getattr(fl, "closed_by_step", False) and len(fl.landed) == len(fl.keys)):
+            if not (fl.closed_by_step and len(fl.landed) == len(fl.keys)):
                 return
-            total = 0.0
-            for key in fl.keys:
-                for n in fl.norms[key]:
-                    total += n * n
-            fl.norm = math.sqrt(total)
+            fl.norm = global_norm(fl.norms[key] for key in fl.keys)
             if not math.isfinite(fl.norm):
                 fl.skip = True
             else:
-                from ._core import gradient_multiplier
                 fl.multiplier = gradient_multiplier(fl.norm, fl.scale, fl.clip)
             fl.decided.set()
             todo = list(fl.keys)  # forward order: the next forward needs the first units first
@@ -564,7 +557,7 @@ class Overlap:
                 fl.ready[key].set()
         else:
             self._run_adam(fl, todo)
-        if getattr(fl, "closed_by_step", False) and len(fl.ran) == len(fl.keys):
+        if fl.closed_by_step and len(fl.ran) == len(fl.keys):
             fl.done.set()
 
     def _run_adam(self, fl, keys):
@@ -591,30 +584,18 @@ class Overlap:
     def _upload(self, fl, key):
         ei, u = key
         e = self.opt._engines[ei]
-        slots = e.by_unit[u]
-        params = None
         if self.cuda:
             with torch.cuda.stream(self.h2d):
                 final = fl.grads_final.get(key)
                 if final is not None:
                     self.h2d.wait_event(final)  # the backward's last reads of these parameters
-                for s in slots:
-                    if params is None:
-                        params = e.param_view(u)
-                    s.param.data.copy_(params[s.offset:s.offset + s.numel].view(s.param.shape),
-                                       non_blocking=True)
+                e.scatter_params(u, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.h2d)
             fl.uploads[key] = event
             self.last_upload[key] = event
         else:
-            for s in slots:
-                p = s.param
-                if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
-                    continue  # the parameter is the home: Adam updated it in place
-                if params is None:
-                    params = e.param_view(u)
-                p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape))
+            e.scatter_params(u)  # a parameter that is the home was updated in place
         fl.ran.add(key)
         fl.ready[key].set()
 

@@ -35,6 +35,7 @@ import torch
 
 from . import _core
 from ._core import StrataError
+from ._overlap import global_norm, unit_norms
 
 __all__ = ["OffloadAdamW", "StrataError"]
 
@@ -102,6 +103,35 @@ class _Engine:
     def param_view(self, unit):
         t = torch.from_numpy(self.core.param_view(unit))
         return t if self.dtype == torch.float32 else t.view(self.dtype)
+
+    def store_grads(self, u, grad_of):
+        """Writes unit u's gradients into their home: grad_of(slot) gives a slot's gradient
+        (None: zeros); one that is the home itself (backward accumulated there) stays."""
+        grad = self.view("grad", u)
+        if not self.grad_home:
+            grad.zero_()
+        for s in self.by_unit[u]:
+            g = grad_of(s)
+            span = grad[s.offset:s.offset + s.numel]
+            if g is None:
+                if self.grad_home:
+                    span.zero_()
+            elif s.bound_grad is None or g.data_ptr() != s.bound_grad.data_ptr():
+                span.copy_(g.reshape(-1))
+        self.core.store_state("grad", u)
+
+    def scatter_params(self, u, non_blocking=False):
+        """Copies unit u's new parameters from their home into every parameter that is not the
+        home itself (CUDA tensors; non_blocking on the caller's stream)."""
+        params = None
+        for s in self.by_unit[u]:
+            p = s.param
+            if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
+                continue  # the parameter is the home: already updated
+            if params is None:
+                params = self.param_view(u)
+            p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape),
+                         non_blocking=non_blocking)
 
 
 class OffloadAdamW(torch.optim.Optimizer):
@@ -275,9 +305,23 @@ class OffloadAdamW(torch.optim.Optimizer):
                 f"{s.dtype} on {s.device} when the optimizer was created; valid: move and cast "
                 f"the model (model.to(...)) before creating OffloadAdamW, or create a new one")
 
+    def _check_params(self):
+        for e in self._engines:
+            for s in e.slots:
+                self._check_param(s)
+
     def _synchronize(self):
         if self._overlap is not None:
             self._overlap.synchronize()
+
+    def _record_step(self, t, skipped, scaled):
+        """A decided step: counted as Adam's t or as skipped, and the dynamic loss scale moved."""
+        if skipped:
+            self._skipped += 1
+        else:
+            self._steps = t
+        if scaled:
+            self._ctx.update_loss_scale(skipped)
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -285,48 +329,31 @@ class OffloadAdamW(torch.optim.Optimizer):
         """The global gradient norm as the overlapped hand-off computes it: per unit, the fp32
         norms of its gradients (one torch._foreach_norm over the unit's list), then their
         squares summed in double, units in order; so both give the same bits."""
-        total = 0.0
+        lists = []
         for e in self._engines:
             for slots in e.by_unit:
                 grads = [s.param.grad for s in slots if s.param.grad is not None]
                 if grads:
-                    norms = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
-                    for n in norms.tolist():
-                        total += n * n
-        return math.sqrt(total)
+                    lists.append(unit_norms(grads).tolist())
+        return global_norm(lists)
+
+    @staticmethod
+    def _dense_grad(s):
+        g = s.param.grad
+        if g is not None and g.is_sparse:
+            raise StrataError(f"parameter {s.index}: sparse gradients are not supported; "
+                              f"valid: dense gradients")
+        return g
 
     @torch.no_grad()
     def _gather_grads(self, e):
-        for u, slots in enumerate(e.by_unit):
-            grad = e.view("grad", u)
-            if not e.grad_home:
-                grad.zero_()
-            for s in slots:
-                g = s.param.grad
-                span = grad[s.offset:s.offset + s.numel]
-                if g is None:
-                    if e.grad_home:
-                        span.zero_()
-                elif s.bound_grad is not None and g.data_ptr() == s.bound_grad.data_ptr():
-                    continue  # backward accumulated into the gradient home itself
-                else:
-                    if g.is_sparse:
-                        raise StrataError(f"parameter {s.index}: sparse gradients are not "
-                                          f"supported; valid: dense gradients")
-                    span.copy_(g.reshape(-1))
-            e.core.store_state("grad", u)
+        for u in range(len(e.by_unit)):
+            e.store_grads(u, self._dense_grad)
 
     @torch.no_grad()
     def _scatter_params(self, e):
-        for u, slots in enumerate(e.by_unit):
-            params = None
-            for s in slots:
-                p = s.param
-                if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
-                    continue  # the parameter is the home: already updated
-                if params is None:
-                    params = e.param_view(u)
-                p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape))
+        for u in range(len(e.by_unit)):
+            e.scatter_params(u)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -345,9 +372,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._overlap.step()
             self._last_step_s = time.perf_counter() - begin
             return loss
-        for e in self._engines:
-            for s in e.slots:
-                self._check_param(s)
+        self._check_params()
         # The loss scale applies to gradients of a loss that went through scale_loss() (a
         # torch.amp.GradScaler, as the HF Trainer's fp16 uses, unscales them itself).
         scaled = self._scaled
@@ -359,9 +384,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             norm = self._total_norm()
             self._last_norm = norm
             if not math.isfinite(norm):
-                self._skipped += 1
-                if scaled:
-                    self._ctx.update_loss_scale(True)
+                self._record_step(self._steps + 1, True, scaled)
                 self._last_step_s = time.perf_counter() - begin
                 return loss
             multiplier = _core.gradient_multiplier(norm, scale, self._clip)
@@ -370,9 +393,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._gather_grads(e)
             e.core.step(float(self.param_groups[e.group_index]["lr"]), multiplier, t)
             self._scatter_params(e)
-        self._steps = t
-        if scaled:
-            self._ctx.update_loss_scale(False)
+        self._record_step(t, False, scaled)
         self._last_step_s = time.perf_counter() - begin
         return loss
 
