@@ -30,18 +30,6 @@ constexpr std::uint32_t kGradStream = 3;
 
 }  // namespace
 
-const char* to_string(MomentFormat format) {
-  switch (format) {
-    case MomentFormat::kF32:
-      return "fp32";
-    case MomentFormat::kBF16:
-      return "bf16";
-    case MomentFormat::kQ8:
-      return "8bit";
-  }
-  return "?";
-}
-
 std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t block) {
   if (format != MomentFormat::kQ8) return 0;
   STRATA_ASSERT(valid_block(block) && n % block == 0);

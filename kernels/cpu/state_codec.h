@@ -24,18 +24,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/state_format.h"
 #include "kernels/cpu/dtype.h"
 
 namespace strata::kernels {
 
-// How Adam's moments are stored.
-enum class MomentFormat : std::uint8_t {
-  kF32 = 0,
-  kBF16 = 1,  // bf16, stochastically rounded after each update
-  kQ8 = 2,    // 8 bits per element and an fp32 absmax per block
-};
-// "fp32", "bf16", "8bit".
-const char* to_string(MomentFormat format);
+// How Adam's moments are stored (MomentFormat, to_string): common/state_format.h, where the
+// configuration names them too.
+using strata::MomentFormat;
 
 inline constexpr std::size_t kQ8BlockMinElems = 64;
 inline constexpr std::size_t kQ8BlockMaxElems = 2048;

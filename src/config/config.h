@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/state_format.h"
 #include "common/status.h"
 #include "config/model_arch.h"
 
@@ -25,8 +26,6 @@ enum class Backend { kAuto, kCpu, kCuda };
 // What the CUDA backend rounds GEMM inputs to (auto: follows fp16/bf16; fp32 runs keep fp32).
 enum class GemmPrecision { kAuto, kFp32, kTf32, kBf16, kFp16 };
 enum class DeviceOptimizer { kAuto, kOn, kOff };
-enum class MomentStorage { kFp32, kBf16, k8bit };
-enum class StateDtype { kFp32, kBf16 };
 enum class ModelFamily { kGpt2, kLlama };
 enum class DataSource { kSynthetic, kTokens, kText };
 enum class Precision { kFp32, kFp16, kBf16 };
@@ -177,13 +176,9 @@ struct DataConfig {
 };
 
 // How the optimizer state is stored outside the device (strata.optimizer_state; docs/adam.md):
-// fp32 everywhere by default, so results are those of fp32 AdamW.
-struct OptimizerStateConfig {
-  MomentStorage moments = MomentStorage::kFp32;  // Adam's two moments
-  std::int64_t block_size = 2048;  // 8bit: elements per absmax block (a power of two, 64-2048)
-  StateDtype master = StateDtype::kFp32;     // bf16: stochastically rounded master weights
-  StateDtype gradients = StateDtype::kFp32;  // bf16: the accumulated gradient
-};
+// the one definition in common/state_format.h, read as it is (block is the key block_size,
+// grad the key gradients).
+using OptimizerStateConfig = StateFormat;
 
 struct StrataConfig {
   std::string output_dir = "strata_out";

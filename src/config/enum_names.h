@@ -66,16 +66,22 @@ inline const EnumNames<Backend>& backend_names() {
       {Backend::kAuto, "auto"}, {Backend::kCpu, "cpu"}, {Backend::kCuda, "cuda"}};
   return names;
 }
-inline const EnumNames<MomentStorage>& moment_storage_names() {
-  static const EnumNames<MomentStorage> names = {{MomentStorage::kFp32, "fp32"},
-                                                 {MomentStorage::kBf16, "bf16"},
-                                                 {MomentStorage::k8bit, "8bit"}};
+// The names and the list are the format's own (common/state_format.h), so the configuration and
+// the kernels cannot disagree on them.
+inline const EnumNames<MomentFormat>& moment_format_names() {
+  static const EnumNames<MomentFormat> names = [] {
+    EnumNames<MomentFormat> all;
+    for (MomentFormat format : kMomentFormats)
+      all.emplace_back(format, to_string(format));
+    return all;
+  }();
   return names;
 }
 
-inline const EnumNames<StateDtype>& state_dtype_names() {
-  static const EnumNames<StateDtype> names = {{StateDtype::kFp32, "fp32"},
-                                              {StateDtype::kBf16, "bf16"}};
+// The types master weights and gradients may be stored in: fp32 or bf16 (not fp16).
+inline const EnumNames<DType>& state_dtype_names() {
+  static const EnumNames<DType> names = {{DType::kF32, to_string(DType::kF32)},
+                                         {DType::kBF16, to_string(DType::kBF16)}};
   return names;
 }
 

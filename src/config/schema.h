@@ -387,10 +387,10 @@ void visit_fields(V& v, ModelConfig& c) {
 template <typename V>
 void visit_fields(V& v, OptimizerStateConfig& c) {
   v.unknown_keys(UnknownKeys::kError);
-  v.choice("moments", c.moments, moment_storage_names());
-  v.integer("block_size", c.block_size, 64, 2048);
+  v.choice("moments", c.moments, moment_format_names());
+  v.integer("block_size", c.block, 64, 2048);
   v.choice("master", c.master, state_dtype_names());
-  v.choice("gradients", c.gradients, state_dtype_names());
+  v.choice("gradients", c.grad, state_dtype_names());
 }
 
 template <typename V>

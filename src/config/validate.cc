@@ -533,13 +533,12 @@ void validate(LoadContext& ctx) {
           "strata.model.activation_checkpointing = true");
   }
   const OptimizerStateConfig& state = c.strata.optimizer_state;
-  if ((state.block_size & (state.block_size - 1)) != 0) {
+  if ((state.block & (state.block - 1)) != 0) {
     error({"strata.optimizer_state.block_size"}, "strata.optimizer_state.block_size",
           fmt::format("{} is not a power of two; valid: 64, 128, 256, 512, 1024 or 2048",
-                      state.block_size));
+                      state.block));
   }
-  const bool compressed = state.moments != MomentStorage::kFp32 ||
-                          state.master != StateDtype::kFp32 || state.gradients != StateDtype::kFp32;
+  const bool compressed = state.compressed();
   if (compressed && c.strata.device_optimizer == DeviceOptimizer::kOn &&
       c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone) {
     error({"strata.optimizer_state", "strata.device_optimizer"}, "strata.optimizer_state",

@@ -229,7 +229,7 @@ Status OptimizerPipeline::compute(Slot& slot) {
       update.block = f.block;
       // Keyed by (seed, step, unit) and each element's index in the unit: the same bits
       // whatever the tiling and the ranks' shards.
-      update.rounding_key = kernels::rounding_key(f.seed, step_.step, t.unit);
+      update.rounding_key = kernels::rounding_key(plan_.rounding_seed, step_.step, t.unit);
       update.rounding_offset = static_cast<std::uint32_t>(up.shard_begin + begin);
       update.grad = arrays[3];
       update.grad_dtype = f.grad;

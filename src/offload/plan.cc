@@ -364,6 +364,7 @@ TierPlan build_plan(const PlanInput& in) {
   p.storage = z.storage;
   p.storage_bytes = kernels::dtype_bytes(p.storage);
   p.state = z.state;
+  p.rounding_seed = z.rounding_seed;
   p.tile_elements = static_cast<std::int64_t>(
       align_up(std::max<std::uint64_t>(z.tile_elements, 1), model::kUnitPadElements));
   p.prefetch = z.prefetch;

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/state_format.h"
 #include "common/status.h"
 #include "io/engine.h"
 #include "kernels/cpu/dtype.h"
@@ -65,20 +66,6 @@ struct SwapSettings {
   io::EngineOptions engine;             // the I/O engine's block size, queue depth, threads
 };
 
-// How the optimizer state is stored (strata.optimizer_state; kernels/cpu/state_codec.h): fp32
-// throughout by default. Anything else is CPU Adam's (host or NVMe homes).
-struct StateFormat {
-  kernels::DType master = kernels::DType::kF32;  // kF32, or kBF16 (stochastic rounding)
-  kernels::MomentFormat moments = kernels::MomentFormat::kF32;
-  std::int64_t block = 2048;                   // kQ8: elements per absmax block
-  kernels::DType grad = kernels::DType::kF32;  // kF32, or kBF16 (the accumulated gradient)
-  std::uint64_t seed = 0;                      // of the stochastic rounding
-  bool compressed() const {
-    return master != kernels::DType::kF32 || moments != kernels::MomentFormat::kF32 ||
-           grad != kernels::DType::kF32;
-  }
-};
-
 // Whether optimizer state asked for on the device (optim_tier kDevice) goes there
 // (strata.device_optimizer): auto = on a GPU when it fits, on = always, off = the host instead.
 enum class DeviceOptimizer : std::uint8_t { kAuto, kOn, kOff };
@@ -95,9 +82,10 @@ struct PlanSettings {
   std::uint64_t param_staging_elements = 0;       // each at least the largest NVMe unit
   Tier optim_tier = Tier::kHost;                  // master, moments, gradients
   DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;  // with optim_tier device
-  StateFormat state;
-  double optim_nvme_fraction = 1.0;                  // with optim_tier nvme: the part offloaded
-  std::uint64_t tile_elements = 0;                   // optimizer and NVMe tile (rounded up)
+  StateFormat state;                 // how master, moments and gradients are stored (common/)
+  std::uint64_t rounding_seed = 0;   // of the stochastic rounding of compressed state
+  double optim_nvme_fraction = 1.0;  // with optim_tier nvme: the part offloaded
+  std::uint64_t tile_elements = 0;   // optimizer and NVMe tile (rounded up)
   std::uint64_t persistence_threshold_elements = 0;  // smaller framed units stay resident
   int pipeline_depth = 0;                            // optimizer tiles in flight (3 to 16)
   PrefetchLimits prefetch;
@@ -165,7 +153,8 @@ struct TierPlan {
   int zero_stage = 0;  // zero_optimization.stage
   kernels::DType storage = kernels::DType::kF32;
   std::uint64_t storage_bytes = 4;
-  StateFormat state;  // how master, moments and gradients are stored
+  StateFormat state;                // how master, moments and gradients are stored
+  std::uint64_t rounding_seed = 0;  // of their stochastic rounding (kernels::rounding_key)
   std::int64_t tile_elements = 0;
   std::int64_t largest_unit = 0;   // padded elements
   std::int64_t largest_shard = 0;  // elements

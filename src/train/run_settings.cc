@@ -97,16 +97,8 @@ offload::PlanSettings plan_settings(const config::Config& config,
       break;
   }
   p.optim_nvme_fraction = z.offload_optimizer.ratio;
-  const config::OptimizerStateConfig& st = s.optimizer_state;
-  p.state.master =
-      st.master == config::StateDtype::kBf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
-  p.state.grad =
-      st.gradients == config::StateDtype::kBf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
-  p.state.moments = st.moments == config::MomentStorage::k8bit   ? kernels::MomentFormat::kQ8
-                    : st.moments == config::MomentStorage::kBf16 ? kernels::MomentFormat::kBF16
-                                                                 : kernels::MomentFormat::kF32;
-  p.state.block = st.block_size;
-  p.state.seed = s.seed;
+  p.state = s.optimizer_state;  // one StateFormat from the config to the kernels
+  p.rounding_seed = s.seed;
   p.tile_elements = z.sub_group_size;
   p.persistence_threshold_elements = z.stage3_param_persistence_threshold;
   p.pipeline_depth = static_cast<int>(s.optimizer_pipeline_depth);
