@@ -138,7 +138,7 @@ Result<double> replay_io(offload::TierManager& tiers, const IoVolume& volume, in
   return ms;
 }
 
-Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& adam,
+Result<double> adam_alone_ms(offload::TierManager& tiers, offload::CpuAdam& adam,
                              const offload::PipelineStep& step) {
   const offload::TierPlan& p = tiers.plan();
   const SlotKind kinds[4] = {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq,
@@ -146,6 +146,8 @@ Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& 
   auto stage = [&](int array) {
     return reinterpret_cast<float*>(tiers.pipeline_area() + p.pipeline_offset(0, array));
   };
+  const kernels::AdamParams params = optim::adam_params(adam.settings(), step.lr, step.step);
+  const kernels::AdamFusion fusion = optim::adam_fusion(step.grad_multiplier);
   double ms = 0.0;
   for (int u = 0; u < tiers.units(); ++u) {
     const offload::UnitPlan& up = p.units[static_cast<std::size_t>(u)];
@@ -161,19 +163,16 @@ Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& 
                       ? static_cast<void*>(stage(4))
                       : static_cast<char*>(tiers.host_param(u)) +
                             static_cast<std::uint64_t>(p.tile_begin(u, t)) * p.storage_bytes;
-      optim::AdamUpdate update;
-      update.master = stage(0);
-      update.exp_avg = stage(1);
-      update.exp_avg_sq = stage(2);
-      update.grad = stage(3);
-      update.n = n;
-      update.lr = step.lr;
-      update.grad_multiplier = step.grad_multiplier;
-      update.step = step.step;
-      update.copy_out = p.storage == kernels::DType::kF32 ? nullptr : out;
-      update.copy_dtype = p.storage;
+      kernels::AdamTile tile;
+      tile.master = stage(0);
+      tile.exp_avg = stage(1);
+      tile.exp_avg_sq = stage(2);
+      tile.grad = stage(3);
+      tile.n = static_cast<std::size_t>(n);
+      tile.copy_out = p.storage == kernels::DType::kF32 ? nullptr : out;
+      tile.copy_dtype = p.storage;
       const auto start = std::chrono::steady_clock::now();
-      adam.update(update);
+      adam.update(params, fusion, tile);
       if (p.storage == kernels::DType::kF32)
         std::memcpy(out, stage(0), static_cast<std::size_t>(n) * 4);
       ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)

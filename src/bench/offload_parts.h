@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
+#include "offload/cpu_adam.h"
 #include "offload/optimizer_pipeline.h"
 #include "offload/tier_manager.h"
-#include "optim/adam_optimizer.h"
 
 namespace strata::bench {
 
@@ -33,7 +33,7 @@ Result<double> replay_io(offload::TierManager& tiers, const IoVolume& volume, in
 
 // Runs Adam over every tile whose optimizer state is homed on NVMe, reading each tile into the
 // pipeline's first stage beforehand (not timed); returns the milliseconds inside Adam.
-Result<double> adam_alone_ms(offload::TierManager& tiers, optim::AdamOptimizer& adam,
+Result<double> adam_alone_ms(offload::TierManager& tiers, offload::CpuAdam& adam,
                              const offload::PipelineStep& step);
 
 }  // namespace strata::bench

@@ -33,8 +33,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineSpec& spec) {
   in.device_is_host = spec.backend->device_memory_is_host();
   STRATA_ASSIGN_OR_RETURN(TierPlan plan, make_plan(in));
   STRATA_ASSIGN_OR_RETURN(
-      e->adam_, optim::AdamOptimizer::create(spec.adam,
-                                             adam_threads(spec.adam_threads, plan, *spec.backend)));
+      e->adam_, CpuAdam::create(spec.adam, adam_threads(spec.adam_threads, plan, *spec.backend)));
   STRATA_ASSIGN_OR_RETURN(e->tiers_, TierManager::create(*spec.backend, *spec.layout,
                                                          std::move(plan), spec.tier_options));
   STRATA_ASSIGN_OR_RETURN(e->pipeline_, OptimizerPipeline::create(*e->tiers_, *e->adam_));

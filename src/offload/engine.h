@@ -23,12 +23,12 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "model/layout.h"
+#include "offload/cpu_adam.h"
 #include "offload/offload_store.h"
 #include "offload/optimizer_pipeline.h"
 #include "offload/plan.h"
 #include "offload/sharding.h"
 #include "offload/tier_manager.h"
-#include "optim/adam_optimizer.h"
 
 namespace strata::offload {
 
@@ -69,7 +69,7 @@ class Engine {
   TierManager& tiers() { return *tiers_; }
   OptimizerPipeline& pipeline() { return *pipeline_; }
   Sharding& sharding() { return *sharding_; }
-  optim::AdamOptimizer& adam() { return *adam_; }
+  CpuAdam& adam() { return *adam_; }
   // The device budget the plan was made for (resolved).
   std::uint64_t device_budget_bytes() const { return device_budget_bytes_; }
   // The model's store (kModel only).
@@ -87,7 +87,7 @@ class Engine {
   // In order of construction; destroyed in reverse: the store (scheduler, gradient path) before
   // the pipeline it uses as its update gate, the pipeline before the memory and files it works
   // on, Adam last.
-  std::unique_ptr<optim::AdamOptimizer> adam_;
+  std::unique_ptr<CpuAdam> adam_;
   std::unique_ptr<TierManager> tiers_;
   std::unique_ptr<OptimizerPipeline> pipeline_;
   std::unique_ptr<Sharding> sharding_;

@@ -28,7 +28,7 @@ constexpr auto kIoPoll = std::chrono::microseconds(100);
 
 }  // namespace
 
-OptimizerPipeline::OptimizerPipeline(TierManager& tiers, optim::AdamOptimizer& adam)
+OptimizerPipeline::OptimizerPipeline(TierManager& tiers, CpuAdam& adam)
     : tiers_(tiers), backend_(tiers.backend()), plan_(tiers.plan()), adam_(adam) {}
 
 OptimizerPipeline::~OptimizerPipeline() {
@@ -54,7 +54,7 @@ OptimizerPipeline::~OptimizerPipeline() {
 }
 
 Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::create(TierManager& tiers,
-                                                                     optim::AdamOptimizer& adam) {
+                                                                     CpuAdam& adam) {
   std::unique_ptr<OptimizerPipeline> p(new OptimizerPipeline(tiers, adam));
   const TierPlan& plan = tiers.plan();
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
@@ -218,30 +218,27 @@ Status OptimizerPipeline::compute(Slot& slot) {
       const StateFormat& f = plan_.state;
       const StoredTile m = stored_tile(plan_, SlotKind::kExpAvg, arrays[1], n);
       const StoredTile v = stored_tile(plan_, SlotKind::kExpAvgSq, arrays[2], n);
-      optim::AdamUpdate update;
-      update.master = arrays[0];
-      update.master_dtype = f.master;
-      update.exp_avg = m.values;
-      update.exp_avg_sq = v.values;
-      update.moments = f.moments;
-      update.exp_avg_absmax = m.absmax;
-      update.exp_avg_sq_absmax = v.absmax;
-      update.block = f.block;
+      kernels::AdamTile tile;
+      tile.master = arrays[0];
+      tile.master_dtype = f.master;
+      tile.exp_avg = m.values;
+      tile.exp_avg_sq = v.values;
+      tile.moments = f.moments;
+      tile.exp_avg_absmax = m.absmax;
+      tile.exp_avg_sq_absmax = v.absmax;
+      tile.block = static_cast<std::size_t>(f.block);
       // Keyed by (seed, step, unit) and each element's index in the unit: the same bits
       // whatever the tiling and the ranks' shards.
-      update.rounding_key = kernels::rounding_key(plan_.rounding_seed, step_.step, t.unit);
-      update.rounding_offset = static_cast<std::uint32_t>(up.shard_begin + begin);
-      update.grad = arrays[3];
-      update.grad_dtype = f.grad;
-      update.n = n;
-      update.lr = step_.lr;
-      update.grad_multiplier = step_.grad_multiplier;
-      update.step = step_.step;
+      tile.rounding_key = kernels::rounding_key(plan_.rounding_seed, step_.step, t.unit);
+      tile.rounding_offset = static_cast<std::uint32_t>(up.shard_begin + begin);
+      tile.grad = arrays[3];
+      tile.grad_dtype = f.grad;
+      tile.n = static_cast<std::size_t>(n);
       // A copy of the stored master (rounded to the storage type), made while it is in cache;
       // none when the master is the parameters' home.
-      update.copy_out = param_out == arrays[0] ? nullptr : param_out;
-      update.copy_dtype = plan_.storage;
-      adam_.update(update);
+      tile.copy_out = param_out == arrays[0] ? nullptr : param_out;
+      tile.copy_dtype = plan_.storage;
+      adam_.update(params_, fusion_, tile);
     }
     times_.adam_ms += ms_since(start);
   }
@@ -541,6 +538,8 @@ Status OptimizerPipeline::begin_step(const PipelineStep& step, const std::vector
   }
   STRATA_TRY(backend_.record(step_started_, backend::StreamKind::kCompute));
   step_ = step;
+  params_ = optim::adam_params(adam_.settings(), step.lr, step.step);
+  fusion_ = optim::adam_fusion(step.grad_multiplier);
   if (listed == nullptr) STRATA_TRY(run_device_tiles());
   next_compute_ = done_ = 0;
   for (std::size_t u = 0; u < plan_.units.size(); ++u) {
@@ -628,8 +627,6 @@ Status OptimizerPipeline::finish() {
 Status OptimizerPipeline::run_device_tiles() {
   if (device_units_.empty()) return Status::ok();
   backend::OptimizerOps& ops = backend_.optimizer_ops();
-  const kernels::AdamParams params = optim::adam_params(adam_.settings(), step_.lr, step_.step);
-  const kernels::AdamFusion fusion = optim::adam_fusion(step_.grad_multiplier);
   const std::uint64_t c = plan_.storage_bytes;
   const auto start = std::chrono::steady_clock::now();
   TraceScope scope(tiers_.trace(), TraceLane::kAdam, "adam (device)");
@@ -654,7 +651,7 @@ Status OptimizerPipeline::run_device_tiles() {
         tile.copy_dtype = plan_.storage;
       }
       // check_finite is off, so the result says nothing beyond success.
-      if (Result<kernels::AdamResult> r = ops.adam_step(params, fusion, tile); !r.is_ok())
+      if (Result<kernels::AdamResult> r = ops.adam_step(params_, fusion_, tile); !r.is_ok())
         return r.status();
       if (copy_fp32) {
         backend_.ops_f32().copy(reinterpret_cast<float*>(params_at),

@@ -52,9 +52,9 @@
 #include <thread>
 #include <vector>
 
+#include "offload/cpu_adam.h"
 #include "offload/tier_manager.h"
 #include "offload/update_gate.h"
-#include "optim/adam_optimizer.h"
 
 namespace strata::offload {
 
@@ -72,8 +72,7 @@ struct PipelineTimes {
 class OptimizerPipeline final : public UpdateGate {
  public:
   // Starts the worker thread.
-  static Result<std::unique_ptr<OptimizerPipeline>> create(TierManager& tiers,
-                                                           optim::AdamOptimizer& adam);
+  static Result<std::unique_ptr<OptimizerPipeline>> create(TierManager& tiers, CpuAdam& adam);
   // Finishes a step in flight and stops the worker.
   ~OptimizerPipeline() override;
   OptimizerPipeline(const OptimizerPipeline&) = delete;
@@ -149,7 +148,7 @@ class OptimizerPipeline final : public UpdateGate {
     std::uint64_t write_begin_us = 0;
   };
 
-  OptimizerPipeline(TierManager& tiers, optim::AdamOptimizer& adam);
+  OptimizerPipeline(TierManager& tiers, CpuAdam& adam);
   char* stage(int slot, int array) const;
   Slot& slot_of(std::int64_t tile) { return slots_[static_cast<std::size_t>(tile % depth_)]; }
   bool nvme_state(std::int64_t tile) const;
@@ -171,7 +170,7 @@ class OptimizerPipeline final : public UpdateGate {
   TierManager& tiers_;
   backend::Backend& backend_;
   const TierPlan& plan_;
-  optim::AdamOptimizer& adam_;
+  CpuAdam& adam_;
   std::int64_t depth_ = 0;
   std::vector<Tile> all_tiles_;  // every host- and NVMe-homed tile, units in order
   std::vector<Tile> tiles_;      // the tiles of this step: all_tiles_, or those of some units
@@ -200,6 +199,10 @@ class OptimizerPipeline final : public UpdateGate {
   // for it, so no kernel queued before the step still reads the parameters they overwrite.
   backend::Event step_started_;
   PipelineStep step_;
+  // The Adam kernel's arguments of this step (from step_ and Adam's settings, at begin_step()),
+  // the same for CPU Adam and the device's.
+  kernels::AdamParams params_;
+  kernels::AdamFusion fusion_;
   std::int64_t preloaded_ = 0;     // tiles whose state reads preload() started
   std::int64_t next_read_ = 0;     // worker: next tile to start reading
   std::int64_t next_compute_ = 0;  // worker: next tile for Adam

@@ -30,6 +30,18 @@ std::vector<std::string> narrowed(const std::vector<std::string>& configured,
   return kept;
 }
 
+// Adam's hyperparameters as the optimizer section gives them.
+optim::AdamSettings adam_settings(const config::OptimizerConfig& optimizer) {
+  optim::AdamSettings s;
+  s.beta1 = optimizer.params.betas[0];
+  s.beta2 = optimizer.params.betas[1];
+  s.eps = optimizer.params.eps;
+  s.weight_decay = optimizer.params.weight_decay;
+  s.adamw = optimizer.decoupled_weight_decay();
+  s.bias_correction = optimizer.params.bias_correction;
+  return s;
+}
+
 }  // namespace
 
 offload::Tier home_tier(config::OffloadDevice device) {
@@ -117,7 +129,7 @@ offload::EngineSpec engine_spec(const config::Config& config) {
   offload::EngineSpec spec;
   spec.settings = plan_settings(config);
   spec.device_budget_bytes = config.strata.device_bytes_max;
-  spec.adam = optim::adam_settings(config.optimizer);
+  spec.adam = adam_settings(config.optimizer);
   spec.adam_threads = static_cast<int>(config.strata.optimizer_threads);
   return spec;
 }

@@ -25,7 +25,6 @@
 #include "model/runner.h"
 #include "offload/engine.h"
 #include "offload/offload_store.h"
-#include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "train/breakdown.h"
@@ -88,7 +87,7 @@ class Trainer {
   const model::ModelLayout& layout() const { return layout_; }
   const checkpoint::TrainerCounters& counters() const { return counters_; }
   offload::OffloadStore& state() { return *state_; }
-  optim::AdamOptimizer& adam() { return engine_->adam(); }
+  offload::CpuAdam& adam() { return engine_->adam(); }
   offload::Engine& engine() { return *engine_; }
   backend::Backend& backend() { return *backend_; }
   std::optional<double> entropy_floor() const { return dataset_->entropy_floor(); }

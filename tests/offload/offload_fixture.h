@@ -15,9 +15,9 @@
 #include "common/units.h"
 #include "io/sim/sim_engine.h"
 #include "model/layout.h"
+#include "offload/cpu_adam.h"
 #include "offload/plan.h"
 #include "offload/tier_manager.h"
-#include "optim/adam_optimizer.h"
 #include "support/run_strata.h"
 
 namespace strata::offload::testing {
@@ -162,8 +162,8 @@ inline optim::AdamSettings adamw_settings() {
   return s;
 }
 
-inline std::unique_ptr<optim::AdamOptimizer> adamw() {
-  auto adam = optim::AdamOptimizer::create(adamw_settings(), 1);
+inline std::unique_ptr<CpuAdam> adamw() {
+  auto adam = CpuAdam::create(adamw_settings(), 1);
   EXPECT_TRUE(adam.is_ok()) << adam.status().to_string();
   return adam.is_ok() ? std::move(*adam) : nullptr;
 }

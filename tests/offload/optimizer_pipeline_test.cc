@@ -44,8 +44,8 @@ struct Expected {
   std::vector<std::uint8_t> params;
 };
 
-Expected reference(const TierPlan& plan, optim::AdamOptimizer& adam, int unit,
-                   const PipelineStep& step, int version = 0) {
+Expected reference(const TierPlan& plan, CpuAdam& adam, int unit, const PipelineStep& step,
+                   int version = 0) {
   const UnitPlan& up = plan.units[static_cast<std::size_t>(unit)];
   const auto n = static_cast<std::size_t>(up.shard_numel);
   Expected e;
@@ -63,20 +63,18 @@ Expected reference(const TierPlan& plan, optim::AdamOptimizer& adam, int unit,
   e.params.resize(n * plan.storage_bytes);
   for (std::int64_t t = 0; t < up.tiles; ++t) {
     const std::int64_t b = plan.tile_begin(unit, t);
-    optim::AdamUpdate a;
+    kernels::AdamTile a;
     a.master = e.master.data() + b;
     a.exp_avg = e.exp_avg.data() + b;
     a.exp_avg_sq = e.exp_avg_sq.data() + b;
     a.grad = grad.data() + b;
-    a.n = plan.tile_numel(unit, t);
-    a.lr = step.lr;
-    a.grad_multiplier = step.grad_multiplier;
-    a.step = step.step;
+    a.n = static_cast<std::size_t>(plan.tile_numel(unit, t));
     a.copy_out = plan.storage == kernels::DType::kF32
                      ? nullptr
                      : e.params.data() + static_cast<std::size_t>(b) * plan.storage_bytes;
     a.copy_dtype = plan.storage;
-    adam.update(a);
+    adam.update(optim::adam_params(adam.settings(), step.lr, step.step),
+                optim::adam_fusion(step.grad_multiplier), a);
   }
   if (plan.storage == kernels::DType::kF32) std::memcpy(e.params.data(), e.master.data(), n * 4);
   return e;
@@ -86,7 +84,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-void expect_updated(FlatTiers& f, optim::AdamOptimizer& adam, const PipelineStep& step,
+void expect_updated(FlatTiers& f, CpuAdam& adam, const PipelineStep& step,
                     const std::string& what) {
   for (int u = 0; u < f.tiers->units(); ++u) {
     const Expected e = reference(f.plan(), adam, u, step);
@@ -106,7 +104,7 @@ void expect_updated(FlatTiers& f, optim::AdamOptimizer& adam, const PipelineStep
 // reverse: the pipeline first).
 struct Fixture {
   FlatTiers f;
-  std::unique_ptr<optim::AdamOptimizer> adam;
+  std::unique_ptr<CpuAdam> adam;
   std::unique_ptr<OptimizerPipeline> pipeline;
 
   void make(kernels::DType storage, Tier param, Tier optim) {
