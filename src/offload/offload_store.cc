@@ -192,7 +192,7 @@ Status OffloadStore::wait_for_update(int unit, bool whole) {
   // Waiting for the parameters also lets the next tiles move (their Adam runs now, their writes
   // during this unit's compute).
   Status s = whole ? pipeline_.wait_unit(unit) : pipeline_.wait_for_params(unit);
-  if (whole && s.is_ok()) s = pipeline_.pump();
+  if (s.is_ok()) s = progress_->poll_updates();
   counters_.compute_wait_ms += ms_since(start);
   if (trace) {
     trace->add(TraceLane::kComputeWait, "wait for update", begin_us, trace->now_us(), unit);

@@ -92,6 +92,7 @@ class OptimizerPipeline final : public UpdateGate {
   // ready. A preload in flight (it read the whole step's first tiles) is discarded.
   Status start(const PipelineStep& step, const std::vector<int>& units);
   // Issues the host->device copies of new device-homed parameters; returns the step's error.
+  // Only the progress driver (progress.h) calls it; the pipeline's own waits deliver as they wait.
   Status pump();
   // Block until every write of unit u's update is done / the step is complete. The first error
   // of the step is returned.
@@ -106,8 +107,8 @@ class OptimizerPipeline final : public UpdateGate {
   // ---- UpdateGate (update_gate.h) -------------------------------------------------------------
   // Unit u's new parameters are home (true when no step is active).
   bool params_ready(int unit) const override;
-  // Blocks until params_ready(u), issuing device copies meanwhile, then issues those that came
-  // due, so the next tiles move during the unit's compute.
+  // Blocks until params_ready(u), issuing device copies meanwhile. The copies that come due after
+  // it returns move on at the caller's next Progress::poll() (the store's progress driver).
   Status wait_for_params(int unit) override;
   // The worker also copies each of u's new tiles to `destination`, right after Adam, when the
   // offer comes before u's first tile (parameters homed on NVMe, during a step only).
@@ -147,6 +148,11 @@ class OptimizerPipeline final : public UpdateGate {
     std::uint64_t read_begin_us = 0;
     std::uint64_t write_begin_us = 0;
   };
+
+  // The arrays of a stage, in order: what a tile reads (all four) and writes back (the first
+  // three).
+  static constexpr SlotKind kStateKinds[4] = {SlotKind::kMaster, SlotKind::kExpAvg,
+                                              SlotKind::kExpAvgSq, SlotKind::kGrad};
 
   OptimizerPipeline(TierManager& tiers, CpuAdam& adam);
   char* stage(int slot, int array) const;

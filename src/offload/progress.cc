@@ -8,9 +8,13 @@
 namespace strata::offload {
 
 Status Progress::poll() {
-  STRATA_TRY(pipeline_.pump());
+  STRATA_TRY(poll_updates());
   STRATA_TRY(grads_.poll());
   return scheduler_.poll();
+}
+
+Status Progress::poll_updates() {
+  return pipeline_.pump();
 }
 
 }  // namespace strata::offload

@@ -8,7 +8,9 @@
 //   2. the gradients that have arrived (their staging buffers come free for the next units);
 //   3. parameter fetches, then the prefetches there is room for now.
 // It returns the first error. Blocking waits (a demand fetch, a frame, an update) stay with the
-// engine that waits; they move their own work while they block.
+// engine that waits; they move their own work while they block, and the store, once an update it
+// waited for is home, moves the optimizer's copies on through poll_updates() (step 1 alone: the
+// unit it waited for is not acquired yet, so no fetch may be issued before it).
 #pragma once
 
 #include "common/status.h"
@@ -25,6 +27,8 @@ class Progress {
       : pipeline_(pipeline), grads_(grads), scheduler_(scheduler) {}
   // Moves everything in flight along, without blocking; the first error.
   Status poll();
+  // Step 1 of poll() alone: the optimizer's device copies; the step's first error.
+  Status poll_updates();
 
  private:
   OptimizerPipeline& pipeline_;
