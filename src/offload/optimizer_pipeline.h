@@ -24,11 +24,14 @@
 //     (params_ready, unit_done), with a condition variable for the waits;
 //   - device copies: the backend is only ever called from the trainer's thread, so for a tile
 //     whose parameters live on the device the worker only asks, and the trainer's thread does the
-//     copy when it next comes by (pump(), any wait). Per stage, one atomic delivery state:
+//     copy when it next comes by (pump() from the progress driver, any wait). Per stage, one
+//     atomic delivery state:
 //         none --worker: copy wanted--> requested --trainer: copy issued--> issued
 //              --trainer: copy complete--> done --worker: tile counted--> none
 //   - the hand-off of new parameters into a prefetcher's frame: the UpdateGate protocol
 //     (update_gate.h), implemented here.
+// The worker's side is in optimizer_pipeline.cc, the trainer's thread's in
+// optimizer_pipeline_control.cc.
 //
 // The step cannot start before the global gradient norm is known (clipping and the skip on
 // overflow need all of it), but its reads need not wait: preload() reads master, exp_avg and
