@@ -2,7 +2,8 @@
 // fp32 masters of a checkpoint taken at any world size (every rank's shard of every unit) into a
 // Hugging Face model directory (config.json + model.safetensors), as DeepSpeed's zero_to_fp32.py
 // does. One unit is in memory at a time; every tensor read is checked against the checkpoint's
-// digests. An OUT_DIR that exists and is not empty is refused unless --overwrite.
+// digests. An OUT_DIR that exists and is not empty is refused unless --overwrite, and one that
+// another Strata process is writing is refused (common/dir_lock.h).
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/root.h"
 #include "cli/command.h"
+#include "common/dir_lock.h"
 
 namespace strata::cli {
 namespace {
@@ -26,33 +28,43 @@ struct ConvertOptions {
   bool overwrite = false;
 };
 
-// Checks that OUT_DIR may be written (a new or empty directory, or --overwrite) and creates it.
-Status claim_out_dir(const std::string& out_dir, bool overwrite) {
+// Claims OUT_DIR for this conversion: creates it when missing, locks it (a second `strata convert`
+// or a run writing there at the same time is refused, naming it), then checks that it is empty
+// but for the lock, or that --overwrite allows it.
+Result<DirLock> claim_out_dir(const std::string& out_dir, bool overwrite) {
   namespace fs = std::filesystem;
   struct stat st {};
   if (::stat(out_dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
       return Status(ErrorCode::kUsage, "exists and is not a directory", out_dir);
     }
-    std::error_code ec;
-    const bool empty = fs::is_empty(out_dir, ec);
-    if (ec) return Status(ErrorCode::kIo, "cannot list: " + ec.message(), out_dir);
-    if (!empty && !overwrite) {
-      return Status(ErrorCode::kUsage,
-                    "exists and is not empty; give a new directory, or --overwrite to replace its "
-                    "config.json and model.safetensors",
-                    out_dir);
-    }
-    return Status::ok();
-  }
-  if (errno != ENOENT) {
+  } else if (errno != ENOENT) {
     return Status(ErrorCode::kUsage, fmt::format("cannot use OUT_DIR: {}", std::strerror(errno)),
                   out_dir);
+  } else {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec) return Status(ErrorCode::kIo, "cannot create: " + ec.message(), out_dir);
   }
+  LockRequest request;
+  request.dir = out_dir;
+  request.context = "OUT_DIR";
+  request.busy_code = ErrorCode::kUsage;
+  request.advice = "Wait for it to end, or give another OUT_DIR";
+  STRATA_ASSIGN_OR_RETURN(DirLock lock, DirLock::acquire(request));
   std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return Status(ErrorCode::kIo, "cannot create: " + ec.message(), out_dir);
-  return Status::ok();
+  bool empty = true;
+  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() != kDirLockName) empty = false;
+  }
+  if (ec) return Status(ErrorCode::kIo, "cannot list: " + ec.message(), out_dir);
+  if (!empty && !overwrite) {
+    return Status(ErrorCode::kUsage,
+                  "exists and is not empty; give a new directory, or --overwrite to replace its "
+                  "config.json and model.safetensors",
+                  out_dir);
+  }
+  return lock;
 }
 
 Result<kernels::DType> dtype_of(const std::string& name) {
@@ -70,7 +82,7 @@ Status convert(const ConvertOptions& o) {
                           checkpoint::CheckpointReader::open(dir));
   STRATA_ASSIGN_OR_RETURN(const model::ModelShape shape, reader.shape());
   STRATA_ASSIGN_OR_RETURN(const checkpoint::TrainerCounters counters, reader.counters());
-  STRATA_TRY(claim_out_dir(o.out_dir, o.overwrite));
+  STRATA_ASSIGN_OR_RETURN(const DirLock lock, claim_out_dir(o.out_dir, o.overwrite));
   STRATA_TRY(checkpoint::consolidate_checkpoint(reader, o.out_dir, dtype));
   const std::string& source = shape.arch.source_dir;
   std::error_code ec;

@@ -1,6 +1,8 @@
 // Crash points and injected file faults (see fault_points.h).
 #include "common/fault_points.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -158,6 +160,11 @@ std::mutex g_plant_mutex;
 std::string g_plant = planted_race_from_env();
 std::atomic<bool> g_plant_set{!g_plant.empty()};
 
+std::atomic<bool> g_no_flock{[] {
+  const char* env = std::getenv("STRATA_TEST_NO_FLOCK");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}()};
+
 }  // namespace
 
 void crash_point(const char* name) {
@@ -278,6 +285,43 @@ void set_planted_race(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_plant_mutex);
   g_plant = name;
   g_plant_set.store(!g_plant.empty());
+}
+
+void test_barrier(const char* name) {
+  const char* env = std::getenv("STRATA_TEST_BARRIER");
+  if (env == nullptr || *env == '\0') return;
+  const std::string text = env;
+  const std::size_t colon = text.find(':');
+  if (colon == std::string::npos || colon == 0) {
+    std::fprintf(stderr, "strata: STRATA_TEST_BARRIER='%s' is not NAME:DIR; ignored\n", env);
+    return;
+  }
+  if (std::strstr(name, text.substr(0, colon).c_str()) == nullptr) return;
+  const std::string dir = text.substr(colon + 1);
+  const int go = ::open((dir + "/go").c_str(), O_RDWR | O_CLOEXEC);
+  const int arrive = ::open((dir + "/arrive").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  bool ok = go >= 0 && arrive >= 0;
+  if (ok) {
+    const std::string line = std::to_string(::getpid()) + "\n";
+    ok = ::write(arrive, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  }
+  if (ok) {
+    pollfd p{go, POLLIN, 0};
+    char byte = 0;
+    ok = ::poll(&p, 1, 120000) == 1 && ::read(go, &byte, 1) == 1;
+  }
+  if (!ok)
+    std::fprintf(stderr, "strata: test barrier %s in %s failed; going on\n", name, dir.c_str());
+  if (arrive >= 0) ::close(arrive);
+  if (go >= 0) ::close(go);
+}
+
+bool flock_disabled_for_test() {
+  return g_no_flock.load(std::memory_order_relaxed);
+}
+
+void set_flock_disabled(bool disabled) {
+  g_no_flock.store(disabled);
 }
 
 }  // namespace strata

@@ -26,7 +26,12 @@
 //     results; set_stream_jitter() does the same from a test;
 //   - planted races: STRATA_TEST_PLANT_RACE=NAME (or set_planted_race()) removes the one stream
 //     wait the engine code names NAME (planted_race("grad.d2h_waits_for_compute")), so a test can
-//     show that the jitter mode catches a missing wait.
+//     show that the jitter mode catches a missing wait;
+//   - barriers: STRATA_TEST_BARRIER=NAME:DIR makes the process stop at the barrier point whose
+//     name contains NAME until a test releases it (test_barrier() says how), so that a test can
+//     start two processes at the same instant of their start-up rather than after a sleep;
+//   - no flock: STRATA_TEST_NO_FLOCK=1 (or set_flock_disabled()) makes the directory locks
+//     (dir_lock.h) behave as on a file system where flock does not work.
 #pragma once
 
 #include <cstdint>
@@ -113,5 +118,17 @@ void set_stream_jitter(std::optional<std::uint64_t> seed);
 bool planted_race(const char* name);
 // Plants (or with an empty name removes) the one missing wait of this process. For tests.
 void set_planted_race(const std::string& name);
+
+// Stops at a barrier point when STRATA_TEST_BARRIER=NAME:DIR names it: the process opens the
+// FIFO DIR/go (read and write, so that it never sees end-of-file), writes its pid and a newline to
+// the FIFO DIR/arrive (which the test holds open for reading), and waits until it can read one
+// byte from DIR/go. A test that has seen N arrivals writes N bytes to DIR/go and so releases them
+// all at once. Never waits more than 120 s; a failure is printed and the process goes on.
+void test_barrier(const char* name);
+
+// Whether the directory locks must act as if flock did not work (STRATA_TEST_NO_FLOCK=1 or
+// set_flock_disabled()).
+bool flock_disabled_for_test();
+void set_flock_disabled(bool disabled);
 
 }  // namespace strata

@@ -67,6 +67,21 @@ Result<std::vector<std::string>> other_run(const config::Config& config) {
   return found;
 }
 
+// `path` with links, `.`, `..` and a trailing slash resolved; empty when that fails.
+fs::path canonical_dir(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::path(path), ec);
+  if (ec) return {};
+  if (!p.has_filename() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  return p;
+}
+
+// Whether two paths name the same directory.
+bool same_directory(const std::string& a, const std::string& b) {
+  const fs::path x = canonical_dir(a);
+  return !x.empty() && x == canonical_dir(b);
+}
+
 // Whether `resume_from` names a checkpoint inside `root` (the same run continuing).
 bool resumes_within(const std::string& resume_from, const std::string& root) {
   Result<std::string> dir = checkpoint::find_checkpoint(resume_from);
@@ -127,6 +142,50 @@ Status claim_output_dir(const config::Config& config, bool remove,
   return Status::ok();
 }
 
+Result<std::vector<DirLock>> lock_run_directories(const config::Config& config, int rank) {
+  const config::StrataConfig& s = config.strata;
+  const std::string root = checkpoint_root(config);
+  const char* root_key = s.checkpoint_dir.empty() ? "strata.output_dir" : "strata.checkpoint_dir";
+  const std::string advice =
+      "One run at a time may write there: wait for that run to end, or give this one another "
+      "strata.output_dir (strata train --output_dir DIR). A lock file left by a process that has "
+      "ended is taken over by itself";
+  std::vector<DirLock> locks;
+  auto lock = [&](const std::string& dir, const std::string& name, const char* key) -> Status {
+    LockRequest request;
+    request.dir = dir;
+    request.name = name;
+    request.context = key;
+    request.advice = advice;
+    STRATA_ASSIGN_OR_RETURN(DirLock held, DirLock::acquire(request));
+    locks.push_back(std::move(held));
+    return Status::ok();
+  };
+  if (rank == 0) {
+    STRATA_TRY(lock(s.output_dir, dir_lock_name(0), "strata.output_dir"));
+    if (!same_directory(root, s.output_dir)) STRATA_TRY(lock(root, dir_lock_name(0), root_key));
+  } else {
+    STRATA_TRY(lock(root, dir_lock_name(rank), root_key));
+  }
+  return locks;
+}
+
+Result<DirLock> lock_resume_root(const config::Config& config, const std::string& resume_dir,
+                                 int rank) {
+  const fs::path dir = canonical_dir(resume_dir);
+  const std::string root = dir.empty() ? std::string() : dir.parent_path().string();
+  if (root.empty() || same_directory(root, checkpoint_root(config))) return DirLock();
+  LockRequest request;
+  request.dir = root;
+  request.name = dir_lock_name(rank);
+  request.context = "strata.resume_from";
+  request.advice = fmt::format(
+      "That run is writing (and rotating) the checkpoints of {}: resume from it once it has "
+      "ended, or copy the checkpoint {} elsewhere first",
+      root, resume_dir);
+  return DirLock::acquire(request);
+}
+
 Status check_resumable(const checkpoint::TrainerCounters& c, const config::Config& config,
                        const std::string& dir) {
   if (c.step >= config.strata.train_steps) {
@@ -161,6 +220,9 @@ Status check_resumable(const checkpoint::TrainerCounters& c, const config::Confi
 Status prepare_run_directories(const config::Config& config) {
   const config::StrataConfig& s = config.strata;
   STRATA_TRY(create_folders(s.output_dir, 0777, "strata.output_dir"));
+  STRATA_TRY(
+      create_folders(checkpoint_root(config), 0777,
+                     s.checkpoint_dir.empty() ? "strata.output_dir" : "strata.checkpoint_dir"));
   if (!s.trace_file.empty()) {
     const std::string folder = fs::path(s.trace_file).parent_path().string();
     STRATA_TRY(create_folders(folder, 0700, "strata.trace_file"));

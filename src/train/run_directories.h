@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "checkpoint/manifest.h"
+#include "common/dir_lock.h"
 #include "common/status.h"
 #include "config/config.h"
 
@@ -24,6 +25,21 @@ std::string checkpoint_root(const config::Config& config);
 // run's checkpoints, `latest` and final/ first; `removed` lists what went.
 Status claim_output_dir(const config::Config& config, bool remove,
                         std::vector<std::string>* removed);
+
+// The locks that keep every other Strata process out of this run's folders for its life
+// (common/dir_lock.h), taken after prepare_run_directories() and before anything else is written
+// or checked: rank 0 locks output_dir and the checkpoint root (kDirLockName in each); every other
+// rank locks its own file in the checkpoint root (dir_lock_name(rank)), where its checkpoint
+// shards go. A lock another process holds is kConfig naming the key, the holder (pid, host,
+// start time, command line) and what to do.
+Result<std::vector<DirLock>> lock_run_directories(const config::Config& config, int rank);
+
+// The lock on the checkpoint root that `resume_dir` (a checkpoint) belongs to, while this run reads
+// it: nothing (an empty lock) when that root is this run's own (locked already), else the lock
+// rank `rank` would hold there, so that a checkpoint a live run is writing (and rotating) is
+// never read. kConfig naming strata.resume_from and the holder when a live run holds it.
+Result<DirLock> lock_resume_root(const config::Config& config, const std::string& resume_dir,
+                                 int rank);
 
 // Whether a run configured by `config` can continue from `counters`, read from the checkpoint
 // `dir`: steps are left to train, and the loss scaler fits the config (the static scale it

@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <numeric>
 
 #include "backend/backend_factory.h"
 #include "checkpoint/root.h"
+#include "common/fault_points.h"
 #include "common/units.h"
 #include "model/hf_io.h"
 #include "model/init.h"
@@ -68,8 +68,12 @@ Status Trainer::setup() {
                               config_.world_size, world_.comm->world_size()),
                   "launcher environment");
   }
-  // Before anything is written: the run's folders, and never over another run's checkpoints.
+  // Before anything is written: the run's folders, the locks that keep every other process out
+  // of them while this run lives, and never over another run's checkpoints.
   STRATA_TRY(prepare_run_directories(config_));
+  test_barrier("run.lock.before");
+  STRATA_ASSIGN_OR_RETURN(locks_, lock_run_directories(config_, rank()));
+  test_barrier("run.lock.held");
   std::vector<std::string> removed;
   STRATA_TRY(claim_output_dir(config_, rank() == 0, &removed));
   for (const std::string& path : removed)
@@ -200,6 +204,8 @@ Status Trainer::initialise_weights() {
   const offload::SlotKind master = offload::SlotKind::kMaster;
   if (!s.resume_from.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string dir, checkpoint::find_checkpoint(s.resume_from));
+    // Another run's root stays locked while it is read (its rotation could remove it).
+    STRATA_ASSIGN_OR_RETURN(const DirLock reading, lock_resume_root(config_, dir, rank()));
     STRATA_ASSIGN_OR_RETURN(counters_, checkpoint::read_checkpoint(
                                            dir, *state_, shape_, precision_name(config_), s.seed));
     STRATA_TRY(check_resumable(counters_, config_, dir));
@@ -436,56 +442,6 @@ Status Trainer::save_model(const std::string& dir) {
         return data;
       },
       saved_dtype);
-}
-
-Json::Value Trainer::memory_json() const {
-  Json::Value j(Json::objectValue);
-  const offload::TierUsage u = state_->tiers().usage();
-  j["device_bytes"] = Json::UInt64(u.bytes_in_use[0]);
-  j["host_bytes"] = Json::UInt64(u.bytes_in_use[1]);
-  j["nvme_bytes"] = Json::UInt64(u.bytes_in_use[2]);
-  j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
-  j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
-  j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
-  return j;
-}
-
-Json::Value Trainer::summary() const {
-  Json::Value j(Json::objectValue);
-  j["summary"] = true;
-  j["steps"] = Json::Int64(counters_.step);
-  const auto& recent = counters_.recent_losses;
-  j["final_loss"] = recent.empty()
-                        ? Json::Value()
-                        : Json::Value(std::accumulate(recent.begin(), recent.end(), 0.0) /
-                                      static_cast<double>(recent.size()));
-  j["final_loss_steps"] = Json::UInt64(recent.size());
-  if (dataset_->entropy_floor()) j["entropy_floor"] = *dataset_->entropy_floor();
-  if (last_eval_loss_) j["eval_loss"] = *last_eval_loss_;
-  j["tokens"] = Json::Int64(counters_.tokens_seen);
-  j["skipped_steps"] = Json::Int64(counters_.skipped_steps);
-  j["elapsed_s"] = elapsed_s_;
-  const offload::TierUsage u = state_->tiers().usage();
-  j["device_bytes_peak"] = Json::UInt64(u.bytes_peak[0]);
-  j["host_bytes_peak"] = Json::UInt64(u.bytes_peak[1]);
-  j["nvme_bytes_peak"] = Json::UInt64(u.bytes_peak[2]);
-  j["device_bytes_max"] = Json::UInt64(u.bytes_max[0]);
-  j["host_bytes_max"] = Json::UInt64(u.bytes_max[1]);
-  j["nvme_bytes_max"] = Json::UInt64(u.bytes_max[2]);
-  j["compute_wait_ms"] = state_->counters().compute_wait_ms;
-  if (world_size() > 1) {
-    j["world_size"] = world_size();
-    const offload::SchedulerStats& st = state_->scheduler().stats();
-    j["param_gathers"] = Json::UInt64(st.gathers);  // stage 3: all-gathers of parameter shards
-    j["param_gathers_ahead"] = Json::UInt64(st.gathers_ahead);
-  }
-  if (stopped_ != 0) {
-    j["stopped_by"] = stopped_ > 0 ? signal_name(stopped_) : "another rank";
-    j["checkpoint"] = last_checkpoint_;
-  } else {
-    j["final_model"] = config_.strata.output_dir + "/final";
-  }
-  return j;
 }
 
 Status Trainer::run() {

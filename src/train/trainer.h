@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/world.h"
+#include "common/dir_lock.h"
 #include "common/trace.h"
 #include "config/config.h"
 #include "data/dataset.h"
@@ -107,6 +108,7 @@ class Trainer {
   // targets that count on every rank to `counted` and clears `plain` unless all are plain.
   Status next_micro_batch(data::Batch& mine, std::int64_t& counted, bool& plain);
 
+  std::vector<DirLock> locks_;  // first, so released last: held while anything may be written
   config::Config config_;
   TrainerOptions options_;
   comm::World world_;  // before everything that uses its Comm

@@ -30,9 +30,14 @@ std::vector<std::string> json_files_in(const std::string& dir) {
   return files;
 }
 
+// Configs in the shapes users write for DeepSpeed (tests/fixtures/ds-configs-users/README.md).
+std::string users_config(const std::string& name) {
+  return source_path("tests/fixtures/ds-configs-users/" + name);
+}
+
 TEST(ConfigCheck, AcceptsEveryConfigUsersWroteForDeepSpeed) {
-  auto files = json_files_in(STRATA_SHARED_DIR "/ds-configs");
-  ASSERT_GE(files.size(), 6u) << "expected the users' configs in " STRATA_SHARED_DIR "/ds-configs";
+  auto files = json_files_in(source_path("tests/fixtures/ds-configs-users"));
+  ASSERT_GE(files.size(), 7u) << "expected the users' configs in tests/fixtures/ds-configs-users";
   for (const std::string& file : files) {
     auto r = run_strata({"config", "check", file}, {"WORLD_SIZE=1"});
     EXPECT_EQ(r.exit_code, 0) << file << "\n" << r.err;
@@ -43,9 +48,8 @@ TEST(ConfigCheck, AcceptsEveryConfigUsersWroteForDeepSpeed) {
 }
 
 TEST(ConfigCheck, CommentedConfigDerivesBatchSizeAndKeepsOffload) {
-  auto r = run_strata(
-      {"config", "check", STRATA_SHARED_DIR "/ds-configs/zero2-bf16-offload-cpu-commented.json"},
-      {"WORLD_SIZE=1"});
+  auto r = run_strata({"config", "check", users_config("zero2-bf16-offload-cpu-commented.json")},
+                      {"WORLD_SIZE=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json::Value c = parse_json(r.out);
   EXPECT_TRUE(c["bf16"]["enabled"].asBool());
@@ -59,7 +63,7 @@ TEST(ConfigCheck, CommentedConfigDerivesBatchSizeAndKeepsOffload) {
 }
 
 TEST(ConfigCheck, WorldSizeOptionAndEnvironmentDeriveTheTriple) {
-  std::string file = STRATA_SHARED_DIR "/ds-configs/zero2-fp16.json";  // train 32, accumulation 1
+  std::string file = users_config("zero2-fp16.json");  // train 32, accumulation 1
   auto r = run_strata({"config", "check", file, "--world-size", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(parse_json(r.out)["train_micro_batch_size_per_gpu"].asUInt64(), 8u);
@@ -127,8 +131,8 @@ TEST(ConfigCheck, ErrorsExitTwoAndNameTheProblem) {
 }
 
 TEST(ConfigCheck, SetOverridesAppearInTheOutput) {
-  auto r = run_strata({"config", "check", "-q", STRATA_SHARED_DIR "/ds-configs/zero3-minimal.json",
-                       "--set", "zero_optimization.offload_param.device=cpu", "--set",
+  auto r = run_strata({"config", "check", "-q", users_config("zero3-minimal.json"), "--set",
+                       "zero_optimization.offload_param.device=cpu", "--set",
                        "strata.host_bytes_max=8GiB"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json::Value c = parse_json(r.out);
