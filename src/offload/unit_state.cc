@@ -16,11 +16,8 @@ Result<const float*> read_unit_state(TierManager& tiers, SlotKind kind, int unit
     return static_cast<const float*>(tiers.unit_scratch());
   }
   // Compressed: decoded from the host home itself, or from a copy in the state scratch.
-  const void* stored = tiers.host_slot(unit, kind);
-  if (!host) {
-    STRATA_TRY(tiers.read_slot(kind, unit, tiers.raw_scratch()));
-    stored = tiers.raw_scratch();
-  }
+  void* stored = host ? tiers.host_slot(unit, kind) : tiers.raw_scratch();
+  if (!host) STRATA_TRY(tiers.read_slot(kind, unit, stored));
   decode_slot(plan, kind, unit, stored, tiers.unit_scratch());
   return static_cast<const float*>(tiers.unit_scratch());
 }
