@@ -245,8 +245,4 @@ std::uint32_t direct_io_alignment(int fd) {
   return std::max<std::uint32_t>(align, 4096u);
 }
 
-std::uint32_t required_alignment(const DirectoryProbe& probe) {
-  return std::max<std::uint32_t>({probe.mem_align_bytes, probe.offset_align_bytes, 4096u});
-}
-
 }  // namespace strata::io

@@ -41,11 +41,13 @@
 #include "offload/plan.h"
 #include "offload/slot_codec.h"
 #include "offload/tier_manager.h"
+#include "offload/unit_state.h"
 #include "optim/adam_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "strata/build_info.h"
 #include "train/estimate_report.h"
 #include "train/job.h"
+#include "train/run_directories.h"
 #include "train/run_settings.h"
 #include "train/stop_signal.h"
 
@@ -119,6 +121,9 @@ class Context {
     check(checked.status);
     const config::Loaded& loaded = checked.loaded;
     config_ = loaded.config;
+    // The swap folders pass the checks `strata train` makes (created 0700, never one that every
+    // user may write to without the sticky bit), before any group puts files there.
+    check(train::prepare_nvme_paths(config_));
     clip_given_ = loaded.given("gradient_clipping");
     for (const config::Note& note : loaded.notes)
       notes_.push_back(note.path.empty() ? note.message : note.path + ": " + note.message);
@@ -293,32 +298,14 @@ class Group {
     const offload::SlotKind kind = kind_of(kind_name);
     if (direct(checked(u), kind)) return;
     py::gil_scoped_release release;
-    const offload::TierPlan& plan = tiers_->plan();
-    if (offload::stored_as_fp32(plan, kind)) {
-      check(tiers_->read_slot(kind, u, tiers_->unit_scratch()));
-      return;
-    }
-    void* stored = tiers_->raw_scratch();
-    if (offload::home_of(plan, u, kind) == offload::Tier::kHost) {
-      stored = tiers_->host_slot(u, kind);
-    } else {
-      check(tiers_->read_slot(kind, u, stored));
-    }
-    offload::decode_slot(plan, kind, u, stored, tiers_->unit_scratch());
+    // Not a host fp32 home (direct), so the state lands in the unit scratch: the view.
+    check(offload::read_unit_state(*tiers_, kind, u).status());
   }
   void store_state(const std::string& kind_name, int u) {
     const offload::SlotKind kind = kind_of(kind_name);
     if (direct(checked(u), kind)) return;
     py::gil_scoped_release release;
-    const offload::TierPlan& plan = tiers_->plan();
-    if (offload::stored_as_fp32(plan, kind)) {
-      check(tiers_->write_slot(kind, u, tiers_->unit_scratch()));
-      return;
-    }
-    const bool host = offload::home_of(plan, u, kind) == offload::Tier::kHost;
-    void* stored = host ? tiers_->host_slot(u, kind) : tiers_->raw_scratch();
-    offload::encode_slot(plan, kind, u, tiers_->unit_scratch(), stored);
-    if (!host) check(tiers_->write_slot(kind, u, stored));
+    check(offload::write_unit_state(*tiers_, kind, u, tiers_->unit_scratch()));
   }
   // The parameters of unit u from its master weights (rounded to the storage type).
   void refresh_params(int u) {

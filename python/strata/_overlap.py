@@ -27,7 +27,9 @@ are the same bit for bit.
 
 Threads: the hooks run on autograd's threads, step() and the forward pre-hooks on the caller's,
 the landings, Adam and uploads on the worker. Shared state is under one lock; the worker is the
-only caller of the engines between a flight's first hand-off and its end.
+only caller of the engines between a flight's first hand-off and its end. A step in flight is a
+``_Flight`` (``strata._flight``); what the hand-off shares with the plain step (landing gradients,
+copying parameters out, the norms) is in ``strata._engine``.
 """
 
 import collections
@@ -39,58 +41,10 @@ import time
 import torch
 
 from ._core import StrataError, gradient_multiplier
+from ._engine import global_norm, unit_norms
+from ._flight import _Flight
 
 _POLL_S = 0.05  # waits wake this often to notice a failed worker
-
-
-def unit_norms(grads):
-    """The fp32 norms of one unit's gradients, one torch._foreach_norm over its list: the plain
-    step() and the hand-off call this on the same lists, so their norms have the same bits."""
-    return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
-
-
-def global_norm(norm_lists):
-    """The global gradient norm from per-unit norms: squares summed in double, in order."""
-    total = 0.0
-    for norms in norm_lists:
-        for n in norms:
-            total += n * n
-    return math.sqrt(total)
-
-
-class _Flight:
-    """One optimizer step in flight: from the first hand-off (or step()) to its last upload."""
-
-    def __init__(self, t, lrs, scaled, scale, clip, keys):
-        self.t = t  # Adam's step count if the step is not skipped
-        self.lrs = lrs  # per engine index
-        self.scaled = scaled
-        self.scale = scale
-        self.clip = clip
-        self.need_norm = clip > 0 or scaled
-        self.multiplier = None if self.need_norm else 1.0
-        self.skip = False
-        self.norm = None
-        self.keys = keys  # every (engine, unit), in forward order
-        self.handed = set()  # keys handed over
-        self.fired = set()  # id() of the slots whose hook fired
-        self.remaining = {}  # key -> slots still to fire
-        self.order = []  # parameter indices in the order their gradients were handed over
-        self.versions = []  # (slot, gradient tensor, its _version at the hand-off)
-        self.norms = {}  # key -> per-tensor norms (floats), once landed
-        self.landed = []  # keys landed, in landing order
-        self.ran = set()  # keys whose Adam ran (or that a skip left as they were)
-        self.closed = False  # every key is handed over (the hooks' and step()'s side)
-        self.closed_by_step = False  # the worker has seen step()'s "close"
-        self.settled = False  # the caller's thread applied the outcome to the counters
-        self.decided = threading.Event()  # multiplier or skip known
-        self.done = threading.Event()  # every unit's Adam ran and its upload is enqueued
-        self.ready = {k: threading.Event() for k in keys}  # the unit's new parameters are home
-        self.grads_final = {}  # key -> CUDA event after the unit's last backward kernels
-        self.uploads = {}  # key -> CUDA event after the unit's parameters went up
-        self.error = None
-        if not self.need_norm:
-            self.decided.set()
 
 
 class Overlap:

@@ -35,11 +35,10 @@ import torch
 
 from . import _core
 from ._core import StrataError
-from ._overlap import global_norm, unit_norms
+from ._engine import _STORAGE, _Engine, _Slot, global_norm, unit_norms
 
 __all__ = ["OffloadAdamW", "StrataError"]
 
-_STORAGE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TORCH_OF = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ALIGN = 64  # elements: every tensor starts 256 bytes into fp32 state at least
 _STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
@@ -60,78 +59,6 @@ def _config_text(config):
             raise StrataError(f"{path}: cannot read the config: {e.strerror}; valid: a readable "
                               f"DeepSpeed-style JSON file, a dict, or None") from None
     raise TypeError(f"config: expected a path, a dict or None, got {type(config).__name__}")
-
-
-class _Slot:
-    """Where one parameter lives in its engine."""
-    __slots__ = ("param", "index", "unit", "offset", "numel", "bound_param", "bound_grad",
-                 "device", "dtype")
-
-    def __init__(self, param, index, unit, offset, numel):
-        self.param = param
-        self.device = param.device  # what the parameter must stay on, and be
-        self.dtype = param.dtype
-        self.index = index  # the parameter's number in state_dict(), as torch numbers them
-        self.unit = unit
-        self.offset = offset
-        self.numel = numel
-        self.bound_param = None  # the engine's tensor that param.data was rebound to
-        self.bound_grad = None  # the engine's gradient view given to param.grad
-
-
-class _Engine:
-    """One strata._core.Group: the parameters of one param group with one dtype."""
-
-    def __init__(self, ctx, group_index, dtype, slots, units, hyper, adamw):
-        self.group_index = group_index
-        self.dtype = dtype
-        self.slots = slots
-        beta1, beta2 = hyper["betas"]
-        self.core = _core.Group(ctx, units, _STORAGE[dtype], float(hyper["weight_decay"]),
-                                float(beta1), float(beta2), float(hyper["eps"]), adamw)
-        self.nvme = self.core.nvme()
-        # Whether the gradient view is the gradient's home (host memory, fp32): else it is a
-        # scratch that store_state() encodes (bf16 gradients) or writes (NVMe) from.
-        self.grad_home = self.core.view_is_home("grad")
-        self.by_unit = [[] for _ in units]
-        for s in slots:
-            self.by_unit[s.unit].append(s)
-
-    def view(self, kind, unit):
-        return torch.from_numpy(self.core.state_view(kind, unit))
-
-    def param_view(self, unit):
-        t = torch.from_numpy(self.core.param_view(unit))
-        return t if self.dtype == torch.float32 else t.view(self.dtype)
-
-    def store_grads(self, u, grad_of):
-        """Writes unit u's gradients into their home: grad_of(slot) gives a slot's gradient
-        (None: zeros); one that is the home itself (backward accumulated there) stays."""
-        grad = self.view("grad", u)
-        if not self.grad_home:
-            grad.zero_()
-        for s in self.by_unit[u]:
-            g = grad_of(s)
-            span = grad[s.offset:s.offset + s.numel]
-            if g is None:
-                if self.grad_home:
-                    span.zero_()
-            elif s.bound_grad is None or g.data_ptr() != s.bound_grad.data_ptr():
-                span.copy_(g.reshape(-1))
-        self.core.store_state("grad", u)
-
-    def scatter_params(self, u, non_blocking=False):
-        """Copies unit u's new parameters from their home into every parameter that is not the
-        home itself (CUDA tensors; non_blocking on the caller's stream)."""
-        params = None
-        for s in self.by_unit[u]:
-            p = s.param
-            if s.bound_param is not None and p.data.data_ptr() == s.bound_param.data_ptr():
-                continue  # the parameter is the home: already updated
-            if params is None:
-                params = self.param_view(u)
-            p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape),
-                         non_blocking=non_blocking)
 
 
 class OffloadAdamW(torch.optim.Optimizer):

@@ -160,3 +160,30 @@ def test_the_plan_is_exactly_what_the_tier_manager_allocates(device, dtype, tmp_
         assert (engine["nvme"]["bytes"] > 0) == (device == "nvme")
         assert not any("staging" in what or "frame" in what for _, what, _ in engine["items"])
     opt.close()
+
+
+def test_nvme_paths_pass_the_checks_strata_train_makes(tmp_path):
+    # The swap files must not sit where another user could replace them: a folder every user may
+    # write to without the sticky bit is refused, naming the folder and the key, as `strata train`
+    # refuses it; a missing folder is created for this user alone (0700).
+    def nvme_config(path):
+        return {"zero_optimization": {"stage": 2, "offload_optimizer": {
+            "device": "nvme", "nvme_path": str(path)}}}
+
+    p = torch.nn.Parameter(torch.zeros(100))
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    os.chmod(open_to_all, 0o777)
+    with pytest.raises(strata.StrataError) as refused:
+        OffloadAdamW([p], config=nvme_config(open_to_all))
+    assert str(open_to_all) in str(refused.value)
+    assert "zero_optimization.offload_optimizer.nvme_path" in str(refused.value)
+    assert "sticky bit" in str(refused.value)
+    assert not list(open_to_all.iterdir()), "no swap file may be made before the refusal"
+
+    fresh = tmp_path / "fresh" / "swap"
+    opt = OffloadAdamW([p], config=nvme_config(fresh))
+    assert fresh.is_dir()
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    assert (fresh.parent.stat().st_mode & 0o777) == 0o700
+    opt.close()

@@ -3,8 +3,10 @@
 
 #include <cstdio>
 #include <optional>
+#include <utility>
 
 #include "cli/command.h"
+#include "io/probe.h"
 #include "sys/report.h"
 
 namespace strata::cli {
@@ -16,25 +18,30 @@ struct ReportOptions {
 };
 
 int run_report(const ReportOptions& options) {
-  std::optional<std::string> path;
-  if (!options.path.empty()) path = options.path;
-  auto report = sys::collect_report(path);
-  if (!report.is_ok()) {
-    const Status& why = report.status();
-    // A directory that is missing or is not a directory is a wrong argument (exit 2); one that
-    // exists but cannot be written or probed is a runtime failure (exit 1).
-    const bool usage =
-        why.code() == ErrorCode::kNotFound || why.code() == ErrorCode::kInvalidArgument;
-    return report_error(usage ? Status(ErrorCode::kUsage, why.message(), "--path " + why.context())
+  // The I/O facts are probed here, above both io/ and sys/, and handed to the machine report.
+  std::optional<sys::DirectoryProbe> directory;
+  if (!options.path.empty()) {
+    Result<sys::DirectoryProbe> probe = io::probe_directory(options.path);
+    if (!probe.is_ok()) {
+      const Status& why = probe.status();
+      // A directory that is missing or is not a directory is a wrong argument (exit 2); one that
+      // exists but cannot be written or probed is a runtime failure (exit 1).
+      const bool usage =
+          why.code() == ErrorCode::kNotFound || why.code() == ErrorCode::kInvalidArgument;
+      return report_error(usage
+                              ? Status(ErrorCode::kUsage, why.message(), "--path " + why.context())
                               : why.with_context("--path"));
+    }
+    directory = std::move(probe).value();
   }
+  const sys::MachineReport report = sys::collect_report(io::probe_io_uring(), std::move(directory));
   if (options.json) {
     Json::StreamWriterBuilder writer;
     writer["indentation"] = "  ";
-    std::string text = Json::writeString(writer, sys::report_json(*report));
+    std::string text = Json::writeString(writer, sys::report_json(report));
     std::printf("%s\n", text.c_str());
   } else {
-    std::fputs(sys::report_text(*report).c_str(), stdout);
+    std::fputs(sys::report_text(report).c_str(), stdout);
   }
   return 0;
 }

@@ -97,7 +97,8 @@ std::string one_line(const std::string& errors) {
 
 }  // namespace
 
-Result<RegularFile> open_regular_file(const std::string& path, std::string_view what) {
+Result<RegularFile> open_regular_file(const std::string& path, std::string_view what,
+                                      ReadRefusal* refusal) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
@@ -114,6 +115,7 @@ Result<RegularFile> open_regular_file(const std::string& path, std::string_view 
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
+    if (refusal != nullptr) refusal->file_type = file_type(st.st_mode);
     return Status(ErrorCode::kIo,
                   fmt::format("{} is {}; only a regular file is read", what, file_type(st.st_mode)),
                   path);
@@ -125,9 +127,10 @@ Result<RegularFile> open_regular_file(const std::string& path, std::string_view 
 }
 
 Result<std::string> read_regular_file(const std::string& path, std::uint64_t bytes_max,
-                                      std::string_view what) {
-  STRATA_ASSIGN_OR_RETURN(const RegularFile file, open_regular_file(path, what));
+                                      std::string_view what, ReadRefusal* refusal) {
+  STRATA_ASSIGN_OR_RETURN(const RegularFile file, open_regular_file(path, what, refusal));
   auto refuse = [&](std::uint64_t bytes) {
+    if (refusal != nullptr) refusal->bytes = bytes;
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("{} holds {}{} bytes, more than the {} bytes it may have", what,
                               bytes > bytes_max ? "at least " : "", bytes, bytes_max),

@@ -20,16 +20,24 @@ struct RegularFile {
   std::uint64_t bytes = 0;
 };
 
+// Why a file was refused, for a caller that words the error in its own terms (the config
+// reader): set beside the Status, and left empty for OS errors.
+struct ReadRefusal {
+  const char* file_type = nullptr;  // not a regular file: "a directory", "a FIFO (named pipe)"...
+  std::uint64_t bytes = 0;          // too large: at least this many bytes (more than bytes_max)
+};
+
 // Opens `path` read-only without blocking (a FIFO with no writer does not hang the open) and
 // checks that it is a regular file. `what` says what the file is for in errors ("the data
 // file"). kNotFound when it does not exist; kIo for other OS errors or a file that is not
-// regular (naming its type).
-Result<RegularFile> open_regular_file(const std::string& path, std::string_view what);
+// regular (naming its type, also in `refusal` when given).
+Result<RegularFile> open_regular_file(const std::string& path, std::string_view what,
+                                      ReadRefusal* refusal = nullptr);
 
-// The whole content of the regular file `path`, refused (kInvalidArgument) when it is larger
-// than `bytes_max`.
+// The whole content of the regular file `path`, refused (kInvalidArgument; its size in
+// `refusal` when given) when it is larger than `bytes_max`.
 Result<std::string> read_regular_file(const std::string& path, std::uint64_t bytes_max,
-                                      std::string_view what);
+                                      std::string_view what, ReadRefusal* refusal = nullptr);
 
 struct JsonLimits {
   std::uint64_t bytes_max = std::uint64_t{16} << 20;

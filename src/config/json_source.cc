@@ -1,17 +1,15 @@
 #include "config/json_source.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <sstream>
+#include <string_view>
+
+#include "common/bounded_read.h"
 
 namespace strata::config {
 namespace {
@@ -66,63 +64,14 @@ bool parse_json(const std::string& text, Json::Value* out, std::string* errors) 
   }
 }
 
-std::string describe_file_type(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
-
-std::string blank_hash_comments(std::string text) {
+// Walks `text` as jsoncpp's dialect lexes it and calls visit(i) at each byte i that is code,
+// outside strings and // or /* */ comments (a string ends at its closing quote or at the end of
+// its line). visit may move i on past bytes it consumed; it returns false to stop the walk.
+// Returns where the walk stopped, or npos at the end of the text.
+template <typename Visit>
+std::size_t walk_code(std::string_view text, Visit visit) {
   enum class State { kCode, kString, kLineComment, kBlockComment };
   State state = State::kCode;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    char next = i + 1 < text.size() ? text[i + 1] : '\0';
-    switch (state) {
-      case State::kCode:
-        if (c == '"') {
-          state = State::kString;
-        } else if (c == '/' && next == '/') {
-          state = State::kLineComment;
-          ++i;
-        } else if (c == '/' && next == '*') {
-          state = State::kBlockComment;
-          ++i;
-        } else if (c == '#') {
-          for (; i < text.size() && text[i] != '\n'; ++i)
-            text[i] = ' ';
-        }
-        break;
-      case State::kString:
-        if (c == '\\') {
-          ++i;
-        } else if (c == '"' || c == '\n') {
-          state = State::kCode;
-        }
-        break;
-      case State::kLineComment:
-        if (c == '\n') state = State::kCode;
-        break;
-      case State::kBlockComment:
-        if (c == '*' && next == '/') {
-          state = State::kCode;
-          ++i;
-        }
-        break;
-    }
-  }
-  return text;
-}
-
-std::size_t find_excess_nesting(const std::string& text, int depth_max) {
-  enum class State { kCode, kString, kLineComment, kBlockComment };
-  State state = State::kCode;
-  int depth = 0;
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     const char next = i + 1 < text.size() ? text[i + 1] : '\0';
@@ -136,10 +85,8 @@ std::size_t find_excess_nesting(const std::string& text, int depth_max) {
         } else if (c == '/' && next == '*') {
           state = State::kBlockComment;
           ++i;
-        } else if (c == '{' || c == '[') {
-          if (++depth > depth_max) return i;
-        } else if ((c == '}' || c == ']') && depth > 0) {
-          --depth;
+        } else if (!visit(i)) {
+          return i;
         }
         break;
       case State::kString:
@@ -160,62 +107,51 @@ std::size_t find_excess_nesting(const std::string& text, int depth_max) {
         break;
     }
   }
-  return std::string::npos;
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::string blank_hash_comments(std::string text) {
+  walk_code(text, [&text](std::size_t& i) {
+    if (text[i] == '#') {
+      // Up to the newline, which stays: the walk goes on after it, in code.
+      for (; i < text.size() && text[i] != '\n'; ++i)
+        text[i] = ' ';
+    }
+    return true;
+  });
+  return text;
+}
+
+std::size_t find_excess_nesting(const std::string& text, int depth_max) {
+  int depth = 0;
+  return walk_code(text, [&](std::size_t& i) {
+    const char c = text[i];
+    if (c == '{' || c == '[') return ++depth <= depth_max;
+    if ((c == '}' || c == ']') && depth > 0) --depth;
+    return true;
+  });
 }
 
 Result<std::string> JsonSource::read_file(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer; the type check below
-  // refuses it before any read.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
+  ReadRefusal refusal;
+  Result<std::string> text = read_regular_file(path, kConfigBytesMax, "the config file", &refusal);
+  if (text.is_ok()) return text;
+  // In the config's own words and code (kConfig: exit 2), whatever the reader's.
+  if (refusal.file_type != nullptr) {
     return Status(ErrorCode::kConfig,
-                  fmt::format("cannot read the config file: {}", std::strerror(errno)), path);
+                  fmt::format("is {}, not a config file; give a JSON file", refusal.file_type),
+                  path);
   }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    return Status(ErrorCode::kConfig,
-                  fmt::format("cannot stat the config file: {}", std::strerror(errno)), path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status(
-        ErrorCode::kConfig,
-        fmt::format("is {}, not a config file; give a JSON file", describe_file_type(st.st_mode)),
-        path);
-  }
-  const auto too_big = [&](std::uint64_t bytes) {
+  if (refusal.bytes != 0) {
     return Status(ErrorCode::kConfig,
                   fmt::format("the config file is {} bytes; a config may be at most {} MiB "
                               "(DeepSpeed configs are a few KiB)",
-                              bytes, kConfigBytesMax >> 20),
+                              refusal.bytes, kConfigBytesMax >> 20),
                   path);
-  };
-  if (static_cast<std::uint64_t>(st.st_size) > kConfigBytesMax) return too_big(st.st_size);
-  std::string text;
-  text.resize(static_cast<std::size_t>(st.st_size) + 1);
-  std::size_t used = 0;
-  for (int attempt = 0;;) {
-    if (used == text.size()) {
-      // The file grew while it was read: read on, up to the limit.
-      if (text.size() > kConfigBytesMax) return too_big(text.size());
-      text.resize(std::min<std::size_t>(text.size() * 2, kConfigBytesMax + 1));
-    }
-    const ssize_t n = ::read(fd, text.data() + used, text.size() - used);
-    if (n < 0) {
-      if ((errno == EINTR || errno == EAGAIN) && ++attempt < 100) continue;
-      return Status(ErrorCode::kConfig,
-                    fmt::format("error while reading the config file: {}", std::strerror(errno)),
-                    path);
-    }
-    if (n == 0) break;
-    used += static_cast<std::size_t>(n);
   }
-  if (used > kConfigBytesMax) return too_big(used);
-  text.resize(used);
-  return text;
+  return Status(ErrorCode::kConfig, text.status().message(), path);
 }
 
 Result<JsonSource> JsonSource::parse(std::string text, std::string name) {

@@ -1,17 +1,9 @@
 // Token files (see token_file.h).
 #include "data/token_file.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-
-#include "common/bounded_read.h"
 
 namespace strata::data {
 namespace {
@@ -64,43 +56,15 @@ const char* to_string(TokenFormat format) {
   return "unknown";
 }
 
-TokenFile::~TokenFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-}
-
-TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      format_(other.format_),
-      map_(other.map_),
-      map_bytes_(other.map_bytes_),
-      tokens_begin_(other.tokens_begin_),
-      header_bytes_(other.header_bytes_),
-      tokens_(other.tokens_) {
-  other.map_ = nullptr;
-  other.map_bytes_ = 0;
-}
-
 Result<TokenFile> TokenFile::open(const std::string& path, bool text) {
   // A regular file only: a FIFO or a device would hang the open or never end.
-  STRATA_ASSIGN_OR_RETURN(const RegularFile opened, open_regular_file(path, "the data file"));
-  const int fd = opened.fd;
-  const std::uint64_t size = opened.bytes;
-  if (size == 0) {
-    ::close(fd);
-    return Status(ErrorCode::kInvalidArgument, "the data file is empty", path);
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    return Status(ErrorCode::kIo, fmt::format("mmap failed: {}", std::strerror(map_err)), path);
-  }
-  ::madvise(map, size, MADV_RANDOM);
   TokenFile file;
+  STRATA_ASSIGN_OR_RETURN(file.map_,
+                          MappedFile::open(path, "the data file", MappedFile::Access::kRandom));
+  const std::uint64_t size = file.map_.size();
+  if (size == 0) return Status(ErrorCode::kInvalidArgument, "the data file is empty", path);
   file.path_ = path;
-  file.map_ = map;
-  file.map_bytes_ = size;
-  const auto* bytes = static_cast<const std::uint8_t*>(map);
+  const std::uint8_t* bytes = file.map_.bytes();
   if (text) {
     file.format_ = TokenFormat::kTextBytes;
     file.tokens_begin_ = bytes;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/mapped_file.h"
 #include "common/status.h"
 
 namespace strata::data {
@@ -24,8 +25,8 @@ inline constexpr std::uint64_t kLlmcHeaderBytes = 256 * 4;
 
 class TokenFile {
  public:
-  ~TokenFile();
-  TokenFile(TokenFile&& other) noexcept;
+  ~TokenFile() = default;
+  TokenFile(TokenFile&& other) noexcept = default;
   TokenFile& operator=(TokenFile&&) = delete;
   TokenFile(const TokenFile&) = delete;
 
@@ -43,14 +44,13 @@ class TokenFile {
   std::uint64_t byte_offset(std::int64_t i) const;
   // The token bytes, header excluded (what a mask file's checksum covers).
   const std::uint8_t* token_bytes() const { return tokens_begin_; }
-  std::uint64_t token_bytes_size() const { return map_bytes_ - header_bytes_; }
+  std::uint64_t token_bytes_size() const { return map_.size() - header_bytes_; }
 
  private:
   TokenFile() = default;
   std::string path_;
   TokenFormat format_ = TokenFormat::kNanoGptU16;
-  void* map_ = nullptr;
-  std::uint64_t map_bytes_ = 0;
+  MappedFile map_;
   const std::uint8_t* tokens_begin_ = nullptr;
   std::uint64_t header_bytes_ = 0;
   std::int64_t tokens_ = 0;

@@ -1,15 +1,9 @@
 // Mask files beside token files (see token_mask.h).
 #include "data/token_mask.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 namespace strata::data {
@@ -40,22 +34,6 @@ std::uint64_t token_checksum(const TokenFile& tokens) {
   return XXH3_64bits(tokens.token_bytes(), tokens.token_bytes_size());
 }
 
-MaskFile::~MaskFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-}
-
-MaskFile::MaskFile(MaskFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      map_(other.map_),
-      map_bytes_(other.map_bytes_),
-      flags_(other.flags_),
-      tokens_(other.tokens_),
-      counted_(other.counted_),
-      documents_(other.documents_) {
-  other.map_ = nullptr;
-  other.map_bytes_ = 0;
-}
-
 Result<std::optional<MaskFile>> MaskFile::open_beside(const TokenFile& tokens) {
   const std::string path = mask_path_for(tokens.path());
   std::error_code ec;
@@ -65,36 +43,17 @@ Result<std::optional<MaskFile>> MaskFile::open_beside(const TokenFile& tokens) {
 }
 
 Result<MaskFile> MaskFile::open(const std::string& path, const TokenFile& tokens) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  fmt::format("cannot open the mask file: {}", std::strerror(err)), path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status(ErrorCode::kInvalidArgument, "the mask file is not a regular file", path);
-  }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  MaskFile file;
+  STRATA_ASSIGN_OR_RETURN(file.map_, MappedFile::open(path, "the mask file"));
+  const std::uint64_t size = file.map_.size();
   if (size < kMaskHeaderBytes) {
-    ::close(fd);
     return Status(
         ErrorCode::kCorrupt,
         fmt::format("{} bytes is shorter than the {}-byte mask header", size, kMaskHeaderBytes),
         path);
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    return Status(ErrorCode::kIo, fmt::format("mmap failed: {}", std::strerror(map_err)), path);
-  }
-  MaskFile file;
   file.path_ = path;
-  file.map_ = map;
-  file.map_bytes_ = size;
-  const auto* bytes = static_cast<const std::uint8_t*>(map);
+  const std::uint8_t* bytes = file.map_.bytes();
   if (static_cast<std::int32_t>(read_u32(bytes)) != kMaskMagic) {
     return Status(ErrorCode::kCorrupt,
                   fmt::format("not a mask file: the first int32 is {}, not the magic {} "

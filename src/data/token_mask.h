@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "common/mapped_file.h"
 #include "common/status.h"
 #include "data/token_file.h"
 
@@ -33,8 +34,8 @@ std::uint64_t token_checksum(const TokenFile& tokens);
 
 class MaskFile {
  public:
-  ~MaskFile();
-  MaskFile(MaskFile&& other) noexcept;
+  ~MaskFile() = default;
+  MaskFile(MaskFile&& other) noexcept = default;
   MaskFile& operator=(MaskFile&&) = delete;
   MaskFile(const MaskFile&) = delete;
 
@@ -57,8 +58,7 @@ class MaskFile {
  private:
   MaskFile() = default;
   std::string path_;
-  void* map_ = nullptr;
-  std::uint64_t map_bytes_ = 0;
+  MappedFile map_;
   const std::uint8_t* flags_ = nullptr;
   std::int64_t tokens_ = 0;
   std::int64_t counted_ = 0;

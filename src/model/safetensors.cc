@@ -1,16 +1,11 @@
 // safetensors reading (hostile input) and writing (see safetensors.h).
 #include "model/safetensors.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <json/json.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -203,46 +198,17 @@ Result<std::vector<StTensor>> parse_safetensors_header(
   }
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-}
-
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      map_(other.map_),
-      map_bytes_(other.map_bytes_),
-      data_(other.data_),
-      tensors_(std::move(other.tensors_)),
-      index_(std::move(other.index_)),
-      metadata_(std::move(other.metadata_)),
-      header_xxh3_(other.header_xxh3_) {
-  other.map_ = nullptr;
-  other.map_bytes_ = 0;
-  other.data_ = nullptr;
-}
-
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(const RegularFile opened,
-                          open_regular_file(path, "the safetensors file"));
-  const int fd = opened.fd;
-  const std::uint64_t size = opened.bytes;
+  SafetensorsFile file;
+  STRATA_ASSIGN_OR_RETURN(file.map_, MappedFile::open(path, "the safetensors file"));
+  const std::uint64_t size = file.map_.size();
   if (size < 8) {
-    ::close(fd);
     return corrupt(path, fmt::format("{} bytes is too short for a safetensors file (at least 8 "
                                      "for the header length)",
                                      size));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    return Status(ErrorCode::kIo, fmt::format("mmap failed: {}", std::strerror(map_err)), path);
-  }
-  SafetensorsFile file;
   file.path_ = path;
-  file.map_ = map;
-  file.map_bytes_ = size;
-  const auto* bytes = static_cast<const std::uint8_t*>(map);
+  const std::uint8_t* bytes = file.map_.bytes();
   std::uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i)
     header_bytes = (header_bytes << 8) | bytes[i];

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mapped_file.h"
 #include "common/status.h"
 
 namespace strata::model {
@@ -57,8 +58,8 @@ inline constexpr std::uint64_t kSafetensorsTensorsMax = 1u << 20;
 
 class SafetensorsFile {
  public:
-  ~SafetensorsFile();
-  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  ~SafetensorsFile() = default;
+  SafetensorsFile(SafetensorsFile&& other) noexcept = default;
   SafetensorsFile& operator=(SafetensorsFile&&) = delete;
   SafetensorsFile(const SafetensorsFile&) = delete;
 
@@ -75,7 +76,7 @@ class SafetensorsFile {
   const std::uint8_t* data(const StTensor& tensor) const { return data_ + tensor.begin; }
   // Size of the file in bytes, and the xxHash3-64 of its first 8 + header bytes (the length and
   // the JSON header, padding included): what write_safetensors' digest says for it.
-  std::uint64_t file_bytes() const { return map_bytes_; }
+  std::uint64_t file_bytes() const { return map_.size(); }
   std::uint64_t header_xxh3() const { return header_xxh3_; }
   // xxHash3-64 of the tensor's bytes (reads them all).
   std::uint64_t tensor_xxh3(const StTensor& tensor) const;
@@ -88,8 +89,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::string path_;
-  void* map_ = nullptr;
-  std::uint64_t map_bytes_ = 0;
+  MappedFile map_;
   const std::uint8_t* data_ = nullptr;
   std::vector<StTensor> tensors_;
   std::map<std::string, std::uint64_t> index_;

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "offload/slot_codec.h"
+#include "offload/unit_state.h"
 
 namespace strata::offload {
 
@@ -51,20 +52,7 @@ float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
 
 Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   if (!failure_.is_ok()) return failure_;
-  const TierPlan& p = tiers_.plan();
-  const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
-  if (!stored_as_fp32(p, kind)) {
-    // Encoded straight into a host home, else into the state scratch and written from there.
-    const bool host = up.optim_home == Tier::kHost;
-    void* stored = host ? tiers_.host_slot(unit, kind) : tiers_.raw_scratch();
-    encode_slot(p, kind, unit, src, stored);
-    return host ? Status::ok() : guard(tiers_.write_slot(kind, unit, stored));
-  }
-  if (up.optim_home == Tier::kNvme && src != tiers_.unit_scratch()) {
-    std::memcpy(tiers_.unit_scratch(), src, static_cast<std::size_t>(up.shard_numel) * 4);
-    src = tiers_.unit_scratch();
-  }
-  return guard(tiers_.write_slot(kind, unit, src));
+  return guard(write_unit_state(tiers_, kind, unit, src));
 }
 
 Result<const void*> OffloadStore::view_stored(SlotKind kind, int unit) {
@@ -92,16 +80,11 @@ Status OffloadStore::store_stored(SlotKind kind, int unit, const void* stored) {
 }
 
 Result<const float*> OffloadStore::view(SlotKind kind, int unit) {
-  const TierPlan& p = tiers_.plan();
-  if (stored_as_fp32(p, kind)) {
-    if (home_of(p, unit, kind) == Tier::kHost) return tiers_.host_state(unit, kind);
-    if (!failure_.is_ok()) return failure_;
-    STRATA_TRY(guard(tiers_.read_slot(kind, unit, tiers_.unit_scratch())));
-    return static_cast<const float*>(tiers_.unit_scratch());
-  }
-  STRATA_ASSIGN_OR_RETURN(const void* stored, view_stored(kind, unit));
-  decode_slot(p, kind, unit, stored, tiers_.unit_scratch());
-  return static_cast<const float*>(tiers_.unit_scratch());
+  // A host home is read as it is; after a failure nothing is read from another (failure()).
+  if (home_of(tiers_.plan(), unit, kind) != Tier::kHost && !failure_.is_ok()) return failure_;
+  Result<const float*> state = read_unit_state(tiers_, kind, unit);
+  if (!state.is_ok()) return guard(state.status());
+  return state;
 }
 
 Status OffloadStore::refresh(bool zero_moments) {

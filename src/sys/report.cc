@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "common/units.h"
 #include "strata/build_info.h"
 
@@ -53,20 +55,16 @@ void add_warnings(MachineReport& report) {
 
 }  // namespace
 
-Result<MachineReport> collect_report(const std::optional<std::string>& path) {
+MachineReport collect_report(UringProbe uring, std::optional<DirectoryProbe> directory) {
   MachineReport report;
-  if (path) {
-    auto probe = io::probe_directory(*path);
-    if (!probe.is_ok()) return probe.status();
-    report.directory = std::move(probe).value();
-  }
+  report.directory = std::move(directory);
   report.cpu = cpu_features();
   report.simd = best_simd_level();
   report.topology = probe_topology();
   report.memory = probe_host_memory();
   report.cuda = probe_cuda();
   report.nccl = probe_nccl();
-  report.uring = io::probe_io_uring();
+  report.uring = std::move(uring);
   add_warnings(report);
   return report;
 }
@@ -160,7 +158,7 @@ std::string report_text(const MachineReport& r) {
     }
   }
   if (r.directory) {
-    const io::DirectoryProbe& d = *r.directory;
+    const DirectoryProbe& d = *r.directory;
     out += fmt::format("path {}\n", d.path);
     line("file system", d.fs_type + (d.block_device.empty() ? "" : " on " + d.block_device));
     line("O_DIRECT", d.direct_io ? "works" : "does not work: " + d.direct_io_error);
@@ -169,7 +167,7 @@ std::string report_text(const MachineReport& r) {
                                    : "none (not a block device)");
     line("direct-I/O alignment",
          fmt::format("memory {} B, offset {} B (from {}); Strata aligns to {} B", d.mem_align_bytes,
-                     d.offset_align_bytes, d.align_source, io::required_alignment(d)));
+                     d.offset_align_bytes, d.align_source, required_alignment(d)));
     line("free / total",
          fmt::format("{} / {}", format_bytes(d.free_bytes), format_bytes(d.total_bytes)));
   }
@@ -265,7 +263,7 @@ Json::Value report_json(const MachineReport& r) {
   root["io_uring"]["fixed_buffers"] = r.uring.read_fixed && r.uring.write_fixed;
   root["io_uring"]["error"] = r.uring.error;
   if (r.directory) {
-    const io::DirectoryProbe& d = *r.directory;
+    const DirectoryProbe& d = *r.directory;
     Value& p = root["path"];
     p["path"] = d.path;
     p["fs_type"] = d.fs_type;
@@ -275,7 +273,7 @@ Json::Value report_json(const MachineReport& r) {
     p["logical_block_bytes"] = d.logical_block_bytes;
     p["mem_align_bytes"] = d.mem_align_bytes;
     p["offset_align_bytes"] = d.offset_align_bytes;
-    p["alignment_bytes"] = io::required_alignment(d);
+    p["alignment_bytes"] = required_alignment(d);
     p["free_bytes"] = U{d.free_bytes};
     p["total_bytes"] = U{d.total_bytes};
   }

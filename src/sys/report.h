@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "io/probe.h"
 #include "sys/cpu_features.h"
 #include "sys/gpu.h"
+#include "sys/io_facts.h"
 #include "sys/memory.h"
 #include "sys/nccl.h"
 #include "sys/topology.h"
@@ -26,16 +26,16 @@ struct MachineReport {
   Result<HostMemory> memory = Status(ErrorCode::kUnavailable, "not probed");
   CudaProbe cuda;
   NcclProbe nccl;
-  io::UringProbe uring;
-  std::optional<io::DirectoryProbe> directory;  // with --path
+  UringProbe uring;
+  std::optional<DirectoryProbe> directory;  // with --path
   // Things the user should act on (a low `ulimit -l`, no O_DIRECT, no io_uring), one sentence
   // each, saying what Strata will do about it.
   std::vector<std::string> warnings;
 };
 
-// Probes everything; `path` (optional) is a directory to test for the NVMe tier. Fails only when
-// `path` cannot be probed (missing, not a directory, not writable): that error names the path.
-Result<MachineReport> collect_report(const std::optional<std::string>& path);
+// Probes the machine's own facts and adds the I/O stack's, which the caller probed (io/probe.h,
+// a layer above): io_uring, and `directory` (optional) to test for the NVMe tier.
+MachineReport collect_report(UringProbe uring, std::optional<DirectoryProbe> directory);
 
 std::string report_text(const MachineReport& report);
 Json::Value report_json(const MachineReport& report);

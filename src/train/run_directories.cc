@@ -227,6 +227,10 @@ Status prepare_run_directories(const config::Config& config) {
     const std::string folder = fs::path(s.trace_file).parent_path().string();
     STRATA_TRY(create_folders(folder, 0700, "strata.trace_file"));
   }
+  return prepare_nvme_paths(config);
+}
+
+Status prepare_nvme_paths(const config::Config& config) {
   const config::ZeroConfig& z = config.zero_optimization;
   auto nvme = [](const std::vector<std::string>& paths, const char* key) -> Status {
     for (const std::string& path : paths) {

@@ -55,4 +55,9 @@ Status check_resumable(const checkpoint::TrainerCounters& counters, const config
 // the swap files). kConfig naming the key and path.
 Status prepare_run_directories(const config::Config& config);
 
+// The NVMe part of prepare_run_directories, for a caller with swap files but no run (the Python
+// optimizer): creates each nvme_path the offload settings use (0700) and refuses one that is not
+// a directory, or that every user may write to without the sticky bit. kConfig naming key, path.
+Status prepare_nvme_paths(const config::Config& config);
+
 }  // namespace strata::train
