@@ -1,8 +1,8 @@
 // The quick-start demos end near the synthetic source's entropy floor with their training state on
 // NVMe. Slow: not in the default suite (ctest -L slow).
-//   configs/demo.json (the quick-start job, about three minutes on 2 cores): within 10% of the
-//   floor (it measured +7.5% final, +7.7% eval, docs/trainer.md), its state several times the
-//   device budget it kept to;
+//   configs/demo.json (the quick-start job, under three minutes on 2 cores): within 5% of the
+//   floor (it measured +3.8% final, +3.8% eval, docs/trainer.md), its state well above the device
+//   budget it kept to;
 //   configs/demo-small.json (the earlier, shallower job, about two minutes): within 5%.
 #include <gtest/gtest.h>
 #include <json/json.h>
@@ -39,17 +39,18 @@ TEST(Demo, SmallDemoEndsWithinFivePercentOfTheEntropyFloor) {
   EXPECT_LE(summary["device_bytes_peak"].asUInt64(), 64ull << 20);
 }
 
-TEST(Demo, EndsNearTheEntropyFloorWithItsStateOnNvmeAboveTheDeviceBudget) {
+TEST(Demo, EndsWithinFivePercentOfTheEntropyFloorWithItsStateOnNvmeAboveTheDeviceBudget) {
   testing::TempDir dir;
   const Json::Value summary = run_demo(dir, "configs/demo.json");
   ASSERT_TRUE(summary.isObject());
   const double floor = summary["entropy_floor"].asDouble();
   EXPECT_NEAR(floor, std::log(4.0), 1e-9);
-  EXPECT_LE(summary["final_loss"].asDouble(), 1.10 * floor) << summary;
-  EXPECT_LE(summary["eval_loss"].asDouble(), 1.10 * floor) << summary;
-  EXPECT_LE(summary["device_bytes_peak"].asUInt64(), 12ull << 20);
-  EXPECT_EQ(summary["device_bytes_max"].asUInt64(), 12ull << 20);
-  EXPECT_GE(summary["nvme_bytes_peak"].asUInt64(), 3 * summary["device_bytes_max"].asUInt64());
+  EXPECT_LE(summary["final_loss"].asDouble(), 1.05 * floor) << summary;
+  EXPECT_LE(summary["eval_loss"].asDouble(), 1.05 * floor) << summary;
+  EXPECT_LE(summary["device_bytes_peak"].asUInt64(), 8ull << 20);
+  EXPECT_EQ(summary["device_bytes_max"].asUInt64(), 8ull << 20);
+  // 22.1 MiB of state against 8 MiB: units stream through the device a few at a time.
+  EXPECT_GE(summary["nvme_bytes_peak"].asUInt64(), 5 * summary["device_bytes_max"].asUInt64() / 2);
 }
 
 }  // namespace
