@@ -25,6 +25,32 @@ RunOutput run_strata(const std::vector<std::string>& args,
   return run_program(STRATA_BINARY, args, extra_env, timeout_s);
 }
 
+pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::vector<std::string>& extra_env,
+                    const posix_spawn_file_actions_t& actions) {
+  std::vector<std::string> argv_storage{program};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e)
+    env_storage.emplace_back(*e);
+  env_storage.insert(env_storage.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (std::string& e : env_storage)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn(" << program << ") failed: " << std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
 RunOutput run_program(const std::string& program, const std::vector<std::string>& args,
                       const std::vector<std::string>& extra_env, int timeout_s) {
   RunOutput result;
@@ -40,28 +66,11 @@ RunOutput run_program(const std::string& program, const std::vector<std::string>
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
 
-  std::vector<std::string> argv_storage{program};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_storage)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e)
-    env_storage.emplace_back(*e);
-  env_storage.insert(env_storage.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> envp;
-  for (std::string& e : env_storage)
-    envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+  const pid_t pid = spawn_program(program, args, extra_env, actions);
   posix_spawn_file_actions_destroy(&actions);
   close(out_pipe[1]);
   close(err_pipe[1]);
-  if (rc != 0) {
-    ADD_FAILURE() << "posix_spawn(" << program << ") failed: " << std::strerror(rc);
+  if (pid < 0) {
     close(out_pipe[0]);
     close(err_pipe[0]);
     return result;

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <json/value.h>
+#include <spawn.h>
+#include <sys/types.h>
 
 #include <string>
 #include <vector>
@@ -23,6 +25,13 @@ RunOutput run_strata(const std::vector<std::string>& args,
 // The same for any program (an absolute path), e.g. mpirun.
 RunOutput run_program(const std::string& program, const std::vector<std::string>& args,
                       const std::vector<std::string>& extra_env = {}, int timeout_s = 120);
+
+// Starts `program` (an absolute path) with `args` and this process's environment plus
+// `extra_env`, its standard streams set up by `actions`; returns its pid, or -1 after failing the
+// calling test with posix_spawn's reason.
+pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::vector<std::string>& extra_env,
+                    const posix_spawn_file_actions_t& actions);
 
 // A fresh, empty temporary directory for one test, removed with its contents on destruction.
 class TempDir {

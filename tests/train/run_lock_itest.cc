@@ -25,8 +25,6 @@
 #include "support/mpi_run.h"
 #include "tests/train/reliability_support.h"
 
-extern char** environ;
-
 namespace strata {
 namespace {
 
@@ -51,26 +49,8 @@ class Spawned {
                                      0644);
     posix_spawn_file_actions_addopen(&actions, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                      0644);
-    std::vector<std::string> argv_storage{STRATA_BINARY};
-    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_storage)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_storage;
-    for (char** e = environ; *e != nullptr; ++e)
-      env_storage.emplace_back(*e);
-    env_storage.insert(env_storage.end(), env.begin(), env.end());
-    std::vector<char*> envp;
-    for (std::string& e : env_storage)
-      envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, STRATA_BINARY, &actions, nullptr, argv.data(), envp.data());
+    pid_ = testing::spawn_program(STRATA_BINARY, args, env, actions);
     posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) {
-      ADD_FAILURE() << "posix_spawn: " << std::strerror(rc);
-      pid_ = -1;
-    }
   }
   ~Spawned() {
     if (pid_ > 0 && exit_code_ < 0) {
