@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Strata (Release) and runs the default job: describe this
 # machine, then train the demo model (configs/demo.json: a small GPT-2 on the built-in synthetic
-# Markov source, whose entropy floor is known exactly) for under three minutes on 2 cores with its parameters
-# and optimizer state on the NVMe tier (strata_out/nvme) under a device budget well below the
-# model's training state, compare the final loss with that floor, and say where the bytes lived.
+# Markov source, whose entropy floor is known exactly) for under three minutes on 2 cores with
+# its parameters and optimizer state on the NVMe tier (strata_out/nvme) under a device budget well
+# below the model's training state, compare the final loss with that floor, and say where the
+# bytes lived.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/tools/setup.sh"
