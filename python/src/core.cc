@@ -5,7 +5,7 @@
 //   Context   one DeepSpeed-style config, read and checked by config::load_config_text, and the
 //             CPU backend its budgets ask for (backend_factory, as the trainer's;
 //             strata.host_bytes_max bounds every pinned byte of every group); the loss scaler and
-//             the clipping rule of optim/loss_scaler.h.
+//             the clipping rule of optim/loss_scaler.h (binding.h).
 //   Group     one parameter group: flat units (whole tensors packed by the Python side) and the
 //             offload engine built for them by offload::Engine::create in its optimizer-only kind
 //             (the one builder the trainer uses too): a plan of the homes alone, the tier manager
@@ -14,6 +14,9 @@
 //             (read || Adam || write). The state of a unit is reached through numpy views: its host
 //             home itself, or the unit scratch for NVMe-homed state, which load_state /
 //             store_state move to and from the swap files.
+//   ParamStore the 16-bit parameters of modules in a swap file under
+//             zero_optimization.offload_param.nvme_path (offload/param_store.h), and
+//             aligned_buffer for buffers that move to and from it directly (param_store.cc).
 //   train / estimate   train::run_job and train::estimate_report, the CLI's library functions.
 //
 // Every Status that is not ok becomes strata.StrataError with Strata's message; no C++ exception
@@ -25,17 +28,14 @@
 #include <pybind11/stl.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "binding.h"
 #include "common/units.h"
-#include "config/config.h"
 #include "model/layout.h"
 #include "offload/optimizer_pipeline.h"
 #include "offload/plan.h"
@@ -43,38 +43,13 @@
 #include "offload/tier_manager.h"
 #include "offload/unit_state.h"
 #include "optim/adam_optimizer.h"
-#include "optim/loss_scaler.h"
 #include "strata/build_info.h"
 #include "train/estimate_report.h"
 #include "train/job.h"
-#include "train/run_directories.h"
-#include "train/run_settings.h"
 #include "train/stop_signal.h"
-
-namespace py = pybind11;
 
 namespace strata::python {
 namespace {
-
-// Raised as strata.StrataError (a RuntimeError) by the translator registered below.
-class StrataFailure : public std::runtime_error {
- public:
-  explicit StrataFailure(const Status& status) : std::runtime_error(status.to_string()) {}
-};
-
-void check(const Status& status) {
-  if (!status.is_ok()) throw StrataFailure(status);
-}
-
-template <typename T>
-T take(Result<T> result) {
-  if (!result.is_ok()) throw StrataFailure(result.status());
-  return std::move(*result);
-}
-
-Status invalid(const std::string& what, const std::string& message) {
-  return Status(ErrorCode::kInvalidArgument, message, what);
-}
 
 offload::SlotKind kind_of(const std::string& name) {
   for (int k = 0; k < offload::kSlotKinds; ++k) {
@@ -101,102 +76,6 @@ py::object json_to_python(const Json::Value& value) {
   const std::string text = Json::writeString(writer, value);
   return py::module_::import("json").attr("loads")(text);
 }
-
-// ---- Context ------------------------------------------------------------------------------------
-
-class Context {
- public:
-  Context(const std::string& config_text, const std::string& source_name) {
-    config::LoadOptions load;
-    load.purpose = config::Purpose::kCheck;
-    load.auto_precision = train::auto_precision_here;
-    // One process drives this optimizer, so ZeRO's stage has nothing to shard; a config that
-    // gives none (a DeepSpeed config always does) is read at stage 2, where offload_optimizer
-    // is valid.
-    config::Checked checked = config::check_config_text(config_text, source_name, {}, load);
-    if (!checked.loaded.given("zero_optimization.stage")) {
-      checked =
-          config::check_config_text(config_text, source_name, {"zero_optimization.stage=2"}, load);
-    }
-    check(checked.status);
-    const config::Loaded& loaded = checked.loaded;
-    config_ = loaded.config;
-    // The swap folders pass the checks `strata train` makes (created 0700, never one that every
-    // user may write to without the sticky bit), before any group puts files there.
-    check(train::prepare_nvme_paths(config_));
-    clip_given_ = loaded.given("gradient_clipping");
-    for (const config::Note& note : loaded.notes)
-      notes_.push_back(note.path.empty() ? note.message : note.path + ": " + note.message);
-    scaler_ = std::make_unique<optim::LossScaler>(config_);
-    // The optimizer's state lives in host memory or on NVMe whatever strata.backend says: the
-    // parameters are the caller's tensors, and Strata's Adam runs on the CPU.
-    backend::BackendRequest request = train::backend_request(config_);
-    request.kind = config::Backend::kCpu;
-    backend_ = take(backend::make_backend(request)).backend;
-    nvme_budget_ = config_.strata.nvme_bytes_max;
-  }
-
-  const config::Config& config() const { return config_; }
-  backend::Backend& backend() { return *backend_; }
-
-  // What the Python side needs of the config.
-  py::dict settings() const {
-    py::dict d;
-    const auto& zo = config_.zero_optimization.offload_optimizer;
-    d["offload_optimizer"] = config::to_string(zo.device);
-    d["nvme_path"] = zo.nvme_path;
-    d["gradient_clipping"] = clip_given_ ? config_.gradient_clipping : 0.0;
-    d["fp16"] = config_.fp16.enabled;
-    d["bf16"] = config_.bf16.enabled;
-    d["dynamic_loss_scale"] = scaler_->dynamic();
-    d["notes"] = notes_;
-    return d;
-  }
-
-  double loss_scale() const { return scaler_->scale(); }
-  void update_loss_scale(bool overflow) { check(scaler_->update(overflow)); }
-  py::dict scaler_state() const {
-    const optim::LossScalerState& s = scaler_->state();
-    py::dict d;
-    d["scale"] = s.scale;
-    d["iteration"] = s.iteration;
-    d["last_overflow_iteration"] = s.last_overflow_iteration;
-    d["hysteresis"] = s.hysteresis;
-    return d;
-  }
-  void restore_scaler(double scale, std::int64_t iteration, std::int64_t last_overflow,
-                      std::int64_t hysteresis) {
-    if (!(scale > 0.0) || iteration < 0 || hysteresis < 1) {
-      check(invalid("loss_scaler",
-                    "a saved loss scaler needs scale > 0, iteration >= 0 and "
-                    "hysteresis >= 1"));
-    }
-    scaler_->restore({scale, iteration, last_overflow, hysteresis});
-  }
-
-  // The NVMe bytes a new group may still take under strata.nvme_bytes_max (0: no limit).
-  std::uint64_t nvme_left() const {
-    if (nvme_budget_ == 0) return 0;
-    return nvme_budget_ > nvme_used_ ? nvme_budget_ - nvme_used_ : 1;
-  }
-  void add_nvme(std::uint64_t bytes) { nvme_used_ += bytes; }
-  std::string next_tag() {
-    return "py" + std::to_string(::getpid()) + "-" + std::to_string(id_) + "-g" +
-           std::to_string(groups_++);
-  }
-
- private:
-  config::Config config_;
-  bool clip_given_ = false;
-  std::vector<std::string> notes_;
-  std::unique_ptr<optim::LossScaler> scaler_;
-  std::unique_ptr<backend::Backend> backend_;
-  std::uint64_t nvme_budget_ = 0;
-  std::uint64_t nvme_used_ = 0;
-  int groups_ = 0;
-  int id_ = next_id_++;
-  static inline std::atomic<int> next_id_{0};
-};
 
 // ---- Group --------------------------------------------------------------------------------------
 
@@ -544,4 +423,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("estimate", &estimate, py::arg("config_file"), py::arg("overrides"), py::arg("params"),
         py::arg("model"), py::arg("ranks_per_node"), py::arg("nodes"), py::arg("device_bytes"),
         py::arg("host_bytes"), py::arg("nvme_bytes"));
+  bind_param_store(m);
 }

@@ -230,30 +230,32 @@ Status prepare_run_directories(const config::Config& config) {
   return prepare_nvme_paths(config);
 }
 
+Status prepare_nvme_folders(const std::vector<std::string>& paths, const char* key) {
+  for (const std::string& path : paths) {
+    STRATA_TRY(create_folders(path, 0700, key));
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0 &&
+        (st.st_mode & S_ISVTX) == 0) {
+      return Status(ErrorCode::kConfig,
+                    fmt::format("'{}' may be written by every user and has no sticky bit, so "
+                                "another user could replace this run's swap files; give a "
+                                "folder of your own (it is created with mode 0700 when missing)",
+                                path),
+                    key);
+    }
+  }
+  return Status::ok();
+}
+
 Status prepare_nvme_paths(const config::Config& config) {
   const config::ZeroConfig& z = config.zero_optimization;
-  auto nvme = [](const std::vector<std::string>& paths, const char* key) -> Status {
-    for (const std::string& path : paths) {
-      STRATA_TRY(create_folders(path, 0700, key));
-      struct stat st {};
-      if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0 &&
-          (st.st_mode & S_ISVTX) == 0) {
-        return Status(ErrorCode::kConfig,
-                      fmt::format("'{}' may be written by every user and has no sticky bit, so "
-                                  "another user could replace this run's swap files; give a "
-                                  "folder of your own (it is created with mode 0700 when missing)",
-                                  path),
-                      key);
-      }
-    }
-    return Status::ok();
-  };
   if (z.offload_param.device == config::OffloadDevice::kNvme) {
-    STRATA_TRY(nvme(z.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path"));
+    STRATA_TRY(prepare_nvme_folders(z.offload_param.nvme_path,
+                                    "zero_optimization.offload_param.nvme_path"));
   }
   if (z.offload_optimizer.device == config::OffloadDevice::kNvme) {
-    STRATA_TRY(
-        nvme(z.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path"));
+    STRATA_TRY(prepare_nvme_folders(z.offload_optimizer.nvme_path,
+                                    "zero_optimization.offload_optimizer.nvme_path"));
   }
   return Status::ok();
 }

@@ -60,4 +60,8 @@ Status prepare_run_directories(const config::Config& config);
 // a directory, or that every user may write to without the sticky bit. kConfig naming key, path.
 Status prepare_nvme_paths(const config::Config& config);
 
+// The same checks for one list of swap folders, whatever the config's offload devices say (the
+// Python parameter store's zero_optimization.offload_param.nvme_path); errors name `key`.
+Status prepare_nvme_folders(const std::vector<std::string>& paths, const char* key);
+
 }  // namespace strata::train
