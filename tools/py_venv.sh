@@ -12,8 +12,8 @@
 #   PYTHONPATH=build/python "$(tools/py_venv.sh)" -m pytest python/tests
 set -euo pipefail
 venv="${STRATA_PY_VENV:-$HOME/.cache/strata/py-venv}"
-packages=(torch "transformers>=4.44" "accelerate>=0.26" pytest numpy safetensors)
-modules="import torch, transformers, accelerate, pytest, numpy, safetensors"
+packages=(torch "transformers>=4.44" "accelerate>=0.26" pytest numpy safetensors peft)
+modules="import torch, transformers, accelerate, pytest, numpy, safetensors, peft"
 torch_index="${STRATA_TORCH_INDEX_URL:-}"
 stamp="$venv/.strata-py-venv-stamp"
 want="packages=${packages[*]} torch_index=${torch_index}"

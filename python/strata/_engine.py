@@ -32,7 +32,7 @@ def global_norm(norm_lists):
 class _Slot:
     """Where one parameter lives in its engine."""
     __slots__ = ("param", "index", "unit", "offset", "numel", "bound_param", "bound_grad",
-                 "device", "dtype")
+                 "device", "dtype", "offload")
 
     def __init__(self, param, index, unit, offset, numel):
         self.param = param
@@ -44,6 +44,7 @@ class _Slot:
         self.numel = numel
         self.bound_param = None  # the engine's tensor that param.data was rebound to
         self.bound_grad = None  # the engine's gradient view given to param.grad
+        self.offload = None  # the ParamOffload whose home holds the parameter, if offloaded
 
 
 class _Engine:
@@ -97,5 +98,8 @@ class _Engine:
                 continue  # the parameter is the home: already updated
             if params is None:
                 params = self.param_view(u)
+            if s.offload is not None:
+                s.offload.update(p, params[s.offset:s.offset + s.numel], non_blocking)
+                continue
             p.data.copy_(params[s.offset:s.offset + s.numel].view(p.shape),
                          non_blocking=non_blocking)

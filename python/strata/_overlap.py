@@ -272,7 +272,8 @@ class Overlap:
                 continue
             present.append((s, g))
             fl.order.append(s.index)
-            fl.versions.append((s, g, g._version))
+            if s.offload is None:
+                fl.versions.append((s, g, g._version))
         begin = time.perf_counter()
         buf = self._take(self.free[ei], fl)
         grads = [g for _, g in present]
@@ -299,6 +300,9 @@ class Overlap:
                 buf[s.offset:s.offset + s.numel].copy_(g.reshape(-1))
             if fl.need_norm and grads:
                 norms = unit_norms(grads)
+        for s, _ in present:
+            if s.offload is not None:
+                s.param.grad = None  # an offloaded model keeps no gradient once handed over
         self._note("hand-off", f"unit {u}", begin)
         self.queue.put(("land", fl, key, buf, [s for s, _ in present], landed, norms))
 
@@ -369,6 +373,18 @@ class Overlap:
                 fl.settled = True
                 opt._last_norm = fl.norm
                 opt._record_step(fl.t, fl.skip, fl.scaled)
+
+    def wait_params(self, params):
+        """Waits for the pending updates of these parameters (an offloaded unit's fetch)."""
+        keys = []
+        for p in params:
+            hit = self.slot_of.get(id(p))
+            if hit is not None:
+                key = self.key_of_slot[id(hit[1])]
+                if key not in keys:
+                    keys.append(key)
+        for key in keys:
+            self.wait_key(key)
 
     def wait_key(self, key):
         """The next forward's wait for unit `key`'s new parameters (a forward pre-hook)."""

@@ -33,16 +33,23 @@ import time
 
 import torch
 
-from . import _core
+from . import _core, _param_offload
 from ._core import StrataError
 from ._engine import _STORAGE, _Engine, _Slot, global_norm, unit_norms
 
-__all__ = ["OffloadAdamW", "StrataError"]
+__all__ = ["OffloadAdamW", "StrataError", "offload_parameters"]
 
 _TORCH_OF = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ALIGN = 64  # elements: every tensor starts 256 bytes into fp32 state at least
 _STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
 _FORMAT = 1  # of state_dict()["strata"]
+
+
+def _value(s):
+    """A parameter's current values: from its offload home when it is offloaded."""
+    if getattr(s, "offload", None) is not None:
+        return s.offload.values(s.param)
+    return s.param.detach()
 
 
 def _config_text(config):
@@ -59,6 +66,51 @@ def _config_text(config):
             raise StrataError(f"{path}: cannot read the config: {e.strerror}; valid: a readable "
                               f"DeepSpeed-style JSON file, a dict, or None") from None
     raise TypeError(f"config: expected a path, a dict or None, got {type(config).__name__}")
+
+
+_PARAM_SETTINGS = ("offload_param", "offload_param_buffer_count", "offload_param_buffer_size",
+                   "offload_param_max_in_cpu", "stage3_prefetch_bucket_size",
+                   "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                   "stage3_param_persistence_threshold", "device_bytes_max", "zero_stage")
+
+
+def offload_parameters(model, config=None, *, device=None, unit_modules=None):
+    """Moves the model's parameters into Strata's tiers (ZeRO-3 ``offload_param``) and returns
+    the model, whose forward and backward now materialise each unit on ``device`` only while it
+    runs (module ``strata._param_offload``; docs/python.md "Parameter offload").
+
+    Args:
+        model: a ``torch.nn.Module`` with its parameters in their training dtype (cast it first).
+        config: the DeepSpeed-style config (path, dict) that OffloadAdamW reads too:
+            ``zero_optimization.stage`` 3 with ``offload_param.device`` cpu or nvme
+            (``nvme_path``, ``buffer_count``, ``buffer_size``, ``max_in_cpu``), the ``stage3_*``
+            keys with DeepSpeed's meanings and ``strata.device_bytes_max``.
+        device: the compute device (default: CUDA when there is one, else the CPU).
+        unit_modules: module classes (or class names) whose instances are units, added to the
+            model's ``_no_split_modules``; the rest of the parameters form the root unit.
+
+    ``model.strata_offload`` is the handle: ``summary()``, ``close()``. Give ``OffloadAdamW`` the
+    model's parameters (and ``overlap=True, module=model`` to free each unit's gradients as they
+    are handed over)."""
+    text, source = _config_text(config)
+    ctx = _core.Context(text, source)
+    settings = ctx.settings()
+    missing = [k for k in _PARAM_SETTINGS if k not in settings]
+    if missing:
+        raise StrataError(f"offload_parameters: this strata._core lacks {missing}; rebuild it")
+    if settings["offload_param"] not in ("cpu", "nvme"):
+        raise StrataError(f"{source}: zero_optimization.offload_param.device is "
+                          f"'{settings['offload_param']}'; valid for offload_parameters(): cpu or "
+                          f"nvme")
+    if int(settings["zero_stage"]) != 3:
+        raise StrataError(f"{source}: zero_optimization.stage is {settings['zero_stage']}; "
+                          f"offload_param needs stage 3 (DeepSpeed offloads parameters at stage 3 "
+                          f"only); valid: 3")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    offload = _param_offload.ParamOffload(model, ctx, settings, device, unit_modules)
+    model.strata_offload = offload
+    return model
 
 
 class OffloadAdamW(torch.optim.Optimizer):
@@ -162,6 +214,23 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._engines.append(_Engine(self._ctx, gi, dtype, slots, units, group,
                                              self._adamw))
         self._built = True
+        self._offloads = []
+        mine = {id(s.param) for e in self._engines for s in e.slots}
+        for e in self._engines:
+            for s in e.slots:
+                hit = _param_offload.lookup(s.param)
+                s.offload = hit[0] if hit is not None else None
+                if hit is not None and hit[0] not in self._offloads:
+                    self._offloads.append(hit[0])
+        for off in self._offloads:
+            for u in off.units:
+                for entry in u.entries:
+                    if entry.trainable and id(entry.param) not in mine:
+                        raise StrataError(
+                            f"OffloadAdamW: offloaded parameter '{entry.name}' requires grad but "
+                            f"is not in this optimizer (its new values would never reach its "
+                            f"home); valid: every trainable parameter of the offloaded model, or "
+                            f"requires_grad=False before offload_parameters()")
         for e in self._engines:
             self._load_from_params(e)
             self._bind_engine(e)
@@ -170,6 +239,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._overlap = Overlap(self, module, accumulation_steps, overlap_buffers,
                                     overlap_trace)
             self.notes.extend(self._overlap.notes)
+            for off in self._offloads:
+                off.before_fetch = self._overlap.wait_params
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -198,7 +269,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _load_from_params(self, e):
         """Master weights from the parameters, zero moments, parameters rounded from the master."""
         for u in range(len(e.by_unit)):
-            self._write_unit(e, u, lambda s, kind: s.param.detach() if kind == "master" else None)
+            self._write_unit(e, u, lambda s, kind: _value(s) if kind == "master" else None)
 
     @torch.no_grad()
     def _bind_engine(self, e):
@@ -207,6 +278,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             grads = e.view("grad", u) if e.grad_home else None
             for s in slots:
                 p = s.param
+                if s.offload is not None:
+                    continue  # its home is the offload's; step() writes the new values there
                 if self._bind and p.device.type == "cpu" and p.dtype == e.dtype:
                     home = params[s.offset:s.offset + s.numel].view(p.shape)
                     p.data = home
@@ -475,7 +548,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         for e in self._engines:
             # fp32 parameters saved no master: it is the parameter, whose memory may be the
             # master array itself, so it is read before that array is rewritten.
-            current = {s.index: s.param.detach().clone() for s in e.slots
+            current = {s.index: _value(s).clone() for s in e.slots
                        if "master" not in state.get(s.index, state.get(str(s.index)))}
 
             def saved(s, kind):
@@ -553,6 +626,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                     p.grad = p.grad.clone()
                 s.bound_param = None
                 s.bound_grad = None
+        for off in self._offloads:
+            off.before_fetch = None
+        self._offloads = []
         self._engines = []
         self._ctx = None
 

@@ -1,0 +1,711 @@
+"""Parameter offload for ``strata.torch`` (ZeRO-3 ``offload_param``; docs/python.md "Parameter
+offload"): the 16-bit parameters of a PyTorch model live in host memory or on NVMe, and each
+unit of the model is materialised on the compute device only while it runs.
+
+Units. A unit is a module subtree: every module whose class is listed in the model's
+``_no_split_modules`` (Hugging Face's decoder layers) or in ``unit_modules=`` is one unit with the
+parameters of its subtree; the parameters left over (embeddings, the final norm, the head, tied
+weights) form the root unit. Parameters with fewer elements than
+``stage3_param_persistence_threshold`` are not offloaded: they stay on the device as ordinary
+parameters (DeepSpeed's meaning of the key).
+
+Materialising without copies in autograd. An offloaded parameter keeps its ``Parameter`` object
+and its storage; releasing it resizes the storage to 0 bytes, materialising resizes it back and
+copies the bytes in (through an alias, so the parameter's version counter does not move). Saved
+tensors of autograd that are the parameter or views of it see the refilled bytes, so the backward
+needs no copy of its own (FSDP2 frees its unsharded parameters the same way).
+
+When. A unit's forward pre-hook materialises it; its forward hook releases it (unless its next
+use, in the order recorded by the first iteration, is within ``stage3_max_reuse_distance``
+elements) and puts a hook on its outputs that materialises it again just before its backward.
+The backward releases it when the gradients of its inputs are final, when every gradient of its
+trainable parameters has been accumulated, or at the end of the backward at the latest. The root
+unit stays materialised through the root module's forward and through the backward.
+
+Read-ahead. The first iteration (root forward to root forward) records the order in which units
+are fetched. Later iterations read ahead along it: NVMe reads on a thread into host staging
+(at most ``offload_param.buffer_count`` units staged ahead, ``stage3_prefetch_bucket_size``
+elements ahead); the window (``stage3_max_live_parameters`` elements, ``strata.device_bytes_max``
+bytes) bounds what is materialised at once, evicting the unit whose next use is farthest. A fetch
+that departs from the recorded order is served on demand and counted. With CUDA the copies from
+pinned homes are asynchronous on the compute stream.
+
+The optimizer. ``OffloadAdamW`` given the parameters of an offloaded model reads their values
+from the homes and writes each step's new values back (host memory: in place; NVMe: one write of
+each unit's trainable part); with ``overlap=True`` a unit's gradients are released as soon as they
+are handed over, and a unit waits for its pending update before it is materialised.
+"""
+
+import collections
+import concurrent.futures
+import threading
+import weakref
+
+import torch
+
+from . import _core
+from ._core import StrataError
+
+_ALIGN_BYTES = 256
+# id(Parameter) -> (weakref to it, ParamOffload, _Unit, _Entry). Keyed by id, not by the tensor:
+# a WeakKeyDictionary compares colliding keys with ==, which reads a released parameter.
+_REGISTRY = {}
+
+
+def lookup(param):
+    """(offload, unit, entry) of an offloaded parameter, else None."""
+    hit = _REGISTRY.get(id(param))
+    if hit is None or hit[0]() is not param:
+        return None
+    return hit[1:]
+
+
+class _Entry:
+    """One offloaded parameter inside its unit's home."""
+    __slots__ = ("param", "name", "names", "shape", "dtype", "numel", "nbytes", "offset",
+                 "trainable", "part")
+
+    def __init__(self, param, names, offset, part):
+        self.param = param
+        self.name = names[0]
+        self.names = names  # every name the model gives it (a tied weight has several)
+        self.shape = tuple(param.shape)
+        self.dtype = param.dtype
+        self.numel = param.numel()
+        self.nbytes = self.numel * param.element_size()
+        self.offset = offset  # bytes into its part's home
+        self.trainable = param.requires_grad
+        self.part = part  # 0: trainable, 1: frozen
+
+
+class _Unit:
+    """A module subtree whose offloaded parameters are materialised together."""
+
+    def __init__(self, index, name, module):
+        self.index = index
+        self.name = name
+        self.module = module
+        self.entries = []
+        self.part_bytes = [0, 0]  # trainable, frozen
+        self.homes = [None, None]  # host uint8 tensors (cpu home), or None (on NVMe)
+        self.store_ids = [None, None]  # the ParamStore unit of each part (nvme)
+        self.materialised = False
+        self.active = 0  # forwards of this unit running (nested calls)
+        self.pending_grads = 0  # trainable parameters whose gradient this backward awaits
+        self.pending_inputs = 0  # inputs requiring grad whose gradient this backward awaits
+        self.forward_hooked = False  # the last forward outside the backward put input hooks
+        self.staged = None  # NVMe read-ahead: future of [host tensors per part]
+        self.copy_event = None  # CUDA: the last host-to-device copy out of the homes
+        self.write_buf = None  # NVMe write-back of the trainable part being assembled
+        self.write_left = 0
+
+    @property
+    def nbytes(self):
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def numel(self):
+        return sum(e.numel for e in self.entries)
+
+
+def _aligned(n):
+    return -(-n // _ALIGN_BYTES) * _ALIGN_BYTES
+
+
+class ParamOffload:
+    """The offloaded parameters of one model (made by ``strata.torch.offload_parameters``)."""
+
+    def __init__(self, model, ctx, settings, device, unit_modules):
+        import torch.nn as nn
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"offload_parameters: expected a torch.nn.Module, got "
+                            f"{type(model).__name__}")
+        if getattr(model, "_strata_param_offload", None) is not None:
+            raise StrataError("offload_parameters: this model's parameters are offloaded "
+                              "already; valid: offload a model once")
+        self.model = model
+        self.ctx = ctx
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.kind = settings["offload_param"]
+        self.persistence = int(settings["stage3_param_persistence_threshold"])
+        self.max_live = int(settings["stage3_max_live_parameters"])
+        self.bucket = int(settings["stage3_prefetch_bucket_size"])
+        self.reuse = int(settings["stage3_max_reuse_distance"])
+        self.device_bytes_max = int(settings.get("device_bytes_max", 0))
+        self.buffer_count = max(1, int(settings["offload_param_buffer_count"]))
+        self.buffer_elements = int(settings["offload_param_buffer_size"])
+        self.max_in_cpu = int(settings["offload_param_max_in_cpu"])
+        self.lock = threading.RLock()
+        self.units = []
+        self.store = None
+        self.counters = collections.Counter()
+        self.materialised_bytes = 0
+        self.peak_bytes = 0
+        self.persistent_bytes = 0
+        self.total_bytes = 0
+        self.recorded = None  # the first iteration's fetch order (unit indices)
+        self.recording = []
+        self.cursor = 0
+        self.iterations = 0
+        self.in_backward = False
+        self.before_fetch = None  # set by OffloadAdamW(overlap=True): waits for pending updates
+        self.handles = []
+        self.pool = None
+        self.closed = False
+        self._build(model, unit_modules)
+        self._place_homes()
+        self._hook()
+        model._strata_param_offload = self
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def _unit_roots(self, model, unit_modules):
+        names = set(getattr(model, "_no_split_modules", None) or [])
+        classes = tuple(c for c in (unit_modules or []) if isinstance(c, type))
+        names |= {c for c in (unit_modules or []) if isinstance(c, str)}
+        roots = []
+        for name, m in model.named_modules():
+            if m is model:
+                continue
+            if type(m).__name__ in names or (classes and isinstance(m, classes)):
+                if not any(name.startswith(r + ".") for r, _ in roots):
+                    roots.append((name, m))
+        return roots
+
+    def _build(self, model, unit_modules):
+        roots = self._unit_roots(model, unit_modules)
+        owner = {}
+        for name, m in roots:
+            for p in m.parameters():
+                owner.setdefault(id(p), name)
+        root = _Unit(0, "<root>", model)
+        self.units = [root] + [_Unit(i + 1, name, m) for i, (name, m) in enumerate(roots)]
+        by_name = {u.name: u for u in self.units[1:]}
+        names = collections.defaultdict(list)
+        for pname, p in model.named_parameters(remove_duplicate=False):
+            names[id(p)].append(pname)
+        seen = set()
+        for pname, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise StrataError(f"offload_parameters: parameter '{pname}' has dtype {p.dtype}; "
+                                  f"valid: float32, bfloat16, float16")
+            self.total_bytes += p.numel() * p.element_size()
+            if p.numel() < self.persistence:
+                # Persistent: an ordinary parameter on the device (stage3_param_persistence_
+                # threshold), never released.
+                with torch.no_grad():
+                    p.data = p.data.to(self.device)
+                self.persistent_bytes += p.numel() * p.element_size()
+                continue
+            unit = by_name.get(owner.get(id(p)), root)
+            part = 0 if p.requires_grad else 1
+            entry = _Entry(p, names[id(p)], unit.part_bytes[part], part)
+            unit.part_bytes[part] = _aligned(unit.part_bytes[part] + entry.nbytes)
+            unit.entries.append(entry)
+            _REGISTRY[id(p)] = (weakref.ref(p), self, unit, entry)
+        for b_name, b in model.named_buffers():
+            mod_name, _, leaf = b_name.rpartition(".")
+            mod = model.get_submodule(mod_name) if mod_name else model
+            mod._buffers[leaf] = b.to(self.device)
+        self.units = [u for u in self.units if u.entries or u is root]
+        for i, u in enumerate(self.units):
+            u.index = i
+        self.largest = max((u.nbytes for u in self.units), default=0)
+        limit_elements = self.max_live
+        for u in self.units[1:]:
+            if u.numel + root.numel > limit_elements:
+                raise StrataError(
+                    f"offload_parameters: unit '{u.name}' ({u.numel} elements) and the root unit "
+                    f"({root.numel}) do not fit zero_optimization.stage3_max_live_parameters "
+                    f"({limit_elements}); valid: at least {u.numel + root.numel}")
+            if self.device_bytes_max and u.nbytes + root.nbytes > self.device_bytes_max:
+                raise StrataError(
+                    f"offload_parameters: unit '{u.name}' ({u.nbytes} bytes) and the root unit "
+                    f"({root.nbytes}) do not fit strata.device_bytes_max "
+                    f"({self.device_bytes_max}); valid: at least {u.nbytes + root.nbytes}")
+
+    def _place_homes(self):
+        """Copies every offloaded parameter into its unit's home and releases it."""
+        pin = self.cuda
+        nvme = self.kind == "nvme"
+        host_elements = 0
+        store_sizes = []
+        for u in self.units:
+            in_cpu = not nvme or host_elements + u.numel <= self.max_in_cpu
+            if in_cpu:
+                host_elements += u.numel
+            for part in (0, 1):
+                if u.part_bytes[part] == 0:
+                    continue
+                if in_cpu:
+                    u.homes[part] = torch.empty(u.part_bytes[part], dtype=torch.uint8,
+                                                pin_memory=pin)
+                else:
+                    u.store_ids[part] = len(store_sizes)
+                    store_sizes.append(u.part_bytes[part])
+        if store_sizes:
+            biggest = max((e for u in self.units for e in u.entries), key=lambda e: e.numel)
+            if self.buffer_elements and biggest.numel > self.buffer_elements:
+                raise StrataError(
+                    f"offload_parameters: parameter '{biggest.name}' has {biggest.numel} elements, "
+                    f"more than zero_optimization.offload_param.buffer_size "
+                    f"({self.buffer_elements}); valid: a buffer_size of {biggest.numel} or more")
+            self.store = _core.ParamStore(self.ctx, store_sizes)
+            self.pool = concurrent.futures.ThreadPoolExecutor(1, "strata-param-read")
+        for u in self.units:
+            images = [self._blank(u, part) for part in (0, 1)]
+            with torch.no_grad():
+                for e in u.entries:
+                    src = e.param.detach().reshape(-1).to("cpu")
+                    images[e.part][e.offset:e.offset + e.nbytes].copy_(src.view(torch.uint8))
+            for part in (0, 1):
+                if images[part] is not None and u.store_ids[part] is not None:
+                    self.store.write(u.store_ids[part], images[part].numpy())
+            for e in u.entries:
+                p = e.param
+                with torch.no_grad():
+                    p.data = torch.empty(e.shape, dtype=e.dtype, device=self.device)
+                p.untyped_storage().resize_(0)
+
+    def _blank(self, u, part):
+        if u.part_bytes[part] == 0:
+            return None
+        if u.homes[part] is not None:
+            return u.homes[part]
+        return torch.from_numpy(_core.aligned_buffer(u.part_bytes[part]))
+
+    def _hook(self):
+        root = self.units[0]
+        for u in self.units[1:]:
+            self.handles.append(u.module.register_forward_pre_hook(
+                self._pre_forward(u), with_kwargs=True))
+            self.handles.append(u.module.register_forward_hook(self._post_forward(u)))
+        self.handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True))
+        self.handles.append(self.model.register_forward_hook(self._root_post))
+        for u in self.units:
+            for e in u.entries:
+                if e.trainable and hasattr(e.param, "register_post_accumulate_grad_hook"):
+                    self.handles.append(e.param.register_post_accumulate_grad_hook(
+                        self._grad_hook(u)))
+        self.handles.append(self.model._register_state_dict_hook(self._state_dict_hook))
+        self.handles.append(self.model._register_load_state_dict_pre_hook(
+            self._load_pre_hook, with_module=True))
+        self.handles.append(self.model.register_load_state_dict_post_hook(self._load_post_hook))
+        self._loaded_keys = []
+
+    # ---- fetch and release ---------------------------------------------------------------------
+
+    def _read_parts(self, u):
+        """The unit's bytes in host memory: its homes, or NVMe read into staging."""
+        parts = []
+        for part in (0, 1):
+            if u.part_bytes[part] == 0:
+                parts.append(None)
+            elif u.homes[part] is not None:
+                parts.append(u.homes[part])
+            else:
+                buf = self._blank(u, part)
+                self.store.read(u.store_ids[part], buf.numpy())
+                self.counters["nvme_read_bytes"] += u.part_bytes[part]
+                parts.append(buf)
+        return parts
+
+    def _check_entry(self, e):
+        p = e.param
+        if p.requires_grad != e.trainable:
+            raise StrataError(f"offloaded parameter '{e.name}': requires_grad changed from "
+                              f"{e.trainable} to {p.requires_grad} after offload_parameters(); "
+                              f"valid: set requires_grad before offloading the model")
+        if p.dtype != e.dtype or tuple(p.shape) != e.shape or p.device != self.device:
+            raise StrataError(f"offloaded parameter '{e.name}' is now {p.dtype} {tuple(p.shape)} "
+                              f"on {p.device}; it was {e.dtype} {e.shape} on {self.device} when "
+                              f"offloaded; valid: cast and move the model before "
+                              f"offload_parameters()")
+
+    def _make_room(self, need, keep):
+        limit_elements = self.max_live
+        limit_bytes = self.device_bytes_max or None
+        live = [v for v in self.units if v.materialised]
+        while live:
+            elements = sum(v.numel for v in live) + need.numel
+            nbytes = sum(v.nbytes for v in live) + need.nbytes
+            if elements <= limit_elements and (limit_bytes is None or nbytes <= limit_bytes):
+                return
+            victims = [v for v in live if v.active == 0 and v is not keep and v.index != 0]
+            if not victims:
+                return
+            victim = max(victims, key=self._next_use)
+            self._release(victim)
+            self.counters["evictions"] += 1
+            live.remove(victim)
+
+    def _next_use(self, u):
+        if not self.recorded:
+            return 0
+        rest = self.recorded[self.cursor:]
+        return rest.index(u.index) if u.index in rest else len(rest) + 1
+
+    def fetch(self, u, demand=True):
+        """Materialises unit u on the device (the caller's stream waits for it)."""
+        with self.lock:
+            if self.closed:
+                raise StrataError("offload_parameters: the offload was closed")
+            if demand:
+                self._record(u)
+            if u.materialised:
+                if demand:
+                    self.counters["hits"] += 1
+                    self._prefetch()
+                return
+            for e in u.entries:
+                self._check_entry(e)
+        if self.before_fetch is not None:
+            # Outside the lock: the optimizer's worker takes it to write this unit's update.
+            self.before_fetch([e.param for e in u.entries if e.trainable])
+        with self.lock:
+            if u.materialised:
+                return
+            self._make_room(u, u)
+            parts = self._staged_parts(u)
+            for e in u.entries:
+                p = e.param
+                p.untyped_storage().resize_(e.nbytes)
+                src = parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
+                with torch.no_grad():
+                    _alias(p, e).copy_(src, non_blocking=self.cuda)
+            if self.cuda:
+                u.copy_event = torch.cuda.Event()
+                u.copy_event.record(torch.cuda.current_stream(self.device))
+            u.materialised = True
+            self.materialised_bytes += u.nbytes
+            self.peak_bytes = max(self.peak_bytes, self.materialised_bytes + self.persistent_bytes)
+            self.counters["fetches"] += 1
+            self.counters["fetch_bytes"] += u.nbytes
+            if demand:
+                self.counters["demand_fetches"] += 1
+                self._prefetch()
+
+    def _host_written(self, u):
+        """Before the host homes of u are rewritten: the copies out of them are done."""
+        if u.copy_event is not None:
+            u.copy_event.synchronize()
+            u.copy_event = None
+
+    def _staged_parts(self, u):
+        staged, u.staged = u.staged, None
+        if staged is not None:
+            return staged.result()
+        return self._read_parts(u)
+
+    def _release(self, u):
+        if not u.materialised:
+            return
+        for e in u.entries:
+            e.param.untyped_storage().resize_(0)
+        u.materialised = False
+        self.materialised_bytes -= u.nbytes
+        self.counters["releases"] += 1
+
+    def _record(self, u):
+        if self.recorded is None:
+            if not self.recording or self.recording[-1] != u.index:
+                self.recording.append(u.index)
+            return
+        if self.cursor > 0 and self.recorded[self.cursor - 1] == u.index:
+            return  # the same unit again (another output's backward hook)
+        if self.cursor < len(self.recorded) and self.recorded[self.cursor] == u.index:
+            self.cursor += 1
+            return
+        rest = self.recorded[self.cursor:]
+        if u.index in rest:
+            self.cursor += rest.index(u.index) + 1
+        self.counters["order_departures"] += 1
+
+    def _prefetch(self):
+        """Reads ahead along the recorded order (NVMe reads on the thread)."""
+        if not self.recorded or self.store is None:
+            return
+        ahead = 0
+        staged = sum(1 for v in self.units if v.staged is not None)
+        for index in self.recorded[self.cursor:]:
+            v = self.units[index]
+            if ahead >= self.bucket or staged >= self.buffer_count:
+                break
+            ahead += v.numel
+            if v.materialised or v.staged is not None or all(
+                    h is not None for h, n in zip(v.homes, v.part_bytes) if n):
+                continue
+            v.staged = self.pool.submit(self._read_parts, v)
+            staged += 1
+            self.counters["prefetches"] += 1
+
+    # ---- hooks ---------------------------------------------------------------------------------
+
+    def _pre_forward(self, u):
+        def hook(module, args, kwargs):
+            self.fetch(u)
+            u.active += 1
+            grad = torch.is_grad_enabled()
+            if not self.in_backward:
+                u.forward_hooked = grad
+                u.pending_inputs = 0
+            elif u.forward_hooked:
+                # A non-reentrant checkpoint's recomputation: its graph is not differentiated,
+                # the first forward's input hooks are the ones that fire.
+                grad = False
+            if grad:
+                for t in _tensors((args, kwargs)):
+                    if t.requires_grad:
+                        u.pending_inputs += 1
+                        t.register_hook(lambda g, u=u: self._input_grad(u) or g)
+            return None
+        return hook
+
+    def _post_forward(self, u):
+        def hook(module, args, output):
+            u.active -= 1
+            outs = [t for t in _tensors(output) if t.requires_grad] \
+                if torch.is_grad_enabled() else []
+            for t in outs:
+                t.register_hook(lambda g, u=u: self._before_backward(u) or g)
+            # In the backward (a checkpointed block's recomputation) its backward comes next.
+            if u.active == 0 and not self.in_backward and not self._reused_soon(u):
+                with self.lock:
+                    self._release(u)
+            return None
+        return hook
+
+    def _reused_soon(self, u):
+        if not self.recorded or self.reuse <= 0:
+            return False
+        distance = 0
+        for index in self.recorded[self.cursor:]:
+            if index == u.index:
+                return True
+            distance += self.units[index].numel
+            if distance > self.reuse:
+                return False
+        return False
+
+    def _root_pre(self, module, args):
+        with self.lock:
+            if self.units[0].active == 0 and not self.in_backward:
+                self.iterations += 1
+                if self.recorded is None and self.iterations == 2:
+                    self.recorded = self.recording
+                self.cursor = 0
+        self.fetch(self.units[0])
+        self.units[0].active += 1
+
+    def _root_post(self, module, args, output):
+        root = self.units[0]
+        root.active -= 1
+        outs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
+        for t in outs:
+            t.register_hook(lambda g: self._before_backward(root) or g)
+        if root.active == 0:
+            with self.lock:
+                self._release(root)
+
+    def _before_backward(self, u):
+        with self.lock:
+            if not self.in_backward:
+                self.in_backward = True
+                try:
+                    torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+                except (AttributeError, RuntimeError):
+                    self.in_backward = False
+            if u.pending_grads == 0:
+                u.pending_grads = sum(1 for e in u.entries if e.trainable)
+        self.fetch(u)
+
+    def _input_grad(self, u):
+        """The gradient of one of u's inputs is final: every node of u's backward on the way to
+        it has run (a frozen parameter is read only by such nodes)."""
+        with self.lock:
+            u.pending_inputs = max(0, u.pending_inputs - 1)
+            self._release_after_backward(u)
+
+    def _grad_hook(self, u):
+        def hook(param):
+            with self.lock:
+                if u.pending_grads > 0:
+                    u.pending_grads -= 1
+                    self._release_after_backward(u)
+        return hook
+
+    def _release_after_backward(self, u):
+        # Every trainable parameter's gradient accumulated (its nodes ran) and every input's
+        # gradient final (the nodes reading frozen parameters ran): u's backward is over.
+        if u.pending_grads == 0 and u.pending_inputs == 0 and u.index != 0 and u.active == 0:
+            self._release(u)
+
+    def _end_backward(self):
+        with self.lock:
+            self.in_backward = False
+            for u in self.units:
+                if u.active == 0:
+                    self._release(u)
+
+    # ---- values, updates and checkpoints -------------------------------------------------------
+
+    def values(self, param):
+        """A host tensor with the parameter's current values (from its home)."""
+        _, u, e = lookup(param)
+        with self.lock:
+            parts = self._read_parts(u) if u.homes[e.part] is None else u.homes
+            return parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape).clone()
+
+    def update(self, param, values, non_blocking=False):
+        """Writes new values of a trainable parameter into its home (NVMe: the unit's trainable
+        part is written once all of its parameters have new values) and into its device storage
+        when it is materialised."""
+        _, u, e = lookup(param)
+        flat = values.reshape(-1).view(torch.uint8)
+        with self.lock:
+            self._host_written(u)
+            if u.homes[e.part] is not None:
+                u.homes[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
+            else:
+                if u.write_buf is None:
+                    u.write_buf = self._blank(u, e.part)
+                    u.write_left = sum(1 for x in u.entries if x.part == e.part)
+                u.write_buf[e.offset:e.offset + e.nbytes].copy_(flat)
+                u.write_left -= 1
+                if u.write_left == 0:
+                    self.store.write(u.store_ids[e.part], u.write_buf.numpy())
+                    self.counters["nvme_write_bytes"] += u.part_bytes[e.part]
+                    u.write_buf = None
+                    u.staged = None  # a read-ahead that may predate this write
+            if u.materialised:
+                with torch.no_grad():
+                    _alias(param, e).copy_(values.view(e.shape), non_blocking=non_blocking)
+
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        for u in self.units:
+            parts = None
+            for e in u.entries:
+                for key in (prefix + n for n in e.names):
+                    if key not in state_dict:
+                        continue
+                    if parts is None:
+                        with self.lock:
+                            parts = self._read_parts(u)
+                    state_dict[key] = parts[e.part][e.offset:e.offset + e.nbytes].view(
+                        e.dtype).view(e.shape).clone()
+        return state_dict
+
+    def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing,
+                       unexpected, errors):
+        for u in self.units:
+            for e in u.entries:
+                for key in (prefix + n for n in e.names):
+                    if key not in state_dict:
+                        continue
+                    value = state_dict.pop(key)
+                    self._loaded_keys.append(key)
+                    if tuple(value.shape) != e.shape:
+                        errors.append(f"size mismatch for {key}: copying a param with shape "
+                                      f"{tuple(value.shape)}, the offloaded parameter has "
+                                      f"{e.shape}")
+                        continue
+                    self._load_value(u, e, value.detach().to("cpu", e.dtype))
+
+    def _load_value(self, u, e, value):
+        with self.lock:
+            self._host_written(u)
+            flat = value.reshape(-1).contiguous().view(torch.uint8)
+            if u.homes[e.part] is not None:
+                u.homes[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
+            else:
+                parts = self._read_parts(u)
+                parts[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
+                self.store.write(u.store_ids[e.part], parts[e.part].numpy())
+                u.staged = None
+            if u.materialised:
+                self._release(u)
+
+    def _load_post_hook(self, module, incompatible):
+        for key in self._loaded_keys:
+            if key in incompatible.missing_keys:
+                incompatible.missing_keys.remove(key)
+        self._loaded_keys = []
+
+    # ---- reporting -----------------------------------------------------------------------------
+
+    def summary(self):
+        c = self.counters
+        out = {
+            "offload_param": self.kind,
+            "device": str(self.device),
+            "units": len(self.units),
+            "unit_bytes": [u.nbytes for u in self.units],
+            "parameter_bytes": self.total_bytes,
+            "persistent_bytes": self.persistent_bytes,
+            "materialised_bytes": self.materialised_bytes + self.persistent_bytes,
+            "materialised_bytes_peak": self.peak_bytes,
+            "window_elements": self.max_live,
+            "fetches": c["fetches"], "demand_fetches": c["demand_fetches"],
+            "prefetches": c["prefetches"], "hits": c["hits"], "releases": c["releases"],
+            "evictions": c["evictions"], "order_departures": c["order_departures"],
+            "recorded_order": list(self.recorded or []),
+            "nvme_read_bytes": c["nvme_read_bytes"], "nvme_write_bytes": c["nvme_write_bytes"],
+            "host_bytes": sum(h.numel() for u in self.units for h in u.homes if h is not None),
+        }
+        if self.store is not None:
+            out["store"] = self.store.usage()
+        return out
+
+    def reset_peak(self):
+        self.peak_bytes = self.materialised_bytes + self.persistent_bytes
+
+    def close(self):
+        """Gives every offloaded parameter its values back on the device and removes the hooks
+        and swap files."""
+        if self.closed:
+            return
+        with self.lock:
+            for u in self.units:
+                parts = self._read_parts(u)
+                for e in u.entries:
+                    p = e.param
+                    with torch.no_grad():
+                        p.data = parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(
+                            e.shape).clone().to(self.device)
+                    _REGISTRY.pop(id(p), None)
+                u.materialised = False
+            for h in self.handles:
+                h.remove()
+            self.handles = []
+            if self.pool is not None:
+                self.pool.shutdown()
+            if self.store is not None:
+                self.store.close()
+            self.closed = True
+            self.model._strata_param_offload = None
+
+
+def _alias(param, e):
+    """A tensor over the parameter's storage with its own version counter: copies into it do
+    not count as in-place edits of the parameter that autograd saved."""
+    alias = torch.empty(0, dtype=e.dtype, device=param.device)
+    alias.set_(param.untyped_storage(), 0, e.shape)
+    return alias
+
+
+def _tensors(obj):
+    """The tensors in a module's inputs or outputs (tuples, lists, dicts, ModelOutputs)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
+    elif hasattr(obj, "to_tuple"):
+        yield from _tensors(obj.to_tuple())
