@@ -13,10 +13,13 @@
 #             and over a short `strata train` of configs/demo.json on the CUDA backend;
 #   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape;
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
-#             the bits of overlap=False on the GPU; PYTHON, default python3, with torch), and with
+#             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
+#             offload_parameters (an offloaded model trains to the in-memory bits on CUDA), and with
 #             --bench tools/bench_torch_offload.py: the Llama-3.2-1B shape (torch fused AdamW on
 #             the GPU, OffloadAdamW cpu with and without overlap, FSDP2 + CPUOffloadPolicy,
-#             DeepSpeed ZeRO-2 where it imports), then the Llama-3.1-8B shape with OffloadAdamW
+#             DeepSpeed ZeRO-2 where it imports), the same shape with its parameters offloaded
+#             (strata-param-cpu, strata-param-nvme, DeepSpeed ZeRO-3 offload_param where it
+#             imports), then the Llama-3.1-8B shape with OffloadAdamW
 #             nvme (NVME_DIR, default /tmp).
 # On the GPU machine, after ../shared/gpu/bundle.sh: bash .gpu/run.sh 'tools/gpu_checks.sh
 # --build $B --sanitize' (run.sh gives each command STEP_S seconds: raise it, or run the phases as
@@ -108,11 +111,15 @@ fi
 if want torch; then
   py="${PYTHON:-python3}"
   PYTHONPATH="$build/python" STRATA_REQUIRE_PYTHON=1 step torch.pytest "$py" -m pytest -q \
-    "$root/python/tests/test_offload_overlap.py" "$root/python/tests/test_offload_adamw.py"
+    "$root/python/tests/test_offload_overlap.py" "$root/python/tests/test_offload_adamw.py" \
+    "$root/python/tests/test_param_offload.py"
   if [ "$bench" = 1 ]; then
     PYTHONPATH="$build/python" step torch.bench_1b "$py" "$root/tools/bench_torch_offload.py" \
       --preset 1b --json --variants \
       torch-fused,strata-cpu,strata-cpu-sync,fsdp2-cpu-offload,deepspeed-zero2
+    PYTHONPATH="$build/python" step torch.bench_1b_params "$py" "$root/tools/bench_torch_offload.py" \
+      --preset 1b --json --variants strata-param-cpu,strata-param-nvme,deepspeed-zero3-offload-param \
+      --nvme-dir "${NVME_DIR:-/tmp}"
     PYTHONPATH="$build/python" step torch.bench_8b "$py" "$root/tools/bench_torch_offload.py" \
       --preset 8b --json --steps 2 --warmup 1 --batch 4 --variants strata-nvme \
       --offload-ratio 0.45 --nvme-dir "${NVME_DIR:-/tmp}"

@@ -289,7 +289,7 @@ class Overlap:
                 for s, g in present:
                     buf[s.offset:s.offset + s.numel].copy_(g.reshape(-1), non_blocking=True)
                     g.record_stream(self.d2h)
-                if fl.need_norm and grads:
+                if grads:  # the norms decide clipping and scaling, and catch a non-finite one
                     on_device = unit_norms(grads)
                     norms = torch.empty(len(grads), dtype=torch.float32, pin_memory=True)
                     norms.copy_(on_device, non_blocking=True)
@@ -298,7 +298,7 @@ class Overlap:
         else:
             for s, g in present:
                 buf[s.offset:s.offset + s.numel].copy_(g.reshape(-1))
-            if fl.need_norm and grads:
+            if grads:
                 norms = unit_norms(grads)
         for s, _ in present:
             if s.offload is not None:
@@ -500,9 +500,23 @@ class Overlap:
         if landed is not None:
             landed.synchronize()
         handed = {id(s) for s in present}
+        unit_norms_list = norms.tolist() if norms is not None else []
+        if not fl.need_norm:
+            # Adam starts on each unit as it lands: a non-finite gradient cannot skip the whole
+            # step any more (earlier units may be updated), so the step is refused, loudly. The
+            # per-tensor norms (computed beside the copy) tell, without another pass here.
+            for s, n in zip(present, unit_norms_list):
+                if not math.isfinite(n):
+                    raise StrataError(
+                        f"OffloadAdamW(overlap=True): parameter {s.index} has a non-finite "
+                        f"gradient; without clipping Adam had started on the units that landed "
+                        f"before it, so this step is refused rather than skipped and the "
+                        f"optimizer cannot step again; valid: gradient_clipping (or "
+                        f"max_grad_norm=), which decides the step on the global norm first and "
+                        f"skips a non-finite one, or overlap=False (which skips it)")
         e.store_grads(u, lambda s: buf[s.offset:s.offset + s.numel] if id(s) in handed else None)
         self.free[ei].put(buf)
-        fl.norms[key] = norms.tolist() if norms is not None else []
+        fl.norms[key] = unit_norms_list
         fl.landed.append(key)
         self._note("land", f"unit {u}", begin)
 

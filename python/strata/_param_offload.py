@@ -38,7 +38,9 @@ are handed over, and a unit waits for its pending update before it is materialis
 
 import collections
 import concurrent.futures
+import functools
 import threading
+import time
 import weakref
 
 import torch
@@ -115,7 +117,7 @@ def _aligned(n):
 class ParamOffload:
     """The offloaded parameters of one model (made by ``strata.torch.offload_parameters``)."""
 
-    def __init__(self, model, ctx, settings, device, unit_modules):
+    def __init__(self, model, ctx, settings, device, unit_modules, trace=False):
         import torch.nn as nn
         if not isinstance(model, nn.Module):
             raise TypeError(f"offload_parameters: expected a torch.nn.Module, got "
@@ -126,6 +128,9 @@ class ParamOffload:
         self.model = model
         self.ctx = ctx
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report cuda:N: compare with the device they will be on.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda = self.device.type == "cuda"
         self.kind = settings["offload_param"]
         self.persistence = int(settings["stage3_param_persistence_threshold"])
@@ -153,32 +158,22 @@ class ParamOffload:
         self.handles = []
         self.pool = None
         self.closed = False
+        self._values_cache = None  # (unit, parts) of the last NVMe unit values() read
+        self.trace_on = bool(trace)
+        self.events = []  # (lane, label, begin_s, end_s) with trace=True
+        self.t0 = time.perf_counter()
         self._build(model, unit_modules)
         self._place_homes()
+        self.peak_bytes = self.persistent_bytes
         self._hook()
         model._strata_param_offload = self
 
     # ---- set-up --------------------------------------------------------------------------------
 
-    def _unit_roots(self, model, unit_modules):
-        names = set(getattr(model, "_no_split_modules", None) or [])
-        classes = tuple(c for c in (unit_modules or []) if isinstance(c, type))
-        names |= {c for c in (unit_modules or []) if isinstance(c, str)}
-        roots = []
-        for name, m in model.named_modules():
-            if m is model:
-                continue
-            if type(m).__name__ in names or (classes and isinstance(m, classes)):
-                if not any(name.startswith(r + ".") for r, _ in roots):
-                    roots.append((name, m))
-        return roots
-
     def _build(self, model, unit_modules):
-        roots = self._unit_roots(model, unit_modules)
-        owner = {}
-        for name, m in roots:
-            for p in m.parameters():
-                owner.setdefault(id(p), name)
+        roots = unit_roots(model, unit_modules)
+        owner = unit_structure(model, unit_modules, roots)
+        self.structure = owner
         root = _Unit(0, "<root>", model)
         self.units = [root] + [_Unit(i + 1, name, m) for i, (name, m) in enumerate(roots)]
         by_name = {u.name: u for u in self.units[1:]}
@@ -201,7 +196,7 @@ class ParamOffload:
                     p.data = p.data.to(self.device)
                 self.persistent_bytes += p.numel() * p.element_size()
                 continue
-            unit = by_name.get(owner.get(id(p)), root)
+            unit = by_name.get(owner[id(p)], root)
             part = 0 if p.requires_grad else 1
             entry = _Entry(p, names[id(p)], unit.part_bytes[part], part)
             unit.part_bytes[part] = _aligned(unit.part_bytes[part] + entry.nbytes)
@@ -248,12 +243,6 @@ class ParamOffload:
                     u.store_ids[part] = len(store_sizes)
                     store_sizes.append(u.part_bytes[part])
         if store_sizes:
-            biggest = max((e for u in self.units for e in u.entries), key=lambda e: e.numel)
-            if self.buffer_elements and biggest.numel > self.buffer_elements:
-                raise StrataError(
-                    f"offload_parameters: parameter '{biggest.name}' has {biggest.numel} elements, "
-                    f"more than zero_optimization.offload_param.buffer_size "
-                    f"({self.buffer_elements}); valid: a buffer_size of {biggest.numel} or more")
             self.store = _core.ParamStore(self.ctx, store_sizes)
             self.pool = concurrent.futures.ThreadPoolExecutor(1, "strata-param-read")
         for u in self.units:
@@ -285,6 +274,7 @@ class ParamOffload:
                 self._pre_forward(u), with_kwargs=True))
             self.handles.append(u.module.register_forward_hook(self._post_forward(u)))
         self.handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True))
+        self._wrap_root_forward()
         self.handles.append(self.model.register_forward_hook(self._root_post))
         for u in self.units:
             for e in u.entries:
@@ -297,6 +287,31 @@ class ParamOffload:
         self.handles.append(self.model.register_load_state_dict_post_hook(self._load_post_hook))
         self._loaded_keys = []
 
+    def _wrap_root_forward(self):
+        """A forward that reads a released parameter (one used outside its unit) fails in torch
+        with a storage-size message; this names the cause and what is valid."""
+        model = self.model
+        inner = model.forward
+
+        @functools.wraps(inner)
+        def forward(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except RuntimeError as ex:
+                if "storage of size 0" not in str(ex) or self.closed:
+                    raise
+                released = [e.name for u in self.units if not u.materialised for e in u.entries]
+                raise StrataError(
+                    f"offload_parameters: the forward read an offloaded parameter while its unit "
+                    f"was not materialised (a parameter used by a module outside its unit; "
+                    f"released now: {', '.join(released[:8])}{' ...' if len(released) > 8 else ''}"
+                    f"); torch said: {ex}; valid: list the module that uses it in unit_modules= "
+                    f"so that one unit holds both, or keep it on the device with fewer elements "
+                    f"than zero_optimization.stage3_param_persistence_threshold") from ex
+
+        model.forward = forward
+        self._inner_forward = inner
+
     # ---- fetch and release ---------------------------------------------------------------------
 
     def _read_parts(self, u):
@@ -308,11 +323,22 @@ class ParamOffload:
             elif u.homes[part] is not None:
                 parts.append(u.homes[part])
             else:
+                begin = time.perf_counter()
                 buf = self._blank(u, part)
                 self.store.read(u.store_ids[part], buf.numpy())
                 self.counters["nvme_read_bytes"] += u.part_bytes[part]
                 parts.append(buf)
+                self._note("nvme", f"read {u.name}", begin)
         return parts
+
+    def _note(self, lane, label, begin):
+        if self.trace_on:
+            self.events.append((lane, label, begin - self.t0, time.perf_counter() - self.t0))
+
+    def trace(self):
+        """With trace=True: [(lane, label, begin_s, end_s)] of the fetches (lane "fetch"), NVMe
+        reads and writes ("nvme") and releases ("release") since the offload was made."""
+        return list(self.events)
 
     def _check_entry(self, e):
         p = e.param
@@ -369,7 +395,10 @@ class ParamOffload:
         with self.lock:
             if u.materialised:
                 return
+            begin = time.perf_counter()
             self._make_room(u, u)
+            staged_ready = u.staged is not None and u.staged.done() or all(
+                h is not None for h, n in zip(u.homes, u.part_bytes) if n)
             parts = self._staged_parts(u)
             for e in u.entries:
                 p = e.param
@@ -385,8 +414,9 @@ class ParamOffload:
             self.peak_bytes = max(self.peak_bytes, self.materialised_bytes + self.persistent_bytes)
             self.counters["fetches"] += 1
             self.counters["fetch_bytes"] += u.nbytes
+            self._note("fetch", f"{u.name}{'' if staged_ready else ' (waited for its read)'}"
+                       if self.store is not None else u.name, begin)
             if demand:
-                self.counters["demand_fetches"] += 1
                 self._prefetch()
 
     def _host_written(self, u):
@@ -398,6 +428,8 @@ class ParamOffload:
     def _staged_parts(self, u):
         staged, u.staged = u.staged, None
         if staged is not None:
+            if staged.done():
+                self.counters["prefetch_hits"] += 1
             return staged.result()
         return self._read_parts(u)
 
@@ -406,6 +438,8 @@ class ParamOffload:
             return
         for e in u.entries:
             e.param.untyped_storage().resize_(0)
+        if self.trace_on:
+            self._note("release", u.name, time.perf_counter())
         u.materialised = False
         self.materialised_bytes -= u.nbytes
         self.counters["releases"] += 1
@@ -507,7 +541,7 @@ class ParamOffload:
         outs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
         for t in outs:
             t.register_hook(lambda g: self._before_backward(root) or g)
-        if root.active == 0:
+        if root.active == 0 and not (outs and self._reused_soon(root)):
             with self.lock:
                 self._release(root)
 
@@ -557,7 +591,13 @@ class ParamOffload:
         """A host tensor with the parameter's current values (from its home)."""
         _, u, e = lookup(param)
         with self.lock:
-            parts = self._read_parts(u) if u.homes[e.part] is None else u.homes
+            if u.homes[e.part] is not None:
+                parts = u.homes
+            elif self._values_cache is not None and self._values_cache[0] is u:
+                parts = self._values_cache[1]  # the optimizer reads a unit's parameters in a row
+            else:
+                parts = self._read_parts(u)
+                self._values_cache = (u, parts)
             return parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape).clone()
 
     def update(self, param, values, non_blocking=False):
@@ -567,6 +607,7 @@ class ParamOffload:
         _, u, e = lookup(param)
         flat = values.reshape(-1).view(torch.uint8)
         with self.lock:
+            self._values_cache = None
             self._host_written(u)
             if u.homes[e.part] is not None:
                 u.homes[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
@@ -577,7 +618,9 @@ class ParamOffload:
                 u.write_buf[e.offset:e.offset + e.nbytes].copy_(flat)
                 u.write_left -= 1
                 if u.write_left == 0:
+                    begin = time.perf_counter()
                     self.store.write(u.store_ids[e.part], u.write_buf.numpy())
+                    self._note("nvme", f"write {u.name}", begin)
                     self.counters["nvme_write_bytes"] += u.part_bytes[e.part]
                     u.write_buf = None
                     u.staged = None  # a read-ahead that may predate this write
@@ -617,6 +660,7 @@ class ParamOffload:
 
     def _load_value(self, u, e, value):
         with self.lock:
+            self._values_cache = None
             self._host_written(u)
             flat = value.reshape(-1).contiguous().view(torch.uint8)
             if u.homes[e.part] is not None:
@@ -649,8 +693,9 @@ class ParamOffload:
             "materialised_bytes": self.materialised_bytes + self.persistent_bytes,
             "materialised_bytes_peak": self.peak_bytes,
             "window_elements": self.max_live,
-            "fetches": c["fetches"], "demand_fetches": c["demand_fetches"],
-            "prefetches": c["prefetches"], "hits": c["hits"], "releases": c["releases"],
+            "fetches": c["fetches"],
+            "prefetches": c["prefetches"], "prefetch_hits": c["prefetch_hits"],
+            "hits": c["hits"], "releases": c["releases"],
             "evictions": c["evictions"], "order_departures": c["order_departures"],
             "recorded_order": list(self.recorded or []),
             "nvme_read_bytes": c["nvme_read_bytes"], "nvme_write_bytes": c["nvme_write_bytes"],
@@ -681,12 +726,45 @@ class ParamOffload:
             for h in self.handles:
                 h.remove()
             self.handles = []
+            if self.model.__dict__.get("forward") is not None:
+                del self.model.forward
             if self.pool is not None:
                 self.pool.shutdown()
             if self.store is not None:
                 self.store.close()
             self.closed = True
             self.model._strata_param_offload = None
+
+
+def unit_roots(model, unit_modules=None):
+    """[(name, module)] of the unit modules: instances of the classes named by the model's
+    ``_no_split_modules`` or given in unit_modules (classes or names), outermost only."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    classes = tuple(c for c in (unit_modules or []) if isinstance(c, type))
+    names |= {c for c in (unit_modules or []) if isinstance(c, str)}
+    roots = []
+    for name, m in model.named_modules():
+        if m is model:
+            continue
+        if type(m).__name__ in names or (classes and isinstance(m, classes)):
+            if not any(name.startswith(r + ".") for r, _ in roots):
+                roots.append((name, m))
+    return roots
+
+
+def unit_structure(model, unit_modules=None, roots=None):
+    """id(parameter) -> the name of its unit ("<root>" for the rest), every parameter of the
+    model: the packing OffloadAdamW follows (an offloaded model's units, or module='s blocks),
+    so that an offloaded model and the same model in memory lay their state out alike."""
+    if roots is None:
+        roots = unit_roots(model, unit_modules)
+    owner = {}
+    for name, m in roots:
+        for p in m.parameters():
+            owner.setdefault(id(p), name)
+    for p in model.parameters():
+        owner.setdefault(id(p), "<root>")
+    return owner
 
 
 def _alias(param, e):

@@ -45,6 +45,19 @@ _STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
 _FORMAT = 1  # of state_dict()["strata"]
 
 
+def _warn_skipped(opt, norm):
+    """One warning per optimizer for steps skipped on a non-finite gradient (summary() counts
+    them all)."""
+    if getattr(opt, "_warned_nonfinite", False):
+        return
+    opt._warned_nonfinite = True
+    import warnings
+    warnings.warn(f"OffloadAdamW: step {opt._steps + 1} skipped: the gradient norm is {norm} "
+                  f"(a non-finite gradient); the parameters were not changed. Later skips are "
+                  f"counted in summary()['skipped_steps'] without a warning", RuntimeWarning,
+                  stacklevel=3)
+
+
 def _value(s):
     """A parameter's current values: from its offload home when it is offloaded."""
     if getattr(s, "offload", None) is not None:
@@ -74,7 +87,7 @@ _PARAM_SETTINGS = ("offload_param", "offload_param_buffer_count", "offload_param
                    "stage3_param_persistence_threshold", "device_bytes_max", "zero_stage")
 
 
-def offload_parameters(model, config=None, *, device=None, unit_modules=None):
+def offload_parameters(model, config=None, *, device=None, unit_modules=None, trace=False):
     """Moves the model's parameters into Strata's tiers (ZeRO-3 ``offload_param``) and returns
     the model, whose forward and backward now materialise each unit on ``device`` only while it
     runs (module ``strata._param_offload``; docs/python.md "Parameter offload").
@@ -88,6 +101,8 @@ def offload_parameters(model, config=None, *, device=None, unit_modules=None):
         device: the compute device (default: CUDA when there is one, else the CPU).
         unit_modules: module classes (or class names) whose instances are units, added to the
             model's ``_no_split_modules``; the rest of the parameters form the root unit.
+        trace: record a timeline of fetches, NVMe reads and writes, releases
+            (``model.strata_offload.trace()``).
 
     ``model.strata_offload`` is the handle: ``summary()``, ``close()``. Give ``OffloadAdamW`` the
     model's parameters (and ``overlap=True, module=model`` to free each unit's gradients as they
@@ -108,7 +123,7 @@ def offload_parameters(model, config=None, *, device=None, unit_modules=None):
                           f"only); valid: 3")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    offload = _param_offload.ParamOffload(model, ctx, settings, device, unit_modules)
+    offload = _param_offload.ParamOffload(model, ctx, settings, device, unit_modules, trace)
     model.strata_offload = offload
     return model
 
@@ -181,6 +196,14 @@ class OffloadAdamW(torch.optim.Optimizer):
         if module is not None and not overlap:
             raise StrataError("OffloadAdamW: module= is for overlap=True; valid: overlap=True "
                               "with module=<the model>, or no module")
+        structure = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                hit = _param_offload.lookup(p)
+                if hit is not None:
+                    structure.update(hit[0].structure)
+        if not structure and module is not None:
+            structure = _param_offload.unit_structure(module)
         index = 0
         seen = {}
         for gi, group in enumerate(self.param_groups):
@@ -198,13 +221,19 @@ class OffloadAdamW(torch.optim.Optimizer):
                 by_dtype.setdefault(p.dtype, []).append((p, index))
                 index += 1
             for dtype, members in by_dtype.items():
-                slots, units, fill = [], [], 0
+                slots, units, fill, home = [], [], 0, None
                 for p, i in members:
                     n = p.numel()
                     at = -(-fill // _ALIGN) * _ALIGN
-                    if fill > 0 and at + n > unit_elements:
+                    # The model's units (an offloaded model's, or module='s blocks) split the
+                    # optimizer's: Adam on a block and its write-back start as soon as the
+                    # block's gradients are handed over, and an offloaded model lays its state
+                    # out as the same model in memory given module= does.
+                    unit_of = structure.get(id(p)) if structure else None
+                    if fill > 0 and (at + n > unit_elements or unit_of != home):
                         units.append(fill)
                         fill, at = 0, 0
+                    home = unit_of
                     slots.append(_Slot(p, i, len(units), at, n))
                     fill = at + n
                 units.append(fill)
@@ -379,14 +408,17 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._scaled = False
         scale = self._ctx.loss_scale() if scaled else 1.0
         multiplier = 1.0 / scale
-        self._last_norm = None
+        # The global norm decides clipping and loss scaling, and a non-finite one skips the step
+        # in every case: never NaN parameters (the CLI's engine checks every tile likewise).
+        norm = self._total_norm()
+        self._last_norm = norm
+        if not math.isfinite(norm):
+            if not (self._clip > 0 or scaled):
+                _warn_skipped(self, norm)
+            self._record_step(self._steps + 1, True, scaled)
+            self._last_step_s = time.perf_counter() - begin
+            return loss
         if self._clip > 0 or scaled:
-            norm = self._total_norm()
-            self._last_norm = norm
-            if not math.isfinite(norm):
-                self._record_step(self._steps + 1, True, scaled)
-                self._last_step_s = time.perf_counter() - begin
-                return loss
             multiplier = _core.gradient_multiplier(norm, scale, self._clip)
         t = self._steps + 1
         for e in self._engines:

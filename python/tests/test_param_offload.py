@@ -36,6 +36,8 @@ class Block(nn.Module):
 class Net(nn.Module):
     """Embedding, blocks, final norm and a head tied to the embedding."""
 
+    _no_split_modules = ["Block"]  # the units, as Hugging Face models declare theirs
+
     def __init__(self, blocks=3, ckpt=None):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, WIDTH)
@@ -60,9 +62,15 @@ def make(dtype=torch.float32, blocks=3, ckpt=None):
     return Net(blocks, ckpt).to(dtype)
 
 
-def batches(n):
+def batches(n, device="cpu"):
     gen = torch.Generator().manual_seed(1)
-    return [torch.randint(0, VOCAB, (4, 16), generator=gen) for _ in range(n)]
+    return [torch.randint(0, VOCAB, (4, 16), generator=gen).to(device) for _ in range(n)]
+
+
+def need(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the CUDA compute device needs a GPU (none here): tools/gpu_checks.sh runs it")
+    return device
 
 
 def loss_of(model, x):
@@ -83,13 +91,13 @@ def config(kind=None, nvme=None, strata_section=None, **zero):
     return c
 
 
-def train(model, cfg, steps=3, overlap=False, lrs=(1e-2, 5e-3, 2e-3)):
+def train(model, cfg, steps=3, overlap=False, lrs=(1e-2, 5e-3, 2e-3), device="cpu"):
     st = require("strata.torch")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = st.OffloadAdamW(params, lr=lrs[0], config=cfg, overlap=overlap,
                           module=model if overlap else None)
     losses = []
-    for i, x in enumerate(batches(steps)):
+    for i, x in enumerate(batches(steps, device)):
         for g in opt.param_groups:
             g["lr"] = lrs[i % len(lrs)]
         loss = loss_of(model, x)
@@ -104,36 +112,38 @@ def train(model, cfg, steps=3, overlap=False, lrs=(1e-2, 5e-3, 2e-3)):
 def same_state(a, b):
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        assert torch.equal(a[k].cpu(), b[k].cpu()), k
 
 
 def same_opt_state(a, b):
     for i, entry in a["state"].items():
         for k, v in entry.items():
-            assert torch.equal(v, b["state"][i][k]), (i, k)
+            assert torch.equal(v.cpu(), b["state"][i][k].cpu()), (i, k)
     assert a["strata"] == b["strata"]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("kind", ["cpu", "nvme"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ckpt", [None, "reentrant", "non-reentrant"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_offloaded_model_trains_to_the_in_memory_bits(strata, tmp_path, kind, dtype, ckpt,
-                                                      overlap):
+                                                      overlap, device):
     st = require("strata.torch")
-    ref = make(dtype, ckpt=ckpt)
-    ref_losses, ref_opt = train(ref, config(), overlap=overlap)
-    model = make(dtype, ckpt=ckpt)
+    need(device)
+    ref = make(dtype, ckpt=ckpt).to(device)
+    ref_losses, ref_opt = train(ref, config(), overlap=overlap, device=device)
+    model = make(dtype, ckpt=ckpt)  # built on the CPU: offload_parameters moves it
     cfg = config(kind, tmp_path, stage3_param_persistence_threshold=0)
     if kind == "nvme":
         cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
-    st.offload_parameters(model, cfg, unit_modules=[Block])
-    losses, opt = train(model, cfg, overlap=overlap)
+    st.offload_parameters(model, cfg, device=device, unit_modules=[Block])
+    losses, opt = train(model, cfg, overlap=overlap, device=device)
     assert losses == ref_losses
     same_state(model.state_dict(), ref.state_dict())
     same_opt_state(opt.state_dict(), ref_opt.state_dict())
     s = model.strata_offload.summary()
-    assert s["units"] == 4 and s["demand_fetches"] > 0
+    assert s["units"] == 4 and s["fetches"] > 0
     if kind == "nvme":
         assert s["nvme_read_bytes"] > 0 and s["nvme_write_bytes"] > 0
     opt.close()
@@ -152,7 +162,7 @@ def test_compressed_state_and_nvme_optimizer_match_in_memory(strata, tmp_path):
     cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme",
                                                      "nvme_path": str(tmp_path / "o")}
-    st.offload_parameters(model, cfg, unit_modules=[Block])
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
     losses, opt = train(model, cfg, overlap=True)
     assert losses == ref_losses
     same_state(model.state_dict(), ref.state_dict())
@@ -168,7 +178,7 @@ def test_window_bounds_materialised_bytes_and_nvme_traffic_is_two_reads_and_a_wr
     cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=64,
                  stage3_max_live_parameters=root + 2 * block, stage3_max_reuse_distance=0)
     cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
-    st.offload_parameters(model, cfg, unit_modules=[Block])
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
     off = model.strata_offload
     s0 = off.summary()
     offloaded = s0["parameter_bytes"] - s0["persistent_bytes"]
@@ -230,7 +240,7 @@ def test_frozen_base_streams_without_optimizer_state(strata, tmp_path):
     # offload, with adapters
     cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0)
     cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
-    st.offload_parameters(model, cfg, unit_modules=[Block])
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
     trainable = [p for p in model.parameters() if p.requires_grad]
     losses, opt = train(model, cfg)
     assert losses == ref_losses
@@ -243,7 +253,7 @@ def test_state_dict_round_trip_and_resume_is_exact(strata, tmp_path):
     st = require("strata.torch")
     cfg = config("cpu", stage3_param_persistence_threshold=0)
     ref = make(torch.bfloat16)
-    st.offload_parameters(ref, copy.deepcopy(cfg), unit_modules=[Block])
+    st.offload_parameters(ref, copy.deepcopy(cfg), device="cpu", unit_modules=[Block])
     opt = st.OffloadAdamW(ref.parameters(), lr=1e-2, config=cfg)
     xs = batches(4)
     for x in xs:
@@ -252,7 +262,7 @@ def test_state_dict_round_trip_and_resume_is_exact(strata, tmp_path):
         opt.zero_grad()
     # a run interrupted after 2 steps, saved and restored into a new model and optimizer
     a = make(torch.bfloat16)
-    st.offload_parameters(a, copy.deepcopy(cfg), unit_modules=[Block])
+    st.offload_parameters(a, copy.deepcopy(cfg), device="cpu", unit_modules=[Block])
     opt_a = st.OffloadAdamW(a.parameters(), lr=1e-2, config=cfg)
     for x in xs[:2]:
         loss_of(a, x).backward()
@@ -262,7 +272,7 @@ def test_state_dict_round_trip_and_resume_is_exact(strata, tmp_path):
     saved_opt = opt_a.state_dict()
     assert all(v.numel() > 0 for v in saved_model.values())
     b = Net(3).to(torch.bfloat16)
-    st.offload_parameters(b, copy.deepcopy(cfg), unit_modules=[Block])
+    st.offload_parameters(b, copy.deepcopy(cfg), device="cpu", unit_modules=[Block])
     b.load_state_dict(saved_model)
     opt_b = st.OffloadAdamW(b.parameters(), lr=1e-2, config=cfg)
     opt_b.load_state_dict(saved_opt)
@@ -285,10 +295,11 @@ def test_misuses_are_refused_with_the_name(strata, tmp_path):
     with pytest.raises(strata.StrataError, match="stage"):
         st.offload_parameters(make(), bad)
     with pytest.raises(strata.StrataError, match="nvme_path"):
-        st.offload_parameters(make(), _nvme_without_path_config(), unit_modules=[Block])
+        st.offload_parameters(make(), _nvme_without_path_config(), device="cpu",
+                              unit_modules=[Block])
     model = make()
     cfg = config("cpu", stage3_param_persistence_threshold=0)
-    st.offload_parameters(model, cfg, unit_modules=[Block])
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
     with pytest.raises(strata.StrataError, match="already"):
         st.offload_parameters(model, cfg)
     with pytest.raises(strata.StrataError, match="blocks.0.up.weight"):
@@ -299,7 +310,7 @@ def test_misuses_are_refused_with_the_name(strata, tmp_path):
         loss_of(model, batches(1)[0])
     small = config("cpu", stage3_param_persistence_threshold=0, stage3_max_live_parameters=100)
     with pytest.raises(strata.StrataError, match="stage3_max_live_parameters"):
-        st.offload_parameters(make(), small, unit_modules=[Block])
+        st.offload_parameters(make(), small, device="cpu", unit_modules=[Block])
 
 
 def _nvme_without_path_config():
@@ -313,7 +324,7 @@ def test_eval_and_generation_under_no_grad_release_every_unit(strata):
     ref = make()
     model = make()
     cfg = config("cpu", stage3_param_persistence_threshold=0)
-    st.offload_parameters(model, cfg, unit_modules=[Block])
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
     model.eval()
     ref.eval()
     x = batches(1)[0]
@@ -321,3 +332,63 @@ def test_eval_and_generation_under_no_grad_release_every_unit(strata):
         assert torch.equal(model(x), ref(x))
     s = model.strata_offload.summary()
     assert s["materialised_bytes"] == s["persistent_bytes"]
+
+
+def test_a_non_finite_gradient_never_reaches_the_parameters(strata, tmp_path):
+    st = require("strata.torch")
+    model = make()
+    cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0)
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg)
+    loss = loss_of(model, batches(1)[0])
+    loss.backward()
+    model.blocks[1].up.weight.grad[0, 0] = float("nan")
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        opt.step()
+    assert opt.summary()["skipped_steps"] == 1
+    same_state(model.state_dict(), before)
+    # with overlap and no clipping, the step is refused naming the parameter
+    model2 = make()
+    st.offload_parameters(model2, config("cpu", stage3_param_persistence_threshold=0),
+                          device="cpu", unit_modules=[Block])
+    opt2 = st.OffloadAdamW(model2.parameters(), lr=1e-2, config=cfg, overlap=True,
+                           module=model2)
+    model2.blocks[0].up.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+    loss_of(model2, batches(1)[0]).backward()
+    with pytest.raises(strata.StrataError, match="parameter 3 has a non-finite gradient"):
+        opt2.step()  # with module=, the error may come at the next wait for the worker
+        opt2.synchronize()
+
+
+def test_a_parameter_used_outside_its_unit_is_named(strata):
+    st = require("strata.torch")
+
+    class Borrower(Block):
+        def forward(self, h):
+            return super().forward(h) + h @ self.lender.up.weight[:, :WIDTH].t()
+
+    model = make(blocks=2)
+    model.blocks[1] = Borrower()
+    object.__setattr__(model.blocks[1], "lender", model.blocks[0])  # not a submodule
+    st.offload_parameters(model, config("cpu", stage3_param_persistence_threshold=0),
+                          device="cpu", unit_modules=[Block])
+    with pytest.raises(strata.StrataError, match="outside its unit.*blocks.0.up.weight"):
+        loss_of(model, batches(1)[0])
+
+
+def test_trace_and_read_ahead_on_nvme(strata, tmp_path):
+    st = require("strata.torch")
+    model = make(torch.bfloat16, blocks=6)
+    cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0,
+                 stage3_max_reuse_distance=0)
+    cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block], trace=True)
+    losses, _ = train(model, cfg, steps=3, overlap=True)
+    s = model.strata_offload.summary()
+    events = model.strata_offload.trace()
+    lanes = {lane for lane, *_ in events}
+    assert {"fetch", "nvme", "release"} <= lanes
+    # after the first iteration recorded the order, the reads go ahead of the fetches
+    assert s["prefetches"] > 0 and s["order_departures"] == 0
+    assert len(s["recorded_order"]) == 2 * 7  # forward and backward of 6 blocks and the root

@@ -70,7 +70,7 @@ def test_hf_model_on_nvme_trains_to_the_in_memory_bits(strata, tmp_path, family,
     ref_losses, ref_opt = run(ref, config(tmp_path / "ref"), ckpt)
     model = tiny(family)
     cfg = config(tmp_path, "nvme")
-    st.offload_parameters(model, cfg)
+    st.offload_parameters(model, cfg, device="cpu")
     s0 = model.strata_offload.summary()
     assert s0["units"] == 4  # three decoder layers (_no_split_modules) and the root
     losses, opt = run(model, cfg, ckpt)
@@ -95,7 +95,7 @@ def test_save_pretrained_writes_the_trained_weights(strata, tmp_path):
     st = require("strata.torch")
     model = tiny()
     cfg = config(tmp_path, "nvme")
-    st.offload_parameters(model, cfg)
+    st.offload_parameters(model, cfg, device="cpu")
     run(model, cfg)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     model.save_pretrained(tmp_path / "saved")
@@ -122,7 +122,7 @@ def trainer_losses(tmp_path, offload):
     model = tiny()
     cfg = config(tmp_path / ("o" if offload else "r"), "nvme" if offload else None)
     if offload:
-        st.offload_parameters(model, cfg)
+        st.offload_parameters(model, cfg, device="cpu")
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / ("out-o" if offload else "out-r")), max_steps=4,
         per_device_train_batch_size=BATCH, learning_rate=1e-3, logging_steps=1,
@@ -156,7 +156,7 @@ def test_peft_lora_with_offloaded_frozen_base(strata, tmp_path):
     ref_losses, _ = run(ref, config(tmp_path / "ref"))
     model = lora_model()
     cfg = config(tmp_path, "nvme")
-    st.offload_parameters(model, cfg)
+    st.offload_parameters(model, cfg, device="cpu")
     losses, _ = run(model, cfg)
     assert losses == ref_losses
     adapters = {k: v for k, v in model.state_dict().items() if "lora_" in k}
