@@ -140,6 +140,18 @@ UringProbe probe_io_uring() {
   return result;
 }
 
+Result<DirectoryProbe> probe_swap_folder(const std::string& dir, const char* key) {
+  auto probe = probe_directory(dir);
+  if (!probe.is_ok()) {
+    return Status(probe.status().code(),
+                  "nvme_path '" + dir +
+                      "' cannot hold the swap files: " + probe.status().to_string() +
+                      "; give an existing, writable directory on the NVMe drive",
+                  key);
+  }
+  return probe;
+}
+
 Result<DirectoryProbe> probe_directory(const std::string& dir) {
   DirectoryProbe probe;
   probe.path = dir;

@@ -25,6 +25,10 @@ UringProbe probe_io_uring();
 // or not writable.
 Result<DirectoryProbe> probe_directory(const std::string& dir);
 
+// probe_directory for a swap folder given by the config key `key` (an nvme_path): a failure says
+// that the folder cannot hold the swap files and what to give instead, naming the key.
+Result<DirectoryProbe> probe_swap_folder(const std::string& dir, const char* key);
+
 // Alignment (bytes) O_DIRECT needs on the open file `fd`: statx STATX_DIOALIGN where the kernel
 // reports it, else the backing device's logical block size, else 4096; never less than 4096.
 std::uint32_t direct_io_alignment(int fd);

@@ -582,6 +582,10 @@ class ParamOffload:
         with self.lock:
             self.in_backward = False
             for u in self.units:
+                # Counts left over (a mixture-of-experts expert that got no tokens has no
+                # gradient) must not hold the unit through the next backward.
+                u.pending_grads = 0
+                u.pending_inputs = 0
                 if u.active == 0:
                     self._release(u)
 

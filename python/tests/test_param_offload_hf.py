@@ -1,6 +1,7 @@
 """strata.torch.offload_parameters with Hugging Face models on the CPU: a tiny Llama (tied
 embeddings, GQA) and a tiny Qwen2 with their parameters and optimizer on NVMe train to the bits of
-the in-memory run, with and without HF gradient checkpointing; generate() after training gives
+the in-memory run, with and without HF gradient checkpointing, and so do a tiny GPT-2 (tied) and a
+tiny Mixtral (a mixture-of-experts block); generate() after training gives
 the in-memory model's tokens; save_pretrained() writes the trained weights from the tiers; the HF
 Trainer's losses equal the in-memory Trainer's; and a PEFT LoRA fine-tune whose frozen base is
 offloaded ends with the in-memory run's adapters.
@@ -24,6 +25,13 @@ def tiny(family="llama", tie=True):
                   tie_word_embeddings=tie)
     if family == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    if family == "mixtral":  # a mixture-of-experts block: 4 experts, 2 per token
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            num_local_experts=4, num_experts_per_tok=2, **common))
+    if family == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64,
+            tie_word_embeddings=tie))
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
 
 
@@ -63,7 +71,8 @@ def run(model, cfg, ckpt=False):
     return losses, opt
 
 
-@pytest.mark.parametrize("family,ckpt", [("llama", False), ("llama", True), ("qwen2", False)])
+@pytest.mark.parametrize("family,ckpt", [("llama", False), ("llama", True), ("qwen2", False),
+                                         ("gpt2", False), ("mixtral", False)])
 def test_hf_model_on_nvme_trains_to_the_in_memory_bits(strata, tmp_path, family, ckpt):
     st = require("strata.torch")
     ref = tiny(family)

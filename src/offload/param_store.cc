@@ -58,14 +58,8 @@ Result<std::unique_ptr<ParamStore>> ParamStore::create(
   // alignment pads the units.
   std::uint32_t alignment = 4096;
   for (const std::string& dir : settings.dirs) {
-    auto probe = io::probe_directory(dir);
-    if (!probe.is_ok()) {
-      return Status(probe.status().code(),
-                    fmt::format("nvme_path '{}' cannot hold the swap files: {}; give an "
-                                "existing, writable directory on the NVMe drive",
-                                dir, probe.status().to_string()),
-                    kPathKey);
-    }
+    auto probe = io::probe_swap_folder(dir, kPathKey);
+    if (!probe.is_ok()) return probe.status();
     alignment = std::max(alignment, io::required_alignment(*probe));
   }
 

@@ -31,16 +31,8 @@ constexpr const char* kOptimKey = "zero_optimization.offload_optimizer.nvme_path
 Status TierManager::check_paths() const {
   const SwapSettings& swap = plan_.swap;
   auto check = [](const std::vector<std::string>& dirs, const char* key) -> Status {
-    for (const std::string& dir : dirs) {
-      auto probe = io::probe_directory(dir);
-      if (!probe.is_ok()) {
-        return Status(probe.status().code(),
-                      fmt::format("nvme_path '{}' cannot hold the swap files: {}; give an "
-                                  "existing, writable directory on the NVMe drive",
-                                  dir, probe.status().to_string()),
-                      key);
-      }
-    }
+    for (const std::string& dir : dirs)
+      STRATA_TRY(io::probe_swap_folder(dir, key).status());
     return Status::ok();
   };
   if (plan_.uses(SlotKind::kParam, Tier::kNvme)) STRATA_TRY(check(swap.param_dirs, kParamKey));
