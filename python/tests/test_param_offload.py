@@ -392,3 +392,20 @@ def test_trace_and_read_ahead_on_nvme(strata, tmp_path):
     # after the first iteration recorded the order, the reads go ahead of the fetches
     assert s["prefetches"] > 0 and s["order_departures"] == 0
     assert len(s["recorded_order"]) == 2 * 7  # forward and backward of 6 blocks and the root
+
+
+def test_close_gives_the_parameters_back(strata, tmp_path):
+    st = require("strata.torch")
+    ref = make()
+    model = make()
+    cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0)
+    cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    dirs = model.strata_offload.summary()["store"]["dirs"]
+    model.strata_offload.close()
+    assert model.strata_offload is None or model.strata_offload.closed
+    import os
+    assert not any(os.path.exists(d) for d in dirs)
+    same_state(model.state_dict(), ref.state_dict())
+    x = batches(1)[0]
+    assert torch.equal(loss_of(model, x), loss_of(ref, x))  # plain parameters again, no hooks
