@@ -197,7 +197,8 @@ def test_window_bounds_materialised_bytes_and_nvme_traffic_is_two_reads_and_a_wr
     window = (root + 2 * block) * 2 + s["persistent_bytes"]
     print(f"model {s['parameter_bytes']} B, persistent {s['persistent_bytes']} B, window "
           f"{window} B, peak materialised {s['materialised_bytes_peak']} B; per step NVMe "
-          f"reads {reads} (2 x {offloaded}), writes {writes} ({trainable})")
+          f"reads {reads} (2 x {_store_bytes(off)}: the {offloaded} offloaded bytes, each unit "
+          f"part padded to 256), writes {writes} (the {trainable} trainable ones, padded)")
     assert s["materialised_bytes_peak"] <= window
     assert s["materialised_bytes_peak"] < s["parameter_bytes"] / 3
     # Two reads of every offloaded byte (forward, backward) and one write-back per step (the
