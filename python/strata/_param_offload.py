@@ -96,6 +96,7 @@ class _Unit:
         self.pending_grads = 0  # trainable parameters whose gradient this backward awaits
         self.pending_inputs = 0  # inputs requiring grad whose gradient this backward awaits
         self.forward_hooked = False  # the last forward outside the backward put input hooks
+        self.backward_open = False  # materialised for its backward, which may still read it
         self.staged = None  # NVMe read-ahead: future of [host tensors per part]
         self.copy_event = None  # CUDA: the last host-to-device copy out of the homes
         self.write_buf = None  # NVMe write-back of the trainable part being assembled
@@ -361,7 +362,9 @@ class ParamOffload:
             nbytes = sum(v.nbytes for v in live) + need.nbytes
             if elements <= limit_elements and (limit_bytes is None or nbytes <= limit_bytes):
                 return
-            victims = [v for v in live if v.active == 0 and v is not keep and v.index != 0]
+            # Never a running unit, the root, or one whose backward may still read it.
+            victims = [v for v in live if v.active == 0 and v is not keep and v.index != 0
+                       and not v.backward_open]
             if not victims:
                 return
             victim = max(victims, key=self._next_use)
@@ -441,6 +444,7 @@ class ParamOffload:
         if self.trace_on:
             self._note("release", u.name, time.perf_counter())
         u.materialised = False
+        u.backward_open = False
         self.materialised_bytes -= u.nbytes
         self.counters["releases"] += 1
 
@@ -555,6 +559,7 @@ class ParamOffload:
                     self.in_backward = False
             if u.pending_grads == 0:
                 u.pending_grads = sum(1 for e in u.entries if e.trainable)
+            u.backward_open = True
         self.fetch(u)
 
     def _input_grad(self, u):

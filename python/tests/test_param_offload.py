@@ -410,3 +410,22 @@ def test_close_gives_the_parameters_back(strata, tmp_path):
     same_state(model.state_dict(), ref.state_dict())
     x = batches(1)[0]
     assert torch.equal(loss_of(model, x), loss_of(ref, x))  # plain parameters again, no hooks
+
+
+def test_the_window_evicts_units_kept_for_reuse(strata, tmp_path):
+    """stage3_max_reuse_distance keeps units for their backward; the window still holds: the unit
+    used farthest ahead is evicted, and the run keeps the in-memory bits."""
+    st = require("strata.torch")
+    ref = make(torch.bfloat16, blocks=6)
+    ref_losses, _ = train(ref, config())
+    model = make(torch.bfloat16, blocks=6)
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks."))
+    cfg = config("cpu", stage3_param_persistence_threshold=0,
+                 stage3_max_live_parameters=root + 2 * block)
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    losses, _ = train(model, cfg)
+    s = model.strata_offload.summary()
+    assert losses == ref_losses
+    assert s["evictions"] > 0
+    assert s["materialised_bytes_peak"] <= (root + 2 * block) * 2
