@@ -8,6 +8,7 @@ refused with the parameter or key named.
 
 Skipped, with the reason, when `strata` cannot be imported; STRATA_REQUIRE_PYTHON=1 makes that a
 failure."""
+import contextlib
 import copy
 
 import pytest
@@ -429,3 +430,39 @@ def test_the_window_evicts_units_kept_for_reuse(strata, tmp_path):
     assert losses == ref_losses
     assert s["evictions"] > 0
     assert s["materialised_bytes_peak"] <= (root + 2 * block) * 2
+
+
+@pytest.mark.parametrize("how", ["no_sync", "accumulation_steps"])
+def test_gradient_accumulation_with_overlap_matches_in_memory(strata, tmp_path, how):
+    """Two micro-batches per step, the first only accumulating (opt.no_sync(), or
+    accumulation_steps=2): the offloaded model keeps the in-memory bits."""
+    st = require("strata.torch")
+
+    def run(model, cfg):
+        opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, overlap=True,
+                              module=model, max_grad_norm=1.0,
+                              accumulation_steps=2 if how == "accumulation_steps" else 1)
+        losses = []
+        xs = batches(6)
+        for step in range(3):
+            for i in range(2):
+                ctx = opt.no_sync() if how == "no_sync" and i == 0 else contextlib.nullcontext()
+                with ctx:
+                    loss = loss_of(model, xs[2 * step + i])
+                    loss.backward()
+                losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        return losses, opt
+
+    ref = make(torch.bfloat16)
+    ref_losses, ref_opt = run(ref, config())
+    model = make(torch.bfloat16)
+    cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0)
+    cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    losses, opt = run(model, cfg)
+    assert losses == ref_losses
+    same_state(model.state_dict(), ref.state_dict())
+    same_opt_state(opt.state_dict(), ref_opt.state_dict())

@@ -125,7 +125,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def trainer_losses(tmp_path, offload):
+def trainer_losses(tmp_path, offload, accumulation=1):
     require("accelerate")
     st = require("strata.torch")
     model = tiny()
@@ -136,18 +136,19 @@ def trainer_losses(tmp_path, offload):
         output_dir=str(tmp_path / ("out-o" if offload else "out-r")), max_steps=4,
         per_device_train_batch_size=BATCH, learning_rate=1e-3, logging_steps=1,
         report_to="none", use_cpu=True, seed=0, data_seed=0, dataloader_num_workers=0,
-        disable_tqdm=True, save_strategy="no")
+        disable_tqdm=True, save_strategy="no", gradient_accumulation_steps=accumulation)
     opt = st.OffloadAdamW(model.parameters(), lr=1e-3, config=cfg)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(16),
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(16 * accumulation),
                                    optimizers=(opt, None))
     trainer.train()
     opt.close()
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-def test_hf_trainer_with_offloaded_parameters_equals_in_memory(strata, tmp_path):
-    offloaded = trainer_losses(tmp_path, True)
-    in_memory = trainer_losses(tmp_path, False)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_hf_trainer_with_offloaded_parameters_equals_in_memory(strata, tmp_path, accumulation):
+    offloaded = trainer_losses(tmp_path, True, accumulation)
+    in_memory = trainer_losses(tmp_path, False, accumulation)
     assert len(offloaded) == 4 and offloaded == in_memory
 
 
