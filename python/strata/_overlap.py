@@ -386,6 +386,18 @@ class Overlap:
         for key in keys:
             self.wait_key(key)
 
+    def updates_landed(self, params):
+        """Whether the pending updates of these parameters have landed (no wait)."""
+        with self.lock:
+            for p in params:
+                hit = self.slot_of.get(id(p))
+                if hit is None:
+                    continue
+                fl = self.pending.get(self.key_of_slot[id(hit[1])])
+                if fl is not None and not fl.ready[self.key_of_slot[id(hit[1])]].is_set():
+                    return False
+        return True
+
     def wait_key(self, key):
         """The next forward's wait for unit `key`'s new parameters (a forward pre-hook)."""
         with self.lock:

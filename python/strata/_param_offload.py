@@ -38,6 +38,7 @@ are handed over, and a unit waits for its pending update before it is materialis
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import time
@@ -99,6 +100,7 @@ class _Unit:
         self.backward_open = False  # materialised for its backward, which may still read it
         self.staged = None  # NVMe read-ahead: future of [host tensors per part]
         self.copy_event = None  # CUDA: the last host-to-device copy out of the homes
+        self.ready_event = None  # CUDA: a copy made ahead on the side stream is complete
         self.write_buf = None  # NVMe write-back of the trainable part being assembled
         self.write_left = 0
 
@@ -156,6 +158,11 @@ class ParamOffload:
         self.iterations = 0
         self.in_backward = False
         self.before_fetch = None  # set by OffloadAdamW(overlap=True): waits for pending updates
+        self.updates_landed = None  # ... and tells, without waiting, whether they have landed
+        # Copies to the device ahead of use, on a side stream (CUDA; a test may force it on the
+        # CPU, where the copy is simply made earlier).
+        self.device_ahead = self.cuda
+        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.handles = []
         self.pool = None
         self.closed = False
@@ -385,42 +392,59 @@ class ParamOffload:
                 raise StrataError("offload_parameters: the offload was closed")
             if demand:
                 self._record(u)
-            if u.materialised:
-                if demand:
-                    self.counters["hits"] += 1
-                    self._prefetch()
-                return
-            for e in u.entries:
-                self._check_entry(e)
+            if not u.materialised:
+                for e in u.entries:
+                    self._check_entry(e)
         if self.before_fetch is not None:
             # Outside the lock: the optimizer's worker takes it to write this unit's update.
+            # (A unit copied ahead had its update landed; this only clears it as waited for.)
             self.before_fetch([e.param for e in u.entries if e.trainable])
         with self.lock:
             if u.materialised:
+                self._wait_ready(u)
+                if demand:
+                    self.counters["hits"] += 1
+                    self._prefetch()
                 return
             begin = time.perf_counter()
             self._make_room(u, u)
             staged_ready = u.staged is not None and u.staged.done() or all(
                 h is not None for h, n in zip(u.homes, u.part_bytes) if n)
-            parts = self._staged_parts(u)
+            self._materialise(u, self._staged_parts(u), ahead=False)
+            self.counters["fetches"] += 1
+            self._note("fetch", f"{u.name}{'' if staged_ready else ' (waited for its read)'}"
+                       if self.store is not None else u.name, begin)
+            if demand:
+                self._prefetch()
+
+    def _materialise(self, u, parts, ahead):
+        """Refills u's storages from its host bytes: on the compute stream, or ahead of use on
+        the side stream (the compute stream then waits for ready_event at the fetch, and the
+        storages are recorded as used by it, so their release waits for its kernels)."""
+        side = self.copy_stream if ahead and self.cuda else None
+        compute = torch.cuda.current_stream(self.device) if self.cuda else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for e in u.entries:
                 p = e.param
                 p.untyped_storage().resize_(e.nbytes)
                 src = parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
                 with torch.no_grad():
                     _alias(p, e).copy_(src, non_blocking=self.cuda)
+                if side is not None:
+                    p.record_stream(compute)
             if self.cuda:
                 u.copy_event = torch.cuda.Event()
-                u.copy_event.record(torch.cuda.current_stream(self.device))
-            u.materialised = True
-            self.materialised_bytes += u.nbytes
-            self.peak_bytes = max(self.peak_bytes, self.materialised_bytes + self.persistent_bytes)
-            self.counters["fetches"] += 1
-            self.counters["fetch_bytes"] += u.nbytes
-            self._note("fetch", f"{u.name}{'' if staged_ready else ' (waited for its read)'}"
-                       if self.store is not None else u.name, begin)
-            if demand:
-                self._prefetch()
+                u.copy_event.record(side if side is not None else compute)
+                u.ready_event = u.copy_event if side is not None else None
+        u.materialised = True
+        self.materialised_bytes += u.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.materialised_bytes + self.persistent_bytes)
+        self.counters["fetch_bytes"] += u.nbytes
+
+    def _wait_ready(self, u):
+        if u.ready_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(u.ready_event)
+            u.ready_event = None
 
     def _host_written(self, u):
         """Before the host homes of u are rewritten: the copies out of them are done."""
@@ -445,6 +469,7 @@ class ParamOffload:
             self._note("release", u.name, time.perf_counter())
         u.materialised = False
         u.backward_open = False
+        u.ready_event = None
         self.materialised_bytes -= u.nbytes
         self.counters["releases"] += 1
 
@@ -464,7 +489,10 @@ class ParamOffload:
         self.counters["order_departures"] += 1
 
     def _prefetch(self):
-        """Reads ahead along the recorded order (NVMe reads on the thread)."""
+        """Reads ahead along the recorded order (NVMe reads on the thread), and copies to the
+        device ahead the units whose bytes are in host memory and fit the window."""
+        if self.recorded and self.device_ahead:
+            self._device_ahead()
         if not self.recorded or self.store is None:
             return
         ahead = 0
@@ -480,6 +508,32 @@ class ParamOffload:
             v.staged = self.pool.submit(self._read_parts, v)
             staged += 1
             self.counters["prefetches"] += 1
+
+    def _device_ahead(self):
+        limit_bytes = self.device_bytes_max or None
+        ahead = 0
+        for index in self.recorded[self.cursor:]:
+            v = self.units[index]
+            if ahead >= self.bucket:
+                break
+            ahead += v.numel
+            if v.materialised:
+                continue
+            in_host = all(h is not None for h, n in zip(v.homes, v.part_bytes) if n)
+            if not in_host and not (v.staged is not None and v.staged.done()):
+                break  # its read is not done: later units would only jump the queue
+            if self.updates_landed is not None and not self.updates_landed(
+                    [e.param for e in v.entries if e.trainable]):
+                break  # its new values are still being computed
+            live = [w for w in self.units if w.materialised]
+            if sum(w.numel for w in live) + v.numel > self.max_live or (
+                    limit_bytes is not None and
+                    sum(w.nbytes for w in live) + v.nbytes > limit_bytes):
+                break  # the window is full
+            for e in v.entries:
+                self._check_entry(e)
+            self._materialise(v, self._staged_parts(v), ahead=True)
+            self.counters["device_prefetches"] += 1
 
     # ---- hooks ---------------------------------------------------------------------------------
 
@@ -704,6 +758,7 @@ class ParamOffload:
             "window_elements": self.max_live,
             "fetches": c["fetches"],
             "prefetches": c["prefetches"], "prefetch_hits": c["prefetch_hits"],
+            "device_prefetches": c["device_prefetches"],
             "hits": c["hits"], "releases": c["releases"],
             "evictions": c["evictions"], "order_departures": c["order_departures"],
             "recorded_order": list(self.recorded or []),

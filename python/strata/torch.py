@@ -270,6 +270,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.notes.extend(self._overlap.notes)
             for off in self._offloads:
                 off.before_fetch = self._overlap.wait_params
+                off.updates_landed = self._overlap.updates_landed
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -660,6 +661,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 s.bound_grad = None
         for off in self._offloads:
             off.before_fetch = None
+            off.updates_landed = None
         self._offloads = []
         self._engines = []
         self._ctx = None

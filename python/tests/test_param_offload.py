@@ -466,3 +466,29 @@ def test_gradient_accumulation_with_overlap_matches_in_memory(strata, tmp_path, 
     assert losses == ref_losses
     same_state(model.state_dict(), ref.state_dict())
     same_opt_state(opt.state_dict(), ref_opt.state_dict())
+
+
+@pytest.mark.parametrize("kind", ["cpu", "nvme"])
+def test_copies_ahead_of_use_keep_the_bits_and_the_window(strata, tmp_path, kind):
+    """The device copies made ahead along the recorded order (a side stream with CUDA; forced
+    here on the CPU, where they are made earlier): same bits, within the window, and never
+    before a unit's update has landed (overlap with module=)."""
+    st = require("strata.torch")
+    ref = make(torch.bfloat16, blocks=6)
+    ref_losses, ref_opt = train(ref, config(), steps=4, overlap=True)
+    model = make(torch.bfloat16, blocks=6)
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks."))
+    cfg = config(kind, tmp_path, stage3_param_persistence_threshold=0,
+                 stage3_max_live_parameters=root + 3 * block, stage3_max_reuse_distance=0)
+    if kind == "nvme":
+        cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    model.strata_offload.device_ahead = True
+    losses, opt = train(model, cfg, steps=4, overlap=True)
+    s = model.strata_offload.summary()
+    assert losses == ref_losses
+    same_state(model.state_dict(), ref.state_dict())
+    same_opt_state(opt.state_dict(), ref_opt.state_dict())
+    assert s["device_prefetches"] > 0 and s["hits"] > 0
+    assert s["materialised_bytes_peak"] <= (root + 3 * block) * 2
