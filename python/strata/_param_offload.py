@@ -39,7 +39,6 @@ are handed over, and a unit waits for its pending update before it is materialis
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import threading
 import time
 import weakref
@@ -48,76 +47,12 @@ import torch
 
 from . import _core
 from ._core import StrataError
-
-_ALIGN_BYTES = 256
-# id(Parameter) -> (weakref to it, ParamOffload, _Unit, _Entry). Keyed by id, not by the tensor:
-# a WeakKeyDictionary compares colliding keys with ==, which reads a released parameter.
-_REGISTRY = {}
+from ._param_state import _HomesAndReports
+from ._param_units import (_REGISTRY, _Entry, _Unit, _aligned, _alias, _tensors,  # noqa: F401
+                           lookup, unit_roots, unit_structure)
 
 
-def lookup(param):
-    """(offload, unit, entry) of an offloaded parameter, else None."""
-    hit = _REGISTRY.get(id(param))
-    if hit is None or hit[0]() is not param:
-        return None
-    return hit[1:]
-
-
-class _Entry:
-    """One offloaded parameter inside its unit's home."""
-    __slots__ = ("param", "name", "names", "shape", "dtype", "numel", "nbytes", "offset",
-                 "trainable", "part")
-
-    def __init__(self, param, names, offset, part):
-        self.param = param
-        self.name = names[0]
-        self.names = names  # every name the model gives it (a tied weight has several)
-        self.shape = tuple(param.shape)
-        self.dtype = param.dtype
-        self.numel = param.numel()
-        self.nbytes = self.numel * param.element_size()
-        self.offset = offset  # bytes into its part's home
-        self.trainable = param.requires_grad
-        self.part = part  # 0: trainable, 1: frozen
-
-
-class _Unit:
-    """A module subtree whose offloaded parameters are materialised together."""
-
-    def __init__(self, index, name, module):
-        self.index = index
-        self.name = name
-        self.module = module
-        self.entries = []
-        self.part_bytes = [0, 0]  # trainable, frozen
-        self.homes = [None, None]  # host uint8 tensors (cpu home), or None (on NVMe)
-        self.store_ids = [None, None]  # the ParamStore unit of each part (nvme)
-        self.materialised = False
-        self.active = 0  # forwards of this unit running (nested calls)
-        self.pending_grads = 0  # trainable parameters whose gradient this backward awaits
-        self.pending_inputs = 0  # inputs requiring grad whose gradient this backward awaits
-        self.forward_hooked = False  # the last forward outside the backward put input hooks
-        self.backward_open = False  # materialised for its backward, which may still read it
-        self.staged = None  # NVMe read-ahead: future of [host tensors per part]
-        self.copy_event = None  # CUDA: the last host-to-device copy out of the homes
-        self.ready_event = None  # CUDA: a copy made ahead on the side stream is complete
-        self.write_buf = None  # NVMe write-back of the trainable part being assembled
-        self.write_left = 0
-
-    @property
-    def nbytes(self):
-        return sum(e.nbytes for e in self.entries)
-
-    @property
-    def numel(self):
-        return sum(e.numel for e in self.entries)
-
-
-def _aligned(n):
-    return -(-n // _ALIGN_BYTES) * _ALIGN_BYTES
-
-
-class ParamOffload:
+class ParamOffload(_HomesAndReports):
     """The offloaded parameters of one model (made by ``strata.torch.offload_parameters``)."""
 
     def __init__(self, model, ctx, settings, device, unit_modules, trace=False):
@@ -276,7 +211,6 @@ class ParamOffload:
         return torch.from_numpy(_core.aligned_buffer(u.part_bytes[part]))
 
     def _hook(self):
-        root = self.units[0]
         for u in self.units[1:]:
             self.handles.append(u.module.register_forward_pre_hook(
                 self._pre_forward(u), with_kwargs=True))
@@ -294,31 +228,6 @@ class ParamOffload:
             self._load_pre_hook, with_module=True))
         self.handles.append(self.model.register_load_state_dict_post_hook(self._load_post_hook))
         self._loaded_keys = []
-
-    def _wrap_root_forward(self):
-        """A forward that reads a released parameter (one used outside its unit) fails in torch
-        with a storage-size message; this names the cause and what is valid."""
-        model = self.model
-        inner = model.forward
-
-        @functools.wraps(inner)
-        def forward(*args, **kwargs):
-            try:
-                return inner(*args, **kwargs)
-            except RuntimeError as ex:
-                if "storage of size 0" not in str(ex) or self.closed:
-                    raise
-                released = [e.name for u in self.units if not u.materialised for e in u.entries]
-                raise StrataError(
-                    f"offload_parameters: the forward read an offloaded parameter while its unit "
-                    f"was not materialised (a parameter used by a module outside its unit; "
-                    f"released now: {', '.join(released[:8])}{' ...' if len(released) > 8 else ''}"
-                    f"); torch said: {ex}; valid: list the module that uses it in unit_modules= "
-                    f"so that one unit holds both, or keep it on the device with fewer elements "
-                    f"than zero_optimization.stage3_param_persistence_threshold") from ex
-
-        model.forward = forward
-        self._inner_forward = inner
 
     # ---- fetch and release ---------------------------------------------------------------------
 
@@ -648,130 +557,6 @@ class ParamOffload:
                 if u.active == 0:
                     self._release(u)
 
-    # ---- values, updates and checkpoints -------------------------------------------------------
-
-    def values(self, param):
-        """A host tensor with the parameter's current values (from its home)."""
-        _, u, e = lookup(param)
-        with self.lock:
-            if u.homes[e.part] is not None:
-                parts = u.homes
-            elif self._values_cache is not None and self._values_cache[0] is u:
-                parts = self._values_cache[1]  # the optimizer reads a unit's parameters in a row
-            else:
-                parts = self._read_parts(u)
-                self._values_cache = (u, parts)
-            return parts[e.part][e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape).clone()
-
-    def update(self, param, values, non_blocking=False):
-        """Writes new values of a trainable parameter into its home (NVMe: the unit's trainable
-        part is written once all of its parameters have new values) and into its device storage
-        when it is materialised."""
-        _, u, e = lookup(param)
-        flat = values.reshape(-1).view(torch.uint8)
-        with self.lock:
-            self._values_cache = None
-            self._host_written(u)
-            if u.homes[e.part] is not None:
-                u.homes[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
-            else:
-                if u.write_buf is None:
-                    u.write_buf = self._blank(u, e.part)
-                    u.write_left = sum(1 for x in u.entries if x.part == e.part)
-                u.write_buf[e.offset:e.offset + e.nbytes].copy_(flat)
-                u.write_left -= 1
-                if u.write_left == 0:
-                    begin = time.perf_counter()
-                    self.store.write(u.store_ids[e.part], u.write_buf.numpy())
-                    self._note("nvme", f"write {u.name}", begin)
-                    self.counters["nvme_write_bytes"] += u.part_bytes[e.part]
-                    u.write_buf = None
-                    u.staged = None  # a read-ahead that may predate this write
-            if u.materialised:
-                with torch.no_grad():
-                    _alias(param, e).copy_(values.view(e.shape), non_blocking=non_blocking)
-
-    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
-        for u in self.units:
-            parts = None
-            for e in u.entries:
-                for key in (prefix + n for n in e.names):
-                    if key not in state_dict:
-                        continue
-                    if parts is None:
-                        with self.lock:
-                            parts = self._read_parts(u)
-                    state_dict[key] = parts[e.part][e.offset:e.offset + e.nbytes].view(
-                        e.dtype).view(e.shape).clone()
-        return state_dict
-
-    def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing,
-                       unexpected, errors):
-        for u in self.units:
-            for e in u.entries:
-                for key in (prefix + n for n in e.names):
-                    if key not in state_dict:
-                        continue
-                    value = state_dict.pop(key)
-                    self._loaded_keys.append(key)
-                    if tuple(value.shape) != e.shape:
-                        errors.append(f"size mismatch for {key}: copying a param with shape "
-                                      f"{tuple(value.shape)}, the offloaded parameter has "
-                                      f"{e.shape}")
-                        continue
-                    self._load_value(u, e, value.detach().to("cpu", e.dtype))
-
-    def _load_value(self, u, e, value):
-        with self.lock:
-            self._values_cache = None
-            self._host_written(u)
-            flat = value.reshape(-1).contiguous().view(torch.uint8)
-            if u.homes[e.part] is not None:
-                u.homes[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
-            else:
-                parts = self._read_parts(u)
-                parts[e.part][e.offset:e.offset + e.nbytes].copy_(flat)
-                self.store.write(u.store_ids[e.part], parts[e.part].numpy())
-                u.staged = None
-            if u.materialised:
-                self._release(u)
-
-    def _load_post_hook(self, module, incompatible):
-        for key in self._loaded_keys:
-            if key in incompatible.missing_keys:
-                incompatible.missing_keys.remove(key)
-        self._loaded_keys = []
-
-    # ---- reporting -----------------------------------------------------------------------------
-
-    def summary(self):
-        c = self.counters
-        out = {
-            "offload_param": self.kind,
-            "device": str(self.device),
-            "units": len(self.units),
-            "unit_bytes": [u.nbytes for u in self.units],
-            "parameter_bytes": self.total_bytes,
-            "persistent_bytes": self.persistent_bytes,
-            "materialised_bytes": self.materialised_bytes + self.persistent_bytes,
-            "materialised_bytes_peak": self.peak_bytes,
-            "window_elements": self.max_live,
-            "fetches": c["fetches"],
-            "prefetches": c["prefetches"], "prefetch_hits": c["prefetch_hits"],
-            "device_prefetches": c["device_prefetches"],
-            "hits": c["hits"], "releases": c["releases"],
-            "evictions": c["evictions"], "order_departures": c["order_departures"],
-            "recorded_order": list(self.recorded or []),
-            "nvme_read_bytes": c["nvme_read_bytes"], "nvme_write_bytes": c["nvme_write_bytes"],
-            "host_bytes": sum(h.numel() for u in self.units for h in u.homes if h is not None),
-        }
-        if self.store is not None:
-            out["store"] = self.store.usage()
-        return out
-
-    def reset_peak(self):
-        self.peak_bytes = self.materialised_bytes + self.persistent_bytes
-
     def close(self):
         """Gives every offloaded parameter its values back on the device and removes the hooks
         and swap files."""
@@ -798,56 +583,3 @@ class ParamOffload:
                 self.store.close()
             self.closed = True
             self.model._strata_param_offload = None
-
-
-def unit_roots(model, unit_modules=None):
-    """[(name, module)] of the unit modules: instances of the classes named by the model's
-    ``_no_split_modules`` or given in unit_modules (classes or names), outermost only."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    classes = tuple(c for c in (unit_modules or []) if isinstance(c, type))
-    names |= {c for c in (unit_modules or []) if isinstance(c, str)}
-    roots = []
-    for name, m in model.named_modules():
-        if m is model:
-            continue
-        if type(m).__name__ in names or (classes and isinstance(m, classes)):
-            if not any(name.startswith(r + ".") for r, _ in roots):
-                roots.append((name, m))
-    return roots
-
-
-def unit_structure(model, unit_modules=None, roots=None):
-    """id(parameter) -> the name of its unit ("<root>" for the rest), every parameter of the
-    model: the packing OffloadAdamW follows (an offloaded model's units, or module='s blocks),
-    so that an offloaded model and the same model in memory lay their state out alike."""
-    if roots is None:
-        roots = unit_roots(model, unit_modules)
-    owner = {}
-    for name, m in roots:
-        for p in m.parameters():
-            owner.setdefault(id(p), name)
-    for p in model.parameters():
-        owner.setdefault(id(p), "<root>")
-    return owner
-
-
-def _alias(param, e):
-    """A tensor over the parameter's storage with its own version counter: copies into it do
-    not count as in-place edits of the parameter that autograd saved."""
-    alias = torch.empty(0, dtype=e.dtype, device=param.device)
-    alias.set_(param.untyped_storage(), 0, e.shape)
-    return alias
-
-
-def _tensors(obj):
-    """The tensors in a module's inputs or outputs (tuples, lists, dicts, ModelOutputs)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
-    elif hasattr(obj, "to_tuple"):
-        yield from _tensors(obj.to_tuple())
