@@ -47,7 +47,8 @@ constexpr std::uint64_t moment_bytes(MomentFormat format, std::uint64_t n = 1) {
 std::uint64_t absmax_count(MomentFormat format, std::uint64_t n, std::uint64_t block);
 
 // The stochastic-rounding key of one unit's update (or gradient addition) `step`: one stream
-// per (seed, step, unit). Within it, element e of the unit (its index in the unit's flat buffer)
+// per (seed, step, unit), `unit` being the unit's id among all units (not its position among
+// those a process holds). Within it, element e of the unit (its index in the unit's flat buffer)
 // gets rounding_bits(key, stream, e), so the bits do not depend on how the unit is tiled or
 // sharded over ranks.
 std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step, int unit);

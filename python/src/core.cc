@@ -13,7 +13,9 @@
 //             group's hyperparameters and the OptimizerPipeline that runs the step
 //             (read || Adam || write). The state of a unit is reached through numpy views: its host
 //             home itself, or the unit scratch for NVMe-homed state, which load_state /
-//             store_state move to and from the swap files.
+//             store_state move to and from the swap files. unit_ids (default 0..n-1) give each
+//             unit's id among all units, which keys its stochastic rounding: a rank holding some of
+//             the units (ZeRO sharding) gets the bits of one process holding all of them.
 //   ParamStore the 16-bit parameters of modules in a swap file under
 //             zero_optimization.offload_param.nvme_path (offload/param_store.h), and
 //             aligned_buffer for buffers that move to and from it directly (param_store.cc).
@@ -30,7 +32,10 @@
 
 #include <csignal>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +86,10 @@ py::object json_to_python(const Json::Value& value) {
 
 struct GroupOptions {
   std::vector<std::int64_t> units;  // elements of each unit (before padding)
+  // Each unit's id among all units (its stochastic-rounding key): a rank holding some of the
+  // optimizer's units names them by their ids in the whole so its bits match one process holding
+  // every unit. None: 0 to n-1.
+  std::optional<std::vector<std::int64_t>> unit_ids;
   std::string dtype = "fp32";
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
@@ -107,12 +116,14 @@ class Group {
       u.tensors.push_back({"flat", {o.units[i]}, 0, o.units[i]});
       layout_.units.push_back(std::move(u));
     }
+    const std::vector<int> ids = checked_unit_ids(o.unit_ids, o.units.size());
     // The one builder of the engine, for caller-owned parameters: the plan lists the homes, the
     // pipeline's stages and the unit scratch, exactly what the tier manager allocates.
     offload::EngineSpec spec = train::engine_spec(context.config());
     spec.kind = offload::EngineKind::kOptimizerOnly;
     spec.backend = &context.backend();
     spec.layout = &layout_;
+    spec.rounding_ids = ids;
     spec.settings.storage = dtype_of(o.dtype);
     spec.settings.swap.bytes_max = context.nvme_left();
     spec.adam.beta1 = o.beta1;
@@ -257,6 +268,31 @@ class Group {
   }
 
  private:
+  // The units' rounding ids (empty: their indices), or StrataError naming unit_ids.
+  static std::vector<int> checked_unit_ids(const std::optional<std::vector<std::int64_t>>& given,
+                                           std::size_t units) {
+    if (!given) return {};
+    const std::vector<std::int64_t>& ids = *given;
+    if (ids.size() != units) {
+      check(invalid("unit_ids", std::to_string(ids.size()) + " ids for " + std::to_string(units) +
+                                    " units; valid: one id per unit"));
+    }
+    std::map<std::int64_t, std::size_t> first;  // id -> the unit that has it
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] > std::numeric_limits<int>::max()) {
+        check(invalid("unit_ids", "unit " + std::to_string(i) + " has id " +
+                                      std::to_string(ids[i]) + "; valid: 0 to " +
+                                      std::to_string(std::numeric_limits<int>::max())));
+      }
+      const auto [at, added] = first.emplace(ids[i], i);
+      if (!added) {
+        check(invalid("unit_ids", "units " + std::to_string(at->second) + " and " +
+                                      std::to_string(i) + " both have id " +
+                                      std::to_string(ids[i]) + "; valid: distinct ids"));
+      }
+    }
+    return std::vector<int>(ids.begin(), ids.end());
+  }
   static offload::PipelineStep pipeline_step(double lr, double grad_multiplier, std::int64_t t) {
     if (!(lr >= 0.0)) check(invalid("lr", "the learning rate must be 0 or more"));
     if (t < 1) check(invalid("step", "Adam's step count starts at 1"));
@@ -383,9 +419,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Group>(m, "Group")
       .def(py::init([](Context& context, std::vector<std::int64_t> units, std::string dtype,
-                       double weight_decay, double beta1, double beta2, double eps, bool adamw) {
+                       double weight_decay, double beta1, double beta2, double eps, bool adamw,
+                       std::optional<std::vector<std::int64_t>> unit_ids) {
              GroupOptions o;
              o.units = std::move(units);
+             o.unit_ids = std::move(unit_ids);
              o.dtype = std::move(dtype);
              o.weight_decay = weight_decay;
              o.beta1 = beta1;
@@ -395,8 +433,8 @@ PYBIND11_MODULE(_core, m) {
              return std::make_unique<Group>(context, o);
            }),
            py::arg("context"), py::arg("units"), py::arg("dtype"), py::arg("weight_decay"),
-           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("adamw"),
-           py::keep_alive<1, 2>())
+           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("adamw"), py::kw_only(),
+           py::arg("unit_ids") = py::none(), py::keep_alive<1, 2>())
       .def("units", &Group::units)
       .def("shard_numel", &Group::shard_numel)
       .def("storage", &Group::storage)

@@ -27,6 +27,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineSpec& spec) {
   in.rank = spec.rank;
   in.world = spec.world;
   in.optimizer_only = !model;
+  in.rounding_ids = spec.rounding_ids;
   in.activation_device_bytes = model ? spec.activation_device_bytes : 0;
   in.activation_host_bytes = model ? spec.activation_host_bytes : 0;
   in.device_budget_bytes = e->device_budget_bytes_;

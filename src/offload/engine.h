@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "comm/comm.h"
@@ -44,6 +45,8 @@ struct EngineSpec {
   PlanSettings settings;                       // train::plan_settings(config), or the caller's
   int rank = 0;                                // this rank of `world` data-parallel ranks
   int world = 1;
+  // Each unit's id in the stochastic-rounding keys (PlanInput::rounding_ids); empty: its index.
+  std::vector<int> rounding_ids;
   comm::Comm* comm = nullptr;  // the ranks (needed to train when world > 1)
   // What the model runner allocates (kModel), counted in the plan.
   std::uint64_t activation_device_bytes = 0;

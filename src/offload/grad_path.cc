@@ -314,7 +314,7 @@ Status GradPath::accumulate(const Job& job) {
     double squares = 0.0;
     if (bf16) {
       const std::uint32_t key =
-          job.first ? 0U : kernels::rounding_key(plan_.rounding_seed, job.sequence, u);
+          job.first ? 0U : kernels::rounding_key(plan_.rounding_seed, job.sequence, up.rounding_id);
       squares = kernels::accumulate_bf16(static_cast<std::uint16_t*>(acc), src, plan_.storage,
                                          static_cast<std::size_t>(n), job.first, key,
                                          static_cast<std::uint32_t>(up.shard_begin + b), job.last);

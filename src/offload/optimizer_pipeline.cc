@@ -222,9 +222,9 @@ Status OptimizerPipeline::compute(Slot& slot) {
       tile.exp_avg_absmax = m.absmax;
       tile.exp_avg_sq_absmax = v.absmax;
       tile.block = static_cast<std::size_t>(f.block);
-      // Keyed by (seed, step, unit) and each element's index in the unit: the same bits
-      // whatever the tiling and the ranks' shards.
-      tile.rounding_key = kernels::rounding_key(plan_.rounding_seed, step_.step, t.unit);
+      // Keyed by (seed, step, the unit's rounding id) and each element's index in the unit: the
+      // same bits whatever the tiling, the ranks' shards and the units a process holds.
+      tile.rounding_key = kernels::rounding_key(plan_.rounding_seed, step_.step, up.rounding_id);
       tile.rounding_offset = static_cast<std::uint32_t>(up.shard_begin + begin);
       tile.grad = arrays[3];
       tile.grad_dtype = f.grad;

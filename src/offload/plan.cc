@@ -355,6 +355,13 @@ TierPlan build_plan(const PlanInput& in) {
                     "the optimizer pipeline is 3 to 16 tiles deep");
   STRATA_ASSERT_MSG(!in.optimizer_only || in.world == 1, "an optimizer-only plan is one process's");
   const model::ModelLayout& layout = *in.layout;
+  if (!in.rounding_ids.empty()) {
+    std::vector<int> ids = in.rounding_ids;
+    std::sort(ids.begin(), ids.end());
+    STRATA_ASSERT_MSG(ids.size() == layout.units.size() && ids.front() >= 0 &&
+                          std::adjacent_find(ids.begin(), ids.end()) == ids.end(),
+                      "one rounding id per unit, 0 or more and distinct");
+  }
   const int stage = in.optimizer_only ? 0 : z.zero_stage;
   TierPlan p;
   p.pipeline_depth = z.pipeline_depth;
@@ -384,6 +391,8 @@ TierPlan build_plan(const PlanInput& in) {
   for (const model::UnitLayout& unit : layout.units) {
     UnitPlan u;
     u.padded_numel = unit.padded_numel;
+    u.rounding_id = in.rounding_ids.empty() ? unit.index
+                                            : in.rounding_ids[static_cast<std::size_t>(unit.index)];
     const ShardGeometry shard = shard_of(unit.padded_numel, in.rank, in.world, stage);
     u.shard_begin = shard.begin;
     u.shard_numel = shard.numel;

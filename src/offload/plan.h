@@ -107,6 +107,10 @@ struct UnitPlan {
   // array is the parameters' home (no second copy to keep equal).
   bool params_in_master = false;
   std::int64_t tiles = 0;  // optimizer tiles of the shard
+  // The unit's id in its stochastic-rounding keys (kernels::rounding_key): its index, unless the
+  // caller holds some of a larger set of units and names them by their ids there (a Python
+  // optimizer shard: the bits match one process holding every unit).
+  int rounding_id = 0;
   // Where this rank's shard starts within the parameter home (0 when the home holds only the
   // shard, as at stage 3).
   std::int64_t param_shard_offset() const { return param_numel > shard_numel ? shard_begin : 0; }
@@ -137,6 +141,9 @@ struct PlanInput {
   // exactly the homes, the optimizer pipeline's stages and the unit scratch. ZeRO's stage and the
   // parameter tier of the settings do not apply.
   bool optimizer_only = false;
+  // Each unit's UnitPlan::rounding_id, one per layout unit, >= 0 and distinct; empty: the units'
+  // indices.
+  std::vector<int> rounding_ids;
   int rank = 0;
   int world = 1;
   std::uint64_t activation_device_bytes = 0;  // the runner's device buffers

@@ -65,7 +65,9 @@ struct FlatTiers {
   std::unique_ptr<TierManager> tiers;
   io::SimControl* sim = nullptr;  // the twin's controls (faults, pause)
 
-  Status build(const std::vector<std::int64_t>& numels, PlanSettings settings) {
+  // `rounding_ids`: the units' ids in their stochastic-rounding keys (empty: their indices).
+  Status build(const std::vector<std::int64_t>& numels, PlanSettings settings,
+               std::vector<int> rounding_ids = {}) {
     layout = flat_layout(numels);
     backend::CpuBackendOptions bo;
     bo.device_bytes_max = 16 << 20;
@@ -75,6 +77,7 @@ struct FlatTiers {
     PlanInput in;
     in.settings = std::move(settings);
     in.layout = &layout;
+    in.rounding_ids = std::move(rounding_ids);
     STRATA_ASSIGN_OR_RETURN(TierPlan plan, make_plan(in));
     TierOptions options;
     options.engine_factory =

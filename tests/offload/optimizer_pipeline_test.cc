@@ -2,7 +2,8 @@
 // trainer): every tile gets exactly Adam's arithmetic whatever the homes; an offered frame is
 // filled whole or refused; at full depth a stalled drive holds the reads; an I/O error stops the
 // step, names the tile and stays reported; and the preload done before the norm is known leaves
-// the gradient to the step.
+// the gradient to the step; and a unit's stochastic rounding follows its rounding id, not its
+// position, so a process holding some of the units gets the bits of one holding them all.
 #include "offload/optimizer_pipeline.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "offload/unit_state.h"
 #include "offload_fixture.h"
 
 namespace strata::offload {
@@ -303,6 +305,76 @@ TEST(OptimizerPipeline, APartialStepRefusesUnknownAndRepeatedUnits) {
   EXPECT_FALSE(x.pipeline->active());
   ASSERT_TRUE(x.pipeline->start(step_of(), {}).is_ok()) << "an empty part is a no-op";
   ASSERT_TRUE(x.pipeline->finish().is_ok());
+}
+
+// Compressed state (8-bit moments, bf16 master and gradients, stochastically rounded) for the
+// units `numels`, whose ids among all units are `ids`: the unit with id g starts from
+// known_value(g, ...) and gets gradient known_value(g, kGrad, i, step) at each of 3 steps. Returns
+// each unit's stored master, moments and parameters, as raw bytes.
+std::vector<std::vector<std::uint8_t>> three_compressed_steps(
+    const std::vector<std::int64_t>& numels, const std::vector<int>& ids, bool pass_ids) {
+  FlatTiers f;
+  PlanSettings settings =
+      testing::flat_settings(kernels::DType::kBF16, Tier::kHost, Tier::kHost, f.dir.path());
+  settings.state.master = kernels::DType::kBF16;
+  settings.state.moments = kernels::MomentFormat::kQ8;
+  settings.state.grad = kernels::DType::kBF16;
+  settings.rounding_seed = 0x5eed1234abcdULL;
+  EXPECT_TRUE(f.build(numels, settings, pass_ids ? ids : std::vector<int>{}).is_ok());
+  auto write = [&](int u, SlotKind kind, int version) {
+    const std::int64_t n = f.plan().units[static_cast<std::size_t>(u)].shard_numel;
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      values[static_cast<std::size_t>(i)] =
+          testing::known_value(ids[static_cast<std::size_t>(u)], kind, i, version);
+    }
+    EXPECT_TRUE(write_unit_state(*f.tiers, kind, u, values.data()).is_ok());
+  };
+  for (int u = 0; u < f.tiers->units(); ++u) {
+    for (SlotKind k : {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq})
+      write(u, k, 0);
+  }
+  std::unique_ptr<CpuAdam> adam = testing::adamw();
+  auto pipeline = OptimizerPipeline::create(*f.tiers, *adam);
+  EXPECT_TRUE(pipeline.is_ok()) << pipeline.status().to_string();
+  for (int t = 1; t <= 3; ++t) {
+    for (int u = 0; u < f.tiers->units(); ++u)
+      write(u, SlotKind::kGrad, t);
+    PipelineStep s = step_of();
+    s.step = t;
+    EXPECT_TRUE((*pipeline)->start(s).is_ok());
+    EXPECT_TRUE((*pipeline)->finish().is_ok());
+  }
+  std::vector<std::vector<std::uint8_t>> out;
+  for (int u = 0; u < f.tiers->units(); ++u) {
+    EXPECT_EQ(f.plan().units[static_cast<std::size_t>(u)].rounding_id,
+              pass_ids ? ids[static_cast<std::size_t>(u)] : u);
+    std::vector<std::uint8_t> bytes;
+    for (SlotKind k : {SlotKind::kMaster, SlotKind::kExpAvg, SlotKind::kExpAvgSq}) {
+      const auto* home = static_cast<const std::uint8_t*>(f.tiers->host_slot(u, k));
+      bytes.insert(bytes.end(), home, home + f.plan().shard_bytes(k, u));
+    }
+    auto params = testing::read_params(*f.tiers, u);
+    EXPECT_TRUE(params.is_ok());
+    if (params.is_ok()) bytes.insert(bytes.end(), params->begin(), params->end());
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+TEST(OptimizerPipeline, AUnitHeldAloneWithItsRoundingIdGetsTheBitsOfAllUnitsTogether) {
+  // Units A, B, C (B of three tiles), and B alone as a rank of a sharded optimizer holds it.
+  const std::vector<std::int64_t> all = {3000, 5000, 2500};
+  const auto together = three_compressed_steps(all, {0, 1, 2}, /*pass_ids=*/false);
+  const auto alone = three_compressed_steps({all[1]}, {1}, /*pass_ids=*/true);
+  ASSERT_EQ(together.size(), 3u);
+  ASSERT_EQ(alone.size(), 1u);
+  ASSERT_FALSE(together[1].empty());
+  EXPECT_EQ(alone[0], together[1]) << "B keyed by its id 1 rounds as among A, B and C";
+  // Keyed by its position instead (id 0, the default), B rounds differently: the id matters.
+  const auto as_first = three_compressed_steps({all[1]}, {1}, /*pass_ids=*/false);
+  ASSERT_EQ(as_first.size(), 1u);
+  EXPECT_NE(as_first[0], together[1]);
 }
 
 }  // namespace
