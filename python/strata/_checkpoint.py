@@ -127,3 +127,19 @@ class _Checkpoints:
             scale, iteration, last_overflow, hysteresis = extra["loss_scaler"]
             self._ctx.restore_scaler(float(scale), int(iteration), int(last_overflow),
                                      int(hysteresis))
+        if getattr(self, "_shard", None) is not None:
+            self._shard.broadcast_all()  # the parameters of the units other ranks own
+
+    def consolidated_state_dict(self, dst=0):
+        """With process_group: the whole state gathered on rank `dst` (None on the others), in
+        state_dict()'s layout, loadable at any world size (each rank takes its own units); one
+        process: state_dict()."""
+        sd = self.state_dict()
+        shard = getattr(self, "_shard", None)
+        if shard is None:
+            return sd
+        merged = shard.consolidated_state(self, sd["state"], dst)
+        if merged is None:
+            return None
+        sd["state"] = dict(sorted(merged.items()))
+        return sd

@@ -50,13 +50,14 @@ class _Slot:
 class _Engine:
     """One strata._core.Group: the parameters of one param group with one dtype."""
 
-    def __init__(self, ctx, group_index, dtype, slots, units, hyper, adamw):
+    def __init__(self, ctx, group_index, dtype, slots, units, hyper, adamw, unit_ids=None):
         self.group_index = group_index
         self.dtype = dtype
         self.slots = slots
         beta1, beta2 = hyper["betas"]
+        extra = {} if unit_ids is None else {"unit_ids": list(unit_ids)}
         self.core = _core.Group(ctx, units, _STORAGE[dtype], float(hyper["weight_decay"]),
-                                float(beta1), float(beta2), float(hyper["eps"]), adamw)
+                                float(beta1), float(beta2), float(hyper["eps"]), adamw, **extra)
         self.nvme = self.core.nvme()
         # Whether the gradient view is the gradient's home (host memory, fp32): else it is a
         # scratch that store_state() encodes (bf16 gradients) or writes (NVMe) from.

@@ -146,12 +146,17 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         overlap_buffers: with overlap, staging buffers per dtype (each the size of the largest
             unit; pinned with a GPU); a hand-off waits for a free one.
         overlap_trace: with overlap, record a timeline (``overlap_trace()``).
+        process_group: a ``torch.distributed`` process group (e.g. ``dist.group.WORLD``) to
+            shard the state over, ZeRO stage 1/2 as the config's ``zero_optimization.stage``
+            says (module ``strata._shard``): each rank keeps 1/N of the state, gradients are
+            summed in a fixed order, new parameters are broadcast. Do not wrap the model in
+            DDP as well (it would average the gradients first).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  config=None, max_grad_norm=None, adamw_mode=True, unit_elements=1 << 23,
                  bind_params=True, overlap=False, module=None, accumulation_steps=1,
-                 overlap_buffers=3, overlap_trace=False):
+                 overlap_buffers=3, overlap_trace=False, process_group=None):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -185,6 +190,8 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         self._engines = []
         self._overlap = None
         self._overlap_wanted = bool(overlap)
+        self._shard = None
+        self._scaled_now = False
         if module is not None and not overlap:
             raise StrataError("OffloadAdamW: module= is for overlap=True; valid: overlap=True "
                               "with module=<the model>, or no module")
@@ -198,6 +205,7 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             structure = _param_offload.unit_structure(module)
         index = 0
         seen = {}
+        specs = []  # (param group, dtype, slots, unit sizes, the group): the whole layout
         for gi, group in enumerate(self.param_groups):
             by_dtype = {}
             for p in group["params"]:
@@ -232,6 +240,21 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                 if sum(units) == 0:
                     continue  # only empty tensors: nothing to optimize
                 units = [max(u, 1) for u in units]
+                specs.append((gi, dtype, slots, units, group))
+        if process_group is not None:
+            if overlap:
+                raise StrataError("OffloadAdamW(process_group=...): overlap=True across ranks is "
+                                  "not built yet; valid: overlap=False with process_group")
+            if any(_param_offload.lookup(p) is not None for g in self.param_groups
+                   for p in g["params"]):
+                raise StrataError("OffloadAdamW(process_group=...): the parameters of a model "
+                                  "given to offload_parameters (stage 3) cannot be sharded "
+                                  "across ranks yet; valid: one process, or no offload_param")
+            from ._shard import Sharding
+            self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs)
+            self._engines = list(self._shard.engines)
+        else:
+            for gi, dtype, slots, units, group in specs:
                 self._engines.append(_Engine(self._ctx, gi, dtype, slots, units, group,
                                              self._adamw))
         self._built = True
@@ -309,7 +332,8 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                 # With overlap, the hand-off copies each gradient (a bound one would be written
                 # by the next backward while Adam may still read it).
                 if (grads is not None and self._bind and p.device.type == "cpu"
-                        and p.dtype == torch.float32 and not self._overlap_wanted):
+                        and p.dtype == torch.float32 and not self._overlap_wanted
+                        and self._shard is None):
                     s.bound_grad = grads[s.offset:s.offset + s.numel].view(p.shape)
 
     def _check_open(self):
@@ -397,22 +421,17 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         self._check_params()
         # The loss scale applies to gradients of a loss that went through scale_loss() (a
         # torch.amp.GradScaler, as the HF Trainer's fp16 uses, unscales them itself).
-        scaled = self._scaled
+        self._scaled_now = self._scaled
         self._scaled = False
-        scale = self._ctx.loss_scale() if scaled else 1.0
-        multiplier = 1.0 / scale
-        # The global norm decides clipping and loss scaling, and a non-finite one skips the step
-        # in every case: never NaN parameters (the CLI's engine checks every tile likewise).
-        norm = self._total_norm()
-        self._last_norm = norm
-        if not math.isfinite(norm):
-            if not (self._clip > 0 or scaled):
-                _warn_skipped(self, norm)
-            self._record_step(self._steps + 1, True, scaled)
+        if self._shard is not None:
+            self._shard.step(self)
             self._last_step_s = time.perf_counter() - begin
             return loss
-        if self._clip > 0 or scaled:
-            multiplier = _core.gradient_multiplier(norm, scale, self._clip)
+        decided, multiplier = self._decide(self._total_norm())
+        if not decided:
+            self._last_step_s = time.perf_counter() - begin
+            return loss
+        scaled = self._scaled_now
         t = self._steps + 1
         for e in self._engines:
             self._gather_grads(e)
@@ -422,6 +441,23 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         self._last_step_s = time.perf_counter() - begin
         return loss
 
+    def _decide(self, norm):
+        """The step's fate from the global gradient norm: (False, None) when it is skipped
+        (recorded), else (True, the gradient multiplier). The norm decides clipping and loss
+        scaling, and a non-finite one skips the step in every case: never NaN parameters (the
+        CLI's engine checks every tile likewise)."""
+        scaled = self._scaled_now
+        scale = self._ctx.loss_scale() if scaled else 1.0
+        self._last_norm = norm
+        if not math.isfinite(norm):
+            if not (self._clip > 0 or scaled):
+                _warn_skipped(self, norm)
+            self._record_step(self._steps + 1, True, scaled)
+            return False, None
+        if self._clip > 0 or scaled:
+            return True, _core.gradient_multiplier(norm, scale, self._clip)
+        return True, 1.0 / scale
+
     def zero_grad(self, set_to_none=True):
         """Clears the gradients as torch does. With ``set_to_none=False`` a CPU fp32 parameter's
         gradient becomes a zeroed view of the optimizer's gradient home, so the next backward
@@ -430,18 +466,20 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             raise StrataError("OffloadAdamW.zero_grad: a backward has already handed its "
                               "gradients over (overlap=True) and step() has not run; valid: "
                               "step() first, or that backward under opt.no_sync()")
-        for e in self._engines:
-            for s in e.slots:
-                p = s.param
-                if set_to_none:
-                    p.grad = None
-                elif s.bound_grad is not None and (p.grad is None or
-                                                   p.grad.data_ptr() == s.bound_grad.data_ptr()):
-                    s.bound_grad.zero_()
-                    p.grad = s.bound_grad
-                elif p.grad is not None:
-                    p.grad.detach_()
-                    p.grad.zero_()
+        # Every parameter: across ranks, this rank's engines hold only the units it owns.
+        slots = [s for e in self._engines for s in e.slots] if self._shard is None else \
+            [s for su in self._shard.units for s in su.slots]
+        for s in slots:
+            p = s.param
+            if set_to_none:
+                p.grad = None
+            elif s.bound_grad is not None and (p.grad is None or
+                                               p.grad.data_ptr() == s.bound_grad.data_ptr()):
+                s.bound_grad.zero_()
+                p.grad = s.bound_grad
+            elif p.grad is not None:
+                p.grad.detach_()
+                p.grad.zero_()
 
     # ---- overlap --------------------------------------------------------------------------------
 
@@ -512,6 +550,7 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             "last_step_s": self._last_step_s,
             "bytes": tiers,
             "engines": engines,
+            "ranks": None if self._shard is None else self._shard.usage(),
             "overlap": None if self._overlap is None else {
                 "module_waits": self._overlap.module is not None,
                 "accumulation_steps": self._overlap.accumulation_steps,

@@ -1,0 +1,191 @@
+"""OffloadAdamW across ranks (ZeRO stages 1 and 2 over torch.distributed, gloo, CPU processes):
+N ranks with one micro-batch each give, bit for bit, the parameters and optimizer state of one
+rank accumulating the N micro-batches (2 and 3 ranks, stages 1 and 2, host and NVMe state, fp32
+and bf16 parameters, 8-bit moments, with clipping); each rank holds about 1/N of the state; a
+consolidated state dict taken at 2 ranks continues at 3 ranks and at 1 rank with the bits of an
+uninterrupted run; ranks whose parameters differ are refused naming the first difference.
+
+Skipped, with the reason, when `strata` cannot be imported; STRATA_REQUIRE_PYTHON=1 makes that a
+failure."""
+import os
+
+import pytest
+
+from conftest import require
+
+torch = require("torch")
+dist = require("torch.distributed")
+mp = require("torch.multiprocessing")
+nn = torch.nn
+F = torch.nn.functional
+
+VOCAB, WIDTH = 64, 32
+STEPS = 3
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 64),
+                                                  nn.GELU(), nn.Linear(64, WIDTH))
+                                    for _ in range(3))
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+def make(dtype):
+    torch.manual_seed(0)
+    return Net().to(dtype)
+
+
+def micro_batches(step, n):
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randint(0, VOCAB, (2, 8), generator=gen) for _ in range(n)]
+
+
+def loss_of(model, x):
+    return F.cross_entropy(model(x).float().reshape(-1, VOCAB), x.roll(-1, 1).reshape(-1))
+
+
+def config(stage, kind, path, moments="fp32"):
+    offload = {"device": kind}
+    if kind == "nvme":
+        offload["nvme_path"] = str(path)
+    return {"zero_optimization": {"stage": stage, "offload_optimizer": offload},
+            "gradient_clipping": 0.5, "strata": {"optimizer_state": {"moments": moments}}}
+
+
+def run_steps(opt, model, steps, n_micro, rank=None):
+    """Each step: micro-batches of that step (all of them on one rank, rank's own on N)."""
+    for step in steps:
+        mbs = micro_batches(step, n_micro)
+        for i, x in enumerate(mbs):
+            if rank is None or i == rank:
+                loss_of(model, x).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _worker(rank, world, init, args, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        st = require("strata.torch")
+        dtype = getattr(torch, args["dtype"])
+        model = make(dtype)
+        cfg = config(args["stage"], args["kind"], os.path.join(args["path"], f"r{rank}"),
+                     args["moments"])
+        if args.get("mismatch") and rank == 1:
+            model.head = nn.Linear(WIDTH, VOCAB + 1, bias=False).to(dtype)
+        opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048,
+                              process_group=dist.group.WORLD)
+        first, last = args["steps"]
+        if args.get("load"):
+            saved = torch.load(args["load"], weights_only=True)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+        run_steps(opt, model, range(first, last), world, rank)
+        full = opt.consolidated_state_dict(dst=0)
+        summary = opt.summary()
+        if rank == 0:
+            torch.save({"model": model.state_dict(), "optimizer": full}, out)
+        torch.save({"bytes": summary["bytes"], "ranks": summary["ranks"]}, f"{out}.rank{rank}")
+        opt.close()
+    except Exception as ex:  # reported to the test through a file
+        with open(f"{out}.error{rank}", "w") as f:
+            f.write(repr(ex))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(tmp_path, world, name, **args):
+    out = str(tmp_path / name)
+    init = f"file://{tmp_path}/{name}.rendezvous"
+    args.setdefault("path", str(tmp_path / f"{name}-nvme"))
+    try:
+        mp.spawn(_worker, args=(world, init, args, out), nprocs=world, join=True)
+    except Exception as ex:
+        errors = [open(f"{out}.error{r}").read() for r in range(world)
+                  if os.path.exists(f"{out}.error{r}")]
+        raise AssertionError(f"ranks failed: {errors or ex}") from ex
+    ranks = [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(world)]
+    return torch.load(out, weights_only=True), ranks
+
+
+def reference(tmp_path, phases, dtype, stage, kind, moments, start=None):
+    """One rank, uninterrupted: phases [((first step, end), micro-batches per step)]."""
+    st = require("strata.torch")
+    model = make(dtype)
+    cfg = config(stage, kind, tmp_path / "ref-nvme", moments)
+    cfg["zero_optimization"]["stage"] = 2  # one process: nothing to shard
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048)
+    if start is not None:
+        model.load_state_dict(start["model"])
+        opt.load_state_dict(start["optimizer"])
+    for steps, n_micro in phases:
+        run_steps(opt, model, range(*steps), n_micro)
+    result = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+              "bytes": opt.summary()["bytes"]}
+    opt.close()
+    return result
+
+
+def same(a, b):
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sorted(sa) == sorted(sb)
+    for i in sa:
+        for k in sa[i]:
+            assert torch.equal(sa[i][k], sb[i][k]), (i, k)
+    assert a["optimizer"]["strata"] == b["optimizer"]["strata"]
+
+
+@pytest.mark.parametrize("world,stage,kind,dtype,moments", [
+    (2, 1, "cpu", "float32", "fp32"),
+    (2, 2, "nvme", "bfloat16", "fp32"),
+    (3, 2, "cpu", "bfloat16", "8bit"),
+    (3, 1, "nvme", "float32", "8bit"),
+])
+def test_ranks_give_the_bits_of_one_rank_accumulating(strata, tmp_path, world, stage, kind,
+                                                      dtype, moments):
+    got, ranks = spawn(tmp_path, world, "run", stage=stage, kind=kind, dtype=dtype,
+                       moments=moments, steps=(0, STEPS))
+    ref = reference(tmp_path, [((0, STEPS), world)], getattr(torch, dtype), stage, kind, moments)
+    same(got, ref)
+    # each rank holds its share of the state: about 1/N of the one-rank figure
+    tier = "nvme" if kind == "nvme" else "host"
+    whole = ref["bytes"][tier]
+    shares = [r["bytes"][tier] for r in ranks]
+    assert all(r["ranks"]["units_owned"] > 0 for r in ranks)
+    assert max(shares) < whole * 0.75 and abs(sum(shares) - whole) <= whole * 0.25, (shares, whole)
+    assert all(r["ranks"]["last_step_bytes_sent"] > 0 for r in ranks)
+
+
+def test_a_checkpoint_at_two_ranks_continues_at_three_and_at_one(strata, tmp_path):
+    args = dict(stage=2, kind="cpu", dtype="bfloat16", moments="fp32")
+    first, _ = spawn(tmp_path, 2, "first", steps=(0, 2), **args)
+    path = str(tmp_path / "ckpt.pt")
+    torch.save(first, path)
+    # at 3 ranks: steps 2..4 with 3 micro-batches each, against one rank that ran steps 0..2 with
+    # 2 micro-batches and then 2..4 with 3 (the same run, uninterrupted)
+    at3, _ = spawn(tmp_path, 3, "at3", steps=(2, 4), load=path, **args)
+    same(at3, reference(tmp_path, [((0, 2), 2), ((2, 4), 3)], torch.bfloat16, 2, "cpu", "fp32"))
+    # at 1 rank (no process group): the consolidated checkpoint loads as a one-process one
+    at1 = reference(tmp_path, [((2, 4), 1)], torch.bfloat16, 2, "cpu", "fp32",
+                    start=torch.load(path, weights_only=True))
+    same(at1, reference(tmp_path, [((0, 2), 2), ((2, 4), 1)], torch.bfloat16, 2, "cpu", "fp32"))
+
+
+def test_ranks_with_different_parameters_are_refused(strata, tmp_path):
+    expected = r"parameter 19 is shape \(65, 32\) float32 on rank 1 and shape \(64, 32\)"
+    with pytest.raises(AssertionError, match=expected):
+        spawn(tmp_path, 2, "mismatch", stage=1, kind="cpu", dtype="float32", moments="fp32",
+              steps=(0, 1), mismatch=True)
