@@ -58,7 +58,7 @@ class _ShardUnit:
 class Sharding:
     """The ranks, the ownership of the units and the sharded step of one OffloadAdamW."""
 
-    def __init__(self, opt, group, stage, specs):
+    def __init__(self, opt, group, stage, specs, averaged=False):
         import torch.distributed as dist
         if not dist.is_available() or not dist.is_initialized():
             raise StrataError("OffloadAdamW(process_group=...): torch.distributed is not "
@@ -74,6 +74,9 @@ class Sharding:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.stage = stage
+        # DDP (the HF Trainer's wrapper) has already averaged the gradients over the ranks: every
+        # rank holds the same values, so each owner takes its units' gradients as they are.
+        self.averaged = bool(averaged)
         self.nccl = dist.get_backend(group) == "nccl"
         self.bytes_sent = 0
         self.last_step_bytes_sent = 0
@@ -152,6 +155,11 @@ class Sharding:
         present = torch.stack(masks).bool()  # [rank, parameter]
         reduced = {}
         for su in self.units:
+            if self.averaged:
+                if su.owner == self.rank:
+                    reduced[su.key] = {s.index: (g.detach().clone() if (g := opt._dense_grad(s))
+                                                 is not None else None) for s in su.slots}
+                continue
             flat = torch.zeros(max(su.numel, 1), dtype=su.dtype)
             for s in su.slots:
                 g = opt._dense_grad(s)

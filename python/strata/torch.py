@@ -150,13 +150,18 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             shard the state over, ZeRO stage 1/2 as the config's ``zero_optimization.stage``
             says (module ``strata._shard``): each rank keeps 1/N of the state, gradients are
             summed in a fixed order, new parameters are broadcast. Do not wrap the model in
-            DDP as well (it would average the gradients first).
+            DDP as well (it would average the gradients first) — unless ``gradients=``
+            says so.
+        gradients: with process_group, "local" (each rank's own; they are summed in a fixed
+            order) or "averaged" (already averaged over the ranks by DDP, as under the HF
+            Trainer with torchrun: each rank takes its units' gradients as they are).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  config=None, max_grad_norm=None, adamw_mode=True, unit_elements=1 << 23,
                  bind_params=True, overlap=False, module=None, accumulation_steps=1,
-                 overlap_buffers=3, overlap_trace=False, process_group=None):
+                 overlap_buffers=3, overlap_trace=False, process_group=None,
+                 gradients="local"):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -241,6 +246,9 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                     continue  # only empty tensors: nothing to optimize
                 units = [max(u, 1) for u in units]
                 specs.append((gi, dtype, slots, units, group))
+        if process_group is None and gradients != "local":
+            raise StrataError(f"OffloadAdamW: gradients={gradients!r} is for process_group=; "
+                              f"valid: 'local' without a process group")
         if process_group is not None:
             if overlap:
                 raise StrataError("OffloadAdamW(process_group=...): overlap=True across ranks is "
@@ -250,8 +258,12 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                 raise StrataError("OffloadAdamW(process_group=...): the parameters of a model "
                                   "given to offload_parameters (stage 3) cannot be sharded "
                                   "across ranks yet; valid: one process, or no offload_param")
+            if gradients not in ("local", "averaged"):
+                raise StrataError(f"OffloadAdamW: gradients={gradients!r}; valid: 'local' or "
+                                  f"'averaged'")
             from ._shard import Sharding
-            self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs)
+            self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs,
+                                   averaged=gradients == "averaged")
             self._engines = list(self._shard.engines)
         else:
             for gi, dtype, slots, units, group in specs:

@@ -7,6 +7,7 @@ uninterrupted run; ranks whose parameters differ are refused naming the first di
 
 Skipped, with the reason, when `strata` cannot be imported; STRATA_REQUIRE_PYTHON=1 makes that a
 failure."""
+import json
 import os
 
 import pytest
@@ -189,3 +190,35 @@ def test_ranks_with_different_parameters_are_refused(strata, tmp_path):
     with pytest.raises(AssertionError, match=expected):
         spawn(tmp_path, 2, "mismatch", stage=1, kind="cpu", dtype="float32", moments="fp32",
               steps=(0, 1), mismatch=True)
+
+
+def test_hf_trainer_under_torchrun_equals_one_rank_accumulating(strata, tmp_path):
+    """torchrun --nproc_per_node 2, the HF Trainer (its DDP wrapper averages the gradients), a
+    tiny Llama, optimizer state on NVMe sharded over the ranks: the logged losses and final
+    weights equal one process's with gradient_accumulation_steps 2, bit for bit (a sum of two is
+    order-free and DDP's halving exact)."""
+    require("transformers")
+    require("accelerate")
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shard_trainer_run.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(strata.__file__)), os.environ.get("PYTHONPATH", "")]))
+    runs = {}
+    for name, launcher, accumulation in (
+            ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc_per_node", "2"], 1),
+            ("one", [sys.executable], 2)):
+        out = str(tmp_path / name)
+        proc = subprocess.run(launcher + [script, out, str(tmp_path / f"{name}-nvme"),
+                                          str(accumulation)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(out + ".json") as f:
+            runs[name] = json.load(f)
+        runs[name]["model"] = torch.load(out + ".pt", weights_only=True)
+    two, one = runs["two"], runs["one"]
+    assert len(one["losses"]) == 4 and two["losses"] == one["losses"]
+    for k, v in one["model"].items():
+        assert torch.equal(two["model"][k], v), k
+    assert two["ranks"]["world"] == 2 and 0 < two["nvme_bytes"] < one["nvme_bytes"]
