@@ -107,6 +107,7 @@ class Context {
     d["stage3_max_reuse_distance"] = z.stage3_max_reuse_distance;
     d["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
     d["device_bytes_max"] = config_.strata.device_bytes_max;
+    d["comm_timeout_s"] = config_.strata.comm_timeout_s;
     d["notes"] = notes_;
     return d;
   }

@@ -24,6 +24,8 @@ unit during the backward (the overlapped hand-off across ranks is not built yet)
 its whole ``.grad`` until then.
 """
 
+import datetime
+
 import torch
 
 from ._core import StrataError
@@ -58,7 +60,7 @@ class _ShardUnit:
 class Sharding:
     """The ranks, the ownership of the units and the sharded step of one OffloadAdamW."""
 
-    def __init__(self, opt, group, stage, specs, averaged=False):
+    def __init__(self, opt, group, stage, specs, averaged=False, timeout_s=300.0):
         import torch.distributed as dist
         if not dist.is_available() or not dist.is_initialized():
             raise StrataError("OffloadAdamW(process_group=...): torch.distributed is not "
@@ -77,6 +79,10 @@ class Sharding:
         # DDP (the HF Trainer's wrapper) has already averaged the gradients over the ranks: every
         # rank holds the same values, so each owner takes its units' gradients as they are.
         self.averaged = bool(averaged)
+        # Every collective of a step waits at most this long (strata.comm_timeout_s): a rank that
+        # stopped makes the others fail with an error that says so, never hang.
+        self.timeout_s = float(timeout_s)
+        self.timeout = datetime.timedelta(seconds=self.timeout_s)
         self.nccl = dist.get_backend(group) == "nccl"
         self.bytes_sent = 0
         self.last_step_bytes_sent = 0
@@ -135,6 +141,21 @@ class Sharding:
 
     # ---- the step ------------------------------------------------------------------------------
 
+    def _wait(self, work, what):
+        try:
+            done = work.wait(timeout=self.timeout)
+        except RuntimeError as ex:
+            raise StrataError(
+                f"OffloadAdamW(process_group=...): rank {self.rank} of {self.world}: {what} "
+                f"failed: {str(ex).splitlines()[0]}; another rank stopped or is stuck (each "
+                f"collective waits at most strata.comm_timeout_s = {self.timeout_s:g} s); valid: "
+                f"every rank alive and calling step() together") from ex
+        if done is False:
+            raise StrataError(
+                f"OffloadAdamW(process_group=...): rank {self.rank} of {self.world}: {what} got "
+                f"no data within strata.comm_timeout_s = {self.timeout_s:g} s; another rank "
+                f"stopped or is stuck; valid: every rank alive and calling step() together")
+
     def _comm(self, t):
         return t.cuda() if self.nccl and not t.is_cuda else t
 
@@ -150,7 +171,8 @@ class Sharding:
                 params.append(s)
         mask = torch.tensor([s.param.grad is not None for s in params], dtype=torch.int32)
         masks = [torch.empty_like(mask) for _ in range(self.world)]
-        self.dist.all_gather(masks, mask, group=self.group)
+        self._wait(self.dist.all_gather(masks, mask, group=self.group, async_op=True),
+                   "the all-gather of the gradient masks")
         sent += mask.numel() * 4 * (self.world - 1)
         present = torch.stack(masks).bool()  # [rank, parameter]
         reduced = {}
@@ -168,27 +190,39 @@ class Sharding:
             flat = self._comm(flat)
             if su.owner == self.rank:
                 parts = [torch.empty_like(flat) for _ in range(self.world)]
-                self.dist.gather(flat, parts, dst=su.owner, group=self.group)
+                self._wait(self.dist.gather(flat, parts, dst=su.owner, group=self.group,
+                                            async_op=True), f"the gather of unit {su.key}")
                 parts = [p.cpu() for p in parts]
                 reduced[su.key] = self._fold(su, parts, present, index_of)
             else:
-                self.dist.gather(flat, None, dst=su.owner, group=self.group)
+                self._wait(self.dist.gather(flat, None, dst=su.owner, group=self.group,
+                                            async_op=True), f"the gather of unit {su.key}")
                 sent += flat.numel() * flat.element_size()
         # The global norm: per unit, the fp32 norms of its present gradients (each a tensor of
-        # its own, as .grad is), summed in unit order on every rank.
-        mine = {}
+        # its own, as .grad is), computed by the owner; one all-reduce of a vector that holds
+        # each norm at its parameter's place and 0 elsewhere (x + 0 is x) gives them to every
+        # rank, which sums their squares in unit order, as one process does.
+        norms = torch.zeros(len(params), dtype=torch.float32)
         for su in self.units:
             if su.owner != self.rank:
                 continue
-            grads = [g.clone() for g in reduced[su.key].values() if g is not None]
-            if grads:
-                mine[su.key] = unit_norms(grads).tolist()
-        every = [None] * self.world
-        self.dist.all_gather_object(every, mine, group=self.group)
-        merged = {}
-        for d in every:
-            merged.update(d)
-        norm = global_norm(merged[su.key] for su in self.units if su.key in merged)
+            present_slots = [s for s in su.slots if reduced[su.key][s.index] is not None]
+            if present_slots:
+                values = unit_norms([reduced[su.key][s.index].clone() for s in present_slots])
+                for s, v in zip(present_slots, values):
+                    norms[index_of[id(s)]] = v
+        norms = self._comm(norms)
+        self._wait(self.dist.all_reduce(norms, group=self.group, async_op=True),
+                   "the all-reduce of the gradient norms")
+        sent += norms.numel() * 4
+        norms = norms.cpu().tolist()
+        any_present = present.any(dim=0).tolist()
+        lists = []
+        for su in self.units:
+            unit = [norms[index_of[id(s)]] for s in su.slots if any_present[index_of[id(s)]]]
+            if unit:
+                lists.append(unit)
+        norm = global_norm(lists)
         decided, multiplier = opt._decide(norm)
         if decided:
             t = opt._steps + 1
@@ -225,11 +259,13 @@ class Sharding:
             e = su.engine
             # (the home may be padded past the unit's elements)
             buf = self._comm(e.param_view(su.local)[:su.numel].clone())
-            self.dist.broadcast(buf, src=su.owner, group=self.group)
+            self._wait(self.dist.broadcast(buf, src=su.owner, group=self.group, async_op=True),
+                       f"the broadcast of unit {su.key}'s parameters")
             e.scatter_params(su.local)
             return buf.numel() * buf.element_size() * (self.world - 1)
         buf = self._comm(torch.empty(su.numel, dtype=su.dtype))
-        self.dist.broadcast(buf, src=su.owner, group=self.group)
+        self._wait(self.dist.broadcast(buf, src=su.owner, group=self.group, async_op=True),
+                   f"the broadcast of unit {su.key}'s parameters")
         buf = buf.cpu()
         for s in su.slots:
             values = buf[s.offset:s.offset + s.numel]

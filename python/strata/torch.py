@@ -263,7 +263,8 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                                   f"'averaged'")
             from ._shard import Sharding
             self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs,
-                                   averaged=gradients == "averaged")
+                                   averaged=gradients == "averaged",
+                                   timeout_s=float(settings["comm_timeout_s"]))
             self._engines = list(self._shard.engines)
         else:
             for gi, dtype, slots, units, group in specs:

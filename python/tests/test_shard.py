@@ -81,6 +81,8 @@ def _worker(rank, world, init, args, out):
         model = make(dtype)
         cfg = config(args["stage"], args["kind"], os.path.join(args["path"], f"r{rank}"),
                      args["moments"])
+        if args.get("timeout"):
+            cfg["strata"]["comm_timeout_s"] = args["timeout"]
         if args.get("mismatch") and rank == 1:
             model.head = nn.Linear(WIDTH, VOCAB + 1, bias=False).to(dtype)
         opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048,
@@ -90,6 +92,10 @@ def _worker(rank, world, init, args, out):
             saved = torch.load(args["load"], weights_only=True)
             model.load_state_dict(saved["model"])
             opt.load_state_dict(saved["optimizer"])
+        if args.get("die"):
+            run_steps(opt, model, range(0, 1), world, rank)
+            if rank == 1:
+                os._exit(3)  # a rank that stops mid-run, without a word
         run_steps(opt, model, range(first, last), world, rank)
         full = opt.consolidated_state_dict(dst=0)
         summary = opt.summary()
@@ -222,3 +228,24 @@ def test_hf_trainer_under_torchrun_equals_one_rank_accumulating(strata, tmp_path
     for k, v in one["model"].items():
         assert torch.equal(two["model"][k], v), k
     assert two["ranks"]["world"] == 2 and 0 < two["nvme_bytes"] < one["nvme_bytes"]
+
+
+def test_a_rank_that_stops_makes_the_others_fail_clearly(strata, tmp_path):
+    """Rank 1 exits after the first step; rank 0's next step fails within strata.comm_timeout_s
+    with an error that says a rank stopped — it never hangs."""
+    import time
+    out = str(tmp_path / "dies")
+    args = dict(stage=1, kind="cpu", dtype="float32", moments="fp32", steps=(1, 3), die=True,
+                timeout=10, path=str(tmp_path / "dies-nvme"))
+    begin = time.monotonic()
+    ctx = mp.start_processes(_worker, args=(2, f"file://{tmp_path}/dies.rendezvous", args, out),
+                             nprocs=2, join=False, start_method="spawn")
+    for p in ctx.processes:
+        p.join(timeout=120)
+    elapsed = time.monotonic() - begin
+    assert all(not p.is_alive() for p in ctx.processes), "a rank hangs"
+    assert ctx.processes[1].exitcode == 3
+    assert ctx.processes[0].exitcode != 0
+    message = open(f"{out}.error0").read()
+    assert "rank 0 of 2" in message and "another rank stopped or is stuck" in message, message
+    assert elapsed < 100
