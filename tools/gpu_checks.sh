@@ -14,7 +14,8 @@
 #   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape;
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
 #             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
-#             offload_parameters (an offloaded model trains to the in-memory bits on CUDA), and with
+#             offload_parameters (an offloaded model trains to the in-memory bits on CUDA) and of
+#             the sharded optimizer across ranks (gloo CPU ranks, and NCCL one rank per GPU), and with
 #             --bench tools/bench_torch_offload.py: the Llama-3.2-1B shape (torch fused AdamW on
 #             the GPU, OffloadAdamW cpu with and without overlap, FSDP2 + CPUOffloadPolicy,
 #             DeepSpeed ZeRO-2 where it imports), the same shape with its parameters offloaded
@@ -112,7 +113,7 @@ if want torch; then
   py="${PYTHON:-python3}"
   PYTHONPATH="$build/python" STRATA_REQUIRE_PYTHON=1 step torch.pytest "$py" -m pytest -q \
     "$root/python/tests/test_offload_overlap.py" "$root/python/tests/test_offload_adamw.py" \
-    "$root/python/tests/test_param_offload.py"
+    "$root/python/tests/test_param_offload.py" "$root/python/tests/test_shard.py"
   if [ "$bench" = 1 ]; then
     PYTHONPATH="$build/python" step torch.bench_1b "$py" "$root/tools/bench_torch_offload.py" \
       --preset 1b --json --variants \

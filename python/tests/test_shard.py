@@ -74,7 +74,10 @@ def run_steps(opt, model, steps, n_micro, rank=None):
 
 
 def _worker(rank, world, init, args, out):
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    backend = args.get("backend", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     try:
         st = require("strata.torch")
         dtype = getattr(torch, args["dtype"])
@@ -249,3 +252,14 @@ def test_a_rank_that_stops_makes_the_others_fail_clearly(strata, tmp_path):
     message = open(f"{out}.error0").read()
     assert "rank 0 of 2" in message and "another rank stopped or is stuck" in message, message
     assert elapsed < 100
+
+
+def test_nccl_one_rank_per_gpu_gives_the_bits_of_one_process(strata, tmp_path):
+    """The NCCL path (tensors moved to the GPU for the collectives): one rank per GPU, with the
+    CPU parameters of the other tests; tools/gpu_checks.sh runs it where there is a GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("NCCL needs a GPU (none here): tools/gpu_checks.sh --only torch runs it")
+    world = torch.cuda.device_count()
+    got, _ = spawn(tmp_path, world, "nccl", stage=2, kind="cpu", dtype="bfloat16",
+                   moments="fp32", steps=(0, STEPS), backend="nccl")
+    same(got, reference(tmp_path, [((0, STEPS), world)], torch.bfloat16, 2, "cpu", "fp32"))
