@@ -15,7 +15,7 @@
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
 #             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
 #             offload_parameters (an offloaded model trains to the in-memory bits on CUDA) and of
-#             the sharded optimizer across ranks (gloo CPU ranks, and NCCL one rank per GPU), and with
+#             the sharded optimizer across ranks (gloo CPU ranks, NCCL one rank per GPU), and with
 #             --bench tools/bench_torch_offload.py: the Llama-3.2-1B shape (torch fused AdamW on
 #             the GPU, OffloadAdamW cpu with and without overlap, FSDP2 + CPUOffloadPolicy,
 #             DeepSpeed ZeRO-2 where it imports), the same shape with its parameters offloaded
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize=1; shift ;;
     --bench) bench=1; shift ;;
     --only) only="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_checks: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
