@@ -54,21 +54,30 @@ def loss_of(model, x):
     return F.cross_entropy(model(x).float().reshape(-1, VOCAB), x.roll(-1, 1).reshape(-1))
 
 
-def config(stage, kind, path, moments="fp32"):
+def config(stage, kind, path, moments="fp32", fp16=False):
     offload = {"device": kind}
     if kind == "nvme":
         offload["nvme_path"] = str(path)
-    return {"zero_optimization": {"stage": stage, "offload_optimizer": offload},
-            "gradient_clipping": 0.5, "strata": {"optimizer_state": {"moments": moments}}}
+    c = {"zero_optimization": {"stage": stage, "offload_optimizer": offload},
+         "gradient_clipping": 0.5, "strata": {"optimizer_state": {"moments": moments}}}
+    if fp16:
+        c["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return c
 
 
-def run_steps(opt, model, steps, n_micro, rank=None):
-    """Each step: micro-batches of that step (all of them on one rank, rank's own on N)."""
+def run_steps(opt, model, steps, n_micro, rank=None, overflow=None):
+    """Each step: micro-batches of that step (all of them on one rank, rank's own on N). With
+    fp16 the loss goes through scale_loss(); overflow=(step, micro-batch) makes that one inf."""
     for step in steps:
         mbs = micro_batches(step, n_micro)
         for i, x in enumerate(mbs):
             if rank is None or i == rank:
-                loss_of(model, x).backward()
+                loss = loss_of(model, x)
+                if overflow == (step, i):
+                    loss = loss * float("inf")
+                if opt.loss_scale != 1.0:
+                    loss = opt.scale_loss(loss)
+                loss.backward()
         opt.step()
         opt.zero_grad()
 
@@ -83,7 +92,7 @@ def _worker(rank, world, init, args, out):
         dtype = getattr(torch, args["dtype"])
         model = make(dtype)
         cfg = config(args["stage"], args["kind"], os.path.join(args["path"], f"r{rank}"),
-                     args["moments"])
+                     args["moments"], args.get("fp16", False))
         if args.get("timeout"):
             cfg["strata"]["comm_timeout_s"] = args["timeout"]
         if args.get("mismatch") and rank == 1:
@@ -99,7 +108,7 @@ def _worker(rank, world, init, args, out):
             run_steps(opt, model, range(0, 1), world, rank)
             if rank == 1:
                 os._exit(3)  # a rank that stops mid-run, without a word
-        run_steps(opt, model, range(first, last), world, rank)
+        run_steps(opt, model, range(first, last), world, rank, args.get("overflow"))
         full = opt.consolidated_state_dict(dst=0)
         summary = opt.summary()
         if rank == 0:
@@ -128,18 +137,19 @@ def spawn(tmp_path, world, name, **args):
     return torch.load(out, weights_only=True), ranks
 
 
-def reference(tmp_path, phases, dtype, stage, kind, moments, start=None):
+def reference(tmp_path, phases, dtype, stage, kind, moments, start=None, fp16=False,
+              overflow=None):
     """One rank, uninterrupted: phases [((first step, end), micro-batches per step)]."""
     st = require("strata.torch")
     model = make(dtype)
-    cfg = config(stage, kind, tmp_path / "ref-nvme", moments)
+    cfg = config(stage, kind, tmp_path / "ref-nvme", moments, fp16)
     cfg["zero_optimization"]["stage"] = 2  # one process: nothing to shard
     opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048)
     if start is not None:
         model.load_state_dict(start["model"])
         opt.load_state_dict(start["optimizer"])
     for steps, n_micro in phases:
-        run_steps(opt, model, range(*steps), n_micro)
+        run_steps(opt, model, range(*steps), n_micro, overflow=overflow)
     result = {"model": model.state_dict(), "optimizer": opt.state_dict(),
               "bytes": opt.summary()["bytes"]}
     opt.close()
@@ -263,3 +273,18 @@ def test_nccl_one_rank_per_gpu_gives_the_bits_of_one_process(strata, tmp_path):
     got, _ = spawn(tmp_path, world, "nccl", stage=2, kind="cpu", dtype="bfloat16",
                    moments="fp32", steps=(0, STEPS), backend="nccl")
     same(got, reference(tmp_path, [((0, STEPS), world)], torch.bfloat16, 2, "cpu", "fp32"))
+
+
+def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(strata, tmp_path):
+    """fp16 loss scaling: rank 1's micro-batch of step 1 overflows; every rank skips that step and
+    moves its loss scaler, as one rank accumulating both micro-batches does (state, skipped steps
+    and the loss scaler equal)."""
+    got, _ = spawn(tmp_path, 2, "fp16", stage=2, kind="cpu", dtype="float16", moments="fp32",
+                   steps=(0, STEPS), fp16=True, overflow=(1, 1))
+    ref = reference(tmp_path, [((0, STEPS), 2)], torch.float16, 2, "cpu", "fp32", fp16=True,
+                    overflow=(1, 1))
+    same(got, ref)
+    assert got["optimizer"]["strata"]["skipped_steps"] == 1
+    # [scale, iteration, last overflow iteration, hysteresis]: the overflow was seen (DeepSpeed's
+    # hysteresis of 2 spends one before the scale drops)
+    assert got["optimizer"]["strata"]["loss_scaler"][2] >= 0
