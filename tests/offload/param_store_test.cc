@@ -46,16 +46,17 @@ struct Aligned {
   std::size_t size = 0;
 };
 
-class ParamStoreTest : public ::testing::TestWithParam<bool> {  // true: the fault twin
+class ParamStoreFixture : public ::testing::Test {
  protected:
-  ParamStoreSettings settings() {
+  // twin: the fault twin (faults can be injected through sim_), else real files.
+  ParamStoreSettings settings_for(bool twin) {
     ParamStoreSettings s;
     s.dirs = {dir_.path()};
     s.swap_tag = "test";
     s.engine.block_size_bytes = 64 * 1024;
     s.engine.threads = 2;
-    s.engine.kind = GetParam() ? io::EngineKind::kSim : io::EngineKind::kAuto;
-    if (GetParam()) {
+    s.engine.kind = twin ? io::EngineKind::kSim : io::EngineKind::kAuto;
+    if (twin) {
       s.engine_factory = [this](const io::EngineOptions& o) {
         auto e = io::make_sim_engine(o, io::SimOptions{});
         if (e.is_ok()) sim_ = io::sim_control(e->get());
@@ -72,6 +73,18 @@ class ParamStoreTest : public ::testing::TestWithParam<bool> {  // true: the fau
 
   TempDir dir_;
   io::SimControl* sim_ = nullptr;
+};
+
+// Every behaviour on both engines (parameter true: the fault twin).
+class ParamStoreTest : public ParamStoreFixture, public ::testing::WithParamInterface<bool> {
+ protected:
+  ParamStoreSettings settings() { return settings_for(GetParam()); }
+};
+
+// Injected faults: the twin only.
+class ParamStoreFaultTest : public ParamStoreFixture {
+ protected:
+  ParamStoreSettings settings() { return settings_for(true); }
 };
 
 TEST_P(ParamStoreTest, RoundTripsOddSizesDirectAndBounced) {
@@ -223,8 +236,7 @@ TEST_P(ParamStoreTest, CorruptionOnDiskIsReportedWithTheUnitAndTheFile) {
   EXPECT_EQ(store->usage().reads, 1u);
 }
 
-TEST_P(ParamStoreTest, AFailedWriteLeavesTheUnitUnwritten) {
-  if (!GetParam()) GTEST_SKIP() << "faults are injected by the twin";
+TEST_F(ParamStoreFaultTest, AFailedWriteLeavesTheUnitUnwritten) {
   auto store = make({5000}, settings());
   ASSERT_NE(store, nullptr);
   const auto a = pattern(5000, 1);
