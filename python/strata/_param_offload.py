@@ -77,7 +77,6 @@ class ParamOffload(_HomesAndReports):
         self.reuse = int(settings["stage3_max_reuse_distance"])
         self.device_bytes_max = int(settings.get("device_bytes_max", 0))
         self.buffer_count = max(1, int(settings["offload_param_buffer_count"]))
-        self.buffer_elements = int(settings["offload_param_buffer_size"])
         self.max_in_cpu = int(settings["offload_param_max_in_cpu"])
         self.lock = threading.RLock()
         self.units = []
@@ -152,7 +151,6 @@ class ParamOffload(_HomesAndReports):
         self.units = [u for u in self.units if u.entries or u is root]
         for i, u in enumerate(self.units):
             u.index = i
-        self.largest = max((u.nbytes for u in self.units), default=0)
         limit_elements = self.max_live
         for u in self.units[1:]:
             if u.numel + root.numel > limit_elements:
@@ -269,14 +267,16 @@ class ParamOffload(_HomesAndReports):
                               f"offloaded; valid: cast and move the model before "
                               f"offload_parameters()")
 
+    def _fits(self, live, u):
+        """Whether u fits the window beside the materialised units `live`."""
+        return (sum(v.numel for v in live) + u.numel <= self.max_live and
+                (not self.device_bytes_max or
+                 sum(v.nbytes for v in live) + u.nbytes <= self.device_bytes_max))
+
     def _make_room(self, need, keep):
-        limit_elements = self.max_live
-        limit_bytes = self.device_bytes_max or None
         live = [v for v in self.units if v.materialised]
         while live:
-            elements = sum(v.numel for v in live) + need.numel
-            nbytes = sum(v.nbytes for v in live) + need.nbytes
-            if elements <= limit_elements and (limit_bytes is None or nbytes <= limit_bytes):
+            if self._fits(live, need):
                 return
             # Never a running unit, the root, or one whose backward may still read it.
             victims = [v for v in live if v.active == 0 and v is not keep and v.index != 0
@@ -294,13 +294,12 @@ class ParamOffload(_HomesAndReports):
         rest = self.recorded[self.cursor:]
         return rest.index(u.index) if u.index in rest else len(rest) + 1
 
-    def fetch(self, u, demand=True):
+    def fetch(self, u):
         """Materialises unit u on the device (the caller's stream waits for it)."""
         with self.lock:
             if self.closed:
                 raise StrataError("offload_parameters: the offload was closed")
-            if demand:
-                self._record(u)
+            self._record(u)
             if not u.materialised:
                 for e in u.entries:
                     self._check_entry(e)
@@ -311,20 +310,17 @@ class ParamOffload(_HomesAndReports):
         with self.lock:
             if u.materialised:
                 self._wait_ready(u)
-                if demand:
-                    self.counters["hits"] += 1
-                    self._prefetch()
+                self.counters["hits"] += 1
+                self._prefetch()
                 return
             begin = time.perf_counter()
             self._make_room(u, u)
-            staged_ready = u.staged is not None and u.staged.done() or all(
-                h is not None for h, n in zip(u.homes, u.part_bytes) if n)
+            staged_ready = u.staged is not None and u.staged.done() or u.in_host
             self._materialise(u, self._staged_parts(u), ahead=False)
             self.counters["fetches"] += 1
             self._note("fetch", f"{u.name}{'' if staged_ready else ' (waited for its read)'}"
                        if self.store is not None else u.name, begin)
-            if demand:
-                self._prefetch()
+            self._prefetch()
 
     def _materialise(self, u, parts, ahead):
         """Refills u's storages from its host bytes: on the compute stream, or ahead of use on
@@ -348,7 +344,6 @@ class ParamOffload(_HomesAndReports):
         u.materialised = True
         self.materialised_bytes += u.nbytes
         self.peak_bytes = max(self.peak_bytes, self.materialised_bytes + self.persistent_bytes)
-        self.counters["fetch_bytes"] += u.nbytes
 
     def _wait_ready(self, u):
         if u.ready_event is not None:
@@ -411,15 +406,13 @@ class ParamOffload(_HomesAndReports):
             if ahead >= self.bucket or staged >= self.buffer_count:
                 break
             ahead += v.numel
-            if v.materialised or v.staged is not None or all(
-                    h is not None for h, n in zip(v.homes, v.part_bytes) if n):
+            if v.materialised or v.staged is not None or v.in_host:
                 continue
             v.staged = self.pool.submit(self._read_parts, v)
             staged += 1
             self.counters["prefetches"] += 1
 
     def _device_ahead(self):
-        limit_bytes = self.device_bytes_max or None
         ahead = 0
         for index in self.recorded[self.cursor:]:
             v = self.units[index]
@@ -428,16 +421,12 @@ class ParamOffload(_HomesAndReports):
             ahead += v.numel
             if v.materialised:
                 continue
-            in_host = all(h is not None for h, n in zip(v.homes, v.part_bytes) if n)
-            if not in_host and not (v.staged is not None and v.staged.done()):
+            if not v.in_host and not (v.staged is not None and v.staged.done()):
                 break  # its read is not done: later units would only jump the queue
             if self.updates_landed is not None and not self.updates_landed(
                     [e.param for e in v.entries if e.trainable]):
                 break  # its new values are still being computed
-            live = [w for w in self.units if w.materialised]
-            if sum(w.numel for w in live) + v.numel > self.max_live or (
-                    limit_bytes is not None and
-                    sum(w.nbytes for w in live) + v.nbytes > limit_bytes):
+            if not self._fits([w for w in self.units if w.materialised], v):
                 break  # the window is full
             for e in v.entries:
                 self._check_entry(e)

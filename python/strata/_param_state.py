@@ -159,6 +159,3 @@ class _HomesAndReports:
         if self.store is not None:
             out["store"] = self.store.usage()
         return out
-
-    def reset_peak(self):
-        self.peak_bytes = self.materialised_bytes + self.persistent_bytes

@@ -65,6 +65,11 @@ class _Unit:
         return sum(e.nbytes for e in self.entries)
 
     @property
+    def in_host(self):
+        """Whether every part of the unit is homed in host memory (none on NVMe)."""
+        return all(h is not None for h, n in zip(self.homes, self.part_bytes) if n)
+
+    @property
     def numel(self):
         return sum(e.numel for e in self.entries)
 

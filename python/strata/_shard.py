@@ -115,6 +115,10 @@ class Sharding:
                 if engine is not None and u in mine:
                     su.engine, su.local = engine, mine.index(u)
                 self.units.append(su)
+        # Every parameter of the layout in unit order, and its place in that order (the masks'
+        # and the norm vector's index).
+        self.params = [s for su in self.units for s in su.slots]
+        self.index_of = {id(s): i for i, s in enumerate(self.params)}
 
     # ---- set-up checks -------------------------------------------------------------------------
 
@@ -163,12 +167,7 @@ class Sharding:
     def step(self, opt):
         """One sharded step; returns (decided, norm): decided False when it was skipped."""
         sent = 0
-        index_of = {}
-        params = []
-        for su in self.units:
-            for s in su.slots:
-                index_of[id(s)] = len(params)
-                params.append(s)
+        params, index_of = self.params, self.index_of
         mask = torch.tensor([s.param.grad is not None for s in params], dtype=torch.int32)
         masks = [torch.empty_like(mask) for _ in range(self.world)]
         self._wait(self.dist.all_gather(masks, mask, group=self.group, async_op=True),
@@ -208,7 +207,8 @@ class Sharding:
                 continue
             present_slots = [s for s in su.slots if reduced[su.key][s.index] is not None]
             if present_slots:
-                values = unit_norms([reduced[su.key][s.index].clone() for s in present_slots])
+                # (each gradient is a tensor of its own already: the fold's or the copy's)
+                values = unit_norms([reduced[su.key][s.index] for s in present_slots])
                 for s, v in zip(present_slots, values):
                     norms[index_of[id(s)]] = v
         norms = self._comm(norms)

@@ -418,19 +418,26 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
     def step(self, closure=None):
         """One optimizer step. Returns the closure's loss, if given.
 
-        With clipping or fp16 loss scaling, the global gradient norm decides the step: a
-        non-finite norm skips it (and, with a dynamic loss scale, lowers the scale)."""
+        The global gradient norm decides the step: it clips (max_grad_norm / gradient_clipping),
+        unscales fp16 loss scaling, and a non-finite norm skips the step (and, with a dynamic
+        loss scale, lowers the scale)."""
         self._check_open()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         begin = time.perf_counter()
+        try:
+            self._step()
+        finally:
+            self._last_step_s = time.perf_counter() - begin
+        return loss
+
+    def _step(self):
         if self._overlap is not None:
             self._scaled = False  # the hand-off took it at the step's first gradient
             self._overlap.step()
-            self._last_step_s = time.perf_counter() - begin
-            return loss
+            return
         self._check_params()
         # The loss scale applies to gradients of a loss that went through scale_loss() (a
         # torch.amp.GradScaler, as the HF Trainer's fp16 uses, unscales them itself).
@@ -438,21 +445,16 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         self._scaled = False
         if self._shard is not None:
             self._shard.step(self)
-            self._last_step_s = time.perf_counter() - begin
-            return loss
+            return
         decided, multiplier = self._decide(self._total_norm())
         if not decided:
-            self._last_step_s = time.perf_counter() - begin
-            return loss
-        scaled = self._scaled_now
+            return
         t = self._steps + 1
         for e in self._engines:
             self._gather_grads(e)
             e.core.step(float(self.param_groups[e.group_index]["lr"]), multiplier, t)
             self._scatter_params(e)
-        self._record_step(t, False, scaled)
-        self._last_step_s = time.perf_counter() - begin
-        return loss
+        self._record_step(t, False, self._scaled_now)
 
     def _decide(self, norm):
         """The step's fate from the global gradient norm: (False, None) when it is skipped
