@@ -168,12 +168,14 @@ class Sharding:
         """One sharded step; returns (decided, norm): decided False when it was skipped."""
         sent = 0
         params, index_of = self.params, self.index_of
-        mask = torch.tensor([s.param.grad is not None for s in params], dtype=torch.int32)
+        # (NCCL moves only device tensors: every collective's buffers go through _comm)
+        mask = self._comm(torch.tensor([s.param.grad is not None for s in params],
+                                       dtype=torch.int32))
         masks = [torch.empty_like(mask) for _ in range(self.world)]
         self._wait(self.dist.all_gather(masks, mask, group=self.group, async_op=True),
                    "the all-gather of the gradient masks")
         sent += mask.numel() * 4 * (self.world - 1)
-        present = torch.stack(masks).bool()  # [rank, parameter]
+        present = torch.stack(masks).bool().cpu()  # [rank, parameter]
         reduced = {}
         for su in self.units:
             if self.averaged:
