@@ -108,6 +108,8 @@ class Context {
     d["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
     d["device_bytes_max"] = config_.strata.device_bytes_max;
     d["comm_timeout_s"] = config_.strata.comm_timeout_s;
+    d["gradient_sum"] =
+        config_.strata.gradient_sum == config::GradientSum::kOrdered ? "ordered" : "backend";
     d["notes"] = notes_;
     return d;
   }

@@ -26,6 +26,9 @@ enum class Backend { kAuto, kCpu, kCuda };
 // What the CUDA backend rounds GEMM inputs to (auto: follows fp16/bf16; fp32 runs keep fp32).
 enum class GemmPrecision { kAuto, kFp32, kTf32, kBf16, kFp16 };
 enum class DeviceOptimizer { kAuto, kOn, kOff };
+// How strata.torch's ranks sum gradients: gathered to the owner and added in rank order, or by
+// the collective backend's reduce.
+enum class GradientSum { kOrdered, kBackend };
 enum class ModelFamily { kGpt2, kLlama };
 enum class DataSource { kSynthetic, kTokens, kText };
 enum class Precision { kFp32, kFp16, kBf16 };
@@ -218,6 +221,10 @@ struct StrataConfig {
   // GPU when the state fits the device budget beside the working set, else in host memory with
   // CPU Adam; on = always (an error naming the budget when it does not fit); off = host memory.
   DeviceOptimizer device_optimizer = DeviceOptimizer::kAuto;
+  // strata.torch across ranks (OffloadAdamW(process_group=...)): ordered = every unit's gradients
+  // gathered to its owner and summed in rank order (the bits of one rank accumulating), backend =
+  // the backend's reduce (NCCL/gloo order). The CLI's ranks always sum in rank order.
+  GradientSum gradient_sum = GradientSum::kOrdered;
   OptimizerStateConfig optimizer_state;
   ModelConfig model;
   DataConfig data;

@@ -92,6 +92,12 @@ inline const EnumNames<DeviceOptimizer>& device_optimizer_names() {
   return names;
 }
 
+inline const EnumNames<GradientSum>& gradient_sum_names() {
+  static const EnumNames<GradientSum> names = {{GradientSum::kOrdered, "ordered"},
+                                               {GradientSum::kBackend, "backend"}};
+  return names;
+}
+
 inline const EnumNames<GemmPrecision>& gemm_precision_names() {
   static const EnumNames<GemmPrecision> names = {{GemmPrecision::kAuto, "auto"},
                                                  {GemmPrecision::kFp32, "fp32"},

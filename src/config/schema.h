@@ -435,6 +435,7 @@ void visit_fields(V& v, StrataConfig& c) {
   v.real("comm_timeout_s", c.comm_timeout_s, 0.0, 86400.0, true);
   v.boolean("overlap_optimizer", c.overlap_optimizer);
   v.choice("device_optimizer", c.device_optimizer, device_optimizer_names());
+  v.choice("gradient_sum", c.gradient_sum, gradient_sum_names());
   v.section("optimizer_state", c.optimizer_state);
   v.section("model", c.model);
   v.section("data", c.data);
