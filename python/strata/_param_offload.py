@@ -55,7 +55,7 @@ from ._param_units import (_REGISTRY, _Entry, _Unit, _aligned, _alias, _tensors,
 class ParamOffload(_HomesAndReports):
     """The offloaded parameters of one model (made by ``strata.torch.offload_parameters``)."""
 
-    def __init__(self, model, ctx, settings, device, unit_modules, trace=False):
+    def __init__(self, model, ctx, settings, device, unit_modules, trace=False, group=None):
         import torch.nn as nn
         if not isinstance(model, nn.Module):
             raise TypeError(f"offload_parameters: expected a torch.nn.Module, got "
@@ -105,6 +105,12 @@ class ParamOffload(_HomesAndReports):
         self.events = []  # (lane, label, begin_s, end_s) with trace=True
         self.t0 = time.perf_counter()
         self._build(model, unit_modules)
+        # ZeRO stage 3 across ranks: each unit has one owner rank, the only one with its home.
+        self.ranks = None
+        if group is not None:
+            from ._param_ranks import UnitRanks
+            self.ranks = UnitRanks(group, self.units, float(settings["comm_timeout_s"]))
+            self.device_ahead = False  # (a copy ahead would broadcast out of order)
         self._place_homes()
         self.peak_bytes = self.persistent_bytes
         self._hook()
@@ -171,6 +177,8 @@ class ParamOffload(_HomesAndReports):
         host_elements = 0
         store_sizes = []
         for u in self.units:
+            if not self._owns(u):
+                continue  # another rank's: its bytes come from there at each fetch
             in_cpu = not nvme or host_elements + u.numel <= self.max_in_cpu
             if in_cpu:
                 host_elements += u.numel
@@ -187,9 +195,11 @@ class ParamOffload(_HomesAndReports):
             self.store = _core.ParamStore(self.ctx, store_sizes)
             self.pool = concurrent.futures.ThreadPoolExecutor(1, "strata-param-read")
         for u in self.units:
-            images = [self._blank(u, part) for part in (0, 1)]
+            images = [self._blank(u, part) if self._owns(u) else None for part in (0, 1)]
             with torch.no_grad():
                 for e in u.entries:
+                    if images[e.part] is None:
+                        continue
                     src = e.param.detach().reshape(-1).to("cpu")
                     images[e.part][e.offset:e.offset + e.nbytes].copy_(src.view(torch.uint8))
             for part in (0, 1):
@@ -200,6 +210,24 @@ class ParamOffload(_HomesAndReports):
                 with torch.no_grad():
                     p.data = torch.empty(e.shape, dtype=e.dtype, device=self.device)
                 p.untyped_storage().resize_(0)
+
+    def _owns(self, u):
+        return self.ranks is None or self.ranks.owns(u)
+
+    def _unit_bytes(self, u, staged=True):
+        """The unit's bytes to materialise from: its home (or read-ahead), or across ranks the
+        owner's, broadcast to every rank (each rank calls this for the same units in order)."""
+        mine = (self._staged_parts(u) if staged else self._read_parts(u)) if self._owns(u) \
+            else None
+        return mine if self.ranks is None else self.ranks.gather(u, mine)
+
+    def drop_stale(self):
+        """Across ranks, after a step: units this rank does not own that are still materialised
+        hold the old values (the owner updated its home); released, the next fetch gathers."""
+        with self.lock:
+            for u in self.units:
+                if not self._owns(u) and u.materialised and u.active == 0:
+                    self._release(u)
 
     def _blank(self, u, part):
         if u.part_bytes[part] == 0:
@@ -316,7 +344,7 @@ class ParamOffload(_HomesAndReports):
             begin = time.perf_counter()
             self._make_room(u, u)
             staged_ready = u.staged is not None and u.staged.done() or u.in_host
-            self._materialise(u, self._staged_parts(u), ahead=False)
+            self._materialise(u, self._unit_bytes(u), ahead=False)
             self.counters["fetches"] += 1
             self._note("fetch", f"{u.name}{'' if staged_ready else ' (waited for its read)'}"
                        if self.store is not None else u.name, begin)
@@ -406,7 +434,7 @@ class ParamOffload(_HomesAndReports):
             if ahead >= self.bucket or staged >= self.buffer_count:
                 break
             ahead += v.numel
-            if v.materialised or v.staged is not None or v.in_host:
+            if v.materialised or v.staged is not None or v.in_host or not self._owns(v):
                 continue
             v.staged = self.pool.submit(self._read_parts, v)
             staged += 1
@@ -553,7 +581,7 @@ class ParamOffload(_HomesAndReports):
             return
         with self.lock:
             for u in self.units:
-                parts = self._read_parts(u)
+                parts = self._unit_bytes(u, staged=False)
                 for e in u.entries:
                     p = e.param
                     with torch.no_grad():

@@ -41,9 +41,16 @@ class _HomesAndReports:
 
     # ---- values, updates and checkpoints -------------------------------------------------------
 
+    def _check_owned(self, u, what):
+        if not self._owns(u):
+            raise StrataError(f"offload_parameters(process_group=...): rank {self.ranks.rank} "
+                              f"cannot {what} unit '{u.name}' on its own: rank {u.owner} owns it; "
+                              f"valid: OffloadAdamW(process_group=<the same group>)")
+
     def values(self, param):
         """A host tensor with the parameter's current values (from its home)."""
         _, u, e = lookup(param)
+        self._check_owned(u, "read")
         with self.lock:
             if u.homes[e.part] is not None:
                 parts = u.homes
@@ -59,6 +66,7 @@ class _HomesAndReports:
         part is written once all of its parameters have new values) and into its device storage
         when it is materialised."""
         _, u, e = lookup(param)
+        self._check_owned(u, "update")
         flat = values.reshape(-1).view(torch.uint8)
         with self.lock:
             self._values_cache = None
@@ -90,10 +98,10 @@ class _HomesAndReports:
                     if key not in state_dict:
                         continue
                     if parts is None:
-                        with self.lock:
-                            parts = self._read_parts(u)
+                        with self.lock:  # (across ranks: a gather every rank makes)
+                            parts = self._unit_bytes(u, staged=False)
                     state_dict[key] = parts[e.part][e.offset:e.offset + e.nbytes].view(
-                        e.dtype).view(e.shape).clone()
+                        e.dtype).view(e.shape).to("cpu", copy=True)
         return state_dict
 
     def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing,
@@ -113,6 +121,10 @@ class _HomesAndReports:
                     self._load_value(u, e, value.detach().to("cpu", e.dtype))
 
     def _load_value(self, u, e, value):
+        if not self._owns(u):  # across ranks: the owner keeps it; a stale copy goes
+            with self.lock:
+                self._release(u)
+            return
         with self.lock:
             self._values_cache = None
             self._host_written(u)
@@ -158,4 +170,11 @@ class _HomesAndReports:
         }
         if self.store is not None:
             out["store"] = self.store.usage()
+        if self.ranks is not None:
+            r = self.ranks
+            out["ranks"] = {"rank": r.rank, "world": r.world,
+                            "units_owned": sum(1 for u in self.units if r.owns(u)),
+                            "owned_bytes": sum(u.nbytes for u in self.units if r.owns(u)),
+                            "gather_bytes_sent": r.bytes_sent,
+                            "gather_bytes_received": r.bytes_received}
         return out

@@ -79,7 +79,8 @@ _PARAM_SETTINGS = ("offload_param", "offload_param_buffer_count", "offload_param
                    "stage3_param_persistence_threshold", "device_bytes_max", "zero_stage")
 
 
-def offload_parameters(model, config=None, *, device=None, unit_modules=None, trace=False):
+def offload_parameters(model, config=None, *, device=None, unit_modules=None, trace=False,
+                       process_group=None):
     """Moves the model's parameters into Strata's tiers (ZeRO-3 ``offload_param``) and returns
     the model, whose forward and backward now materialise each unit on ``device`` only while it
     runs (module ``strata._param_offload``; docs/python.md "Parameter offload").
@@ -95,6 +96,9 @@ def offload_parameters(model, config=None, *, device=None, unit_modules=None, tr
             model's ``_no_split_modules``; the rest of the parameters form the root unit.
         trace: record a timeline of fetches, NVMe reads and writes, releases
             (``model.strata_offload.trace()``).
+        process_group: ZeRO stage 3 across the ranks of a ``torch.distributed`` group: each unit
+            is kept by one rank and broadcast from it at each fetch (``strata._param_ranks``);
+            give ``OffloadAdamW`` the same group. ``model.state_dict()`` is then collective.
 
     ``model.strata_offload`` is the handle: ``summary()``, ``close()``. Give ``OffloadAdamW`` the
     model's parameters (and ``overlap=True, module=model`` to free each unit's gradients as they
@@ -115,7 +119,8 @@ def offload_parameters(model, config=None, *, device=None, unit_modules=None, tr
                           f"only); valid: 3")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    offload = _param_offload.ParamOffload(model, ctx, settings, device, unit_modules, trace)
+    offload = _param_offload.ParamOffload(model, ctx, settings, device, unit_modules, trace,
+                                          process_group)
     model.strata_offload = offload
     return model
 
@@ -141,15 +146,16 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             the last of ``accumulation_steps``) must then be followed by ``step()``.
         module: with overlap, the model: the next forward waits, module by module, for the new
             values of the parameters each module holds; None: ``step()`` waits for all of them.
-        accumulation_steps: with overlap, only every N-th backward hands gradients over (the
-            others accumulate), like running the first N-1 under ``no_sync()``.
+        accumulation_steps: with overlap (or stage 2 across ranks), only every N-th backward
+            hands gradients over (the others accumulate), like the first N-1 under ``no_sync()``.
         overlap_buffers: with overlap, staging buffers per dtype (each the size of the largest
             unit; pinned with a GPU); a hand-off waits for a free one.
         overlap_trace: with overlap, record a timeline (``overlap_trace()``).
         process_group: a ``torch.distributed`` process group (e.g. ``dist.group.WORLD``) to
             shard the state over, ZeRO stage 1/2 as the config's ``zero_optimization.stage``
             says (module ``strata._shard``): each rank keeps 1/N of the state, gradients are
-            summed in a fixed order, new parameters are broadcast. Do not wrap the model in
+            summed in a fixed order (at stage 2 unit by unit during the backward, which then
+            leaves ``.grad`` None), new parameters are broadcast. Do not wrap the model in
             DDP as well (it would average the gradients first) — unless ``gradients=``
             says so.
         gradients: with process_group, "local" (each rank's own; they are summed in a fixed
@@ -251,28 +257,34 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                               f"valid: 'local' without a process group")
         if process_group is not None:
             if overlap:
-                raise StrataError("OffloadAdamW(process_group=...): overlap=True across ranks is "
-                                  "not built yet; valid: overlap=False with process_group")
-            if any(_param_offload.lookup(p) is not None for g in self.param_groups
-                   for p in g["params"]):
-                raise StrataError("OffloadAdamW(process_group=...): the parameters of a model "
-                                  "given to offload_parameters (stage 3) cannot be sharded "
-                                  "across ranks yet; valid: one process, or no offload_param")
+                raise StrataError("OffloadAdamW(process_group=...): overlap=True (Adam during "
+                                  "the backward) across ranks is not built yet (ZeRO stage 2 "
+                                  "already sends each unit's gradients to its owner during the "
+                                  "backward); valid: overlap=False with process_group")
             if gradients not in ("local", "averaged"):
                 raise StrataError(f"OffloadAdamW: gradients={gradients!r}; valid: 'local' or "
                                   f"'averaged'")
             from ._shard import Sharding
             self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs,
                                    averaged=gradients == "averaged",
-                                   timeout_s=float(settings["comm_timeout_s"]))
+                                   timeout_s=float(settings["comm_timeout_s"]),
+                                   accumulation_steps=accumulation_steps,
+                                   gradient_sum=settings["gradient_sum"])
             self._engines = list(self._shard.engines)
         else:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    hit = _param_offload.lookup(p)
+                    if hit is not None and hit[0].ranks is not None:
+                        raise StrataError("OffloadAdamW: the model's parameters are sharded over "
+                                          "ranks (offload_parameters(process_group=...)); valid: "
+                                          "OffloadAdamW(..., process_group=<the same group>)")
             for gi, dtype, slots, units, group in specs:
                 self._engines.append(_Engine(self._ctx, gi, dtype, slots, units, group,
                                              self._adamw))
         self._built = True
         self._offloads = []
-        mine = {id(s.param) for e in self._engines for s in e.slots}
+        mine = {id(p) for g in self.param_groups for p in g["params"]}
         for e in self._engines:
             for s in e.slots:
                 hit = _param_offload.lookup(s.param)
@@ -499,13 +511,15 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
     # ---- overlap --------------------------------------------------------------------------------
 
     def no_sync(self):
-        """With overlap: a context for the backward of a micro-batch that only accumulates (its
-        gradients stay in ``.grad``; the next backward outside it hands them over). Without
-        overlap it does nothing (gradients are read at step())."""
-        if self._overlap is None:
-            import contextlib
-            return contextlib.nullcontext()
-        return self._overlap.no_sync()
+        """With overlap or stage 2 across ranks: a context for the backward of a micro-batch that
+        only accumulates (its gradients stay in ``.grad``; the next backward outside it hands them
+        over). Otherwise it does nothing (gradients are read at step())."""
+        if self._overlap is not None:
+            return self._overlap.no_sync()
+        if self._shard is not None and self._shard.reduce_in_backward:
+            return self._shard.no_sync()
+        import contextlib
+        return contextlib.nullcontext()
 
     def synchronize(self):
         """With overlap: waits until the last step's Adam ran and its new parameters are in place
@@ -584,6 +598,8 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
         if self._overlap is not None:
             overlap, self._overlap = self._overlap, None
             overlap.close()
+        if self._shard is not None:
+            self._shard.close()
         for e in self._engines:
             for s in e.slots:
                 p = s.param
