@@ -36,6 +36,36 @@ from ._param_ranks import wait_work
 from ._param_units import lookup
 
 
+def sharding_for(opt, group, gradients, overlap, settings, specs, accumulation_steps):
+    """The Sharding of OffloadAdamW(process_group=group), or None without a group; the
+    arguments checked against each other."""
+    if group is None:
+        if gradients != "local":
+            raise StrataError(f"OffloadAdamW: gradients={gradients!r} is for process_group=; "
+                              f"valid: 'local' without a process group")
+        for _gi, _dtype, slots, _units, _hyper in specs:
+            for s in slots:
+                hit = lookup(s.param)
+                if hit is not None and hit[0].ranks is not None:
+                    raise StrataError("OffloadAdamW: the model's parameters are sharded over "
+                                      "ranks (offload_parameters(process_group=...)); valid: "
+                                      "OffloadAdamW(..., process_group=<the same group>)")
+        return None
+    if overlap:
+        raise StrataError("OffloadAdamW(process_group=...): overlap=True (Adam during the "
+                          "backward) across ranks is not built yet (ZeRO stage 2 already sends "
+                          "each unit's gradients to its owner during the backward); valid: "
+                          "overlap=False with process_group")
+    if gradients not in ("local", "averaged"):
+        raise StrataError(f"OffloadAdamW: gradients={gradients!r}; valid: 'local' or "
+                          f"'averaged'")
+    return Sharding(opt, group, int(settings["zero_stage"]), specs,
+                    averaged=gradients == "averaged",
+                    timeout_s=float(settings["comm_timeout_s"]),
+                    accumulation_steps=accumulation_steps,
+                    gradient_sum=settings["gradient_sum"])
+
+
 class _ShardUnit:
     """One flat unit of the whole layout: its owner and parameters (global numbering)."""
     __slots__ = ("key", "owner", "slots", "numel", "dtype", "engine", "local", "replicated")

@@ -252,33 +252,12 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
                     continue  # only empty tensors: nothing to optimize
                 units = [max(u, 1) for u in units]
                 specs.append((gi, dtype, slots, units, group))
-        if process_group is None and gradients != "local":
-            raise StrataError(f"OffloadAdamW: gradients={gradients!r} is for process_group=; "
-                              f"valid: 'local' without a process group")
-        if process_group is not None:
-            if overlap:
-                raise StrataError("OffloadAdamW(process_group=...): overlap=True (Adam during "
-                                  "the backward) across ranks is not built yet (ZeRO stage 2 "
-                                  "already sends each unit's gradients to its owner during the "
-                                  "backward); valid: overlap=False with process_group")
-            if gradients not in ("local", "averaged"):
-                raise StrataError(f"OffloadAdamW: gradients={gradients!r}; valid: 'local' or "
-                                  f"'averaged'")
-            from ._shard import Sharding
-            self._shard = Sharding(self, process_group, int(settings["zero_stage"]), specs,
-                                   averaged=gradients == "averaged",
-                                   timeout_s=float(settings["comm_timeout_s"]),
-                                   accumulation_steps=accumulation_steps,
-                                   gradient_sum=settings["gradient_sum"])
+        from ._shard import sharding_for
+        self._shard = sharding_for(self, process_group, gradients, overlap, settings, specs,
+                                   accumulation_steps)
+        if self._shard is not None:
             self._engines = list(self._shard.engines)
         else:
-            for g in self.param_groups:
-                for p in g["params"]:
-                    hit = _param_offload.lookup(p)
-                    if hit is not None and hit[0].ranks is not None:
-                        raise StrataError("OffloadAdamW: the model's parameters are sharded over "
-                                          "ranks (offload_parameters(process_group=...)); valid: "
-                                          "OffloadAdamW(..., process_group=<the same group>)")
             for gi, dtype, slots, units, group in specs:
                 self._engines.append(_Engine(self._ctx, gi, dtype, slots, units, group,
                                              self._adamw))

@@ -412,7 +412,8 @@ def test_a_bad_gradient_sum_is_refused_naming_the_key(strata):
 def test_stage_3_needs_the_offload_over_the_same_group(strata, tmp_path):
     """Stage 3 across ranks without offload_parameters(process_group=), an offloaded model given
     without a group, an offloaded model at stage 2, a sharded model given to OffloadAdamW without
-    a group, DDP-averaged gradients at stage 3: each refused naming what is valid (one rank)."""
+    a group, DDP-averaged gradients at stage 3, gradients= without a group or unknown, overlap
+    with a group: each refused naming what is valid (one rank)."""
     st = require("strata.torch")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/one.rendezvous", rank=0,
                             world_size=1)
@@ -438,5 +439,16 @@ def test_stage_3_needs_the_offload_over_the_same_group(strata, tmp_path):
                                                      r"cannot wrap"):
             st.OffloadAdamW(sharded.parameters(), config=cfg3, process_group=group,
                             gradients="averaged")
+        plain, cfg2 = make(torch.float32), config(2, "cpu", tmp_path)
+        with pytest.raises(strata.StrataError, match=r"gradients='averaged' is for "
+                                                     r"process_group=; valid: 'local'"):
+            st.OffloadAdamW(plain.parameters(), config=cfg2, gradients="averaged")
+        with pytest.raises(strata.StrataError, match=r"gradients='mean'; valid: 'local' or "
+                                                     r"'averaged'"):
+            st.OffloadAdamW(plain.parameters(), config=cfg2, process_group=group,
+                            gradients="mean")
+        with pytest.raises(strata.StrataError, match=r"overlap=True \(Adam during the backward\)"
+                                                     r" across ranks is not built yet"):
+            st.OffloadAdamW(plain.parameters(), config=cfg2, process_group=group, overlap=True)
     finally:
         dist.destroy_process_group()
