@@ -21,6 +21,7 @@
 #include "config/config.h"
 #include "kernels/cpu/gemm.h"
 #include "model/model_spec.h"
+#include "model/step_time.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -31,6 +32,10 @@ struct BenchStepOptions : TrainingOptions {
   std::string peak_sizes = "1024,2048,4096";
   int peak_repeats = 5;
   std::string backend = "auto";
+  bool predict = false;
+  std::string card = "h100";
+  double reference_tokens_per_s = 0.0;
+  model::Fractions fractions;
 };
 
 // GFLOP/s of sgemm n x n x n (median of `repeats`, after one warm-up) on `threads` threads:
@@ -201,7 +206,82 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   return j;
 }
 
+// `--predict`: the model of the step's time on a GPU (model/step_time.h), nothing run.
+Result<Json::Value> predict(const BenchStepOptions& o) {
+  const model::Card* card = model::find_card(o.card);
+  if (card == nullptr) {
+    return Status(ErrorCode::kUsage,
+                  fmt::format("unknown card '{}'; valid: {}", o.card, model::card_names()),
+                  "--card");
+  }
+  STRATA_ASSIGN_OR_RETURN(BenchModel model, load_model(o));
+  const model::StepPrediction p =
+      model::predict_step(model.shape, o.batch, o.seq_len, *card, o.fractions);
+  Json::Value j(Json::objectValue);
+  j["model"] = model::family_name(model.shape.family);
+  j["parameters"] = Json::Int64(model::total_params(model.shape));
+  j["batch"] = Json::Int64(o.batch);
+  j["seq_len"] = Json::Int64(o.seq_len);
+  j["card"] = card->name;
+  j["card_bf16_tflops"] = card->bf16_flops / 1e12;
+  j["card_hbm_tb_s"] = card->hbm_bytes_s / 1e12;
+  Json::Value families(Json::arrayValue);
+  for (const model::FamilyTime& f : p.families) {
+    Json::Value row(Json::objectValue);
+    row["family"] = f.family;
+    row["flops"] = f.flops;
+    row["bytes"] = f.bytes;
+    row["bound"] = f.compute_bound ? "compute" : "memory";
+    row["fraction_of_peak"] = f.fraction;
+    row["ms"] = f.ms;
+    row["counted"] = f.what;
+    families.append(row);
+  }
+  j["families"] = families;
+  j["predicted_step_ms"] = p.step_ms;
+  j["predicted_tokens_per_s"] = p.tokens_per_s;
+  j["limiting_family"] = p.limiting;
+  if (o.reference_tokens_per_s > 0.0) {
+    j["reference_tokens_per_s"] = o.reference_tokens_per_s;
+    j["predicted_over_reference"] = p.tokens_per_s / o.reference_tokens_per_s;
+  }
+  return j;
+}
+
+int run_predict(const BenchStepOptions& o) {
+  auto result = predict(o);
+  if (!result.is_ok()) return cli::report_error(result.status());
+  const Json::Value& j = *result;
+  if (o.json) {
+    print_json_line(j);
+    return 0;
+  }
+  std::printf(
+      "prediction   %s, %.1fM parameters, batch %lld x %lld tokens, on an %s "
+      "(%.0f TFLOP/s bf16, %.2f TB/s)\n",
+      j["model"].asCString(), j["parameters"].asDouble() / 1e6,
+      static_cast<long long>(j["batch"].asInt64()), static_cast<long long>(j["seq_len"].asInt64()),
+      j["card"].asCString(), j["card_bf16_tflops"].asDouble(), j["card_hbm_tb_s"].asDouble());
+  std::printf("%-20s %12s %12s %8s %10s  %s\n", "family", "GFLOP", "GB", "of peak", "ms",
+              "counted");
+  for (const Json::Value& f : j["families"]) {
+    std::printf("%-20s %12.1f %12.3f %7.0f%% %10.3f  %s\n", f["family"].asCString(),
+                f["flops"].asDouble() / 1e9, f["bytes"].asDouble() / 1e9,
+                f["fraction_of_peak"].asDouble() * 100.0, f["ms"].asDouble(),
+                f["counted"].asCString());
+  }
+  std::printf("step         %.2f ms predicted, %.0f tokens/s; the longest family: %s\n",
+              j["predicted_step_ms"].asDouble(), j["predicted_tokens_per_s"].asDouble(),
+              j["limiting_family"].asCString());
+  if (j.isMember("reference_tokens_per_s")) {
+    std::printf("reference    %.0f tokens/s measured: predicted / reference = %.2f\n",
+                j["reference_tokens_per_s"].asDouble(), j["predicted_over_reference"].asDouble());
+  }
+  return 0;
+}
+
 int run_bench_step(const BenchStepOptions& o) {
+  if (o.predict) return run_predict(o);
   auto result = bench(o);
   if (!result.is_ok()) return cli::report_error(result.status());
   const Json::Value& j = *result;
@@ -258,6 +338,26 @@ void register_step(CLI::App* bench, cli::Registry& registry) {
   step->add_option("--backend", o->backend, "auto, cpu or cuda (strata.backend)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  step->add_flag("--predict", o->predict,
+                 "Run nothing: print the model of the bf16 step's time on a GPU, per kernel family "
+                 "(docs/benchmarks.md)");
+  step->add_option("--card", o->card, "With --predict: h100, h200 or a100")->capture_default_str();
+  step->add_option("--gemm-fraction", o->fractions.gemm,
+                   "With --predict: the fraction of the card's bf16 peak GEMMs reach")
+      ->check(CLI::Range(1e-3, 1.0))
+      ->capture_default_str();
+  step->add_option("--attention-fraction", o->fractions.attention,
+                   "With --predict: the fraction of the card's bf16 peak attention reaches")
+      ->check(CLI::Range(1e-3, 1.0))
+      ->capture_default_str();
+  step->add_option("--memory-fraction", o->fractions.memory,
+                   "With --predict: the fraction of the card's HBM bandwidth memory-bound kernels "
+                   "reach")
+      ->check(CLI::Range(1e-3, 1.0))
+      ->capture_default_str();
+  step->add_option("--reference-tokens-per-s", o->reference_tokens_per_s,
+                   "With --predict: a measured tokens/s (e.g. PyTorch's) to compare with")
+      ->check(CLI::NonNegativeNumber);
   registry.add(step, [o] { return run_bench_step(*o); });
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -399,6 +400,31 @@ TEST(BenchStep, ReportsThroughputGemmPeakAndMfu) {
   EXPECT_EQ(j["gemm_peak_n"].asInt(), 128);
   EXPECT_DOUBLE_EQ(j["mfu"].asDouble(),
                    j["achieved_gflops"].asDouble() / j["gemm_peak_gflops"].asDouble());
+}
+
+TEST(BenchStep, PredictPrintsTheStepModelWithoutRunningAndRefusesAnUnknownCard) {
+  const std::string model = testing::source_path("tests/fixtures/models/gpt2_tied/config.json");
+  auto r = run_strata({"bench", "step", "--predict", "--model", model, "--batch", "2", "--seq-len",
+                       "16", "--card", "h200", "--reference-tokens-per-s", "1000", "--json"},
+                      {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json::Value j = parse(r.out);
+  EXPECT_EQ(j["card"].asString(), "h200");
+  double sum = 0.0;
+  std::set<std::string> families;
+  for (const Json::Value& f : j["families"]) {
+    sum += f["ms"].asDouble();
+    families.insert(f["family"].asString());
+  }
+  EXPECT_TRUE(families.count("gemm") && families.count("attention") && families.count("adamw"));
+  EXPECT_NEAR(j["predicted_step_ms"].asDouble(), sum, 1e-9 * sum);
+  EXPECT_DOUBLE_EQ(j["predicted_over_reference"].asDouble(),
+                   j["predicted_tokens_per_s"].asDouble() / 1000.0);
+  EXPECT_FALSE(j.isMember("step_ms"));  // nothing was run
+  auto bad = run_strata({"bench", "step", "--predict", "--model", model, "--card", "v100"}, {}, 60);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--card: unknown card 'v100'; valid: h100, h200, a100"), std::string::npos)
+      << bad.err;
 }
 
 TEST(Eval, LossOfAFixtureModelMatchesPyTorch) {
