@@ -2,15 +2,21 @@
 # The GPU checks: what a session that draws a GPU runs, in one go, on a build with CUDA.
 #   tools/gpu_checks.sh [--build DIR] [--repeat N] [--sanitize] [--bench] [--only PHASE]
 # Phases, in order (each writes its log under $OUT, default DIR/gpu-checks, and prints one line):
-#   tests     every gpu test program (DIR/tests/strata_*_gpu_tests), whole;
+#   tests     every gpu test program (DIR/tests/strata_*_gpu_tests), whole, then the forward
+#             TFLOP/s lines of the tensor-core flash attention (tests/kernels/
+#             flash_attention_gputest.cc, `flash_forward_tflops shape=... tflops=...`) from its log;
 #   repeat    the determinism tests N times in one process (default 10): two trainers in one
 #             process give the same bits (TrainCuda.TwoRunsGiveTheSameBits) and the fixtures'
 #             three AdamW steps land on torch's weights (FixtureAdamWCuda.*); one process on
 #             purpose, so later runs get device memory that earlier ones used; then twice more
 #             with every device arena poisoned at creation (STRATA_TEST_STREAM_JITTER);
 #   sanitize  (with --sanitize) compute-sanitizer's memcheck, racecheck, synccheck and initcheck
-#             over the gpu test programs (SANITIZE_FILTER, a gtest filter, default every test)
-#             and over a short `strata train` of configs/demo.json on the CUDA backend;
+#             over the gpu test programs (SANITIZE_FILTER, a gtest filter, default every test;
+#             for strata_kernels_gpu_tests FLASH_SANITIZE_FILTER, default the flash attention's
+#             correctness cases '*CudaFlashAttention.*', not its timing: racecheck's shared-memory
+#             hazards between the cp.async tile loads and the ldmatrix reads, memcheck's bounds of
+#             the zero-filled tile edges) and over a short `strata train` of configs/demo.json on
+#             the CUDA backend;
 #   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape;
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
 #             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
@@ -39,7 +45,7 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize=1; shift ;;
     --bench) bench=1; shift ;;
     --only) only="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "gpu_checks: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +74,9 @@ step() {
 
 if want tests; then
   for p in "${programs[@]}"; do step "tests.$(basename "$p")" "$p"; done
+  # The flash attention forward's speed (printed by its timing test, not asserted).
+  log="$out/tests.strata_kernels_gpu_tests.log"
+  [ -f "$log" ] && grep -h '^flash_forward_tflops ' "$log" | sed 's/^/gpu_checks:   /'
 fi
 
 if want repeat; then
@@ -91,8 +100,10 @@ if want sanitize && { [ "$sanitize" = 1 ] || [ "$only" = sanitize ]; }; then
       [ "$tool" = memcheck ] && args+=(--leak-check full)
       [ "$tool" = racecheck ] && args+=(--racecheck-report hazard)
       for p in "${programs[@]}"; do
-        step "sanitize.$tool.$(basename "$p")" "$cs" "${args[@]}" "$p" \
-          --gtest_filter="${SANITIZE_FILTER:-*}"
+        filter="${SANITIZE_FILTER:-*}"
+        [ "$(basename "$p")" = strata_kernels_gpu_tests ] &&
+          filter="${FLASH_SANITIZE_FILTER:-*CudaFlashAttention.*}"
+        step "sanitize.$tool.$(basename "$p")" "$cs" "${args[@]}" "$p" --gtest_filter="$filter"
       done
       step "sanitize.$tool.strata_train" "$cs" "${args[@]}" "$build/strata" train \
         --config "$root/configs/demo.json" --set strata.backend=cuda --steps 2 \

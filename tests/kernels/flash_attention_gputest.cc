@@ -1,0 +1,314 @@
+// The tensor-core flash attention's forward pass (kernels/cuda/flash_attention_kernels.cuh) on the
+// GPU, launched directly (flash_attention_gputest.cu; the kernel is not behind the backend yet),
+// against the CPU attention (kernels/cpu/attention.cc, in double, on the same 16-bit inputs
+// widened exactly): bf16 and fp16, head sizes 64 and 128, causal with H == KV and grouped KV heads
+// (4:1), T = 1, 77 and 1024, sliding windows and packed documents. Each case runs twice and the
+// two runs must give the same bits (out and lse). The bounds are those of
+// tests/kernels/flash_attention_emulated_test.cc (see its header), the fp32 slack widened for
+// T = 1024 (out_bound below). The emulator test checks the fragment layouts; this one the GPU's
+// own mma, ldmatrix and cp.async, and the timing test prints the forward's TFLOP/s at the
+// attention shapes of GPT-2 124M and Llama 1.1B (issue 35):
+//   flash_forward_tflops shape=<name> dtype=<bf16|fp16> B=.. T=.. H=.. KV=.. D=.. median_ms=..
+//   tflops=..
+// (one line each; printed, not asserted). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/float16.h"
+#include "kernels/cpu/nn_ops.h"
+#include "kernels/flash_attention_gputest.h"
+#include "support/gpu_support.h"
+
+namespace strata {
+namespace {
+
+struct FlashCase {
+  bool bf16;
+  std::int64_t batch, seq_len, heads, kv_heads, head_dim;
+  std::int64_t window;  // 0 = none
+  bool packed;          // documents of lengths 50, 3, 77, ... packed in each row
+};
+
+std::string case_name(const FlashCase& c) {
+  std::string n = std::string(c.bf16 ? "Bf16" : "Fp16") + "D" + std::to_string(c.head_dim) + "T" +
+                  std::to_string(c.seq_len) + "H" + std::to_string(c.heads) + "KV" +
+                  std::to_string(c.kv_heads) + "B" + std::to_string(c.batch);
+  if (c.window > 0) n += "Window" + std::to_string(c.window);
+  if (c.packed) n += "Packed";
+  return n;
+}
+
+void PrintTo(const FlashCase& c, std::ostream* os) {
+  *os << case_name(c);
+}
+
+std::uint16_t to_bits(float v, bool bf16) {
+  return bf16 ? kernels::float_to_bf16(v) : kernels::float_to_fp16(v);
+}
+double from_bits(std::uint16_t h, bool bf16) {
+  return bf16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
+}
+
+// The launches of flash_attention_gputest.cu, which exists only with CUDA (without it the tests
+// have skipped before getting here).
+std::string forward(bool bf16, std::uint16_t* out, float* lse, const std::uint16_t* q,
+                    const std::uint16_t* k, const std::uint16_t* v,
+                    const kernels::AttentionShape& s) {
+#if defined(STRATA_HAVE_CUDA)
+  return testing::flash_forward_on_gpu(bf16, out, lse, q, k, v, s);
+#else
+  (void)bf16, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)s;
+  return "built without CUDA";
+#endif
+}
+
+std::string time_forward(bool bf16, std::uint16_t* out, float* lse, const std::uint16_t* q,
+                         const std::uint16_t* k, const std::uint16_t* v,
+                         const kernels::AttentionShape& s, int warmup, int runs,
+                         std::vector<double>& ms) {
+#if defined(STRATA_HAVE_CUDA)
+  return testing::time_flash_forward_on_gpu(bf16, out, lse, q, k, v, s, warmup, runs, ms);
+#else
+  (void)bf16, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)s, (void)warmup, (void)runs,
+      (void)ms;
+  return "built without CUDA";
+#endif
+}
+
+// q, k, v side by side in one buffer with a padded row (a multiple of 8 elements, as cp.async's
+// 16-byte copies need); out padded too. The layout of the emulator test.
+kernels::AttentionShape shape_of(const FlashCase& c) {
+  kernels::AttentionShape s;
+  s.batch = c.batch;
+  s.seq_len = c.seq_len;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_stride = s.kv_stride = (c.heads + 2 * c.kv_heads) * c.head_dim + 8;
+  s.out_stride = c.heads * c.head_dim + 8;
+  s.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  s.window = c.window;
+  return s;
+}
+
+class CudaFlashAttention : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(CudaFlashAttention, ForwardMatchesTheCpuWithinTheRoundingBoundAndRepeatsItsBits) {
+  STRATA_GPU_OR_SKIP(gpu, {});
+  const FlashCase& c = GetParam();
+  kernels::AttentionShape s = shape_of(c);
+  const std::int64_t rows = c.batch * c.seq_len;
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(rows));
+  if (c.packed) {
+    const std::int64_t lengths[] = {50, 3, 77};
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      std::int64_t doc = 0, pos = 0;
+      for (std::int64_t t = 0; t < c.seq_len; ++t) {
+        if (pos == lengths[doc % 3]) {
+          ++doc;
+          pos = 0;
+        }
+        positions[static_cast<std::size_t>(b * c.seq_len + t)] = static_cast<std::int32_t>(pos++);
+      }
+    }
+  }
+
+  // Q in [-4, 4) (peaked softmax rows, so the running max moves), K and V in [-1, 1), rounded to
+  // the 16-bit type; the CPU gets the same values widened.
+  const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  std::mt19937_64 rng(2000 + static_cast<std::uint64_t>(c.seq_len * 131 + c.head_dim));
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride), 0);
+  std::vector<double> qkv_wide(qkv.size(), 0.0);
+  double v_max = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < hd + 2 * kvd; ++j) {
+      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
+      qkv[at] = to_bits(j < hd ? 4.0f * unit(rng) : unit(rng), c.bf16);
+      qkv_wide[at] = from_bits(qkv[at], c.bf16);
+      if (j >= hd + kvd) v_max = std::max(v_max, std::abs(qkv_wide[at]));
+    }
+  }
+
+  // Device copies (256-byte aligned); out starts zero (its padding must stay so), lse NaN.
+  const std::size_t out_n = static_cast<std::size_t>(rows * s.out_stride);
+  const std::size_t lse_n = static_cast<std::size_t>(c.batch * c.heads * c.seq_len);
+  backend::Buffer d_qkv = testing::to_device(gpu, qkv);
+  backend::Buffer d_positions = testing::to_device(gpu, positions);
+  backend::Buffer d_out[2], d_lse[2];
+  for (int run = 0; run < 2; ++run) {
+    d_out[run] = testing::to_device(gpu, std::vector<std::uint16_t>(out_n, 0));
+    d_lse[run] = testing::to_device(gpu, std::vector<float>(lse_n, std::nanf("")));
+  }
+  ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
+  kernels::AttentionShape ds_shape = s;  // device positions for the GPU, host ones for the CPU
+  if (c.packed) {
+    ds_shape.positions = d_positions.as<std::int32_t>();
+    s.positions = positions.data();
+  }
+  const std::uint16_t* q = d_qkv.as<std::uint16_t>();
+  for (int run = 0; run < 2; ++run) {
+    const std::string error = forward(c.bf16, d_out[run].as<std::uint16_t>(),
+                                      d_lse[run].as<float>(), q, q + hd, q + hd + kvd, ds_shape);
+    ASSERT_EQ(error, "") << "run " << run;
+  }
+  const std::vector<std::uint16_t> out =
+      testing::to_host<std::uint16_t>(gpu, d_out[0].data(), out_n);
+  const std::vector<float> lse = testing::to_host<float>(gpu, d_lse[0].data(), lse_n);
+  testing::expect_bitwise_equal("out, second run",
+                                testing::to_host<std::uint16_t>(gpu, d_out[1].data(), out_n), out);
+  testing::expect_bitwise_equal("lse, second run",
+                                testing::to_host<float>(gpu, d_lse[1].data(), lse_n), lse);
+
+  std::vector<double> want(out.size(), 0.0), want_lse(lse.size(), 0.0);
+  const double* qw = qkv_wide.data();
+  kernels::attention_forward<double>(want.data(), want_lse.data(), qw, qw + hd, qw + hd + kvd, s);
+
+  // The bounds of flash_attention_emulated_test.cc (u = 2^-8 for bf16, 2^-11 for fp16):
+  //   out: |O - ref| <= (2u + 2 ds + slack) * max|V|;
+  //   lse: |lse - ref| <= ds + (T + 16) 2^-24 (1 + |ref|);
+  //   ds = (D + 2) 2^-24 * scale * max over (query, key) of sum_d |q_d k_d|.
+  // There slack = 2^-16 covers the fp32 sums of at most 130 terms and, for fp16, P values below
+  // the normal range (2^-25 each); for longer rows it is (T + 16) 2^-24 + T 2^-25 by the same
+  // reasoning (equal to 2^-16 near T = 130, 1.5 * 2^-14 at T = 1024).
+  const std::int64_t group = c.heads / c.kv_heads;
+  double dot_max = 0.0;
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < c.heads; ++h)
+      for (std::int64_t t = 0; t < c.seq_len; ++t) {
+        const double* qrow = qw + (b * c.seq_len + t) * s.q_stride + h * c.head_dim;
+        for (std::int64_t key = kernels::attention_first_key(s, b, t); key <= t; ++key) {
+          const double* krow =
+              qw + (b * c.seq_len + key) * s.kv_stride + hd + (h / group) * c.head_dim;
+          double sum = 0.0;
+          for (std::int64_t d = 0; d < c.head_dim; ++d)
+            sum += std::abs(qrow[d] * krow[d]);
+          dot_max = std::max(dot_max, sum);
+        }
+      }
+  const double T = static_cast<double>(c.seq_len);
+  const double ds = static_cast<double>(c.head_dim + 2) * std::ldexp(1.0, -24) * s.scale * dot_max;
+  const double u = std::ldexp(1.0, c.bf16 ? -8 : -11);
+  const double slack =
+      std::max(std::ldexp(1.0, -16), (T + 16.0) * std::ldexp(1.0, -24) + T * std::ldexp(1.0, -25));
+  const double out_bound = (2.0 * u + 2.0 * ds + slack) * v_max;
+
+  int out_failures = 0, padding_failures = 0, lse_failures = 0;
+  double out_worst = 0.0, lse_worst = 0.0, lse_worst_bound = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = hd; j < s.out_stride; ++j)
+      if (out[static_cast<std::size_t>(r * s.out_stride + j)] != 0) ++padding_failures;
+    for (std::int64_t j = 0; j < hd; ++j) {
+      const auto at = static_cast<std::size_t>(r * s.out_stride + j);
+      const double error = std::abs(from_bits(out[at], c.bf16) - want[at]);
+      if (!(error <= out_bound)) {
+        if (++out_failures <= 3) {
+          ADD_FAILURE() << "out[row " << r << ", column " << j << "]: got "
+                        << from_bits(out[at], c.bf16) << ", want " << want[at] << " (bound "
+                        << out_bound << ")";
+        }
+      } else {
+        out_worst = std::max(out_worst, error);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    const double bound = ds + (T + 16.0) * std::ldexp(1.0, -24) * (1.0 + std::abs(want_lse[i]));
+    const double error = std::abs(static_cast<double>(lse[i]) - want_lse[i]);
+    if (!(error <= bound)) {
+      if (++lse_failures <= 3) {
+        ADD_FAILURE() << "lse[" << i << "]: got " << lse[i] << ", want " << want_lse[i]
+                      << " (bound " << bound << ")";
+      }
+    } else if (lse_worst_bound == 0.0 || error / bound > lse_worst / lse_worst_bound) {
+      lse_worst = error;
+      lse_worst_bound = bound;
+    }
+  }
+  EXPECT_EQ(out_failures, 0) << "out elements over the bound " << out_bound;
+  EXPECT_EQ(padding_failures, 0) << "out padding elements written";
+  EXPECT_EQ(lse_failures, 0) << "lse values over their bound";
+  std::printf(
+      "[ flash    ] %s: out |err| max %.3g (bound %.3g, %.2f of it); lse |err| %.3g "
+      "(bound %.3g)\n",
+      case_name(c).c_str(), out_worst, out_bound, out_worst / out_bound, lse_worst,
+      lse_worst_bound);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaFlashAttention,
+    ::testing::Values(
+        // causal, H == KV heads
+        FlashCase{true, 1, 1, 2, 2, 64, 0, false}, FlashCase{false, 1, 1, 1, 1, 128, 0, false},
+        FlashCase{true, 2, 77, 2, 2, 64, 0, false}, FlashCase{false, 2, 77, 2, 2, 64, 0, false},
+        FlashCase{true, 1, 77, 2, 2, 128, 0, false}, FlashCase{false, 1, 77, 2, 2, 128, 0, false},
+        FlashCase{true, 1, 1024, 4, 4, 64, 0, false},
+        FlashCase{false, 1, 1024, 2, 2, 128, 0, false},
+        // grouped KV heads, 4:1
+        FlashCase{false, 1, 1, 4, 1, 64, 0, false}, FlashCase{true, 1, 77, 8, 2, 64, 0, false},
+        FlashCase{false, 2, 77, 4, 1, 128, 0, false}, FlashCase{true, 1, 1024, 4, 1, 128, 0, false},
+        FlashCase{false, 1, 1024, 8, 2, 64, 0, false},
+        // sliding window, packed documents, both
+        FlashCase{true, 1, 1024, 4, 1, 64, 100, false},
+        FlashCase{false, 1, 77, 2, 2, 128, 30, false}, FlashCase{true, 1, 1024, 4, 1, 128, 0, true},
+        FlashCase{false, 2, 77, 4, 1, 64, 0, true}, FlashCase{false, 1, 1024, 2, 2, 64, 40, true}),
+    [](const auto& info) { return case_name(info.param); });
+
+// The forward's speed at the attention shapes of issue 35's rows (causal, fused q|k|v rows as the
+// model lays them out): FLOPs = 4 B H T^2 D / 2 (the two matrix products, half of them masked),
+// the median of 10 timed runs after 3 warm-up ones. Printed, not asserted.
+TEST(CudaFlashAttentionTiming, PrintsForwardTflopsAtTheGpt2AndLlamaShapes) {
+  STRATA_GPU_OR_SKIP(gpu, {});
+  struct Timed {
+    const char* name;
+    std::int64_t batch, heads, kv_heads;
+  };
+  const std::int64_t T = 1024, D = 64;
+  for (const Timed& t : {Timed{"gpt2-124m", 8, 12, 12}, Timed{"llama-1.1b", 4, 32, 8}}) {
+    for (const bool bf16 : {true, false}) {
+      const FlashCase c{bf16, t.batch, T, t.heads, t.kv_heads, D, 0, false};
+      kernels::AttentionShape s = shape_of(c);
+      s.q_stride = s.kv_stride = (t.heads + 2 * t.kv_heads) * D;  // no padding: the model's rows
+      s.out_stride = t.heads * D;
+      const std::int64_t rows = t.batch * T;
+      std::mt19937_64 rng(7);
+      std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+      std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride));
+      for (std::uint16_t& x : qkv)
+        x = to_bits(unit(rng), bf16);
+      backend::Buffer d_qkv = testing::to_device(gpu, qkv);
+      backend::Buffer d_out = testing::to_device(
+          gpu, std::vector<std::uint16_t>(static_cast<std::size_t>(rows * s.out_stride), 0));
+      backend::Buffer d_lse = testing::to_device(
+          gpu, std::vector<float>(static_cast<std::size_t>(t.batch * t.heads * T), 0.0f));
+      ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
+      const std::uint16_t* q = d_qkv.as<std::uint16_t>();
+      const std::int64_t hd = t.heads * D, kvd = t.kv_heads * D;
+      std::vector<double> ms;
+      const std::string error = time_forward(bf16, d_out.as<std::uint16_t>(), d_lse.as<float>(), q,
+                                             q + hd, q + hd + kvd, s, 3, 10, ms);
+      ASSERT_EQ(error, "") << t.name;
+      ASSERT_EQ(ms.size(), 10u);
+      std::sort(ms.begin(), ms.end());
+      const double median_ms = (ms[4] + ms[5]) / 2.0;
+      const double flops = 4.0 * static_cast<double>(t.batch * t.heads) * static_cast<double>(T) *
+                           static_cast<double>(T) * static_cast<double>(D) / 2.0;
+      std::printf(
+          "flash_forward_tflops shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld "
+          "median_ms=%.4f tflops=%.2f\n",
+          t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
+          static_cast<long long>(T), static_cast<long long>(t.heads),
+          static_cast<long long>(t.kv_heads), static_cast<long long>(D), median_ms,
+          flops / (median_ms * 1e-3) / 1e12);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
