@@ -56,7 +56,8 @@ struct FlashFp16 {
 };
 
 // A deliberate fault for the tests' mutation check (never used outside them): kSwapPRows packs
-// P's A fragment with registers 1 and 2 exchanged (rows g + 8 and columns + 8 of the 16 x 16 tile).
+// P's A fragment with registers 1 and 2 exchanged (rows g + 8 and columns + 8 of the 16 x 16 tile);
+// in the backward (flash_attention_backward_kernels.cuh), P's and dS's A fragments.
 enum class FlashFault { kNone, kSwapPRows };
 
 inline constexpr int kFlashWarps = 4;
@@ -89,8 +90,10 @@ struct FlashArgs {
   const std::int32_t* positions;  // (B*T) or null
 };
 
-// The first key query t of batch row b sees: the rule of kernels::attention_first_key.
-__device__ __forceinline__ std::int64_t flash_first_key(const FlashArgs& a, std::int64_t b,
+// The first key query t of batch row b sees: the rule of kernels::attention_first_key. `A` is
+// FlashArgs or the backward's FlashBackwardArgs (positions, seq_len and window are read).
+template <typename A>
+__device__ __forceinline__ std::int64_t flash_first_key(const A& a, std::int64_t b,
                                                         std::int64_t t) {
   std::int64_t lo = 0;
   if (a.positions != nullptr) lo = t - a.positions[b * a.seq_len + t];
