@@ -114,27 +114,6 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_delta_kernel(Fl
   a.delta[b * a.heads * T + i] = acc;
 }
 
-// C-layout tiles (two n-tiles of 8 columns each per k-step of 16) as the A fragments of the next
-// mma, rounded to 16 bits (mma_a_element: register 0 = tile 2kk c0 c1, 1 = tile 2kk c2 c3,
-// 2 = tile 2kk+1 c0 c1, 3 = tile 2kk+1 c2 c3); kFault exchanges registers 1 and 2.
-template <typename E, FlashFault kFault, int kTiles>
-__device__ __forceinline__ void flash_pack_a(MmaA (&dst)[kTiles / 2], const MmaAcc (&src)[kTiles]) {
-  STRATA_UNROLL
-  for (int n = 0; n < kTiles; ++n) {
-    const int up = n % 2 == 0 ? 0 : 2;
-    dst[n / 2].reg[up] = flash_pack<E>(src[n].reg[0], src[n].reg[1]);
-    dst[n / 2].reg[up + 1] = flash_pack<E>(src[n].reg[2], src[n].reg[3]);
-  }
-  if constexpr (kFault == FlashFault::kSwapPRows) {
-    STRATA_UNROLL
-    for (int kk = 0; kk < kTiles / 2; ++kk) {
-      const std::uint32_t x = dst[kk].reg[1];
-      dst[kk].reg[1] = dst[kk].reg[2];
-      dst[kk].reg[2] = x;
-    }
-  }
-}
-
 // acc[0..2*kTiles) = A (16 rows of `as` from row `a_row`) times the transpose of `bs`'s 8*kTiles
 // rows from 0 (both row-major with row stride kStride, k = the kD columns): S = Q K^T, dP = dO V^T.
 template <typename E, int kD, int kTiles>

@@ -121,6 +121,40 @@ __device__ __forceinline__ std::uint32_t flash_pack(float lo, float hi) {
 #endif
 }
 
+// C-layout tiles (8 columns each) as the A fragments of the next mma, rounded to 16 bits: tiles
+// 2kk and 2kk + 1 make k-step kk's fragment (mma_a_element: register 0 = tile 2kk c0 c1,
+// 1 = tile 2kk c2 c3, 2 = tile 2kk+1 c0 c1, 3 = tile 2kk+1 c2 c3). One tile, `n`, into
+// dst = the fragment of k-step n / 2:
+template <typename E>
+__device__ __forceinline__ void flash_pack_a_tile(MmaA& dst, int n, const MmaAcc& src) {
+  const int up = n % 2 == 0 ? 0 : 2;
+  dst.reg[up] = flash_pack<E>(src.reg[0], src.reg[1]);
+  dst.reg[up + 1] = flash_pack<E>(src.reg[2], src.reg[3]);
+}
+
+// kFault's mutation of packed A fragments: registers 1 and 2 exchanged (rows groupID + 8 and
+// columns + 8 of each 16 x 16 tile trade places); nothing without a fault.
+template <FlashFault kFault, int kSteps>
+__device__ __forceinline__ void flash_fault_a(MmaA (&a)[kSteps]) {
+  if constexpr (kFault == FlashFault::kSwapPRows) {
+    STRATA_UNROLL
+    for (int kk = 0; kk < kSteps; ++kk) {
+      const std::uint32_t x = a[kk].reg[1];
+      a[kk].reg[1] = a[kk].reg[2];
+      a[kk].reg[2] = x;
+    }
+  }
+}
+
+// All kTiles tiles of `src` at once, then kFault's mutation.
+template <typename E, FlashFault kFault, int kTiles>
+__device__ __forceinline__ void flash_pack_a(MmaA (&dst)[kTiles / 2], const MmaAcc (&src)[kTiles]) {
+  STRATA_UNROLL
+  for (int n = 0; n < kTiles; ++n)
+    flash_pack_a_tile<E>(dst[n / 2], n, src[n]);
+  flash_fault_a<kFault>(dst);
+}
+
 template <typename E>
 __device__ __forceinline__ void flash_mma(MmaAcc& d, const MmaA& a, const MmaB& b) {
   if constexpr (E::kBf16) {
@@ -270,7 +304,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_forward_kernel(
     // P = exp2(S - max); the sum takes P in fp32, the mma its 16-bit rounding. Keys 16kk..16kk+15
     // are n-tiles 2kk, 2kk + 1 of S; as the A fragment of O's k-step kk (mma_a_element: a0..a3
     // are columns 0-7, a4..a7 columns 8-15; a0, a1, a4, a5 row groupID, the rest groupID + 8):
-    // register 0 = s[2kk] c0 c1, 1 = s[2kk] c2 c3, 2 = s[2kk+1] c0 c1, 3 = s[2kk+1] c2 c3.
+    // register 0 = s[2kk] c0 c1, 1 = s[2kk] c2 c3, 2 = s[2kk+1] c0 c1, 3 = s[2kk+1] c2 c3. Packed
+    // tile by tile as P is computed (flash_pack_a_tile): packing after the loop (flash_pack_a)
+    // moves ptxas's register counts (+5 at head size 128, -12 at 64 on sm_80).
     MmaA p[kNTiles / 2];
     STRATA_UNROLL
     for (int n = 0; n < kNTiles; ++n) {
@@ -279,18 +315,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_forward_kernel(
         s[n].reg[i] = exp2f(s[n].reg[i] - base[i / 2]);
         l[i / 2] += s[n].reg[i];
       }
-      const int up = n % 2 == 0 ? 0 : 2;
-      p[n / 2].reg[up] = flash_pack<E>(s[n].reg[0], s[n].reg[1]);
-      p[n / 2].reg[up + 1] = flash_pack<E>(s[n].reg[2], s[n].reg[3]);
+      flash_pack_a_tile<E>(p[n / 2], n, s[n]);
     }
-    if constexpr (kFault == FlashFault::kSwapPRows) {
-      STRATA_UNROLL
-      for (int kk = 0; kk < kNTiles / 2; ++kk) {
-        const std::uint32_t x = p[kk].reg[1];
-        p[kk].reg[1] = p[kk].reg[2];
-        p[kk].reg[2] = x;
-      }
-    }
+    flash_fault_a<kFault>(p);
 
     // 5. V has landed (the older of the pending groups when the next K is in flight).
     if (more) {

@@ -41,8 +41,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/flash_attention_test_support.h"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -56,33 +56,13 @@ TEST(EmulatedFlashAttentionBackward, SkippedUnderAddressSanitizer) {
 
 const simt::Launcher kEmulator;
 
-struct BwdCase {
-  bool bf16;
-  std::int64_t batch, seq_len, heads, kv_heads, head_dim;
-  std::int64_t window;  // 0 = none
-  bool packed;          // documents of lengths 50, 3, 77, ... packed in each row
-};
-
-std::string case_name(const BwdCase& c) {
-  std::string n = std::string(c.bf16 ? "Bf16" : "Fp16") + "D" + std::to_string(c.head_dim) + "T" +
-                  std::to_string(c.seq_len) + "H" + std::to_string(c.heads) + "KV" +
-                  std::to_string(c.kv_heads) + "B" + std::to_string(c.batch);
-  if (c.window > 0) n += "Window" + std::to_string(c.window);
-  if (c.packed) n += "Packed";
-  return n;
-}
-
-void PrintTo(const BwdCase& c, std::ostream* os) {
-  *os << case_name(c);
-}
-
-std::uint16_t to_bits(double v, bool bf16) {
-  const auto f = static_cast<float>(v);
-  return bf16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
-}
-double from_bits(std::uint16_t h, bool bf16) {
-  return bf16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
+using kernels::testing::case_name;
+using kernels::testing::FlashCase;
+using kernels::testing::from_bits;
+using kernels::testing::packed_positions;
+using kernels::testing::random_qkv_row;
+using kernels::testing::shape_of;
+using kernels::testing::to_bits;
 
 // One run: the kernel's gradients (bits), and the comparison with the CPU.
 struct BwdResult {
@@ -95,34 +75,12 @@ struct BwdResult {
 };
 
 template <FlashFault kFault = FlashFault::kNone>
-BwdResult run_case(const BwdCase& c) {
-  kernels::AttentionShape s;
-  s.batch = c.batch;
-  s.seq_len = c.seq_len;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.q_stride = s.kv_stride = (c.heads + 2 * c.kv_heads) * c.head_dim + 8;
-  s.out_stride = c.heads * c.head_dim + 8;
-  s.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  s.window = c.window;
+BwdResult run_case(const FlashCase& c) {
+  kernels::AttentionShape s = shape_of(c);
   const std::int64_t rows = c.batch * c.seq_len;
   const std::int64_t T = c.seq_len, D = c.head_dim, group = c.heads / c.kv_heads;
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(rows));
-  if (c.packed) {
-    const std::int64_t lengths[] = {50, 3, 77};
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      std::int64_t doc = 0, pos = 0;
-      for (std::int64_t t = 0; t < T; ++t) {
-        if (pos == lengths[doc % 3]) {
-          ++doc;
-          pos = 0;
-        }
-        positions[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(pos++);
-      }
-    }
-    s.positions = positions.data();
-  }
+  const std::vector<std::int32_t> positions = packed_positions(c);
+  if (c.packed) s.positions = positions.data();
   EXPECT_TRUE(flash_attention_backward_supported(s));
 
   // Q in [-4, 4) (peaked rows), K, V, dO in [-1, 1), rounded to the 16-bit type.
@@ -134,11 +92,8 @@ BwdResult run_case(const BwdCase& c) {
   std::vector<std::uint16_t> dout(static_cast<std::size_t>(rows * s.out_stride), 0);
   std::vector<double> dout_w(dout.size(), 0.0);
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < hd + 2 * kvd; ++j) {
-      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
-      qkv[at] = to_bits(j < hd ? 4.0 * unit(rng) : unit(rng), c.bf16);
-      qkv_w[at] = from_bits(qkv[at], c.bf16);
-    }
+    const auto row = static_cast<std::size_t>(r * s.q_stride);
+    random_qkv_row(c, &qkv[row], &qkv_w[row], [&] { return unit(rng); });
     for (std::int64_t j = 0; j < hd; ++j) {
       const auto at = static_cast<std::size_t>(r * s.out_stride + j);
       dout[at] = to_bits(unit(rng), c.bf16);
@@ -263,10 +218,10 @@ BwdResult run_case(const BwdCase& c) {
   return res;
 }
 
-class EmulatedFlashAttentionBackward : public ::testing::TestWithParam<BwdCase> {};
+class EmulatedFlashAttentionBackward : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(EmulatedFlashAttentionBackward, MatchesTheCpuWithinTheRoundingBound) {
-  const BwdCase& c = GetParam();
+  const FlashCase& c = GetParam();
   const BwdResult res = run_case(c);
   const char* names[] = {"dq", "dk", "dv"};
   for (int w = 0; w < 3; ++w) {
@@ -282,24 +237,25 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, EmulatedFlashAttentionBackward,
     ::testing::Values(
         // causal, H == KV heads
-        BwdCase{true, 1, 1, 1, 1, 64, 0, false}, BwdCase{true, 2, 33, 2, 2, 64, 0, false},
-        BwdCase{false, 1, 130, 1, 1, 64, 0, false}, BwdCase{true, 1, 77, 1, 1, 128, 0, false},
-        BwdCase{false, 1, 1, 1, 1, 128, 0, false},
+        FlashCase{true, 1, 1, 1, 1, 64, 0, false}, FlashCase{true, 2, 33, 2, 2, 64, 0, false},
+        FlashCase{false, 1, 130, 1, 1, 64, 0, false}, FlashCase{true, 1, 77, 1, 1, 128, 0, false},
+        FlashCase{false, 1, 1, 1, 1, 128, 0, false},
         // grouped KV heads (4:2, 4:1)
-        BwdCase{true, 1, 77, 4, 2, 64, 0, false}, BwdCase{false, 1, 77, 4, 1, 64, 0, false},
-        BwdCase{true, 1, 33, 4, 1, 128, 0, false}, BwdCase{false, 1, 33, 4, 2, 128, 0, false},
+        FlashCase{true, 1, 77, 4, 2, 64, 0, false}, FlashCase{false, 1, 77, 4, 1, 64, 0, false},
+        FlashCase{true, 1, 33, 4, 1, 128, 0, false}, FlashCase{false, 1, 33, 4, 2, 128, 0, false},
         // the other head sizes
-        BwdCase{true, 1, 77, 2, 1, 80, 0, false}, BwdCase{false, 1, 77, 2, 1, 96, 0, false},
-        BwdCase{true, 1, 77, 1, 1, 256, 0, false}, BwdCase{false, 1, 33, 1, 1, 256, 0, false},
+        FlashCase{true, 1, 77, 2, 1, 80, 0, false}, FlashCase{false, 1, 77, 2, 1, 96, 0, false},
+        FlashCase{true, 1, 77, 1, 1, 256, 0, false}, FlashCase{false, 1, 33, 1, 1, 256, 0, false},
         // sliding window, packed documents, both
-        BwdCase{true, 1, 130, 2, 1, 64, 40, false}, BwdCase{false, 1, 130, 1, 1, 128, 70, false},
-        BwdCase{true, 1, 130, 2, 2, 64, 0, true}, BwdCase{false, 1, 130, 2, 1, 64, 30, true}),
+        FlashCase{true, 1, 130, 2, 1, 64, 40, false},
+        FlashCase{false, 1, 130, 1, 1, 128, 70, false}, FlashCase{true, 1, 130, 2, 2, 64, 0, true},
+        FlashCase{false, 1, 130, 2, 1, 64, 30, true}),
     [](const auto& info) { return case_name(info.param); });
 
 // Two runs give the same bits: every output element is reduced by one thread in a fixed order,
 // whatever order the emulator runs its fibers in (it alternates the order between barriers).
 TEST(EmulatedFlashAttentionBackward, BitsDoNotDependOnTiming) {
-  const BwdCase c{false, 1, 77, 2, 1, 64, 30, true};
+  const FlashCase c{false, 1, 77, 2, 1, 64, 30, true};
   const BwdResult first = run_case(c);
   const BwdResult second = run_case(c);
   EXPECT_TRUE(first.grad == second.grad) << case_name(c) << ": the two runs differ";
@@ -309,7 +265,7 @@ TEST(EmulatedFlashAttentionBackward, BitsDoNotDependOnTiming) {
 // columns + 8 of each 16 x 16 tile trade places) must fail the comparison, for dq, dk and dv.
 TEST(EmulatedFlashAttentionBackward, MutatedFragmentFailsTheComparison) {
   for (const bool bf16 : {true, false}) {
-    const BwdCase c{bf16, 1, 77, 2, 1, 64, 0, false};
+    const FlashCase c{bf16, 1, 77, 2, 1, 64, 0, false};
     const BwdResult res = run_case<FlashFault::kSwapPRows>(c);
     EXPECT_GT(res.failures[0], 0) << case_name(c) << ": the mutated kernel's dq passed";
     EXPECT_GT(res.failures[1], 0) << case_name(c) << ": the mutated kernel's dk passed";

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/flash_attention_test_support.h"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -49,32 +49,15 @@ TEST(EmulatedFlashAttention, SkippedUnderAddressSanitizer) {
 
 const simt::Launcher kEmulator;
 
-struct FlashCase {
-  bool bf16;
-  std::int64_t batch, seq_len, heads, kv_heads, head_dim;
-  std::int64_t window;  // 0 = none
-  bool packed;          // documents of lengths 50, 3, 77, ... packed in each row
-};
-
-std::string case_name(const FlashCase& c) {
-  std::string n = std::string(c.bf16 ? "Bf16" : "Fp16") + "D" + std::to_string(c.head_dim) + "T" +
-                  std::to_string(c.seq_len) + "H" + std::to_string(c.heads) + "KV" +
-                  std::to_string(c.kv_heads) + "B" + std::to_string(c.batch);
-  if (c.window > 0) n += "Window" + std::to_string(c.window);
-  if (c.packed) n += "Packed";
-  return n;
-}
-
-void PrintTo(const FlashCase& c, std::ostream* os) {
-  *os << case_name(c);
-}
-
-std::uint16_t to_bits(float v, bool bf16) {
-  return bf16 ? kernels::float_to_bf16(v) : kernels::float_to_fp16(v);
-}
-double from_bits(std::uint16_t h, bool bf16) {
-  return bf16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
+using kernels::testing::case_name;
+using kernels::testing::FlashCase;
+using kernels::testing::forward_bounds;
+using kernels::testing::ForwardBounds;
+using kernels::testing::from_bits;
+using kernels::testing::packed_positions;
+using kernels::testing::QkvInputs;
+using kernels::testing::random_qkv;
+using kernels::testing::shape_of;
 
 // The result of one comparison: elements over their bound, and the largest error relative to its
 // bound (with the error itself).
@@ -88,53 +71,19 @@ struct Comparison {
 // Runs the kernel (with `kFault`) on seeded inputs for case `c` and compares it with the CPU.
 template <FlashFault kFault = FlashFault::kNone>
 Comparison run_case(const FlashCase& c) {
-  kernels::AttentionShape s;
-  s.batch = c.batch;
-  s.seq_len = c.seq_len;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  // q, k, v side by side in one buffer with a padded row (a multiple of 8 elements, as cp.async's
-  // 16-byte copies need); out padded too.
-  s.q_stride = s.kv_stride = (c.heads + 2 * c.kv_heads) * c.head_dim + 8;
-  s.out_stride = c.heads * c.head_dim + 8;
-  s.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  s.window = c.window;
+  kernels::AttentionShape s = shape_of(c);
   const std::int64_t rows = c.batch * c.seq_len;
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(rows));
-  if (c.packed) {
-    const std::int64_t lengths[] = {50, 3, 77};
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      std::int64_t doc = 0, pos = 0;
-      for (std::int64_t t = 0; t < c.seq_len; ++t) {
-        if (pos == lengths[doc % 3]) {
-          ++doc;
-          pos = 0;
-        }
-        positions[static_cast<std::size_t>(b * c.seq_len + t)] = static_cast<std::int32_t>(pos++);
-      }
-    }
-    s.positions = positions.data();
-  }
+  const std::vector<std::int32_t> positions = packed_positions(c);
+  if (c.packed) s.positions = positions.data();
   EXPECT_TRUE(flash_attention_supported(s));
 
-  // Q in [-4, 4) (peaked softmax rows, so the running max moves), K and V in [-1, 1), rounded to
-  // the 16-bit type; the CPU gets the same values widened.
+  // Q in [-4, 4), K and V in [-1, 1) (random_qkv_row), rounded to the 16-bit type; the CPU gets
+  // the same values widened.
   const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   std::mt19937_64 rng(1000 + static_cast<std::uint64_t>(c.seq_len * 131 + c.head_dim));
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride), 0);
-  std::vector<double> qkv_wide(qkv.size(), 0.0);
-  double v_max = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < hd + 2 * kvd; ++j) {
-      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
-      qkv[at] = to_bits(j < hd ? 4.0f * unit(rng) : unit(rng), c.bf16);
-      qkv_wide[at] = from_bits(qkv[at], c.bf16);
-      if (j >= hd + kvd) v_max = std::max(v_max, std::abs(qkv_wide[at]));
-    }
-  }
-  const std::uint16_t* q = qkv.data();
+  const QkvInputs in = random_qkv(c, s, [&] { return unit(rng); });
+  const std::uint16_t* q = in.bits.data();
   std::vector<std::uint16_t> out(static_cast<std::size_t>(rows * s.out_stride), 0);
   std::vector<float> lse(static_cast<std::size_t>(c.batch * c.heads * c.seq_len), std::nanf(""));
   const int rc = c.bf16 ? run_flash_attention_forward<FlashBf16, kFault>(
@@ -144,27 +93,12 @@ Comparison run_case(const FlashCase& c) {
   EXPECT_EQ(rc, 0);
 
   std::vector<double> want(out.size(), 0.0), want_lse(lse.size(), 0.0);
-  const double* qw = qkv_wide.data();
+  const double* qw = in.wide.data();
   kernels::attention_forward<double>(want.data(), want_lse.data(), qw, qw + hd, qw + hd + kvd, s);
 
-  // ds: the largest sum_d |q_d k_d| over every (batch, head, query, key) pair, scaled.
-  const std::int64_t group = c.heads / c.kv_heads;
-  double dot_max = 0.0;
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t h = 0; h < c.heads; ++h)
-      for (std::int64_t t = 0; t < c.seq_len; ++t)
-        for (std::int64_t key = 0; key <= t; ++key) {
-          double sum = 0.0;
-          for (std::int64_t d = 0; d < c.head_dim; ++d) {
-            sum += std::abs(
-                qw[(b * c.seq_len + t) * s.q_stride + h * c.head_dim + d] *
-                qw[(b * c.seq_len + key) * s.kv_stride + hd + (h / group) * c.head_dim + d]);
-          }
-          dot_max = std::max(dot_max, sum);
-        }
-  const double ds = static_cast<double>(c.head_dim + 2) * std::ldexp(1.0, -24) * s.scale * dot_max;
-  const double u = std::ldexp(1.0, c.bf16 ? -8 : -11);
-  const double out_bound = (2.0 * u + 2.0 * ds + std::ldexp(1.0, -16)) * v_max;
+  // The bounds over every key up to the query's (masked ones too: a looser ds).
+  const ForwardBounds bounds = forward_bounds(c, s, qw, in.v_max, /*all_earlier_keys=*/true);
+  const double out_bound = bounds.out;
 
   Comparison cmp;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -184,8 +118,7 @@ Comparison run_case(const FlashCase& c) {
   }
   cmp.out_worst_bound = out_bound;
   for (std::size_t i = 0; i < lse.size(); ++i) {
-    const double bound = ds + static_cast<double>(c.seq_len + 16) * std::ldexp(1.0, -24) *
-                                  (1.0 + std::abs(want_lse[i]));
+    const double bound = bounds.lse(want_lse[i]);
     const double error = std::abs(static_cast<double>(lse[i]) - want_lse[i]);
     if (!(error <= bound)) {
       ++cmp.lse_failures;

@@ -20,40 +20,24 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/flash_attention_gputest.h"
+#include "kernels/flash_attention_test_support.h"
 #include "support/gpu_support.h"
 
 namespace strata {
 namespace {
 
-struct FlashCase {
-  bool bf16;
-  std::int64_t batch, seq_len, heads, kv_heads, head_dim;
-  std::int64_t window;  // 0 = none
-  bool packed;          // documents of lengths 50, 3, 77, ... packed in each row
-};
-
-std::string case_name(const FlashCase& c) {
-  std::string n = std::string(c.bf16 ? "Bf16" : "Fp16") + "D" + std::to_string(c.head_dim) + "T" +
-                  std::to_string(c.seq_len) + "H" + std::to_string(c.heads) + "KV" +
-                  std::to_string(c.kv_heads) + "B" + std::to_string(c.batch);
-  if (c.window > 0) n += "Window" + std::to_string(c.window);
-  if (c.packed) n += "Packed";
-  return n;
-}
-
-void PrintTo(const FlashCase& c, std::ostream* os) {
-  *os << case_name(c);
-}
-
-std::uint16_t to_bits(float v, bool bf16) {
-  return bf16 ? kernels::float_to_bf16(v) : kernels::float_to_fp16(v);
-}
-double from_bits(std::uint16_t h, bool bf16) {
-  return bf16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
+using kernels::testing::case_name;
+using kernels::testing::FlashCase;
+using kernels::testing::forward_bounds;
+using kernels::testing::ForwardBounds;
+using kernels::testing::from_bits;
+using kernels::testing::packed_positions;
+using kernels::testing::QkvInputs;
+using kernels::testing::random_qkv;
+using kernels::testing::shape_of;
+using kernels::testing::to_bits;
 
 // The launches of flash_attention_gputest.cu, which exists only with CUDA (without it the tests
 // have skipped before getting here).
@@ -81,22 +65,6 @@ std::string time_forward(bool bf16, std::uint16_t* out, float* lse, const std::u
 #endif
 }
 
-// q, k, v side by side in one buffer with a padded row (a multiple of 8 elements, as cp.async's
-// 16-byte copies need); out padded too. The layout of the emulator test.
-kernels::AttentionShape shape_of(const FlashCase& c) {
-  kernels::AttentionShape s;
-  s.batch = c.batch;
-  s.seq_len = c.seq_len;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.q_stride = s.kv_stride = (c.heads + 2 * c.kv_heads) * c.head_dim + 8;
-  s.out_stride = c.heads * c.head_dim + 8;
-  s.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  s.window = c.window;
-  return s;
-}
-
 class CudaFlashAttention : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(CudaFlashAttention, ForwardMatchesTheCpuWithinTheRoundingBoundAndRepeatsItsBits) {
@@ -104,37 +72,15 @@ TEST_P(CudaFlashAttention, ForwardMatchesTheCpuWithinTheRoundingBoundAndRepeatsI
   const FlashCase& c = GetParam();
   kernels::AttentionShape s = shape_of(c);
   const std::int64_t rows = c.batch * c.seq_len;
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(rows));
-  if (c.packed) {
-    const std::int64_t lengths[] = {50, 3, 77};
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      std::int64_t doc = 0, pos = 0;
-      for (std::int64_t t = 0; t < c.seq_len; ++t) {
-        if (pos == lengths[doc % 3]) {
-          ++doc;
-          pos = 0;
-        }
-        positions[static_cast<std::size_t>(b * c.seq_len + t)] = static_cast<std::int32_t>(pos++);
-      }
-    }
-  }
+  const std::vector<std::int32_t> positions = packed_positions(c);
 
-  // Q in [-4, 4) (peaked softmax rows, so the running max moves), K and V in [-1, 1), rounded to
-  // the 16-bit type; the CPU gets the same values widened.
+  // Q in [-4, 4), K and V in [-1, 1) (random_qkv_row), rounded to the 16-bit type; the CPU gets
+  // the same values widened.
   const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   std::mt19937_64 rng(2000 + static_cast<std::uint64_t>(c.seq_len * 131 + c.head_dim));
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride), 0);
-  std::vector<double> qkv_wide(qkv.size(), 0.0);
-  double v_max = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < hd + 2 * kvd; ++j) {
-      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
-      qkv[at] = to_bits(j < hd ? 4.0f * unit(rng) : unit(rng), c.bf16);
-      qkv_wide[at] = from_bits(qkv[at], c.bf16);
-      if (j >= hd + kvd) v_max = std::max(v_max, std::abs(qkv_wide[at]));
-    }
-  }
+  const QkvInputs in = random_qkv(c, s, [&] { return unit(rng); });
+  const std::vector<std::uint16_t>& qkv = in.bits;
 
   // Device copies (256-byte aligned); out starts zero (its padding must stay so), lse NaN.
   const std::size_t out_n = static_cast<std::size_t>(rows * s.out_stride);
@@ -167,37 +113,13 @@ TEST_P(CudaFlashAttention, ForwardMatchesTheCpuWithinTheRoundingBoundAndRepeatsI
                                 testing::to_host<float>(gpu, d_lse[1].data(), lse_n), lse);
 
   std::vector<double> want(out.size(), 0.0), want_lse(lse.size(), 0.0);
-  const double* qw = qkv_wide.data();
+  const double* qw = in.wide.data();
   kernels::attention_forward<double>(want.data(), want_lse.data(), qw, qw + hd, qw + hd + kvd, s);
 
-  // The bounds of flash_attention_emulated_test.cc (u = 2^-8 for bf16, 2^-11 for fp16):
-  //   out: |O - ref| <= (2u + 2 ds + slack) * max|V|;
-  //   lse: |lse - ref| <= ds + (T + 16) 2^-24 (1 + |ref|);
-  //   ds = (D + 2) 2^-24 * scale * max over (query, key) of sum_d |q_d k_d|.
-  // There slack = 2^-16 covers the fp32 sums of at most 130 terms and, for fp16, P values below
-  // the normal range (2^-25 each); for longer rows it is (T + 16) 2^-24 + T 2^-25 by the same
-  // reasoning (equal to 2^-16 near T = 130, 1.5 * 2^-14 at T = 1024).
-  const std::int64_t group = c.heads / c.kv_heads;
-  double dot_max = 0.0;
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t h = 0; h < c.heads; ++h)
-      for (std::int64_t t = 0; t < c.seq_len; ++t) {
-        const double* qrow = qw + (b * c.seq_len + t) * s.q_stride + h * c.head_dim;
-        for (std::int64_t key = kernels::attention_first_key(s, b, t); key <= t; ++key) {
-          const double* krow =
-              qw + (b * c.seq_len + key) * s.kv_stride + hd + (h / group) * c.head_dim;
-          double sum = 0.0;
-          for (std::int64_t d = 0; d < c.head_dim; ++d)
-            sum += std::abs(qrow[d] * krow[d]);
-          dot_max = std::max(dot_max, sum);
-        }
-      }
-  const double T = static_cast<double>(c.seq_len);
-  const double ds = static_cast<double>(c.head_dim + 2) * std::ldexp(1.0, -24) * s.scale * dot_max;
-  const double u = std::ldexp(1.0, c.bf16 ? -8 : -11);
-  const double slack =
-      std::max(std::ldexp(1.0, -16), (T + 16.0) * std::ldexp(1.0, -24) + T * std::ldexp(1.0, -25));
-  const double out_bound = (2.0 * u + 2.0 * ds + slack) * v_max;
+  // The bounds of flash_attention_emulated_test.cc, the fp32 slack widened for long rows
+  // (forward_bounds in flash_attention_test_support.h).
+  const ForwardBounds bounds = forward_bounds(c, s, qw, in.v_max);
+  const double out_bound = bounds.out;
 
   int out_failures = 0, padding_failures = 0, lse_failures = 0;
   double out_worst = 0.0, lse_worst = 0.0, lse_worst_bound = 0.0;
@@ -219,7 +141,7 @@ TEST_P(CudaFlashAttention, ForwardMatchesTheCpuWithinTheRoundingBoundAndRepeatsI
     }
   }
   for (std::size_t i = 0; i < lse.size(); ++i) {
-    const double bound = ds + (T + 16.0) * std::ldexp(1.0, -24) * (1.0 + std::abs(want_lse[i]));
+    const double bound = bounds.lse(want_lse[i]);
     const double error = std::abs(static_cast<double>(lse[i]) - want_lse[i]);
     if (!(error <= bound)) {
       if (++lse_failures <= 3) {
