@@ -2,9 +2,10 @@
 # The GPU checks: what a session that draws a GPU runs, in one go, on a build with CUDA.
 #   tools/gpu_checks.sh [--build DIR] [--repeat N] [--sanitize] [--bench] [--only PHASE]
 # Phases, in order (each writes its log under $OUT, default DIR/gpu-checks, and prints one line):
-#   tests     every gpu test program (DIR/tests/strata_*_gpu_tests), whole, then the forward
-#             TFLOP/s lines of the tensor-core flash attention (tests/kernels/
-#             flash_attention_gputest.cc, `flash_forward_tflops shape=... tflops=...`) from its log;
+#   tests     every gpu test program (DIR/tests/strata_*_gpu_tests), whole, then the TFLOP/s
+#             lines of the tensor-core flash attention (tests/kernels/flash_attention_gputest.cc,
+#             `flash_forward_tflops` / `flash_backward_tflops shape=... tflops=...`) from its log,
+#             beside PyTorch's SDPA at the same shapes (tools/bench_sdpa.py, PYTHON with torch);
 #   repeat    the determinism tests N times in one process (default 10): two trainers in one
 #             process give the same bits (TrainCuda.TwoRunsGiveTheSameBits) and the fixtures'
 #             three AdamW steps land on torch's weights (FixtureAdamWCuda.*); one process on
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize=1; shift ;;
     --bench) bench=1; shift ;;
     --only) only="$2"; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "gpu_checks: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,9 +75,11 @@ step() {
 
 if want tests; then
   for p in "${programs[@]}"; do step "tests.$(basename "$p")" "$p"; done
-  # The flash attention forward's speed (printed by its timing test, not asserted).
+  # The flash attention's speed (printed by its timing tests, not asserted), and SDPA's.
   log="$out/tests.strata_kernels_gpu_tests.log"
-  [ -f "$log" ] && grep -h '^flash_forward_tflops ' "$log" | sed 's/^/gpu_checks:   /'
+  [ -f "$log" ] && grep -hE '^flash_(forward|backward)_tflops ' "$log" | sed 's/^/gpu_checks:   /'
+  step bench.sdpa "${PYTHON:-python3}" "$root/tools/bench_sdpa.py"
+  grep -hE '^sdpa_' "$out/bench.sdpa.log" 2>/dev/null | sed 's/^/gpu_checks:   /'
 fi
 
 if want repeat; then
