@@ -6,10 +6,11 @@
 // packed documents; the bits of two runs compared; and a mutated kernel (a wrong register in the A
 // fragments of P and dS) that must fail.
 //
-// Error bound, per output element, derived here (u = the 16-bit type's unit roundoff, 2^-8 bf16,
-// 2^-11 fp16; e = 2^-24, fp32's; a16 = 2^-25 for fp16, the largest error of rounding a value
-// below fp16's normal range, 0 for bf16). For every visible (query t, key s) pair of a head, with
-// the exact P, dP = dO_t . V_s, D_t = dO_t . O_t and dS = P (dP - D):
+// Error bound, per output element, derived here and computed by backward_bounds
+// (flash_attention_test_support.h, shared with flash_attention_gputest.cc). u = the 16-bit type's
+// unit roundoff, 2^-8 bf16, 2^-11 fp16; e = 2^-24, fp32's; a16 = 2^-25 for fp16, the largest
+// error of rounding a value below fp16's normal range, 0 for bf16. For every visible (query t, key
+// s) pair of a head, with the exact P, dP = dO_t . V_s, D_t = dO_t . O_t and dS = P (dP - D):
 //  - the kernel's fp32 P has a relative error of at most
 //      eps = 1.01 ((D + 4) e scale sum_d |q_d k_d| + 4 e |lse_t| + 4 e):
 //    the dot product of D exact products (D e), the base-2 scaling and the subtraction of lse
@@ -39,6 +40,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/nn_ops.h"
@@ -56,165 +58,57 @@ TEST(EmulatedFlashAttentionBackward, SkippedUnderAddressSanitizer) {
 
 const simt::Launcher kEmulator;
 
+using kernels::testing::backward_bounds;
+using kernels::testing::backward_reference;
+using kernels::testing::BackwardComparison;
+using kernels::testing::BackwardInputs;
 using kernels::testing::case_name;
+using kernels::testing::compare_backward;
 using kernels::testing::FlashCase;
-using kernels::testing::from_bits;
 using kernels::testing::packed_positions;
-using kernels::testing::random_qkv_row;
+using kernels::testing::random_backward_inputs;
 using kernels::testing::shape_of;
-using kernels::testing::to_bits;
 
-// One run: the kernel's gradients (bits), and the comparison with the CPU.
-struct BwdResult {
+// One run: the kernel's gradients (bits), and the comparison with the CPU (the inputs, reference,
+// bounds and comparison of flash_attention_test_support.h).
+struct BwdResult : BackwardComparison {
   std::vector<std::uint16_t> grad;  // dq | dk | dv columns, the layout of q | k | v
-  int failures[3] = {0, 0, 0};      // dq, dk, dv elements over their bound
-  int padding_written = 0;
-  double worst_ratio[3] = {0.0, 0.0, 0.0};  // largest error / bound
-  double worst_error[3] = {0.0, 0.0, 0.0};
-  double worst_bound[3] = {0.0, 0.0, 0.0};
 };
 
 template <FlashFault kFault = FlashFault::kNone>
 BwdResult run_case(const FlashCase& c) {
   kernels::AttentionShape s = shape_of(c);
-  const std::int64_t rows = c.batch * c.seq_len;
-  const std::int64_t T = c.seq_len, D = c.head_dim, group = c.heads / c.kv_heads;
+  const std::int64_t T = c.seq_len, D = c.head_dim;
   const std::vector<std::int32_t> positions = packed_positions(c);
   if (c.packed) s.positions = positions.data();
   EXPECT_TRUE(flash_attention_backward_supported(s));
 
-  // Q in [-4, 4) (peaked rows), K, V, dO in [-1, 1), rounded to the 16-bit type.
+  // Q in [-4, 4) (peaked rows), K, V, dO in [-1, 1), rounded to the 16-bit type; the forward's O
+  // (rounded to 16 bits) and lse (fp32), from the CPU in double: both the kernel and the CPU
+  // backward take exactly these.
   const std::int64_t hd = c.heads * D, kvd = c.kv_heads * D;
   std::mt19937_64 rng(7000 + static_cast<std::uint64_t>(T * 131 + D + c.heads));
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
-  std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride), 0);
-  std::vector<double> qkv_w(qkv.size(), 0.0);
-  std::vector<std::uint16_t> dout(static_cast<std::size_t>(rows * s.out_stride), 0);
-  std::vector<double> dout_w(dout.size(), 0.0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const auto row = static_cast<std::size_t>(r * s.q_stride);
-    random_qkv_row(c, &qkv[row], &qkv_w[row], [&] { return unit(rng); });
-    for (std::int64_t j = 0; j < hd; ++j) {
-      const auto at = static_cast<std::size_t>(r * s.out_stride + j);
-      dout[at] = to_bits(unit(rng), c.bf16);
-      dout_w[at] = from_bits(dout[at], c.bf16);
-    }
-  }
-  // The forward's O (rounded to 16 bits) and lse (fp32), from the CPU in double: both the kernel
-  // and the CPU backward take exactly these.
-  const double* qw = qkv_w.data();
-  std::vector<double> out_w(dout.size(), 0.0), lse_w(static_cast<std::size_t>(c.heads * rows));
-  kernels::attention_forward<double>(out_w.data(), lse_w.data(), qw, qw + hd, qw + hd + kvd, s);
-  std::vector<std::uint16_t> out(dout.size(), 0);
-  std::vector<float> lse(lse_w.size());
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    out[i] = to_bits(out_w[i], c.bf16);
-    out_w[i] = from_bits(out[i], c.bf16);
-  }
-  for (std::size_t i = 0; i < lse.size(); ++i) {
-    lse[i] = static_cast<float>(lse_w[i]);
-    lse_w[i] = lse[i];
-  }
+  const BackwardInputs in = random_backward_inputs(c, s, [&] { return unit(rng); });
 
-  BwdResult res;
-  res.grad.assign(qkv.size(), 0);
-  std::vector<float> delta(lse.size(), std::nanf(""));
-  std::uint16_t* g16 = res.grad.data();
-  const std::uint16_t* q = qkv.data();
-  const int rc = c.bf16 ? run_flash_attention_backward<FlashBf16, kFault>(
-                              kEmulator, g16, g16 + hd, g16 + hd + kvd, delta.data(), dout.data(),
-                              out.data(), lse.data(), q, q + hd, q + hd + kvd, s)
-                        : run_flash_attention_backward<FlashFp16, kFault>(
-                              kEmulator, g16, g16 + hd, g16 + hd + kvd, delta.data(), dout.data(),
-                              out.data(), lse.data(), q, q + hd, q + hd + kvd, s);
+  std::vector<std::uint16_t> grad(in.qkv_bits.size(), 0);
+  std::vector<float> delta(in.lse.size(), std::nanf(""));
+  std::uint16_t* g16 = grad.data();
+  const std::uint16_t* q = in.qkv_bits.data();
+  const int rc =
+      c.bf16 ? run_flash_attention_backward<FlashBf16, kFault>(
+                   kEmulator, g16, g16 + hd, g16 + hd + kvd, delta.data(), in.dout_bits.data(),
+                   in.out_bits.data(), in.lse.data(), q, q + hd, q + hd + kvd, s)
+             : run_flash_attention_backward<FlashFp16, kFault>(
+                   kEmulator, g16, g16 + hd, g16 + hd + kvd, delta.data(), in.dout_bits.data(),
+                   in.out_bits.data(), in.lse.data(), q, q + hd, q + hd + kvd, s);
   EXPECT_EQ(rc, 0);
 
-  std::vector<double> want(qkv.size(), 0.0);
-  double* ww = want.data();
-  kernels::attention_backward<double>(ww, ww + hd, ww + hd + kvd, dout_w.data(), out_w.data(),
-                                      lse_w.data(), qw, qw + hd, qw + hd + kvd, s);
-
-  // The bound's sums: err[] = sum of |term errors|, mag[] = sum of |terms|, per element.
-  const double u = std::ldexp(1.0, c.bf16 ? -8 : -11);
-  const double e = std::ldexp(1.0, -24);
-  const double a16 = c.bf16 ? 0.0 : std::ldexp(1.0, -25);
-  std::vector<double> err(qkv.size(), 0.0), mag(qkv.size(), 0.0);
-  const auto qat = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
-    return (b * T + t) * s.q_stride + h * D;
-  };
-  const auto kat = [&](std::int64_t b, std::int64_t t, std::int64_t g) {
-    return (b * T + t) * s.kv_stride + hd + g * D;
-  };
-  const auto oat = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
-    return (b * T + t) * s.out_stride + h * D;
-  };
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t h = 0; h < c.heads; ++h) {
-      const std::int64_t g = h / group;
-      for (std::int64_t t = 0; t < T; ++t) {
-        const double* qr = qw + qat(b, t, h);
-        const double* dor = dout_w.data() + oat(b, t, h);
-        const double* orow = out_w.data() + oat(b, t, h);
-        const double lse_t = lse_w[static_cast<std::size_t>((b * c.heads + h) * T + t)];
-        double dlt = 0.0, dlt_abs = 0.0;
-        for (std::int64_t d = 0; d < D; ++d) {
-          dlt += dor[d] * orow[d];
-          dlt_abs += std::abs(dor[d] * orow[d]);
-        }
-        for (std::int64_t key = kernels::attention_first_key(s, b, t); key <= t; ++key) {
-          const double* kr = qw + kat(b, key, g);
-          const double* vr = kr + kvd;
-          double qk = 0.0, qk_abs = 0.0, dp = 0.0, dp_abs = 0.0;
-          for (std::int64_t d = 0; d < D; ++d) {
-            qk += qr[d] * kr[d];
-            qk_abs += std::abs(qr[d] * kr[d]);
-            dp += dor[d] * vr[d];
-            dp_abs += std::abs(dor[d] * vr[d]);
-          }
-          const double p = std::exp(s.scale * qk - lse_t);
-          const double dsv = p * (dp - dlt);
-          const double eps = 1.01 * (static_cast<double>(D + 4) * e * s.scale * qk_abs +
-                                     4 * e * std::abs(lse_t) + 4 * e);
-          const double ep = (eps + u + eps * u) * p + a16;
-          const double eds32 = (eps + 2 * e) * std::abs(dsv) +
-                               (1 + eps) * p * static_cast<double>(D) * e * (dp_abs + dlt_abs);
-          const double eds = (1 + u) * eds32 + u * std::abs(dsv) + a16;
-          for (std::int64_t d = 0; d < D; ++d) {
-            const auto iq = static_cast<std::size_t>(qat(b, t, h) + d);
-            const auto ik = static_cast<std::size_t>(kat(b, key, g) + d);
-            const auto iv = ik + static_cast<std::size_t>(kvd);
-            err[iq] += s.scale * eds * std::abs(kr[d]);
-            mag[iq] += s.scale * std::abs(dsv * kr[d]);
-            err[ik] += s.scale * eds * std::abs(qr[d]);
-            mag[ik] += s.scale * std::abs(dsv * qr[d]);
-            err[iv] += ep * std::abs(dor[d]);
-            mag[iv] += p * std::abs(dor[d]);
-          }
-        }
-      }
-    }
-  const double n = static_cast<double>(group * T + 16);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < s.q_stride; ++j) {
-      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
-      if (j >= hd + 2 * kvd) {
-        if (res.grad[at] != 0) ++res.padding_written;
-        continue;
-      }
-      const int which = j < hd ? 0 : (j < hd + kvd ? 1 : 2);
-      const double bound =
-          (1 + u) * (err[at] + 1.01 * n * e * mag[at] + 2 * e * std::abs(want[at])) +
-          u * std::abs(want[at]) + a16;
-      const double error = std::abs(from_bits(res.grad[at], c.bf16) - want[at]);
-      if (!(error <= bound)) {
-        ++res.failures[which];
-      } else if (bound > 0.0 && error / bound > res.worst_ratio[which]) {
-        res.worst_ratio[which] = error / bound;
-        res.worst_error[which] = error;
-        res.worst_bound[which] = bound;
-      }
-    }
-  }
+  const std::vector<double> want = backward_reference(c, s, in);
+  BwdResult res;
+  static_cast<BackwardComparison&>(res) =
+      compare_backward(c, s, grad, want, backward_bounds(c, s, in, want));
+  res.grad = std::move(grad);
   return res;
 }
 

@@ -10,7 +10,18 @@
 // attention shapes of GPT-2 124M and Llama 1.1B (issue 35):
 //   flash_forward_tflops shape=<name> dtype=<bf16|fp16> B=.. T=.. H=.. KV=.. D=.. median_ms=..
 //   tflops=..
-// (one line each; printed, not asserted). Skips without a GPU.
+// (one line each; printed, not asserted). The backward
+// (kernels/cuda/flash_attention_backward_kernels.cuh) likewise: against kernels::attention_backward
+// in double on the same 16-bit Q, K, V, dO, O and fp32 lse (the CPU forward's, rounded), within the
+// bound of tests/kernels/flash_attention_backward_emulated_test.cc (backward_bounds in
+// flash_attention_test_support.h), bf16 and fp16, head sizes 64 and 128, causal H == KV and 4:1
+// grouped KV heads, T = 77 and 1024, a sliding window and packed documents, each run twice for the
+// same bits (dq, dk, dv and the fp32 D workspace); and its speed at the same two shapes (FLOPs 2.5
+// times the forward's, the usual count: five matrix products, S, dP, dV, dK and dQ, against the
+// forward's two; S and dP computed a second time by the dq kernel are not counted):
+//   flash_backward_tflops shape=<name> dtype=<bf16|fp16> B=.. T=.. H=.. KV=.. D=.. median_ms=..
+//   tflops=..
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,13 +39,19 @@
 namespace strata {
 namespace {
 
+using kernels::testing::backward_bounds;
+using kernels::testing::backward_reference;
+using kernels::testing::BackwardComparison;
+using kernels::testing::BackwardInputs;
 using kernels::testing::case_name;
+using kernels::testing::compare_backward;
 using kernels::testing::FlashCase;
 using kernels::testing::forward_bounds;
 using kernels::testing::ForwardBounds;
 using kernels::testing::from_bits;
 using kernels::testing::packed_positions;
 using kernels::testing::QkvInputs;
+using kernels::testing::random_backward_inputs;
 using kernels::testing::random_qkv;
 using kernels::testing::shape_of;
 using kernels::testing::to_bits;
@@ -61,6 +78,37 @@ std::string time_forward(bool bf16, std::uint16_t* out, float* lse, const std::u
 #else
   (void)bf16, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)s, (void)warmup, (void)runs,
       (void)ms;
+  return "built without CUDA";
+#endif
+}
+
+std::string backward(bool bf16, std::uint16_t* grad, float* delta, const std::uint16_t* dout,
+                     const std::uint16_t* out, const float* lse, const std::uint16_t* q,
+                     const kernels::AttentionShape& s) {
+  // dq | dk | dv in the layout of q | k | v (`grad` and `q` each one buffer of those columns).
+  const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+#if defined(STRATA_HAVE_CUDA)
+  return testing::flash_backward_on_gpu(bf16, grad, grad + hd, grad + hd + kvd, delta, dout, out,
+                                        lse, q, q + hd, q + hd + kvd, s);
+#else
+  (void)bf16, (void)grad, (void)delta, (void)dout, (void)out, (void)lse, (void)q, (void)s, (void)hd,
+      (void)kvd;
+  return "built without CUDA";
+#endif
+}
+
+std::string time_backward(bool bf16, std::uint16_t* grad, float* delta, const std::uint16_t* dout,
+                          const std::uint16_t* out, const float* lse, const std::uint16_t* q,
+                          const kernels::AttentionShape& s, int warmup, int runs,
+                          std::vector<double>& ms) {
+  const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+#if defined(STRATA_HAVE_CUDA)
+  return testing::time_flash_backward_on_gpu(bf16, grad, grad + hd, grad + hd + kvd, delta, dout,
+                                             out, lse, q, q + hd, q + hd + kvd, s, warmup, runs,
+                                             ms);
+#else
+  (void)bf16, (void)grad, (void)delta, (void)dout, (void)out, (void)lse, (void)q, (void)s, (void)hd,
+      (void)kvd, (void)warmup, (void)runs, (void)ms;
   return "built without CUDA";
 #endif
 }
@@ -182,6 +230,85 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{false, 2, 77, 4, 1, 64, 0, true}, FlashCase{false, 1, 1024, 2, 2, 64, 40, true}),
     [](const auto& info) { return case_name(info.param); });
 
+class CudaFlashAttentionBackward : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(CudaFlashAttentionBackward, MatchesTheCpuWithinTheRoundingBoundAndRepeatsItsBits) {
+  STRATA_GPU_OR_SKIP(gpu, {});
+  const FlashCase& c = GetParam();
+  kernels::AttentionShape s = shape_of(c);
+  const std::vector<std::int32_t> positions = packed_positions(c);
+  if (c.packed) s.positions = positions.data();  // host positions for the CPU
+
+  // The inputs of flash_attention_backward_emulated_test.cc (its seeds too): Q in [-4, 4), K, V,
+  // dO in [-1, 1), the CPU forward's O and lse, all rounded as the kernel takes them.
+  std::mt19937_64 rng(7000 + static_cast<std::uint64_t>(c.seq_len * 131 + c.head_dim + c.heads));
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  const BackwardInputs in = random_backward_inputs(c, s, [&] { return unit(rng); });
+
+  // Device copies (256-byte aligned); the gradients start zero (their padding must stay so), the
+  // D workspace NaN.
+  const std::size_t grad_n = in.qkv_bits.size(), delta_n = in.lse.size();
+  backend::Buffer d_qkv = testing::to_device(gpu, in.qkv_bits);
+  backend::Buffer d_dout = testing::to_device(gpu, in.dout_bits);
+  backend::Buffer d_out = testing::to_device(gpu, in.out_bits);
+  backend::Buffer d_lse = testing::to_device(gpu, in.lse);
+  backend::Buffer d_positions = testing::to_device(gpu, positions);
+  backend::Buffer d_grad[2], d_delta[2];
+  for (int run = 0; run < 2; ++run) {
+    d_grad[run] = testing::to_device(gpu, std::vector<std::uint16_t>(grad_n, 0));
+    d_delta[run] = testing::to_device(gpu, std::vector<float>(delta_n, std::nanf("")));
+  }
+  ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
+  kernels::AttentionShape ds_shape = s;  // device positions for the GPU
+  if (c.packed) ds_shape.positions = d_positions.as<std::int32_t>();
+  for (int run = 0; run < 2; ++run) {
+    const std::string error =
+        backward(c.bf16, d_grad[run].as<std::uint16_t>(), d_delta[run].as<float>(),
+                 d_dout.as<std::uint16_t>(), d_out.as<std::uint16_t>(), d_lse.as<float>(),
+                 d_qkv.as<std::uint16_t>(), ds_shape);
+    ASSERT_EQ(error, "") << "run " << run;
+  }
+  const std::vector<std::uint16_t> grad =
+      testing::to_host<std::uint16_t>(gpu, d_grad[0].data(), grad_n);
+  testing::expect_bitwise_equal("dq | dk | dv, second run",
+                                testing::to_host<std::uint16_t>(gpu, d_grad[1].data(), grad_n),
+                                grad);
+  testing::expect_bitwise_equal("D workspace, second run",
+                                testing::to_host<float>(gpu, d_delta[1].data(), delta_n),
+                                testing::to_host<float>(gpu, d_delta[0].data(), delta_n));
+
+  const std::vector<double> want = backward_reference(c, s, in);
+  const BackwardComparison res =
+      compare_backward(c, s, grad, want, backward_bounds(c, s, in, want));
+  for (const std::string& failure : res.first_failures)
+    ADD_FAILURE() << failure;
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(res.failures[w], 0) << names[w] << " elements over their bound";
+    std::printf("[ flash bwd] %s %s: worst |err| %.3g against its bound %.3g (%.2f of it)\n",
+                case_name(c).c_str(), names[w], res.worst_error[w], res.worst_bound[w],
+                res.worst_ratio[w]);
+  }
+  EXPECT_EQ(res.padding_written, 0) << "the rows' padding was written";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaFlashAttentionBackward,
+    ::testing::Values(
+        // causal, H == KV heads
+        FlashCase{true, 2, 77, 2, 2, 64, 0, false}, FlashCase{false, 1, 77, 2, 2, 128, 0, false},
+        FlashCase{false, 1, 1024, 2, 2, 64, 0, false},
+        FlashCase{true, 1, 1024, 2, 2, 128, 0, false},
+        // grouped KV heads, 4:1
+        FlashCase{false, 1, 77, 4, 1, 64, 0, false}, FlashCase{true, 2, 77, 4, 1, 128, 0, false},
+        FlashCase{true, 1, 1024, 4, 1, 64, 0, false},
+        FlashCase{false, 1, 1024, 4, 1, 128, 0, false},
+        // sliding window, packed documents, both
+        FlashCase{true, 1, 1024, 4, 1, 64, 100, false},
+        FlashCase{false, 1, 77, 2, 2, 128, 30, false}, FlashCase{true, 1, 1024, 4, 1, 128, 0, true},
+        FlashCase{false, 2, 77, 4, 1, 64, 0, true}, FlashCase{false, 1, 1024, 2, 2, 64, 40, true}),
+    [](const auto& info) { return case_name(info.param); });
+
 // The forward's speed at the attention shapes of issue 35's rows (causal, fused q|k|v rows as the
 // model lays them out): FLOPs = 4 B H T^2 D / 2 (the two matrix products, half of them masked),
 // the median of 10 timed runs after 3 warm-up ones. Printed, not asserted.
@@ -223,6 +350,66 @@ TEST(CudaFlashAttentionTiming, PrintsForwardTflopsAtTheGpt2AndLlamaShapes) {
                            static_cast<double>(T) * static_cast<double>(D) / 2.0;
       std::printf(
           "flash_forward_tflops shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld "
+          "median_ms=%.4f tflops=%.2f\n",
+          t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
+          static_cast<long long>(T), static_cast<long long>(t.heads),
+          static_cast<long long>(t.kv_heads), static_cast<long long>(D), median_ms,
+          flops / (median_ms * 1e-3) / 1e12);
+    }
+  }
+}
+
+// The backward's speed at the same shapes: O and lse from the GPU forward, dO random in [-1, 1);
+// FLOPs = 2.5 times the forward's 4 B H T^2 D / 2, the median of 10 timed runs (all three kernels
+// of the pass) after 3 warm-up ones. Printed, not asserted.
+TEST(CudaFlashAttentionTiming, PrintsBackwardTflopsAtTheGpt2AndLlamaShapes) {
+  STRATA_GPU_OR_SKIP(gpu, {});
+  struct Timed {
+    const char* name;
+    std::int64_t batch, heads, kv_heads;
+  };
+  const std::int64_t T = 1024, D = 64;
+  for (const Timed& t : {Timed{"gpt2-124m", 8, 12, 12}, Timed{"llama-1.1b", 4, 32, 8}}) {
+    for (const bool bf16 : {true, false}) {
+      const FlashCase c{bf16, t.batch, T, t.heads, t.kv_heads, D, 0, false};
+      kernels::AttentionShape s = shape_of(c);
+      s.q_stride = s.kv_stride = (t.heads + 2 * t.kv_heads) * D;  // no padding: the model's rows
+      s.out_stride = t.heads * D;
+      const std::int64_t rows = t.batch * T;
+      std::mt19937_64 rng(7);
+      std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+      std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride));
+      for (std::uint16_t& x : qkv)
+        x = to_bits(unit(rng), bf16);
+      std::vector<std::uint16_t> dout(static_cast<std::size_t>(rows * s.out_stride));
+      for (std::uint16_t& x : dout)
+        x = to_bits(unit(rng), bf16);
+      const auto lse_n = static_cast<std::size_t>(t.batch * t.heads * T);
+      backend::Buffer d_qkv = testing::to_device(gpu, qkv);
+      backend::Buffer d_dout = testing::to_device(gpu, dout);
+      backend::Buffer d_out = testing::to_device(gpu, std::vector<std::uint16_t>(dout.size(), 0));
+      backend::Buffer d_lse = testing::to_device(gpu, std::vector<float>(lse_n, 0.0f));
+      backend::Buffer d_grad = testing::to_device(gpu, std::vector<std::uint16_t>(qkv.size(), 0));
+      backend::Buffer d_delta = testing::to_device(gpu, std::vector<float>(lse_n, 0.0f));
+      ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
+      const std::uint16_t* q = d_qkv.as<std::uint16_t>();
+      const std::int64_t hd = t.heads * D, kvd = t.kv_heads * D;
+      std::string error =
+          forward(bf16, d_out.as<std::uint16_t>(), d_lse.as<float>(), q, q + hd, q + hd + kvd, s);
+      ASSERT_EQ(error, "") << t.name << " forward";
+      std::vector<double> ms;
+      error = time_backward(bf16, d_grad.as<std::uint16_t>(), d_delta.as<float>(),
+                            d_dout.as<std::uint16_t>(), d_out.as<std::uint16_t>(),
+                            d_lse.as<float>(), q, s, 3, 10, ms);
+      ASSERT_EQ(error, "") << t.name;
+      ASSERT_EQ(ms.size(), 10u);
+      std::sort(ms.begin(), ms.end());
+      const double median_ms = (ms[4] + ms[5]) / 2.0;
+      const double flops = 2.5 * 4.0 * static_cast<double>(t.batch * t.heads) *
+                           static_cast<double>(T) * static_cast<double>(T) *
+                           static_cast<double>(D) / 2.0;
+      std::printf(
+          "flash_backward_tflops shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld "
           "median_ms=%.4f tflops=%.2f\n",
           t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
           static_cast<long long>(T), static_cast<long long>(t.heads),

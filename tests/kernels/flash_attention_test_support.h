@@ -3,7 +3,9 @@
 // (flash_attention_emulated_test.cc, flash_attention_backward_emulated_test.cc) and its GPU test
 // (flash_attention_gputest.cc, which compiles without CUDA too, so nothing here needs it): the
 // cases and their names, 16-bit conversions, the padded q | k | v layout, packed documents, seeded
-// inputs, and the forward's error bounds (derived in flash_attention_emulated_test.cc's header).
+// inputs, the forward's error bounds (derived in flash_attention_emulated_test.cc's header) and the
+// backward's inputs, error bounds and comparison (derived in
+// flash_attention_backward_emulated_test.cc's header; used by it and the GPU test).
 #pragma once
 
 #include <algorithm>
@@ -169,6 +171,195 @@ inline ForwardBounds forward_bounds(const FlashCase& c, const AttentionShape& sh
       std::max(std::ldexp(1.0, -16), (T + 16.0) * std::ldexp(1.0, -24) + T * std::ldexp(1.0, -25));
   bounds.out = (2.0 * u + 2.0 * bounds.ds + slack) * v_max;
   return bounds;
+}
+
+// The inputs of a backward test, in the layouts of shape_of(c) (padding zero): q | k | v and dO
+// rounded to the 16-bit type (`*_bits`) and widened (`*_wide`), the forward's O (the CPU's, in
+// double, rounded to 16 bits) and lse (rounded to fp32), both also widened exactly: the kernel and
+// the CPU backward take exactly these.
+struct BackwardInputs {
+  std::vector<std::uint16_t> qkv_bits, dout_bits, out_bits;
+  std::vector<double> qkv_wide, dout_wide, out_wide, lse_wide;
+  std::vector<float> lse;  // (B, H, T)
+};
+
+// Q in [-4, 4) (peaked rows), K, V, dO in [-1, 1), `unit()` drawing from [-1, 1): per row, the
+// q | k | v row (random_qkv_row), then dO's heads * head_dim columns. `s` is shape_of(c), with
+// host positions when c.packed.
+template <typename Unit>
+BackwardInputs random_backward_inputs(const FlashCase& c, const AttentionShape& s, Unit&& unit) {
+  const std::int64_t rows = c.batch * c.seq_len;
+  const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  BackwardInputs in;
+  in.qkv_bits.assign(static_cast<std::size_t>(rows * s.q_stride), 0);
+  in.qkv_wide.assign(in.qkv_bits.size(), 0.0);
+  in.dout_bits.assign(static_cast<std::size_t>(rows * s.out_stride), 0);
+  in.dout_wide.assign(in.dout_bits.size(), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = static_cast<std::size_t>(r * s.q_stride);
+    random_qkv_row(c, &in.qkv_bits[row], &in.qkv_wide[row], unit);
+    for (std::int64_t j = 0; j < hd; ++j) {
+      const auto at = static_cast<std::size_t>(r * s.out_stride + j);
+      in.dout_bits[at] = to_bits(unit(), c.bf16);
+      in.dout_wide[at] = from_bits(in.dout_bits[at], c.bf16);
+    }
+  }
+  const double* qw = in.qkv_wide.data();
+  in.out_wide.assign(in.dout_bits.size(), 0.0);
+  in.lse_wide.assign(static_cast<std::size_t>(c.heads * rows), 0.0);
+  attention_forward<double>(in.out_wide.data(), in.lse_wide.data(), qw, qw + hd, qw + hd + kvd, s);
+  in.out_bits.assign(in.out_wide.size(), 0);
+  in.lse.assign(in.lse_wide.size(), 0.0f);
+  for (std::size_t i = 0; i < in.out_bits.size(); ++i) {
+    in.out_bits[i] = to_bits(in.out_wide[i], c.bf16);
+    in.out_wide[i] = from_bits(in.out_bits[i], c.bf16);
+  }
+  for (std::size_t i = 0; i < in.lse.size(); ++i) {
+    in.lse[i] = static_cast<float>(in.lse_wide[i]);
+    in.lse_wide[i] = in.lse[i];
+  }
+  return in;
+}
+
+// The CPU backward (attention_backward<double>) on the widened inputs: dq | dk | dv in the layout
+// of q | k | v (padding zero).
+inline std::vector<double> backward_reference(const FlashCase& c, const AttentionShape& s,
+                                              const BackwardInputs& in) {
+  const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  std::vector<double> want(in.qkv_wide.size(), 0.0);
+  double* ww = want.data();
+  const double* qw = in.qkv_wide.data();
+  attention_backward<double>(ww, ww + hd, ww + hd + kvd, in.dout_wide.data(), in.out_wide.data(),
+                             in.lse_wide.data(), qw, qw + hd, qw + hd + kvd, s);
+  return want;
+}
+
+// The backward's error bound for every element of dq | dk | dv (the layout of q | k | v; 0 in
+// the padding), as derived in flash_attention_backward_emulated_test.cc's header, for case `c` on
+// inputs `in` and the reference `want` (backward_reference).
+inline std::vector<double> backward_bounds(const FlashCase& c, const AttentionShape& s,
+                                           const BackwardInputs& in,
+                                           const std::vector<double>& want) {
+  const std::int64_t rows = c.batch * c.seq_len;
+  const std::int64_t T = c.seq_len, D = c.head_dim, group = c.heads / c.kv_heads;
+  const std::int64_t hd = c.heads * D, kvd = c.kv_heads * D;
+  const double* qw = in.qkv_wide.data();
+  // The bound's sums: err[] = sum of |term errors|, mag[] = sum of |terms|, per element.
+  const double u = std::ldexp(1.0, c.bf16 ? -8 : -11);
+  const double e = std::ldexp(1.0, -24);
+  const double a16 = c.bf16 ? 0.0 : std::ldexp(1.0, -25);
+  std::vector<double> err(in.qkv_wide.size(), 0.0), mag(in.qkv_wide.size(), 0.0);
+  const auto qat = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return (b * T + t) * s.q_stride + h * D;
+  };
+  const auto kat = [&](std::int64_t b, std::int64_t t, std::int64_t g) {
+    return (b * T + t) * s.kv_stride + hd + g * D;
+  };
+  const auto oat = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return (b * T + t) * s.out_stride + h * D;
+  };
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const double* qr = qw + qat(b, t, h);
+        const double* dor = in.dout_wide.data() + oat(b, t, h);
+        const double* orow = in.out_wide.data() + oat(b, t, h);
+        const double lse_t = in.lse_wide[static_cast<std::size_t>((b * c.heads + h) * T + t)];
+        double dlt = 0.0, dlt_abs = 0.0;
+        for (std::int64_t d = 0; d < D; ++d) {
+          dlt += dor[d] * orow[d];
+          dlt_abs += std::abs(dor[d] * orow[d]);
+        }
+        for (std::int64_t key = attention_first_key(s, b, t); key <= t; ++key) {
+          const double* kr = qw + kat(b, key, g);
+          const double* vr = kr + kvd;
+          double qk = 0.0, qk_abs = 0.0, dp = 0.0, dp_abs = 0.0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            qk += qr[d] * kr[d];
+            qk_abs += std::abs(qr[d] * kr[d]);
+            dp += dor[d] * vr[d];
+            dp_abs += std::abs(dor[d] * vr[d]);
+          }
+          const double p = std::exp(s.scale * qk - lse_t);
+          const double dsv = p * (dp - dlt);
+          const double eps = 1.01 * (static_cast<double>(D + 4) * e * s.scale * qk_abs +
+                                     4 * e * std::abs(lse_t) + 4 * e);
+          const double ep = (eps + u + eps * u) * p + a16;
+          const double eds32 = (eps + 2 * e) * std::abs(dsv) +
+                               (1 + eps) * p * static_cast<double>(D) * e * (dp_abs + dlt_abs);
+          const double eds = (1 + u) * eds32 + u * std::abs(dsv) + a16;
+          for (std::int64_t d = 0; d < D; ++d) {
+            const auto iq = static_cast<std::size_t>(qat(b, t, h) + d);
+            const auto ik = static_cast<std::size_t>(kat(b, key, g) + d);
+            const auto iv = ik + static_cast<std::size_t>(kvd);
+            err[iq] += s.scale * eds * std::abs(kr[d]);
+            mag[iq] += s.scale * std::abs(dsv * kr[d]);
+            err[ik] += s.scale * eds * std::abs(qr[d]);
+            mag[ik] += s.scale * std::abs(dsv * qr[d]);
+            err[iv] += ep * std::abs(dor[d]);
+            mag[iv] += p * std::abs(dor[d]);
+          }
+        }
+      }
+    }
+  const double n = static_cast<double>(group * T + 16);
+  std::vector<double> bound(in.qkv_wide.size(), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < hd + 2 * kvd; ++j) {
+      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
+      bound[at] = (1 + u) * (err[at] + 1.01 * n * e * mag[at] + 2 * e * std::abs(want[at])) +
+                  u * std::abs(want[at]) + a16;
+    }
+  }
+  return bound;
+}
+
+// A backward's gradients (bits, the layout of q | k | v) against the reference and its bounds.
+struct BackwardComparison {
+  int failures[3] = {0, 0, 0};  // dq, dk, dv elements over their bound
+  int padding_written = 0;
+  double worst_ratio[3] = {0.0, 0.0, 0.0};  // largest error / bound
+  double worst_error[3] = {0.0, 0.0, 0.0};
+  double worst_bound[3] = {0.0, 0.0, 0.0};
+  std::vector<std::string> first_failures;  // the first 3, described
+};
+
+inline BackwardComparison compare_backward(const FlashCase& c, const AttentionShape& s,
+                                           const std::vector<std::uint16_t>& grad,
+                                           const std::vector<double>& want,
+                                           const std::vector<double>& bounds) {
+  const std::int64_t rows = c.batch * c.seq_len;
+  const std::int64_t hd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const char* names[] = {"dq", "dk", "dv"};
+  BackwardComparison res;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < s.q_stride; ++j) {
+      const auto at = static_cast<std::size_t>(r * s.q_stride + j);
+      if (j >= hd + 2 * kvd) {
+        if (grad[at] != 0) ++res.padding_written;
+        continue;
+      }
+      const int which = j < hd ? 0 : (j < hd + kvd ? 1 : 2);
+      const double bound = bounds[at];
+      const double got = from_bits(grad[at], c.bf16);
+      const double error = std::abs(got - want[at]);
+      if (!(error <= bound)) {
+        ++res.failures[which];
+        if (res.first_failures.size() < 3) {
+          res.first_failures.push_back(std::string(names[which]) + " at row " + std::to_string(r) +
+                                       ", column " + std::to_string(j) + ": got " +
+                                       std::to_string(got) + ", want " + std::to_string(want[at]) +
+                                       " (bound " + std::to_string(bound) + ")");
+        }
+      } else if (bound > 0.0 && error / bound > res.worst_ratio[which]) {
+        res.worst_ratio[which] = error / bound;
+        res.worst_error[which] = error;
+        res.worst_bound[which] = bound;
+      }
+    }
+  }
+  return res;
 }
 
 }  // namespace strata::kernels::testing
