@@ -42,6 +42,7 @@ import torch
 
 from ._core import StrataError, gradient_multiplier
 from ._engine import global_norm, unit_norms
+from ._backward import BackwardGate
 from ._flight import _Flight
 
 _POLL_S = 0.05  # waits wake this often to notice a failed worker
@@ -55,13 +56,11 @@ class Overlap:
             raise StrataError("OffloadAdamW(overlap=True): this torch has no "
                               "Tensor.register_post_accumulate_grad_hook; valid: torch 2.1 or "
                               "newer, or overlap=False")
-        if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps {accumulation_steps}: valid: 1 or more")
+        self.lock = threading.RLock()
+        self.gate = BackwardGate(self.lock, accumulation_steps, self._backward_ended)
         if buffers < 1:
             raise ValueError(f"overlap_buffers {buffers}: valid: 1 or more")
         self.opt = opt
-        self.accumulation_steps = int(accumulation_steps)
-        self.lock = threading.RLock()
         self.trace_on = bool(trace)
         self.trace = []  # (lane, label, begin_s, end_s)
         self.t0 = time.perf_counter()
@@ -103,9 +102,6 @@ class Overlap:
         self.flight = None  # the step whose hand-off is open (hooks may still fire)
         self.flights = collections.deque()  # steps handed to the worker, oldest first
         self.pending = {}  # key -> the flight whose upload the next forward has yet to wait for
-        self.backward_count = 0  # backward passes since the last step()
-        self.in_backward = False
-        self.no_sync_depth = 0
         self.last_order = []
         self.handles = []
         self.hooked = set()  # id() of the slots whose parameter has the hook (requires grad)
@@ -179,44 +175,22 @@ class Overlap:
     # ---- the backward ------------------------------------------------------------------------
 
     def no_sync(self):
-        overlap = self
+        return self.gate.no_sync()
 
-        class _NoSync:
-            def __enter__(self):
-                with overlap.lock:
-                    overlap.no_sync_depth += 1
-
-            def __exit__(self, *exc):
-                with overlap.lock:
-                    overlap.no_sync_depth -= 1
-                return False
-
-        return _NoSync()
-
-    def _end_of_backward(self):
-        with self.lock:
-            self.in_backward = False
-            self.backward_count += 1
-            fl = self.flight
-            if fl is not None and not fl.closed:
-                # Every gradient of this backward is final: units with parameters that got none
-                # (unused, or frozen mid-run) go now, as step() would send them.
-                for key in self.keys:
-                    if key not in fl.handed:
-                        self._hand_off(fl, key)
-                fl.closed = True
+    def _backward_ended(self):
+        """The gate's end-of-backward callback (lock held): every gradient of this backward is
+        final, so units with parameters that got none (unused, or frozen mid-run) go now, as
+        step() would send them."""
+        fl = self.flight
+        if fl is not None and not fl.closed:
+            for key in self.keys:
+                if key not in fl.handed:
+                    self._hand_off(fl, key)
+            fl.closed = True
 
     def _on_grad(self, param):
         with self.lock:
-            if not self.in_backward:
-                self.in_backward = True
-                try:
-                    torch.autograd.Variable._execution_engine.queue_callback(
-                        self._end_of_backward)
-                except (AttributeError, RuntimeError):
-                    pass  # no end-of-backward callback here: step() sends what is left
-            if self.no_sync_depth > 0 or \
-                    self.backward_count % self.accumulation_steps != self.accumulation_steps - 1:
+            if not self.gate.gradient_arrived():
                 return
             ei, slot = self.slot_of[id(param)]
             self.opt._check_param(slot)
@@ -340,7 +314,7 @@ class Overlap:
                         f"scaling (scale_loss()), or overlap=False")
             fl.versions = []  # drop the references: the gradients may be freed now
             self.flight = None
-            self.backward_count = 0
+            self.gate.stepped()
             self.last_order = list(fl.order)
             self.flights.append(fl)
             for key in self.keys:

@@ -29,6 +29,7 @@ import threading
 
 import torch
 
+from ._backward import BackwardGate
 from ._core import StrataError
 from ._engine import _Engine, _Slot, global_norm, unit_norms
 from ._param_ranks import owners as _owners
@@ -131,15 +132,10 @@ class Sharding:
             raise StrataError(f"strata.gradient_sum {gradient_sum!r}; valid: 'ordered' or "
                               f"'backend'")
         self.ordered = gradient_sum == "ordered"
-        if int(accumulation_steps) < 1:
-            raise ValueError(f"accumulation_steps {accumulation_steps}: valid: 1 or more")
-        self.accumulation_steps = int(accumulation_steps)
         self.opt = opt
         self.lock = threading.RLock()
+        self.gate = BackwardGate(self.lock, accumulation_steps, self._backward_ended)
         self.hand = None  # the step whose gradients are on their way (a _HandOff)
-        self.backward_count = 0
-        self.in_backward = False
-        self.no_sync_depth = 0
         self.handles = []
         self.unit_of = {}  # id(parameter) -> (unit index, its slot)
         self.bytes_sent = 0
@@ -274,31 +270,11 @@ class Sharding:
                         s.param.register_post_accumulate_grad_hook(self._on_grad))
 
     def no_sync(self):
-        sharding = self
-
-        class _NoSync:
-            def __enter__(self):
-                with sharding.lock:
-                    sharding.no_sync_depth += 1
-
-            def __exit__(self, *exc):
-                with sharding.lock:
-                    sharding.no_sync_depth -= 1
-                return False
-
-        return _NoSync()
+        return self.gate.no_sync()
 
     def _on_grad(self, param):
         with self.lock:
-            if not self.in_backward:
-                self.in_backward = True
-                try:
-                    torch.autograd.Variable._execution_engine.queue_callback(
-                        self._end_of_backward)
-                except (AttributeError, RuntimeError):
-                    pass  # no end-of-backward callback here: step() sends what is left
-            if self.no_sync_depth > 0 or \
-                    self.backward_count % self.accumulation_steps != self.accumulation_steps - 1:
+            if not self.gate.gradient_arrived():
                 return
             i, slot = self.unit_of[id(param)]
             h = self.hand if self.hand is not None else self._open()
@@ -315,17 +291,14 @@ class Sharding:
                 h.ready.add(i)
                 self._issue_ready(opt_free=True)
 
-    def _end_of_backward(self):
-        with self.lock:
-            self.in_backward = False
-            self.backward_count += 1
-            h = self.hand
-            if h is not None and not h.closed:
-                # Every gradient of this backward is final: units with parameters that got none
-                # go now, in the same order on every rank.
-                h.ready.update(range(len(self.units)))
-                self._issue_ready(opt_free=True)
-                h.closed = True
+    def _backward_ended(self):
+        """The gate's end-of-backward callback (lock held): every gradient of this backward is
+        final, so units with parameters that got none go now, in the same order on every rank."""
+        h = self.hand
+        if h is not None and not h.closed:
+            h.ready.update(range(len(self.units)))
+            self._issue_ready(opt_free=True)
+            h.closed = True
 
     def _open(self):
         self.hand = _HandOff([self.hooked[i] for i in range(len(self.units))])
@@ -421,7 +394,7 @@ class Sharding:
         with self.lock:
             h = self.hand if self.hand is not None else self._open()
             self.hand = None
-            self.backward_count = 0
+            self.gate.stepped()
         reduced = {}
         if self.averaged:
             for su in self.units:

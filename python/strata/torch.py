@@ -561,7 +561,7 @@ class OffloadAdamW(_Checkpoints, torch.optim.Optimizer):
             "ranks": None if self._shard is None else self._shard.usage(),
             "overlap": None if self._overlap is None else {
                 "module_waits": self._overlap.module is not None,
-                "accumulation_steps": self._overlap.accumulation_steps,
+                "accumulation_steps": self._overlap.gate.accumulation_steps,
                 "staging_bytes": self._overlap.staging_bytes,
                 "device": str(self._overlap.device or "cpu"),
             },
