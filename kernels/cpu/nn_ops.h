@@ -10,6 +10,13 @@
 
 #include <cstdint>
 
+// Functions the CUDA kernels call too (nvcc compiles them for host and device).
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif
+
 namespace strata::kernels {
 
 // Row r = b*T + t of a (B,T) batch sits at position positions[r] of its document (packed
@@ -138,8 +145,12 @@ struct AttentionShape {
   const std::int32_t* positions = nullptr;  // (B*T) positions in their documents, or null
 };
 
-// The first key query row t of batch row b sees (see above).
-inline std::int64_t attention_first_key(const AttentionShape& s, std::int64_t b, std::int64_t t) {
+// The first key query row t of batch row b sees (see above). `A` is an AttentionShape or a CUDA
+// attention kernel's argument struct (positions, seq_len and window are read): one rule for the
+// CPU reference and every CUDA attention kernel, which call it in device code.
+template <typename A>
+STRATA_HOST_DEVICE inline std::int64_t attention_first_key(const A& s, std::int64_t b,
+                                                           std::int64_t t) {
   std::int64_t lo = 0;
   if (s.positions != nullptr) lo = t - s.positions[b * s.seq_len + t];
   if (s.window > 0 && t - s.window + 1 > lo) lo = t - s.window + 1;

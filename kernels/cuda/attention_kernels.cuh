@@ -18,9 +18,9 @@
 // first row's lo, and the dk/dv pass stops at the first query tile whose lo is past its keys.
 #pragma once
 
-#include "kernels/cuda/launch_plan.h"
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -54,15 +54,6 @@ struct AttnArgs {
   std::int64_t window;            // 0 = none
   const std::int32_t* positions;  // (B*T) or null
 };
-
-// The first key query t of batch row b sees (kernels::attention_first_key).
-__device__ __forceinline__ std::int64_t first_key(const AttnArgs& a, std::int64_t b,
-                                                  std::int64_t t) {
-  std::int64_t lo = 0;
-  if (a.positions != nullptr) lo = t - a.positions[b * a.seq_len + t];
-  if (a.window > 0 && t - a.window + 1 > lo) lo = t - a.window + 1;
-  return lo < 0 ? 0 : lo;
-}
 
 template <int PL>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a) {
@@ -99,13 +90,14 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a)
     m[i] = -INFINITY;
     l[i] = 0.0f;
     const std::int64_t t = t0 + warp * R + i;
-    lo[i] = t < T ? first_key(a, b, t) : 0;
+    lo[i] = t < T ? kernels::attention_first_key(a, b, t) : 0;
     STRATA_UNROLL
     for (int p = 0; p < PL; ++p)
       o[i][p] = 0.0f;
   }
   const std::int64_t last_row = (t0 + kRows < T ? t0 + kRows : T) - 1;
-  for (std::int64_t s0 = first_key(a, b, t0) / kTile * kTile; s0 <= last_row; s0 += kTile) {
+  for (std::int64_t s0 = kernels::attention_first_key(a, b, t0) / kTile * kTile; s0 <= last_row;
+       s0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and qs is written, first time)
     for (int idx = tid; idx < kTile * PD; idx += kThreads) {
       const int j = idx / PD;
@@ -200,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a) {
   STRATA_UNROLL
   for (int i = 0; i < R; ++i) {
     const std::int64_t t = t0 + warp * R + i;
-    lo[i] = t < T ? first_key(a, b, t) : 0;
+    lo[i] = t < T ? kernels::attention_first_key(a, b, t) : 0;
     float acc = 0.0f;
     if (t < T) {
       const float* o_row = a.out + (b * T + t) * a.out_stride + h * D;
@@ -215,7 +207,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a) {
       dq[i][p] = 0.0f;
   }
   const std::int64_t last_row = (t0 + kRows < T ? t0 + kRows : T) - 1;
-  for (std::int64_t s0 = first_key(a, b, t0) / kTile * kTile; s0 <= last_row; s0 += kTile) {
+  for (std::int64_t s0 = kernels::attention_first_key(a, b, t0) / kTile * kTile; s0 <= last_row;
+       s0 += kTile) {
     __syncthreads();
     for (int idx = tid; idx < kTile * PD; idx += kThreads) {
       const int j = idx / PD;
@@ -316,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a) {
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (std::int64_t t0 = first_tile; t0 < T; t0 += kTile) {
       // No query from here on sees this block's keys (lo only grows); uniform over the block.
-      if (first_key(a, b, t0) > last_key) break;
+      if (kernels::attention_first_key(a, b, t0) > last_key) break;
       __syncthreads();  // the previous tile is consumed (and krows/vrows written, first time)
       for (int idx = tid; idx < kTile * PD; idx += kThreads) {
         const int j = idx / PD;
@@ -342,7 +335,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a) {
         }
       }
       __syncthreads();
-      const std::int64_t lane_lo = t0 + lane < T ? first_key(a, b, t0 + lane) : 0;
+      const std::int64_t lane_lo =
+          t0 + lane < T ? kernels::attention_first_key(a, b, t0 + lane) : 0;
       STRATA_UNROLL
       for (int i = 0; i < R; ++i) {
         const int r = warp * R + i;

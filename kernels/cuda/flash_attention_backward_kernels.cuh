@@ -3,9 +3,10 @@
 // 16-bit but lse), the gradients dQ, dK and dV in the same 16-bit type. Semantics and layouts are
 // the forward's (flash_attention_kernels.cuh) and kernels::attention_backward's: dq has q's stride,
 // dk and dv kv's (they may be column ranges of one buffer, as q, k and v), dout and out have
-// out_stride; the masking rule is flash_first_key (causal, sliding window, packed documents).
-// The outputs are 16-bit, not fp32 as attention_kernels.cuh's backward writes: the issue asks for
-// bf16/fp16 in and out, and the strides are that kernel's, so only the element type differs.
+// out_stride; the masking rule is kernels::attention_first_key (causal, sliding window, packed
+// documents). The outputs are 16-bit, not fp32 as attention_kernels.cuh's backward writes: the
+// issue asks for bf16/fp16 in and out, and the strides are that kernel's, so only the element type
+// differs.
 //
 // Three kernels, each output element written once, by one thread, after a loop in a fixed order:
 //   1. delta: D_t = sum_d dO_td O_td in fp32, d ascending, one thread per (batch, head, query);
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dkv_kernel(Flas
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (std::int64_t t0 = s_base; t0 < T; t0 += kQ) {
       // No query from here on sees this block's keys (lo never decreases): uniform over the block.
-      if (flash_first_key(a, b, t0) > last_key) break;
+      if (kernels::attention_first_key(a, b, t0) > last_key) break;
       __syncthreads();  // every warp is done with the previous tile
       flash_load_tile<kD>(qs, a.q + (b * T + t0) * a.q_stride + h * kD, a.q_stride, kQ,
                           valid_rows(t0, kQ), tid);
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dkv_kernel(Flas
         const bool in = t < T;
         lse_s[tid] = in ? a.lse[(b * a.heads + h) * T + t] * 1.4426950408889634f : 0.0f;
         delta_s[tid] = in ? a.delta[(b * a.heads + h) * T + t] : 0.0f;
-        lo_s[tid] = in ? flash_first_key(a, b, t) : kFlashNever;
+        lo_s[tid] = in ? kernels::attention_first_key(a, b, t) : kFlashNever;
       }
       cp_async_wait_group<0>();
       __syncthreads();
@@ -354,7 +355,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dq_kernel(Flash
   for (int r = 0; r < 2; ++r) {
     row_t[r] = t0 + warp * 16 + mma_c_element(lane, 2 * r).row;
     const bool in = row_t[r] < T;
-    row_lo[r] = in ? flash_first_key(a, b, row_t[r]) : kFlashNever;
+    row_lo[r] = in ? kernels::attention_first_key(a, b, row_t[r]) : kFlashNever;
     lse2[r] = in ? a.lse[(b * a.heads + h) * T + row_t[r]] * 1.4426950408889634f : 0.0f;
     delta[r] = in ? a.delta[(b * a.heads + h) * T + row_t[r]] : 0.0f;
   }
@@ -372,8 +373,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dq_kernel(Flash
   for (int i = 0; i < 4; ++i)
     dq[n].reg[i] = 0.0f;
 
-  for (std::int64_t s0 = flash_first_key(a, b, t0) / kFlashKeys * kFlashKeys; s0 <= t_last;
-       s0 += kFlashKeys) {
+  for (std::int64_t s0 = kernels::attention_first_key(a, b, t0) / kFlashKeys * kFlashKeys;
+       s0 <= t_last; s0 += kFlashKeys) {
     __syncthreads();  // every warp is done with the previous K and V tiles
     flash_load_tile<kD>(ks, k_base + s0 * a.kv_stride, a.kv_stride, kFlashKeys,
                         valid_rows(s0, kFlashKeys), tid);

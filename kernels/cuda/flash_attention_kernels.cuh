@@ -90,17 +90,6 @@ struct FlashArgs {
   const std::int32_t* positions;  // (B*T) or null
 };
 
-// The first key query t of batch row b sees: the rule of kernels::attention_first_key. `A` is
-// FlashArgs or the backward's FlashBackwardArgs (positions, seq_len and window are read).
-template <typename A>
-__device__ __forceinline__ std::int64_t flash_first_key(const A& a, std::int64_t b,
-                                                        std::int64_t t) {
-  std::int64_t lo = 0;
-  if (a.positions != nullptr) lo = t - a.positions[b * a.seq_len + t];
-  if (a.window > 0 && t - a.window + 1 > lo) lo = t - a.window + 1;
-  return lo < 0 ? 0 : lo;
-}
-
 // Two floats rounded (to nearest even) to the 16-bit type, `lo` in the low half.
 template <typename E>
 __device__ __forceinline__ std::uint32_t flash_pack(float lo, float hi) {
@@ -212,11 +201,11 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_forward_kernel(
   STRATA_UNROLL
   for (int r = 0; r < 2; ++r) {
     row_t[r] = t0 + warp * 16 + mma_c_element(lane, 2 * r).row;
-    row_lo[r] = row_t[r] < T ? flash_first_key(a, b, row_t[r]) : 0;
+    row_lo[r] = row_t[r] < T ? kernels::attention_first_key(a, b, row_t[r]) : 0;
   }
 
   // Prologue: the Q tile and the first K tile (group 1), the first V tile (group 2).
-  const std::int64_t s_first = flash_first_key(a, b, t0) / kFlashKeys * kFlashKeys;
+  const std::int64_t s_first = kernels::attention_first_key(a, b, t0) / kFlashKeys * kFlashKeys;
   flash_load_tile<kD>(qs, a.q + (b * T + t0) * a.q_stride + h * kD, a.q_stride, kFlashRows,
                       valid_rows(t0, kFlashRows), tid);
   flash_load_tile<kD>(ks, k_base + s_first * a.kv_stride, a.kv_stride, kFlashKeys,
