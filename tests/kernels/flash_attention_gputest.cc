@@ -309,82 +309,95 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{false, 2, 77, 4, 1, 64, 0, true}, FlashCase{false, 1, 1024, 2, 2, 64, 40, true}),
     [](const auto& info) { return case_name(info.param); });
 
-// The forward's speed at the attention shapes of issue 35's rows (causal, fused q|k|v rows as the
-// model lays them out): FLOPs = 4 B H T^2 D / 2 (the two matrix products, half of them masked),
-// the median of 10 timed runs after 3 warm-up ones. Printed, not asserted.
+// The attention shapes of issue 35's rows, timed causal with D = 64 over T = 1024 tokens.
+struct Timed {
+  const char* name;
+  std::int64_t batch, heads, kv_heads;
+};
+constexpr std::int64_t kTimedT = 1024, kTimedD = 64;
+constexpr Timed kTimedShapes[] = {{"gpt2-124m", 8, 12, 12}, {"llama-1.1b", 4, 32, 8}};
+
+// The layout of a timed shape: fused q|k|v rows without padding, as the model lays them out.
+kernels::AttentionShape timed_shape(const Timed& t, bool bf16) {
+  kernels::AttentionShape s =
+      shape_of(FlashCase{bf16, t.batch, kTimedT, t.heads, t.kv_heads, kTimedD, 0, false});
+  s.q_stride = s.kv_stride = (t.heads + 2 * t.kv_heads) * kTimedD;
+  s.out_stride = t.heads * kTimedD;
+  return s;
+}
+
+// n 16-bit values uniform in [-1, 1), drawn from rng.
+std::vector<std::uint16_t> random_bits(std::size_t n, bool bf16, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<std::uint16_t> v(n);
+  for (std::uint16_t& x : v)
+    x = to_bits(unit(rng), bf16);
+  return v;
+}
+
+// One `<prefix> shape=... tflops=...` line from 10 timed runs of `flops` each (their median).
+void print_tflops(const char* prefix, const Timed& t, bool bf16, std::vector<double> ms,
+                  double flops) {
+  ASSERT_EQ(ms.size(), 10u);
+  std::sort(ms.begin(), ms.end());
+  const double median_ms = (ms[4] + ms[5]) / 2.0;
+  std::printf(
+      "%s shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld median_ms=%.4f tflops=%.2f\n",
+      prefix, t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
+      static_cast<long long>(kTimedT), static_cast<long long>(t.heads),
+      static_cast<long long>(t.kv_heads), static_cast<long long>(kTimedD), median_ms,
+      flops / (median_ms * 1e-3) / 1e12);
+}
+
+// The forward's FLOPs at a timed shape: 4 B H T^2 D / 2 (the two matrix products, half of them
+// masked).
+double forward_flops(const Timed& t) {
+  return 4.0 * static_cast<double>(t.batch * t.heads) * static_cast<double>(kTimedT) *
+         static_cast<double>(kTimedT) * static_cast<double>(kTimedD) / 2.0;
+}
+
+// The forward's speed at the attention shapes of issue 35's rows: the median of 10 timed runs
+// after 3 warm-up ones. Printed, not asserted.
 TEST(CudaFlashAttentionTiming, PrintsForwardTflopsAtTheGpt2AndLlamaShapes) {
   STRATA_GPU_OR_SKIP(gpu, {});
-  struct Timed {
-    const char* name;
-    std::int64_t batch, heads, kv_heads;
-  };
-  const std::int64_t T = 1024, D = 64;
-  for (const Timed& t : {Timed{"gpt2-124m", 8, 12, 12}, Timed{"llama-1.1b", 4, 32, 8}}) {
+  for (const Timed& t : kTimedShapes) {
     for (const bool bf16 : {true, false}) {
-      const FlashCase c{bf16, t.batch, T, t.heads, t.kv_heads, D, 0, false};
-      kernels::AttentionShape s = shape_of(c);
-      s.q_stride = s.kv_stride = (t.heads + 2 * t.kv_heads) * D;  // no padding: the model's rows
-      s.out_stride = t.heads * D;
-      const std::int64_t rows = t.batch * T;
+      const kernels::AttentionShape s = timed_shape(t, bf16);
+      const std::int64_t rows = t.batch * kTimedT;
       std::mt19937_64 rng(7);
-      std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-      std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride));
-      for (std::uint16_t& x : qkv)
-        x = to_bits(unit(rng), bf16);
-      backend::Buffer d_qkv = testing::to_device(gpu, qkv);
+      backend::Buffer d_qkv = testing::to_device(
+          gpu, random_bits(static_cast<std::size_t>(rows * s.q_stride), bf16, rng));
       backend::Buffer d_out = testing::to_device(
           gpu, std::vector<std::uint16_t>(static_cast<std::size_t>(rows * s.out_stride), 0));
       backend::Buffer d_lse = testing::to_device(
-          gpu, std::vector<float>(static_cast<std::size_t>(t.batch * t.heads * T), 0.0f));
+          gpu, std::vector<float>(static_cast<std::size_t>(t.batch * t.heads * kTimedT), 0.0f));
       ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
       const std::uint16_t* q = d_qkv.as<std::uint16_t>();
-      const std::int64_t hd = t.heads * D, kvd = t.kv_heads * D;
+      const std::int64_t hd = t.heads * kTimedD, kvd = t.kv_heads * kTimedD;
       std::vector<double> ms;
       const std::string error = time_forward(bf16, d_out.as<std::uint16_t>(), d_lse.as<float>(), q,
                                              q + hd, q + hd + kvd, s, 3, 10, ms);
       ASSERT_EQ(error, "") << t.name;
-      ASSERT_EQ(ms.size(), 10u);
-      std::sort(ms.begin(), ms.end());
-      const double median_ms = (ms[4] + ms[5]) / 2.0;
-      const double flops = 4.0 * static_cast<double>(t.batch * t.heads) * static_cast<double>(T) *
-                           static_cast<double>(T) * static_cast<double>(D) / 2.0;
-      std::printf(
-          "flash_forward_tflops shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld "
-          "median_ms=%.4f tflops=%.2f\n",
-          t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
-          static_cast<long long>(T), static_cast<long long>(t.heads),
-          static_cast<long long>(t.kv_heads), static_cast<long long>(D), median_ms,
-          flops / (median_ms * 1e-3) / 1e12);
+      print_tflops("flash_forward_tflops", t, bf16, ms, forward_flops(t));
     }
   }
 }
 
 // The backward's speed at the same shapes: O and lse from the GPU forward, dO random in [-1, 1);
-// FLOPs = 2.5 times the forward's 4 B H T^2 D / 2, the median of 10 timed runs (all three kernels
-// of the pass) after 3 warm-up ones. Printed, not asserted.
+// FLOPs = 2.5 times the forward's, the median of 10 timed runs (all three kernels of the pass)
+// after 3 warm-up ones. Printed, not asserted.
 TEST(CudaFlashAttentionTiming, PrintsBackwardTflopsAtTheGpt2AndLlamaShapes) {
   STRATA_GPU_OR_SKIP(gpu, {});
-  struct Timed {
-    const char* name;
-    std::int64_t batch, heads, kv_heads;
-  };
-  const std::int64_t T = 1024, D = 64;
-  for (const Timed& t : {Timed{"gpt2-124m", 8, 12, 12}, Timed{"llama-1.1b", 4, 32, 8}}) {
+  for (const Timed& t : kTimedShapes) {
     for (const bool bf16 : {true, false}) {
-      const FlashCase c{bf16, t.batch, T, t.heads, t.kv_heads, D, 0, false};
-      kernels::AttentionShape s = shape_of(c);
-      s.q_stride = s.kv_stride = (t.heads + 2 * t.kv_heads) * D;  // no padding: the model's rows
-      s.out_stride = t.heads * D;
-      const std::int64_t rows = t.batch * T;
+      const kernels::AttentionShape s = timed_shape(t, bf16);
+      const std::int64_t rows = t.batch * kTimedT;
       std::mt19937_64 rng(7);
-      std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-      std::vector<std::uint16_t> qkv(static_cast<std::size_t>(rows * s.q_stride));
-      for (std::uint16_t& x : qkv)
-        x = to_bits(unit(rng), bf16);
-      std::vector<std::uint16_t> dout(static_cast<std::size_t>(rows * s.out_stride));
-      for (std::uint16_t& x : dout)
-        x = to_bits(unit(rng), bf16);
-      const auto lse_n = static_cast<std::size_t>(t.batch * t.heads * T);
+      const std::vector<std::uint16_t> qkv =
+          random_bits(static_cast<std::size_t>(rows * s.q_stride), bf16, rng);
+      const std::vector<std::uint16_t> dout =
+          random_bits(static_cast<std::size_t>(rows * s.out_stride), bf16, rng);
+      const auto lse_n = static_cast<std::size_t>(t.batch * t.heads * kTimedT);
       backend::Buffer d_qkv = testing::to_device(gpu, qkv);
       backend::Buffer d_dout = testing::to_device(gpu, dout);
       backend::Buffer d_out = testing::to_device(gpu, std::vector<std::uint16_t>(dout.size(), 0));
@@ -393,7 +406,7 @@ TEST(CudaFlashAttentionTiming, PrintsBackwardTflopsAtTheGpt2AndLlamaShapes) {
       backend::Buffer d_delta = testing::to_device(gpu, std::vector<float>(lse_n, 0.0f));
       ASSERT_TRUE(gpu.synchronize(backend::StreamKind::kCompute).is_ok());
       const std::uint16_t* q = d_qkv.as<std::uint16_t>();
-      const std::int64_t hd = t.heads * D, kvd = t.kv_heads * D;
+      const std::int64_t hd = t.heads * kTimedD, kvd = t.kv_heads * kTimedD;
       std::string error =
           forward(bf16, d_out.as<std::uint16_t>(), d_lse.as<float>(), q, q + hd, q + hd + kvd, s);
       ASSERT_EQ(error, "") << t.name << " forward";
@@ -402,19 +415,7 @@ TEST(CudaFlashAttentionTiming, PrintsBackwardTflopsAtTheGpt2AndLlamaShapes) {
                             d_dout.as<std::uint16_t>(), d_out.as<std::uint16_t>(),
                             d_lse.as<float>(), q, s, 3, 10, ms);
       ASSERT_EQ(error, "") << t.name;
-      ASSERT_EQ(ms.size(), 10u);
-      std::sort(ms.begin(), ms.end());
-      const double median_ms = (ms[4] + ms[5]) / 2.0;
-      const double flops = 2.5 * 4.0 * static_cast<double>(t.batch * t.heads) *
-                           static_cast<double>(T) * static_cast<double>(T) *
-                           static_cast<double>(D) / 2.0;
-      std::printf(
-          "flash_backward_tflops shape=%s dtype=%s B=%lld T=%lld H=%lld KV=%lld D=%lld "
-          "median_ms=%.4f tflops=%.2f\n",
-          t.name, bf16 ? "bf16" : "fp16", static_cast<long long>(t.batch),
-          static_cast<long long>(T), static_cast<long long>(t.heads),
-          static_cast<long long>(t.kv_heads), static_cast<long long>(D), median_ms,
-          flops / (median_ms * 1e-3) / 1e12);
+      print_tflops("flash_backward_tflops", t, bf16, ms, 2.5 * forward_flops(t));
     }
   }
 }
