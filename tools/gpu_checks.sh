@@ -6,6 +6,9 @@
 #             lines of the tensor-core flash attention (tests/kernels/flash_attention_gputest.cc,
 #             `flash_forward_tflops` / `flash_backward_tflops shape=... tflops=...`) from its log,
 #             beside PyTorch's SDPA at the same shapes (tools/bench_sdpa.py, PYTHON with torch);
+#             then the CUDA backend's fast paths (`strata report`), a short bf16 `strata bench step`
+#             with them and one with the flash attention's check made to fail
+#             (STRATA_TEST_FAST_PATH_FAIL: the fallback), and the quick-start job in bf16;
 #   repeat    the determinism tests N times in one process (default 10): two trainers in one
 #             process give the same bits (TrainCuda.TwoRunsGiveTheSameBits) and the fixtures'
 #             three AdamW steps land on torch's weights (FixtureAdamWCuda.*); one process on
@@ -80,6 +83,25 @@ if want tests; then
   [ -f "$log" ] && grep -hE '^flash_(forward|backward)_tflops ' "$log" | sed 's/^/gpu_checks:   /'
   step bench.sdpa "${PYTHON:-python3}" "$root/tools/bench_sdpa.py"
   grep -hE '^sdpa_' "$out/bench.sdpa.log" 2>/dev/null | sed 's/^/gpu_checks:   /'
+  # The fast paths as `strata report` lists them (each checked at the CUDA backend's start), a
+  # short bf16 step with them, then the same with the flash attention's check made to fail
+  # (STRATA_TEST_FAST_PATH_FAIL): one warning naming it, and the fp32 kernels run instead.
+  step fastpaths.report "$build/strata" report
+  grep -hE '^  [a-z_0-9]+: (on|off)' "$out/fastpaths.report.log" | sed 's/^/gpu_checks:   /'
+  small=(bench step --model "$root/configs/models/gpt2-124m.json" --backend cuda --batch 2
+         --seq-len 256 --steps 3 --warmup 1 --precision bf16)
+  step fastpaths.on "$build/strata" "${small[@]}"
+  STRATA_TEST_FAST_PATH_FAIL=flash_attention step fastpaths.fallback "$build/strata" "${small[@]}"
+  grep -hE '^(fast path|time|throughput)|fast path .* is off' "$out/fastpaths.on.log" \
+    "$out/fastpaths.fallback.log" | sed 's/^/gpu_checks:   /'
+  # The quick-start job (8 MiB device budget) on the CUDA backend in bf16: the checks fit beside
+  # the backend's workspaces.
+  tmp_demo="$(mktemp -d)"
+  step fastpaths.demo "$build/strata" train --config "$root/configs/demo.json" \
+    --set strata.backend=cuda --set strata.gemm_precision=bf16 --steps 3 \
+    --set strata.output_dir="$tmp_demo" --quiet
+  grep -h "fast path" "$out/fastpaths.demo.log" | sed 's/^/gpu_checks:   /'
+  rm -rf "$tmp_demo"
 fi
 
 if want repeat; then

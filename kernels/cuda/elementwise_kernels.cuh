@@ -5,8 +5,8 @@
 #pragma once
 
 #include "kernels/cpu/nn_ops.h"
-#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -140,6 +140,28 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
   }
 }
 
+// The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,
+// leading dimension src_ld), exactly.
+__global__ void cast_block_from_16_kernel(float* dst, std::int64_t dst_ld, const std::uint16_t* src,
+                                          int src_code, std::int64_t src_ld, std::int64_t rows,
+                                          std::int64_t cols) {
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::uint16_t* in = src + r * src_ld;
+    float* out = dst + r * dst_ld;
+    for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      out[c] = src_code == kCodeBF16 ? bf16_bits_to_float(in[c]) : fp16_bits_to_float(in[c]);
+    }
+  }
+}
+
+// The grid of the block casts: threads over columns, at most 64 blocks of them, blocks over rows.
+dim3 cast_block_grid(std::int64_t rows, std::int64_t cols) {
+  const std::int64_t x_blocks = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
+  return dim3(static_cast<unsigned>(x_blocks < 64 ? x_blocks : 64),
+              static_cast<unsigned>(rows < 65535 ? rows : 65535));
+}
+
 dim3 elementwise_grid(std::int64_t n) {
   return dim3(static_cast<unsigned>(cuda::elementwise_blocks(n)));
 }
@@ -215,11 +237,17 @@ template <typename L>
 auto run_cast_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t dst_ld,
                           const float* src, std::int64_t src_ld, std::int64_t rows,
                           std::int64_t cols) {
-  const std::int64_t x_blocks = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
-  const dim3 grid(static_cast<unsigned>(x_blocks < 64 ? x_blocks : 64),
-                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  return launch(cast_block_kernel, grid, dim3(kElementwiseThreads), 0,
+  return launch(cast_block_kernel, cast_block_grid(rows, cols), dim3(kElementwiseThreads), 0,
                 static_cast<std::uint16_t*>(dst), dst_code, dst_ld, src, src_ld, rows, cols);
+}
+
+template <typename L>
+auto run_cast_block_from_16(const L& launch, float* dst, std::int64_t dst_ld, const void* src,
+                            int src_code, std::int64_t src_ld, std::int64_t rows,
+                            std::int64_t cols) {
+  return launch(cast_block_from_16_kernel, cast_block_grid(rows, cols), dim3(kElementwiseThreads),
+                0, dst, dst_ld, static_cast<const std::uint16_t*>(src), src_code, src_ld, rows,
+                cols);
 }
 
 }  // namespace

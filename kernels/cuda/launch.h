@@ -70,8 +70,8 @@ cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const
 cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const float* x,
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
-                                   std::int64_t x_stride,
-                                   const cuda::ColumnReducePlan& plan, double* scratch);
+                                   std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
+                                   double* scratch);
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch);
@@ -92,6 +92,24 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
                                const float* out, const float* lse, const float* q, const float* k,
                                const float* v, const AttentionShape& shape,
                                const cuda::AttentionLaunch& launch);
+
+// ---- tensor-core flash attention on fp32 activations (flash_attention.cu) ----
+// The contracts of attention_forward / attention_backward above, computed by the flash kernels on
+// q, k, v (and out, dO) rounded to bf16 (`bf16`, else fp16) in `workspace` (workspace_elements
+// 16-bit elements, 16-byte aligned; launch_plan.h's plan_flash_io); fp32 accumulation and softmax
+// statistics, results widened to fp32. cudaErrorInvalidValue unless
+// flash_f32_supported(shape, workspace_elements) (flash_attention_f32.cuh: head size 64, 80, 96,
+// 128 or 256, whole GQA groups, one batch row fits the workspace). The backward's bits do not
+// depend on timing (flash_attention_backward_kernels.cuh).
+cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
+                                        std::int64_t workspace_elements, float* out, float* lse,
+                                        const float* q, const float* k, const float* v,
+                                        const AttentionShape& shape);
+cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
+                                         std::int64_t workspace_elements, float* dq, float* dk,
+                                         float* dv, const float* dout, const float* out,
+                                         const float* lse, const float* q, const float* k,
+                                         const float* v, const AttentionShape& shape);
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

@@ -100,6 +100,51 @@ inline constexpr int kAttentionHeadDimMax = 256;
 // per_lane = 0 for head_dim outside [1, 256].
 AttentionLaunch plan_attention(std::int64_t head_dim);
 
+// ---- tensor-core flash attention on fp32 activations (flash_attention_f32.cuh)
+// ------------------- The backend's activations are fp32 and the flash kernels take 16-bit q, k, v:
+// each call rounds its inputs into the backend's 16-bit workspace (the one the GEMMs round their
+// operands into; the two never run at once, both being on the compute stream), laid out compactly,
+// and widens the results back. Batch rows are independent, so a call runs in passes of as many
+// whole batch rows as the workspace holds. Per batch row, in 16-bit elements (T = seq_len, hd =
+// heads * head_dim, kvd = kv_heads * head_dim):
+//   forward:  T (hd + 2 kvd) for q, k, v, then T hd for out;
+//   backward: 2 T (hd + 2 kvd) for q, k, v and dq, dk, dv, then 2 T hd for out and dO, then 2 heads
+//   T
+//             for the fp32 rowsum(dO * O) (delta).
+// Every piece starts on a multiple of 8 elements (16 bytes, cp.async's row alignment) when head_dim
+// is a multiple of 8, as every flash head size is.
+struct FlashIoPlan {
+  std::int64_t per_batch_row = 0;  // 16-bit elements one batch row needs
+  std::int64_t batch_rows = 0;     // batch rows per pass (0: one row does not fit)
+  std::int64_t passes = 0;
+};
+constexpr FlashIoPlan plan_flash_io(std::int64_t batch, std::int64_t seq_len, std::int64_t heads,
+                                    std::int64_t kv_heads, std::int64_t head_dim, bool backward,
+                                    std::int64_t workspace_elements) {
+  FlashIoPlan p;
+  const std::int64_t hd = heads * head_dim, kvd = kv_heads * head_dim;
+  p.per_batch_row = backward ? 2 * seq_len * (hd + 2 * kvd) + 2 * seq_len * hd + 2 * heads * seq_len
+                             : seq_len * (hd + 2 * kvd) + seq_len * hd;
+  if (p.per_batch_row <= 0 || batch <= 0) return p;
+  p.batch_rows = workspace_elements / p.per_batch_row;
+  if (p.batch_rows > batch) p.batch_rows = batch;
+  p.passes = p.batch_rows > 0 ? (batch + p.batch_rows - 1) / p.batch_rows : 0;
+  return p;
+}
+
+// Whether a call of that shape can take the flash path on fp32 arrays: a flash head size (64, 80,
+// 96, 128, 256), whole GQA groups and at least one batch row per pass, forward and backward alike
+// (so that a forward and its backward take the same path).
+constexpr bool flash_io_takes(std::int64_t batch, std::int64_t seq_len, std::int64_t heads,
+                              std::int64_t kv_heads, std::int64_t head_dim,
+                              std::int64_t workspace_elements) {
+  const bool head =
+      head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+  return head && kv_heads > 0 && heads > 0 && heads % kv_heads == 0 &&
+         plan_flash_io(batch, seq_len, heads, kv_heads, head_dim, true, workspace_elements)
+                 .batch_rows > 0;
+}
+
 // ---- element-wise kernels -----------------------------------------------------------------------
 inline constexpr int kElementwiseThreads = 256;
 inline constexpr std::int64_t kElementwiseBlocksMax = 1 << 16;

@@ -19,7 +19,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "backend/fast_path.h"
 #include "backend/ops.h"
 #include "backend/optimizer_ops.h"
 #include "common/status.h"
@@ -133,6 +135,9 @@ class Backend {
   // Host threads for CPU work: the CPU backend's ops split over this many; on the CUDA backend
   // they are the threads the host-side optimizer (CPU Adam) may use.
   virtual int compute_threads() const = 0;
+  // The fast paths this backend checked when it started (backend/fast_path.h), on or off, with
+  // why; empty where it has none (the CPU backend).
+  virtual std::vector<FastPath> fast_paths() const { return {}; }
   // Whether device memory is ordinary host memory (the CPU backend): NVMe reads may then land in
   // it directly, with no staging buffer and no host->device copy.
   virtual bool device_memory_is_host() const { return false; }

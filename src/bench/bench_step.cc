@@ -117,6 +117,7 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   std::int64_t threads = 0;
   std::string backend_name;
   std::string backend_description;
+  Json::Value fast_paths(Json::arrayValue);
   std::vector<std::int64_t> peak_sizes;
   {
     std::stringstream list(o.peak_sizes);
@@ -135,6 +136,7 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
     threads = trainer->backend().compute_threads();
     backend_name = trainer->backend().name();
     backend_description = trainer->backend().description();
+    fast_paths = backend::fast_paths_json(trainer->backend().fast_paths());
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(train::StepReport r, trainer->train_step());
       if (s < o.warmup) continue;
@@ -156,6 +158,7 @@ Result<Json::Value> bench(const BenchStepOptions& o) {
   Json::Value j(Json::objectValue);
   j["backend"] = backend_name;
   j["backend_description"] = backend_description;
+  j["fast_paths"] = fast_paths;
   j["model"] = model::family_name(shape.family);
   j["parameters"] = Json::Int64(model::total_params(shape));
   j["layers"] = Json::Int64(shape.num_layers);
@@ -290,6 +293,10 @@ int run_bench_step(const BenchStepOptions& o) {
     return 0;
   }
   std::printf("backend      %s\n", j["backend_description"].asCString());
+  for (const Json::Value& path : j["fast_paths"]) {
+    std::printf("fast path    %s: %s%s\n", path["name"].asCString(),
+                path["active"].asBool() ? "on: " : "off: ", path["detail"].asCString());
+  }
   std::printf("model        %s, %.1fM parameters, %lld layers, hidden %lld\n",
               j["model"].asCString(), j["parameters"].asDouble() / 1e6,
               static_cast<long long>(j["layers"].asInt64()),

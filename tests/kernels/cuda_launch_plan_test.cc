@@ -164,3 +164,37 @@ TEST(GemmPrecisionNames, RoundTrip) {
 
 }  // namespace
 }  // namespace strata::cuda
+
+// The flash attention on fp32 arrays (flash_attention_f32.cuh): elements per batch row, passes,
+// and which shapes it takes.
+namespace strata::cuda {
+namespace {
+
+TEST(FlashIoPlan, CountsEachBatchRowsPiecesAndCutsTheBatchIntoPasses) {
+  // T 256, 8 heads of 64, 2 KV heads: hd 512, kvd 128.
+  const FlashIoPlan fwd = plan_flash_io(4, 256, 8, 2, 64, false, 1 << 20);
+  EXPECT_EQ(fwd.per_batch_row, 256 * (512 + 256) + 256 * 512);
+  EXPECT_EQ(fwd.batch_rows, 3);
+  EXPECT_EQ(fwd.passes, 2);
+  const FlashIoPlan bwd = plan_flash_io(4, 256, 8, 2, 64, true, 1 << 20);
+  EXPECT_EQ(bwd.per_batch_row, 2 * 256 * (512 + 256) + 2 * 256 * 512 + 2 * 8 * 256);
+  EXPECT_EQ(bwd.batch_rows, 1);
+  EXPECT_EQ(bwd.passes, 4);
+  // A workspace that holds the whole batch: one pass of 4 rows, never more rows than the batch.
+  EXPECT_EQ(plan_flash_io(4, 256, 8, 2, 64, true, 1 << 30).batch_rows, 4);
+  EXPECT_EQ(plan_flash_io(4, 256, 8, 2, 64, true, 1 << 30).passes, 1);
+  // One that does not hold a row: no pass.
+  EXPECT_EQ(plan_flash_io(4, 256, 8, 2, 64, true, bwd.per_batch_row - 1).batch_rows, 0);
+}
+
+TEST(FlashIoPlan, TakesFlashHeadSizesWholeGroupsAndRowsThatFit) {
+  for (const std::int64_t d : {64, 80, 96, 128, 256})
+    EXPECT_TRUE(flash_io_takes(2, 128, 4, 2, d, 1 << 24)) << d;
+  for (const std::int64_t d : {8, 32, 48, 112, 192})
+    EXPECT_FALSE(flash_io_takes(2, 128, 4, 2, d, 1 << 24)) << d;
+  EXPECT_FALSE(flash_io_takes(2, 128, 6, 4, 64, 1 << 24));  // 6 heads over 4 KV heads
+  EXPECT_FALSE(flash_io_takes(2, 128, 4, 2, 64, 1000));     // no batch row fits
+}
+
+}  // namespace
+}  // namespace strata::cuda

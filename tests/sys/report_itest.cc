@@ -11,8 +11,9 @@ using testing::run_strata;
 TEST(ReportCli, TextNamesEverySection) {
   auto r = run_strata({"report"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* needle : {"build\n", "cpu\n", "memory\n", "gpu\n", "storage\n", "AVX2",
-                             "AVX-512", "ulimit -l", "NCCL", "io_uring", "NUMA node"}) {
+  for (const char* needle :
+       {"build\n", "cpu\n", "memory\n", "gpu\n", "storage\n", "AVX2", "AVX-512", "ulimit -l",
+        "NCCL", "io_uring", "NUMA node", "Fast paths", "flash_attention: "}) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << " missing from\n" << r.out;
   }
 }
@@ -34,6 +35,18 @@ TEST(ReportCli, JsonDescribesThisMachine) {
   if (v["cuda"]["gpus"].empty()) {
     EXPECT_FALSE(v["cuda"]["error"].asString().empty());
   }
+  // Every fast path is listed, on or off with why; without a GPU each is off and not checked.
+  bool flash = false;
+  for (const Json::Value& path : v["fast_paths"]) {
+    EXPECT_FALSE(path["detail"].asString().empty()) << path["name"].asString();
+    EXPECT_FALSE(path["replaces"].asString().empty()) << path["name"].asString();
+    if (path["name"].asString() == "flash_attention") flash = true;
+    if (v["cuda"]["gpus"].empty()) {
+      EXPECT_FALSE(path["active"].asBool());
+      EXPECT_NE(path["detail"].asString().find("not checked"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(flash) << r.out;
 }
 
 TEST(ReportCli, MissingPathIsAUsageErrorNamingIt) {

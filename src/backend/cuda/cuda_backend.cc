@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/arena.h"
+#include "backend/attention_check.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
@@ -21,6 +22,7 @@
 #include "common/units.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.h"
 #include "sys/memory.h"
 
 namespace strata::backend {
@@ -58,6 +60,7 @@ class CudaBackend final : public Backend {
   }
 
   Status init();
+  void choose_fast_paths(const OpsScratch& scratch);
 
   std::string name() const override { return fmt::format("cuda:{}", options_.device); }
   std::string description() const override {
@@ -209,6 +212,7 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  std::vector<FastPath> fast_paths() const override { return fast_paths_.list(); }
   Ops<float>& ops_f32() override { return *ops_; }
   Ops<double>* ops_f64() override { return nullptr; }
   OptimizerOps& optimizer_ops() override { return *optimizer_ops_; }
@@ -271,6 +275,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<strata::cuda::GemmEngine> gemm_;
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<CudaOptimizerOps> optimizer_ops_;
+  FastPaths fast_paths_;
 };
 
 Status CudaBackend::init() {
@@ -385,13 +390,45 @@ Status CudaBackend::init() {
   STRATA_ASSIGN_OR_RETURN(pinned_scratch_, allocate_pinned(64, "reduction read-back"));
   scratch.host = pinned_scratch_.as<double>();
 
+  scratch.sixteen = static_cast<std::uint16_t*>(gemm.convert_workspace);
+  scratch.sixteen_elements = gemm.convert_elements;
+
   STRATA_ASSIGN_OR_RETURN(gemm_,
                           strata::cuda::GemmEngine::create(gemm, stream_of(StreamKind::kCompute)));
   ops_ = std::make_unique<CudaOps>(stream_of(StreamKind::kCompute), gemm_.get(), scratch, &sink_);
   optimizer_ops_ =
       std::make_unique<CudaOptimizerOps>(stream_of(StreamKind::kCompute), scratch, &sink_);
   STRATA_TRY(STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_of(StreamKind::kCompute))));
+  STRATA_TRY(sticky());
+  choose_fast_paths(scratch);
   return sticky();
+}
+
+// The fast paths, each checked on small shapes against its reference (backend/fast_path.h). The
+// checks call the launchers directly, not through the ops, so that a refused launch is the check's
+// result and not the backend's sticky error.
+void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
+  const bool sixteen_bit =
+      strata::cuda::converts_operands(options_.gemm_precision) && scratch.sixteen != nullptr;
+  const bool bf16 = options_.gemm_precision == strata::cuda::GemmPrecision::kBf16;
+  const cudaStream_t stream = stream_of(StreamKind::kCompute);
+  AttentionPath flash;
+  flash.forward = [&](float* out, float* lse, const float* q, const float* k, const float* v,
+                      const AttentionShape& shape) {
+    return STRATA_CUDA_CHECK(cuda_kernels::flash_attention_forward_f32(
+        stream, bf16, scratch.sixteen, scratch.sixteen_elements, out, lse, q, k, v, shape));
+  };
+  flash.backward = [&](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                       const float* lse, const float* q, const float* k, const float* v,
+                       const AttentionShape& shape) {
+    return STRATA_CUDA_CHECK(cuda_kernels::flash_attention_backward_f32(
+        stream, bf16, scratch.sixteen, scratch.sixteen_elements, dq, dk, dv, dout, out, lse, q, k,
+        v, shape));
+  };
+  std::vector<std::int64_t> head_sizes = choose_flash_attention(
+      fast_paths_, sixteen_bit, bf16,
+      [&](std::int64_t head_dim) { return check_attention_path(*this, flash, bf16, head_dim); });
+  ops_->use_flash_attention(bf16, std::move(head_sizes));
 }
 
 }  // namespace

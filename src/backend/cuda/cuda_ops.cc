@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -204,8 +205,27 @@ Status attention_launch(const backend::AttentionShape& s, plan::AttentionLaunch*
 
 }  // namespace
 
+bool CudaOps::takes_flash(const backend::AttentionShape& s) const {
+  if (scratch_.sixteen == nullptr) return false;
+  if (std::find(flash_head_sizes_.begin(), flash_head_sizes_.end(), s.head_dim) ==
+      flash_head_sizes_.end()) {
+    return false;
+  }
+  return plan::flash_io_takes(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim,
+                              scratch_.sixteen_elements);
+}
+
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
+  if (takes_flash(shape)) {
+    ++flash_calls_;
+    STRATA_OPS_CHECK(
+        ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
+                                        scratch_.sixteen_elements, out, lse, q, k, v, shape),
+        "flash attention forward");
+    return;
+  }
+  ++fp32_attention_calls_;
   plan::AttentionLaunch launch;
   const Status ok = attention_launch(shape, &launch);
   if (!ok.is_ok()) {
@@ -219,6 +239,15 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
+  if (takes_flash(shape)) {
+    ++flash_calls_;
+    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
+                                                      scratch_.sixteen_elements, dq, dk, dv, dout,
+                                                      out, lse, q, k, v, shape),
+                     "flash attention backward");
+    return;
+  }
+  ++fp32_attention_calls_;
   plan::AttentionLaunch launch;
   const Status ok = attention_launch(shape, &launch);
   if (!ok.is_ok()) {

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "backend/ops.h"
 #include "backend/optimizer_ops.h"
@@ -23,6 +25,10 @@ struct OpsScratch {
   double* sum_result = nullptr;   // 2 doubles: sum() / sum_squares()
   double* tile_result = nullptr;  // 2 doubles: check_finite of one Adam tile
   double* host = nullptr;         // pinned: 2 doubles the results are read back into
+  // The 16-bit workspace the flash attention rounds its inputs into (the GEMMs' conversion
+  // workspace: both run on the compute stream, never at once); null without 16-bit GEMMs.
+  std::uint16_t* sixteen = nullptr;
+  std::int64_t sixteen_elements = 0;
 };
 
 class CudaOps final : public backend::Ops<float> {
@@ -88,6 +94,19 @@ class CudaOps final : public backend::Ops<float> {
   void cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) override;
   void cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) override;
 
+  // Attention of these head sizes runs the tensor-core flash kernels on inputs rounded to bf16
+  // (`bf16`, else fp16) where the shape allows (launch_plan.h's flash_io_takes), the fp32 kernels
+  // otherwise. Empty: always the fp32 kernels (the default).
+  void use_flash_attention(bool bf16, std::vector<std::int64_t> head_sizes) {
+    flash_bf16_ = bf16;
+    flash_head_sizes_ = std::move(head_sizes);
+  }
+  // Whether attention of this shape runs the flash kernels.
+  bool takes_flash(const backend::AttentionShape& shape) const;
+  // Calls of each path so far (forward and backward count one each).
+  std::int64_t flash_calls() const { return flash_calls_; }
+  std::int64_t fp32_attention_calls() const { return fp32_attention_calls_; }
+
  private:
   void check(cudaError_t result, const char* op, const char* file, int line);
   cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
@@ -98,6 +117,10 @@ class CudaOps final : public backend::Ops<float> {
   cuda::GemmEngine* gemm_;
   OpsScratch scratch_;
   cuda::ErrorSink* sink_;
+  bool flash_bf16_ = true;
+  std::vector<std::int64_t> flash_head_sizes_;
+  std::int64_t flash_calls_ = 0;
+  std::int64_t fp32_attention_calls_ = 0;
 };
 
 class CudaOptimizerOps final : public backend::OptimizerOps {

@@ -1,0 +1,37 @@
+// Launchers of the tensor-core flash attention on fp32 activations (flash_attention_f32.cuh) on a
+// CUDA stream.
+#include "kernels/cuda/flash_attention_f32.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace strata::cuda_kernels {
+
+cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
+                                        std::int64_t workspace_elements, float* out, float* lse,
+                                        const float* q, const float* k, const float* v,
+                                        const AttentionShape& shape) {
+  if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
+  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  const CudaLauncher launch{s};
+  return bf16 ? run_flash_attention_forward_f32<FlashBf16>(launch, workspace, workspace_elements,
+                                                           out, lse, q, k, v, shape)
+              : run_flash_attention_forward_f32<FlashFp16>(launch, workspace, workspace_elements,
+                                                           out, lse, q, k, v, shape);
+}
+
+cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
+                                         std::int64_t workspace_elements, float* dq, float* dk,
+                                         float* dv, const float* dout, const float* out,
+                                         const float* lse, const float* q, const float* k,
+                                         const float* v, const AttentionShape& shape) {
+  if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
+  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  const CudaLauncher launch{s};
+  return bf16 ? run_flash_attention_backward_f32<FlashBf16>(launch, workspace, workspace_elements,
+                                                            dq, dk, dv, dout, out, lse, q, k, v,
+                                                            shape)
+              : run_flash_attention_backward_f32<FlashFp16>(launch, workspace, workspace_elements,
+                                                            dq, dk, dv, dout, out, lse, q, k, v,
+                                                            shape);
+}
+
+}  // namespace strata::cuda_kernels

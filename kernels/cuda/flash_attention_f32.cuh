@@ -1,0 +1,184 @@
+// The tensor-core flash attention (flash_attention_kernels.cuh,
+// flash_attention_backward_kernels.cuh) on the CUDA backend's fp32 activations, with the contracts
+// of kernels/cpu/nn_ops.h's attention_forward / attention_backward (fp32 q, k, v, out, dq, dk, dv
+// with their strides; lse (B, H, T) in fp32): each pass rounds its inputs to 16 bits into the
+// workspace, compactly laid out (strides heads * head_dim and kv_heads * head_dim), runs the flash
+// kernels there, and widens the results into the caller's arrays, over launch_plan.h's
+// plan_flash_io (passes of whole batch rows). Generic over the launcher (device_math.cuh), so the
+// emulator tests run exactly this code.
+//
+// The forward's out is 16-bit values widened, so the backward's rounding of out back to 16 bits is
+// exact; dq, dk, dv are WRITTEN (the padding columns of the caller's strides are not touched).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/flash_attention_backward_kernels.cuh"
+#include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/launch_plan.h"
+
+namespace strata::cuda_kernels {
+
+// Whether the flash path takes this shape on the fp32 arrays: launch_plan.h's flash_io_takes, and
+// the kernels' own conditions on the compact layout.
+inline bool flash_f32_supported(const kernels::AttentionShape& s, std::int64_t workspace_elements) {
+  kernels::AttentionShape compact = s;
+  compact.q_stride = compact.out_stride = s.heads * s.head_dim;
+  compact.kv_stride = s.kv_heads * s.head_dim;
+  return cuda::flash_io_takes(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim,
+                              workspace_elements) &&
+         flash_attention_backward_supported(compact);
+}
+
+namespace flash_f32_detail {
+
+// The shape of one pass over batch rows [b0, b0 + rows) in the compact 16-bit layout.
+inline kernels::AttentionShape pass_shape(const kernels::AttentionShape& s, std::int64_t b0,
+                                          std::int64_t batch_rows) {
+  kernels::AttentionShape p = s;
+  p.batch = batch_rows;
+  p.q_stride = p.out_stride = s.heads * s.head_dim;
+  p.kv_stride = s.kv_heads * s.head_dim;
+  if (s.positions != nullptr) p.positions = s.positions + b0 * s.seq_len;
+  return p;
+}
+
+// What both directions need: the 16-bit type's code, the row widths and the passes.
+struct Io {
+  int code = 0;
+  std::int64_t T = 0, hd = 0, kvd = 0;
+  cuda::FlashIoPlan plan;
+};
+template <typename E>
+Io io_of(const kernels::AttentionShape& s, std::int64_t workspace_elements, bool backward) {
+  Io io;
+  io.code = E::kBf16 ? kCodeBF16 : kCodeF16;
+  io.T = s.seq_len;
+  io.hd = s.heads * s.head_dim;
+  io.kvd = s.kv_heads * s.head_dim;
+  io.plan = cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, backward,
+                                workspace_elements);
+  return io;
+}
+
+// The launcher's result (cudaError_t, or the emulator's int).
+template <typename L>
+using LaunchResult = decltype(std::declval<const L&>()(
+    cast_block_kernel, dim3(), dim3(), std::size_t{0}, static_cast<std::uint16_t*>(nullptr), 0,
+    std::int64_t{0}, static_cast<const float*>(nullptr), std::int64_t{0}, std::int64_t{0},
+    std::int64_t{0}));
+
+// `rows` rows of fp32 `src` (leading dimension src_ld) rounded into compact 16-bit `dst`.
+struct Narrow {
+  std::uint16_t* dst;
+  const float* src;
+  std::int64_t src_ld, cols;
+};
+// `rows` rows of compact 16-bit `src` widened into fp32 `dst` (leading dimension dst_ld).
+struct Widen {
+  float* dst;
+  std::int64_t dst_ld;
+  const std::uint16_t* src;
+  std::int64_t cols;
+};
+
+template <typename L, std::size_t N>
+LaunchResult<L> narrow(const L& launch, int code, std::int64_t rows, const Narrow (&pieces)[N]) {
+  LaunchResult<L> err{};
+  for (const Narrow& p : pieces) {
+    err = run_cast_block_to_16(launch, p.dst, code, p.cols, p.src, p.src_ld, rows, p.cols);
+    if (!launched(err)) return err;
+  }
+  return err;
+}
+
+template <typename L, std::size_t N>
+LaunchResult<L> widen(const L& launch, int code, std::int64_t rows, const Widen (&pieces)[N]) {
+  LaunchResult<L> err{};
+  for (const Widen& p : pieces) {
+    err = run_cast_block_from_16(launch, p.dst, p.dst_ld, p.src, code, p.cols, rows, p.cols);
+    if (!launched(err)) return err;
+  }
+  return err;
+}
+
+}  // namespace flash_f32_detail
+
+// E: FlashBf16 or FlashFp16 (the 16-bit type the inputs are rounded to). `workspace` holds
+// `workspace_elements` 16-bit elements, 16-byte aligned; flash_f32_supported(shape, ...) holds.
+template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
+flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
+    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
+    float* lse, const float* q, const float* k, const float* v,
+    const kernels::AttentionShape& shape) {
+  namespace d = flash_f32_detail;
+  const d::Io io = d::io_of<E>(shape, workspace_elements, false);
+  const std::int64_t hd = io.hd, kvd = io.kvd;
+  d::LaunchResult<L> err{};
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
+    const std::int64_t nb = std::min(io.plan.batch_rows, shape.batch - b0);
+    const std::int64_t rows = nb * io.T, first = b0 * io.T;
+    std::uint16_t* q16 = workspace;
+    std::uint16_t* k16 = q16 + rows * hd;
+    std::uint16_t* v16 = k16 + rows * kvd;
+    std::uint16_t* o16 = v16 + rows * kvd;
+    const d::Narrow in[] = {{q16, q + first * shape.q_stride, shape.q_stride, hd},
+                            {k16, k + first * shape.kv_stride, shape.kv_stride, kvd},
+                            {v16, v + first * shape.kv_stride, shape.kv_stride, kvd}};
+    err = d::narrow(launch, io.code, rows, in);
+    if (!launched(err)) return err;
+    err = run_flash_attention_forward<E, kFault>(launch, o16, lse + b0 * shape.heads * io.T, q16,
+                                                 k16, v16, d::pass_shape(shape, b0, nb));
+    if (!launched(err)) return err;
+    const d::Widen result[] = {{out + first * shape.out_stride, shape.out_stride, o16, hd}};
+    err = d::widen(launch, io.code, rows, result);
+    if (!launched(err)) return err;
+  }
+  return err;
+}
+
+template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
+flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
+    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
+    float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
+    const float* k, const float* v, const kernels::AttentionShape& shape) {
+  namespace d = flash_f32_detail;
+  const d::Io io = d::io_of<E>(shape, workspace_elements, true);
+  const std::int64_t hd = io.hd, kvd = io.kvd;
+  d::LaunchResult<L> err{};
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
+    const std::int64_t nb = std::min(io.plan.batch_rows, shape.batch - b0);
+    const std::int64_t rows = nb * io.T, first = b0 * io.T;
+    std::uint16_t* q16 = workspace;
+    std::uint16_t* k16 = q16 + rows * hd;
+    std::uint16_t* v16 = k16 + rows * kvd;
+    std::uint16_t* dq16 = v16 + rows * kvd;
+    std::uint16_t* dk16 = dq16 + rows * hd;
+    std::uint16_t* dv16 = dk16 + rows * kvd;
+    std::uint16_t* o16 = dv16 + rows * kvd;
+    std::uint16_t* do16 = o16 + rows * hd;
+    auto* delta = reinterpret_cast<float*>(do16 + rows * hd);
+    const d::Narrow in[] = {{q16, q + first * shape.q_stride, shape.q_stride, hd},
+                            {k16, k + first * shape.kv_stride, shape.kv_stride, kvd},
+                            {v16, v + first * shape.kv_stride, shape.kv_stride, kvd},
+                            {o16, out + first * shape.out_stride, shape.out_stride, hd},
+                            {do16, dout + first * shape.out_stride, shape.out_stride, hd}};
+    err = d::narrow(launch, io.code, rows, in);
+    if (!launched(err)) return err;
+    err = run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16,
+                                                  lse + b0 * shape.heads * io.T, q16, k16, v16,
+                                                  d::pass_shape(shape, b0, nb));
+    if (!launched(err)) return err;
+    const d::Widen result[] = {{dq + first * shape.q_stride, shape.q_stride, dq16, hd},
+                               {dk + first * shape.kv_stride, shape.kv_stride, dk16, kvd},
+                               {dv + first * shape.kv_stride, shape.kv_stride, dv16, kvd}};
+    err = d::widen(launch, io.code, rows, result);
+    if (!launched(err)) return err;
+  }
+  return err;
+}
+
+}  // namespace strata::cuda_kernels

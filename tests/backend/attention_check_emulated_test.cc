@@ -1,0 +1,191 @@
+// The flash-attention fast path's start-up check (backend/attention_check.h) on the CPU backend,
+// with the CUDA backend's own fp32-in / fp32-out flash path (kernels/cuda/flash_attention_f32.cuh:
+// the 16-bit rounding into the workspace, passes of batch rows, the flash kernels, the widening
+// back) run by the SIMT emulator: the real path passes, in bf16 and fp16, also when the workspace
+// holds one batch row per pass; a mutated kernel (a wrong fragment index), a path that returns an
+// error, one that writes padding and one that is right forward but wrong backward all fail, each
+// with a message naming what; a different correct implementation (the CPU's fp32 kernels) passes.
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "support/simt_emulator.h"
+// The kernel headers after the emulator (they pick up its built-ins).
+#include "kernels/cuda/flash_attention_f32.cuh"
+//
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/attention_check.h"
+#include "backend/cpu/cpu_backend.h"
+#include "kernels/cpu/nn_ops.h"
+
+namespace strata::backend {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer does not follow the emulator's fiber stacks (ucontext) reliably.
+TEST(AttentionCheck, SkippedUnderAddressSanitizer) {
+  GTEST_SKIP() << "the SIMT emulator's fibers are not supported under AddressSanitizer";
+}
+#else
+
+namespace ck = cuda_kernels;
+const simt::Launcher kEmulator;
+
+std::unique_ptr<Backend> cpu_backend() {
+  CpuBackendOptions options;
+  options.device_bytes_max = 256ull << 20;
+  options.threads = 1;
+  auto backend = make_cpu_backend(options);
+  EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
+  return std::move(backend).value();
+}
+
+Status launched(int rc, const char* what) {
+  if (rc == 0) return Status::ok();
+  return Status(ErrorCode::kInternal, std::string(what) + ": the emulated launch failed");
+}
+
+// The flash path on fp32 arrays as the CUDA backend runs it, under the emulator, with a workspace
+// of `elements` 16-bit elements (kFault: the tests' mutated kernel).
+template <typename E, ck::FlashFault kFault = ck::FlashFault::kNone>
+AttentionPath emulated_flash(std::vector<std::uint16_t>* workspace) {
+  AttentionPath path;
+  path.forward = [workspace](float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttentionShape& s) {
+    EXPECT_TRUE(ck::flash_f32_supported(s, static_cast<std::int64_t>(workspace->size())));
+    return launched(ck::run_flash_attention_forward_f32<E, kFault>(
+                        kEmulator, workspace->data(), static_cast<std::int64_t>(workspace->size()),
+                        out, lse, q, k, v, s),
+                    "forward");
+  };
+  path.backward = [workspace](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const AttentionShape& s) {
+    return launched(ck::run_flash_attention_backward_f32<E, kFault>(
+                        kEmulator, workspace->data(), static_cast<std::int64_t>(workspace->size()),
+                        dq, dk, dv, dout, out, lse, q, k, v, s),
+                    "backward");
+  };
+  return path;
+}
+
+// The workspace that holds every batch row of the check's cases at once.
+std::vector<std::uint16_t> roomy_workspace(std::int64_t head_dim) {
+  std::int64_t most = 0;
+  for (const auto& c : attention_check_cases(true, head_dim)) {
+    const auto p =
+        cuda::plan_flash_io(c.batch, c.seq_len, c.heads, c.kv_heads, c.head_dim, true, 1);
+    most = std::max(most, p.per_batch_row * c.batch);
+  }
+  return std::vector<std::uint16_t>(static_cast<std::size_t>(most));
+}
+
+TEST(AttentionCheck, TheFlashPathPassesInBf16) {
+  auto backend = cpu_backend();
+  std::vector<std::uint16_t> ws = roomy_workspace(64);
+  const Status s = check_attention_path(*backend, emulated_flash<ck::FlashBf16>(&ws), true, 64);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+TEST(AttentionCheck, TheFlashPathPassesInFp16WithOneBatchRowPerPass) {
+  auto backend = cpu_backend();
+  // Room for one batch row of the first case (2 batch rows): two passes.
+  const auto c = attention_check_cases(false, 80).front();
+  ASSERT_EQ(c.batch, 2);
+  const auto plan =
+      cuda::plan_flash_io(c.batch, c.seq_len, c.heads, c.kv_heads, c.head_dim, true, 1);
+  std::vector<std::uint16_t> ws(static_cast<std::size_t>(plan.per_batch_row * 3 / 2));
+  EXPECT_EQ(cuda::plan_flash_io(c.batch, c.seq_len, c.heads, c.kv_heads, c.head_dim, true,
+                                static_cast<std::int64_t>(ws.size()))
+                .passes,
+            2);
+  const Status s = check_attention_path(*backend, emulated_flash<ck::FlashFp16>(&ws), false, 80);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+TEST(AttentionCheck, AMutatedKernelFails) {
+  auto backend = cpu_backend();
+  std::vector<std::uint16_t> ws = roomy_workspace(64);
+  const Status s = check_attention_path(
+      *backend, emulated_flash<ck::FlashBf16, ck::FlashFault::kSwapPRows>(&ws), true, 64);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("case Bf16D64T70H4KV2B2Packed: out row"), std::string::npos)
+      << s.to_string();
+  EXPECT_NE(s.message().find("bound"), std::string::npos);
+}
+
+// The CPU's own fp32 kernels: a different implementation, right, and more precise.
+AttentionPath cpu_fp32() {
+  AttentionPath path;
+  path.forward = [](float* out, float* lse, const float* q, const float* k, const float* v,
+                    const AttentionShape& s) {
+    kernels::attention_forward<float>(out, lse, q, k, v, s);
+    return Status::ok();
+  };
+  path.backward = [](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                     const float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& s) {
+    kernels::attention_backward<float>(dq, dk, dv, dout, out, lse, q, k, v, s);
+    return Status::ok();
+  };
+  return path;
+}
+
+TEST(AttentionCheck, AnotherRightImplementationPasses) {
+  auto backend = cpu_backend();
+  for (const std::int64_t d : kFlashHeadSizes) {
+    const Status s = check_attention_path(*backend, cpu_fp32(), true, d);
+    EXPECT_TRUE(s.is_ok()) << d << ": " << s.to_string();
+  }
+}
+
+TEST(AttentionCheck, APathThatReturnsAnErrorFailsWithIt) {
+  auto backend = cpu_backend();
+  AttentionPath path = cpu_fp32();
+  path.forward = [](float*, float*, const float*, const float*, const float*,
+                    const AttentionShape&) {
+    return Status(ErrorCode::kUnavailable, "too many resources requested for launch");
+  };
+  const Status s = check_attention_path(*backend, path, true, 128);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("too many resources requested for launch"), std::string::npos);
+  EXPECT_NE(s.to_string().find("forward"), std::string::npos);
+}
+
+TEST(AttentionCheck, APathThatWritesPaddingFails) {
+  auto backend = cpu_backend();
+  AttentionPath path = cpu_fp32();
+  path.forward = [](float* out, float* lse, const float* q, const float* k, const float* v,
+                    const AttentionShape& s) {
+    kernels::attention_forward<float>(out, lse, q, k, v, s);
+    out[s.heads * s.head_dim] = 1.0f;  // the first padding column of row 0
+    return Status::ok();
+  };
+  const Status s = check_attention_path(*backend, path, true, 64);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("wrote padding column"), std::string::npos) << s.to_string();
+}
+
+TEST(AttentionCheck, APathRightForwardButWrongBackwardFailsNamingTheGradient) {
+  auto backend = cpu_backend();
+  AttentionPath path = cpu_fp32();
+  path.backward = [](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                     const float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& s) {
+    kernels::attention_backward<float>(dq, dk, dv, dout, out, lse, q, k, v, s);
+    dv[s.kv_stride * 5 + 3] *= 1.05f;  // one dV element of row 5, 5 % off
+    return Status::ok();
+  };
+  const Status s = check_attention_path(*backend, path, true, 96);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("0 dq, 0 dk, 1 dv elements over their bounds"), std::string::npos)
+      << s.to_string();
+  EXPECT_NE(s.message().find("dv at row 5"), std::string::npos) << s.to_string();
+}
+
+#endif
+
+}  // namespace
+}  // namespace strata::backend

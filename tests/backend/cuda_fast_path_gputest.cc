@@ -1,0 +1,157 @@
+// The CUDA backend's fast paths (backend/fast_path.h) on a GPU: with bf16 or fp16 GEMMs the
+// tensor-core flash attention passes its start-up check for every head size and the backend's own
+// attention ops then run it (their outputs are 16-bit values, widened) within the check's bounds;
+// a call cut into passes of batch rows gives the bits of one pass; the test seam turns the path off
+// with the fp32 kernels running instead; fp32 GEMMs leave it off. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/attention_check.h"
+#include "backend/fast_path.h"
+#include "kernels/cpu/float16.h"
+#include "support/gpu_support.h"
+
+namespace strata::backend {
+namespace {
+
+using cuda::GemmPrecision;
+
+CudaBackendOptions with(GemmPrecision precision) {
+  CudaBackendOptions options;
+  options.gemm_precision = precision;
+  return options;
+}
+
+const FastPath* find_path(const std::vector<FastPath>& paths, const std::string& name) {
+  for (const FastPath& p : paths)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+// The backend's own attention ops as an AttentionPath (each call waits for the stream).
+AttentionPath ops_path(Backend& gpu) {
+  AttentionPath path;
+  path.forward = [&gpu](float* out, float* lse, const float* q, const float* k, const float* v,
+                        const AttentionShape& s) {
+    gpu.ops_f32().attention_forward(out, lse, q, k, v, s);
+    return gpu.synchronize(StreamKind::kCompute);
+  };
+  path.backward = [&gpu](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         const AttentionShape& s) {
+    gpu.ops_f32().attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+    return gpu.synchronize(StreamKind::kCompute);
+  };
+  return path;
+}
+
+// Runs the ops' forward on fp32 inputs that are NOT 16-bit values; returns out.
+std::vector<float> forward_out(Backend& gpu, const AttentionShape& shape_in, std::uint64_t seed) {
+  AttentionShape s = shape_in;
+  const std::int64_t rows = s.batch * s.seq_len;
+  const std::vector<float> qkv =
+      testing::random_floats(static_cast<std::size_t>(rows * s.q_stride), seed);
+  auto dq = gpu.allocate_device(qkv.size() * 4, "test qkv");
+  auto dout = gpu.allocate_device(static_cast<std::uint64_t>(rows * s.out_stride) * 4, "test out");
+  auto dlse = gpu.allocate_device(static_cast<std::uint64_t>(rows * s.heads) * 4, "test lse");
+  EXPECT_TRUE(dq.is_ok() && dout.is_ok() && dlse.is_ok());
+  EXPECT_TRUE(gpu.copy_async(StreamKind::kCompute, dq->data(), qkv.data(), qkv.size() * 4).is_ok());
+  const float* q = dq->as<float>();
+  const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+  gpu.ops_f32().attention_forward(dout->as<float>(), dlse->as<float>(), q, q + hd, q + hd + kvd, s);
+  std::vector<float> out(static_cast<std::size_t>(rows * s.out_stride));
+  EXPECT_TRUE(
+      gpu.copy_async(StreamKind::kCompute, out.data(), dout->data(), out.size() * 4).is_ok());
+  EXPECT_TRUE(gpu.synchronize(StreamKind::kCompute).is_ok());
+  return out;
+}
+
+AttentionShape gpt2_like(std::int64_t batch) {
+  AttentionShape s;
+  s.batch = batch;
+  s.seq_len = 256;
+  s.heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.q_stride = s.kv_stride = (s.heads + 2 * s.kv_heads) * s.head_dim;
+  s.out_stride = s.heads * s.head_dim;
+  s.scale = 0.125;
+  return s;
+}
+
+bool all_bf16_values(const std::vector<float>& v) {
+  for (float x : v)
+    if (kernels::bf16_to_float(kernels::float_to_bf16(x)) != x) return false;
+  return true;
+}
+
+TEST(CudaFastPaths, FlashAttentionIsOnWithBf16GemmsForEveryHeadSize) {
+  STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
+  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_NE(flash, nullptr);
+  EXPECT_TRUE(flash->active) << flash->detail;
+  EXPECT_NE(flash->detail.find("bf16, head sizes 64, 80, 96, 128, 256;"), std::string::npos)
+      << flash->detail;
+  std::printf("fast path %s: %s\n", flash->name.c_str(), flash->detail.c_str());
+}
+
+TEST(CudaFastPaths, TheAttentionOpsRunFlashWithinTheCheckBounds) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const bool bf16 = precision == GemmPrecision::kBf16;
+    for (const std::int64_t d : kFlashHeadSizes) {
+      const Status s = check_attention_path(gpu, ops_path(gpu), bf16, d);
+      EXPECT_TRUE(s.is_ok()) << (bf16 ? "bf16" : "fp16") << " head size " << d << ": "
+                             << s.to_string();
+    }
+    if (bf16) {
+      EXPECT_TRUE(all_bf16_values(forward_out(gpu, gpt2_like(2), 5)));
+    }
+  }
+}
+
+TEST(CudaFastPaths, PassesOfBatchRowsGiveTheBitsOfOnePass) {
+  // A 16-bit workspace of one batch row's backward (659,456 elements at this shape) against the
+  // default one that holds the whole batch.
+  CudaBackendOptions small = with(GemmPrecision::kBf16);
+  small.gemm_workspace_bytes = 1400000;
+  STRATA_GPU_OR_SKIP(one_row, small);
+  STRATA_GPU_OR_SKIP(whole, with(GemmPrecision::kBf16));
+  const AttentionShape s = gpt2_like(4);
+  EXPECT_EQ(cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, true,
+                                1400000 / 4096 * 4096 / 2)
+                .passes,
+            4);
+  const std::vector<float> a = forward_out(one_row, s, 9);
+  const std::vector<float> b = forward_out(whole, s, 9);
+  EXPECT_TRUE(all_bf16_values(a));
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+TEST(CudaFastPaths, TheTestSeamTurnsFlashOffAndTheFp32KernelsRun) {
+  fail_fast_path_for_test("flash");
+  auto made = testing::make_gpu_backend(with(GemmPrecision::kBf16));
+  fail_fast_path_for_test(std::nullopt);
+  if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
+  Backend& gpu = *made.backend;
+  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_NE(flash, nullptr);
+  EXPECT_FALSE(flash->active);
+  EXPECT_NE(flash->detail.find("STRATA_TEST_FAST_PATH_FAIL"), std::string::npos) << flash->detail;
+  // fp32 outputs: not all of them bf16 values.
+  EXPECT_FALSE(all_bf16_values(forward_out(gpu, gpt2_like(1), 5)));
+}
+
+TEST(CudaFastPaths, Fp32GemmsLeaveFlashOff) {
+  STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kFp32));
+  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_NE(flash, nullptr);
+  EXPECT_FALSE(flash->active);
+  EXPECT_NE(flash->detail.find("not applicable"), std::string::npos);
+  EXPECT_FALSE(all_bf16_values(forward_out(gpu, gpt2_like(1), 5)));
+}
+
+}  // namespace
+}  // namespace strata::backend
