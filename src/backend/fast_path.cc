@@ -2,6 +2,7 @@
 #include "backend/fast_path.h"
 
 #include <fmt/format.h>
+#include <json/value.h>
 
 #include <cstdlib>
 #include <mutex>

@@ -10,14 +10,16 @@
 // (tools/gpu_checks.sh). fail_fast_path_for_test() does the same from a test.
 #pragma once
 
-#include <json/value.h>
-
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+
+namespace Json {
+class Value;
+}
 
 namespace strata::backend {
 

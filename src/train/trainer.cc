@@ -173,6 +173,11 @@ Status Trainer::setup() {
                      world_.comm->description()));
   }
   note(backend_->description());
+  for (const backend::FastPath& path : backend_->fast_paths()) {
+    note(path.active ? fmt::format("fast path {}: on ({})", path.name, path.detail)
+                     : fmt::format("fast path {}: off: {}; instead: {}", path.name, path.detail,
+                                   path.replaces));
+  }
   note(
       fmt::format("model: {} with {} parameters in {} units ({} layers, hidden {}, {} heads, {} "
                   "KV heads, {} embeddings), {} parameters, activation checkpointing {}{}",

@@ -5,6 +5,7 @@
 #include "backend/fast_path.h"
 
 #include <gtest/gtest.h>
+#include <json/value.h>
 
 #include <string>
 #include <vector>
