@@ -45,6 +45,18 @@ class GemmEngine {
               float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
               float beta, float* c, std::int64_t ldc);
 
+  // C(m,n) = op(A) op(B) + bias(n) on every row (C contiguous, beta 0). With the bias epilogue on
+  // (use_bias_epilogue) cuBLASLt adds the bias in the GEMM's epilogue and this returns true. It
+  // returns false, with the product alone in C for the caller to add the bias to, when the
+  // epilogue is off, cuBLASLt is not used, the converted operands are cut into blocks, or cuBLASLt
+  // has no algorithm with the epilogue at this shape.
+  Result<bool> gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                         const float* bias, float* c);
+  void use_bias_epilogue(bool on) { bias_epilogue_ = on; }
+  // Whether the bias epilogue can run at all here (cuBLASLt loaded).
+  bool has_cublaslt() const { return api_ != nullptr; }
+
   // "cuBLASLt 130001 (libcublasLt.so.13), GEMM inputs bf16, fp32 accumulation".
   std::string description() const;
   // Calls that ran the fallback kernel instead of cuBLASLt.
@@ -56,6 +68,7 @@ class GemmEngine {
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     int in_code = 0;
     int align_a = 0, align_b = 0, align_c = 0;
+    bool bias = false;  // with the bias epilogue (CUBLASLT_EPILOGUE_BIAS)
     bool operator==(const Key&) const = default;
   };
   struct Entry {
@@ -73,9 +86,12 @@ class GemmEngine {
   GemmEngine(const GemmEngineConfig& config, cudaStream_t stream)
       : config_(config), stream_(stream) {}
   // One call on operands of element type in_code (fp32, bf16 or fp16): cuBLASLt, or the fallback.
+  // With `bias` (beta 0): cuBLASLt's bias epilogue where it has an algorithm for it, setting
+  // *bias_applied; else the plain product.
   Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
              float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
-             float beta, float* c, std::int64_t ldc, int in_code);
+             float beta, float* c, std::int64_t ldc, int in_code, const float* bias = nullptr,
+             bool* bias_applied = nullptr);
   // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
@@ -83,7 +99,8 @@ class GemmEngine {
   void release(Entry& entry);
   Status run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        float alpha, const float* a, std::int64_t lda, const float* b,
-                       std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+                       std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+                       const float* bias = nullptr, bool* bias_applied = nullptr);
 
   GemmEngineConfig config_;
   cudaStream_t stream_;
@@ -93,6 +110,7 @@ class GemmEngine {
   std::array<Entry, kCacheEntries> cache_{};
   int next_victim_ = 0;
   std::int64_t fallback_calls_ = 0;
+  bool bias_epilogue_ = false;
 };
 
 }  // namespace strata::cuda

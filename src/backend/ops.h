@@ -27,6 +27,15 @@ class Ops {
                     T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
                     T* c, std::int64_t ldc) = 0;
 
+  // C(m,n) = op(A) op(B) + bias(n) on every row, C contiguous (leading dimension n). This default
+  // runs gemm, then add_bias; a backend may fuse the two (the CUDA backend's bias epilogue).
+  virtual void gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const T* a, std::int64_t lda, const T* b, std::int64_t ldb, const T* bias,
+                         T* c) {
+    gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, T(0), c, n);
+    add_bias(c, bias, m, n);
+  }
+
   // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null; positions null: r % seq_len).
   virtual void embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
                                  const T* wte, const T* wpe, std::int64_t rows,

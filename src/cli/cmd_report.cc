@@ -12,6 +12,7 @@
 #include "backend/attention_check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fast_path.h"
+#include "backend/gemm_check.h"
 #include "cli/command.h"
 #include "io/probe.h"
 #include "sys/report.h"
@@ -36,8 +37,9 @@ std::vector<backend::FastPath> check_fast_paths() {
   } else {
     why = "not checked: this build has no CUDA backend";
   }
-  return {backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false,
-                            why}};
+  return {
+      backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false, why},
+      backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why}};
 }
 
 struct ReportOptions {

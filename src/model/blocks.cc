@@ -68,19 +68,15 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
   auto p = [&](int i) { return w + u.tensors[i].offset; };
   const double eps = ctx.spec->norm_eps;
   ops.layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p(kLn1W), p(kLn1B), n, c, eps);
-  ops.gemm(false, false, n, 3 * c, c, T(1), a.ln1, c, p(kAttnW), 3 * c, T(0), a.qkv, 3 * c);
-  ops.add_bias(a.qkv, p(kAttnB), n, 3 * c);
+  ops.gemm_bias(false, false, n, 3 * c, c, a.ln1, c, p(kAttnW), 3 * c, p(kAttnB), a.qkv);
   ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + c, a.qkv + 2 * c,
                         attention_shape(ctx, u.layer));
-  ops.gemm(false, false, n, c, c, T(1), a.att, c, p(kProjW), c, T(0), a.res1, c);
-  ops.add_bias(a.res1, p(kProjB), n, c);
+  ops.gemm_bias(false, false, n, c, c, a.att, c, p(kProjW), c, p(kProjB), a.res1);
   ops.add(a.res1, a.res1, x, n * c);
   ops.layernorm_forward(a.ln2, a.mean2, a.rstd2, a.res1, p(kLn2W), p(kLn2B), n, c, eps);
-  ops.gemm(false, false, n, in, c, T(1), a.ln2, c, p(kFcW), in, T(0), a.fc, in);
-  ops.add_bias(a.fc, p(kFcB), n, in);
+  ops.gemm_bias(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc);
   ops.gelu_forward(a.act, a.fc, n * in);
-  ops.gemm(false, false, n, c, in, T(1), a.act, in, p(kFcProjW), c, T(0), out, c);
-  ops.add_bias(out, p(kFcProjB), n, c);
+  ops.gemm_bias(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), out);
   ops.add(out, out, a.res1, n * c);
 }
 
@@ -117,6 +113,18 @@ void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   ops.layernorm_backward(dx, gp(kLn1W), gp(kLn1B), s.dln, x, p(kLn1W), a.mean1, a.rstd1, n, c);
 }
 
+// out(n, outs) = x(n, ins) W^T (+ bias, when there is one) for a weight stored (outs, ins), as
+// Hugging Face's Linear keeps it: the bias through the backend's gemm_bias (which may fuse it).
+template <typename T>
+void linear(backend::Ops<T>& ops, std::int64_t n, std::int64_t outs, std::int64_t ins, const T* x,
+            const T* w, const T* bias, T* out) {
+  if (bias != nullptr) {
+    ops.gemm_bias(false, true, n, outs, ins, x, ins, w, ins, bias, out);
+  } else {
+    ops.gemm(false, true, n, outs, ins, T(1), x, ins, w, ins, T(0), out, outs);
+  }
+}
+
 template <typename T>
 void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, const T* x, T* out,
                    const BlockActs<T>& a) {
@@ -127,12 +135,12 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   const std::int64_t hd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
   const std::int64_t qkv = hd + 2 * kvd;
   auto p = [&](int i) { return w + u.tensors[static_cast<std::size_t>(i)].offset; };
+  auto bias = [&](int i) { return i >= 0 ? p(i) : nullptr; };
   const double eps = s.norm_eps;
   ops.rmsnorm_forward(a.ln1, a.rstd1, x, p(slot.in_norm), n, c, eps);
   // With q/k norms the projection lands in qkv_raw and the normalised q, k in qkv; v stays raw.
   T* proj = s.arch.qk_norm ? a.qkv_raw : a.qkv;
-  ops.gemm(false, true, n, qkv, c, T(1), a.ln1, c, p(slot.qkv_w), c, T(0), proj, qkv);
-  if (slot.qkv_b >= 0) ops.add_bias(proj, p(slot.qkv_b), n, qkv);
+  linear(ops, n, qkv, c, a.ln1, p(slot.qkv_w), bias(slot.qkv_b), proj);
   if (s.arch.qk_norm) {
     ops.rmsnorm_heads_forward(a.qkv, a.qk_rstd, proj, p(slot.q_norm), n, s.num_heads, s.head_dim,
                               qkv, qkv, eps);
@@ -143,15 +151,12 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   ops.rope_forward(a.qkv + hd, rope_shape(ctx, s.num_kv_heads), ctx.rope_cos, ctx.rope_sin);
   ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd,
                         attention_shape(ctx, u.layer));
-  ops.gemm(false, true, n, c, hd, T(1), a.att, hd, p(slot.o_w), hd, T(0), a.res1, c);
-  if (slot.o_b >= 0) ops.add_bias(a.res1, p(slot.o_b), n, c);
+  linear(ops, n, c, hd, a.att, p(slot.o_w), bias(slot.o_b), a.res1);
   ops.add(a.res1, a.res1, x, n * c);
   ops.rmsnorm_forward(a.ln2, a.rstd2, a.res1, p(slot.post_norm), n, c, eps);
-  ops.gemm(false, true, n, 2 * in, c, T(1), a.ln2, c, p(slot.gate_up_w), c, T(0), a.fc, 2 * in);
-  if (slot.gate_up_b >= 0) ops.add_bias(a.fc, p(slot.gate_up_b), n, 2 * in);
+  linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
   ops.swiglu_forward(a.act, a.fc, n, in);
-  ops.gemm(false, true, n, c, in, T(1), a.act, in, p(slot.down_w), in, T(0), out, c);
-  if (slot.down_b >= 0) ops.add_bias(out, p(slot.down_b), n, c);
+  linear(ops, n, c, in, a.act, p(slot.down_w), bias(slot.down_b), out);
   ops.add(out, out, a.res1, n * c);
 }
 

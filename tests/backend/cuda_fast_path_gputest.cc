@@ -2,7 +2,9 @@
 // tensor-core flash attention passes its start-up check for every head size and the backend's own
 // attention ops then run it (their outputs are 16-bit values, widened) within the check's bounds;
 // a call cut into passes of batch rows gives the bits of one pass; the test seam turns the path off
-// with the fp32 kernels running instead; fp32 GEMMs leave it off. Skips without a GPU.
+// with the fp32 kernels running instead; fp32 GEMMs leave it off. The bias epilogue
+// (gemm_bias_epilogue) is on in every GEMM precision, the backend's gemm_bias meets the check's
+// bound with it and, turned off by the seam, without it. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
+#include "backend/gemm_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
 
@@ -151,6 +154,43 @@ TEST(CudaFastPaths, Fp32GemmsLeaveFlashOff) {
   EXPECT_FALSE(flash->active);
   EXPECT_NE(flash->detail.find("not applicable"), std::string::npos);
   EXPECT_FALSE(all_bf16_values(forward_out(gpu, gpt2_like(1), 5)));
+}
+
+// The backend's gemm_bias op as a GemmBiasFn: fused or not inside, C must hold product + bias.
+GemmBiasFn ops_gemm_bias(Backend& gpu) {
+  return [&gpu](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                float* c) -> Result<bool> {
+    gpu.ops_f32().gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c);
+    STRATA_TRY(gpu.synchronize(StreamKind::kCompute));
+    return true;
+  };
+}
+
+TEST(CudaFastPaths, TheBiasEpilogueIsOnAndTheOpsMeetItsBound) {
+  for (const GemmPrecision precision :
+       {GemmPrecision::kBf16, GemmPrecision::kFp16, GemmPrecision::kFp32, GemmPrecision::kTf32}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasName);
+    ASSERT_NE(path, nullptr);
+    EXPECT_TRUE(path->active) << cuda::to_string(precision) << ": " << path->detail;
+    const Status s = check_gemm_bias(gpu, ops_gemm_bias(gpu), precision == GemmPrecision::kFp16);
+    EXPECT_TRUE(s.is_ok()) << cuda::to_string(precision) << ": " << s.to_string();
+  }
+}
+
+TEST(CudaFastPaths, TheSeamTurnsTheBiasEpilogueOffAndGemmBiasStaysRight) {
+  fail_fast_path_for_test("gemm_bias");
+  auto made = testing::make_gpu_backend(with(GemmPrecision::kBf16));
+  fail_fast_path_for_test(std::nullopt);
+  if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
+  Backend& gpu = *made.backend;
+  const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasName);
+  ASSERT_NE(path, nullptr);
+  EXPECT_FALSE(path->active);
+  EXPECT_TRUE(find_path(gpu.fast_paths(), kFlashAttentionName)->active);
+  const Status s = check_gemm_bias(gpu, ops_gemm_bias(gpu), false);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
+#include "backend/gemm_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -429,6 +430,25 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
       fast_paths_, sixteen_bit, bf16,
       [&](std::int64_t head_dim) { return check_attention_path(*this, flash, bf16, head_dim); });
   ops_->use_flash_attention(bf16, std::move(head_sizes));
+
+  // The bias in cuBLASLt's epilogue (gemm_bias): checked through the engine itself.
+  if (!gemm_->has_cublaslt()) {
+    fast_paths_.not_applicable(kGemmBiasName, kGemmBiasReplaces,
+                               "cuBLASLt is not used (every GEMM runs Strata's fallback kernel)");
+  } else {
+    gemm_->use_bias_epilogue(true);
+    const bool on = fast_paths_.adopt(
+        kGemmBiasName, kGemmBiasReplaces,
+        "cuBLASLt's CUBLASLT_EPILOGUE_BIAS on every product that is one cuBLASLt call", [&] {
+          return check_gemm_bias(
+              *this,
+              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                  float* c) { return gemm_->gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); },
+              options_.gemm_precision == strata::cuda::GemmPrecision::kFp16);
+        });
+    gemm_->use_bias_epilogue(on);
+  }
 }
 
 }  // namespace

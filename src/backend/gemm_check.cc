@@ -1,0 +1,101 @@
+// The start-up check of a GEMM with a fused bias (see gemm_check.h).
+#include "backend/gemm_check.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/float16.h"
+
+namespace strata::backend {
+namespace {
+
+struct Case {
+  bool trans_a, trans_b;
+  std::int64_t m, n, k;
+};
+
+// Uniform in [-1, 1), rounded to the 16-bit type and widened.
+std::vector<float> draw(std::size_t count, bool fp16, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& x : v) {
+    const float f = unit(rng);
+    x = fp16 ? kernels::fp16_to_float(kernels::float_to_fp16(f))
+             : kernels::bf16_to_float(kernels::float_to_bf16(f));
+  }
+  return v;
+}
+
+Result<Buffer> to_device(Backend& backend, const std::vector<float>& host) {
+  STRATA_ASSIGN_OR_RETURN(Buffer buffer,
+                          backend.allocate_device(host.size() * sizeof(float), "GEMM check", 256));
+  STRATA_TRY(backend.copy_async(StreamKind::kCompute, buffer.data(), host.data(),
+                                host.size() * sizeof(float)));
+  return buffer;
+}
+
+Status check_case(Backend& backend, const GemmBiasFn& fused, bool fp16, const Case& c) {
+  std::mt19937_64 rng(static_cast<std::uint64_t>(c.m * 1000003 + c.n * 101 + c.k) +
+                      (c.trans_a ? 7u : 0u) + (c.trans_b ? 13u : 0u));
+  // A stored (m, k) or, transposed, (k, m); B (k, n) or (n, k); leading dimensions padded by 3.
+  const std::int64_t lda = (c.trans_a ? c.m : c.k) + 3, ldb = (c.trans_b ? c.k : c.n) + 3;
+  const std::vector<float> a =
+      draw(static_cast<std::size_t>((c.trans_a ? c.k : c.m) * lda), fp16, rng);
+  const std::vector<float> b =
+      draw(static_cast<std::size_t>((c.trans_b ? c.n : c.k) * ldb), fp16, rng);
+  const std::vector<float> bias = draw(static_cast<std::size_t>(c.n), fp16, rng);
+  STRATA_ASSIGN_OR_RETURN(Buffer da, to_device(backend, a));
+  STRATA_ASSIGN_OR_RETURN(Buffer db, to_device(backend, b));
+  STRATA_ASSIGN_OR_RETURN(Buffer dbias, to_device(backend, bias));
+  std::vector<float> out(static_cast<std::size_t>(c.m * c.n), std::nanf(""));
+  STRATA_ASSIGN_OR_RETURN(Buffer dc, to_device(backend, out));
+  const std::string name =
+      fmt::format("m={} n={} k={}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
+                  c.trans_b ? ", B transposed" : "");
+  Result<bool> ran = fused(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
+                           ldb, dbias.as<float>(), dc.as<float>());
+  if (!ran.is_ok()) return ran.status().with_context(name);
+  STRATA_TRY(backend.synchronize(StreamKind::kCompute));
+  if (!*ran) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{}: the bias was not fused (no algorithm with the epilogue)", name));
+  }
+  STRATA_TRY(
+      backend.copy_async(StreamKind::kCompute, out.data(), dc.data(), out.size() * sizeof(float)));
+  for (std::int64_t i = 0; i < c.m; ++i) {
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      double sum = bias[static_cast<std::size_t>(j)];
+      double mag = std::abs(sum);
+      for (std::int64_t p = 0; p < c.k; ++p) {
+        const double x = a[static_cast<std::size_t>(c.trans_a ? p * lda + i : i * lda + p)];
+        const double y = b[static_cast<std::size_t>(c.trans_b ? j * ldb + p : p * ldb + j)];
+        sum += x * y;
+        mag += std::abs(x * y);
+      }
+      const double bound = static_cast<double>(c.k + 2) * std::ldexp(1.0, -24) * mag;
+      const double got = out[static_cast<std::size_t>(i * c.n + j)];
+      if (!(std::abs(got - sum) <= bound)) {
+        return Status(
+            ErrorCode::kInternal,
+            fmt::format("{}: C[{}][{}] = {}, want {} (bound {:.3g})", name, i, j, got, sum, bound));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs) {
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      STRATA_TRY(check_case(backend, fused, fp16_inputs, {ta, tb, 70, 96, 64}));
+      STRATA_TRY(check_case(backend, fused, fp16_inputs, {ta, tb, 33, 200, 40}));
+    }
+  return Status::ok();
+}
+
+}  // namespace strata::backend

@@ -1,0 +1,32 @@
+// The start-up check of a GEMM with its bias fused into the epilogue (the CUDA backend's cuBLASLt
+// CUBLASLT_EPILOGUE_BIAS, backend/fast_path.h). CUDA-free: the CUDA backend passes its GEMM engine,
+// the tests fakes on the CPU backend.
+//
+// The check runs the fused GEMM on the backend's memory for small shapes, every transposition, on
+// inputs exactly representable in the 16-bit type (so rounding them is exact in every GEMM
+// precision), and compares each element with the CPU's product in double within fp32
+// accumulation's bound, (k + 2) 2^-24 (sum over k of |a b| + |bias|). It fails on an error, an
+// element over its bound, or a call that did not fuse the bias.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "backend/backend.h"
+#include "common/status.h"
+
+namespace strata::backend {
+
+// C(m,n) = op(A) op(B) + bias(n) on every row, C contiguous, on device fp32 arrays; returns
+// whether the bias was fused (false: C holds the product alone).
+using GemmBiasFn = std::function<Result<bool>(
+    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+    std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c)>;
+
+// `fp16_inputs`: inputs are fp16 values (an fp16 GEMM precision), else bf16 values.
+Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs);
+
+inline constexpr const char* kGemmBiasName = "gemm_bias_epilogue";
+inline constexpr const char* kGemmBiasReplaces = "the GEMM, then the bias kernel (add_bias)";
+
+}  // namespace strata::backend
