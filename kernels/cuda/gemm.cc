@@ -126,13 +126,21 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
       STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a))));
   STRATA_TRY(
       STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b))));
-  if (key.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (key.epilogue != 0) {
+    const cublasLtEpilogue_t epilogue =
+        key.epilogue == 2 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = CUDA_R_32F;
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue))));
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))));
+    if (key.epilogue == 2) {
+      // The aux output (the pre-activation) is as C: fp32, leading dimension n (set before the
+      // heuristic, which may take it into account).
+      const std::int64_t aux_ld = key.n;
+      STRATA_TRY(STRATA_CUBLAS_CHECK(
+          api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))));
+    }
   }
   const cudaDataType_t in = data_type(key.in_code);
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
@@ -175,7 +183,8 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
 Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        float alpha, const void* a, std::int64_t lda, const void* b,
                        std::int64_t ldb, float beta, float* c, std::int64_t ldc, int in_code,
-                       const float* bias, bool* bias_applied) {
+                       const GemmEpilogue& epilogue) {
+  const float* bias = epilogue.bias;
   if (api_ != nullptr && k > 0) {
     Key key;
     key.trans_a = trans_a;
@@ -190,12 +199,20 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     key.align_a = static_cast<int>(alignment_of(a));
     key.align_b = static_cast<int>(alignment_of(b));
     key.align_c = static_cast<int>(alignment_of(c));
-    key.bias = bias != nullptr;
+    key.epilogue = bias == nullptr ? 0 : (epilogue.aux != nullptr ? 2 : 1);
     STRATA_ASSIGN_OR_RETURN(Entry * entry, lookup(key));
     if (entry->has_algo && bias != nullptr) {
       // The bias vector is cuBLAS's D row vector: one value per column of our row-major C.
       STRATA_TRY(STRATA_CUBLAS_CHECK(
           api_->desc_set(entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))));
+      if (epilogue.aux != nullptr) {
+        const std::int64_t aux_ld = n;
+        STRATA_TRY(STRATA_CUBLAS_CHECK(api_->desc_set(entry->desc,
+                                                      CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                      &epilogue.aux, sizeof(epilogue.aux))));
+        STRATA_TRY(STRATA_CUBLAS_CHECK(api_->desc_set(
+            entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))));
+      }
     }
     if (entry->has_algo) {
       const cublasStatus_t status =
@@ -203,14 +220,17 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        c, entry->layout_c, c, entry->layout_c, &entry->algo,
                        config_.cublas_workspace, config_.cublas_workspace_bytes, stream_);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
-        if (bias_applied != nullptr) *bias_applied = bias != nullptr;
+        if (epilogue.applied != nullptr) *epilogue.applied = bias != nullptr;
         return STRATA_CUBLAS_CHECK(status);
       }
       entry->has_algo = false;  // remember, and run the fallback from now on
     }
-    // No algorithm with the epilogue at this shape: the plain product (the caller adds the bias).
-    if (bias != nullptr)
+    // No algorithm with the epilogue at this shape: GELU's caller runs its own path; the bias's
+    // gets the plain product and adds the bias itself.
+    if (epilogue.aux != nullptr) return Status::ok();
+    if (bias != nullptr) {
       return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
+    }
   }
   ++fallback_calls_;
   return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(stream_, trans_a, trans_b, m, n, k, alpha, a,
@@ -220,7 +240,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
-                                 std::int64_t ldc, const float* bias, bool* bias_applied) {
+                                 std::int64_t ldc, const GemmEpilogue& epilogue) {
   const cuda::GemmBlocking blocking =
       cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
   const int code =
@@ -236,7 +256,7 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
   return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
                           convert_to(a_ws), convert_to(b_ws), [&](const BlockProduct& p) {
                             return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_ws,
-                                       p.b_ld, p.beta, p.c, ldc, code, bias, bias_applied);
+                                       p.b_ld, p.beta, p.c, ldc, code, epilogue);
                           });
 }
 
@@ -269,12 +289,28 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
   }
   bool applied = false;
   if (converts) {
-    STRATA_TRY(
-        run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n, bias, &applied));
+    STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
+                             {bias, nullptr, &applied}));
   } else {
     STRATA_TRY(run(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
-                   cuda_kernels::kCodeF32, bias, &applied));
+                   cuda_kernels::kCodeF32, {bias, nullptr, &applied}));
   }
+  return applied;
+}
+
+Result<bool> GemmEngine::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                        std::int64_t k, const float* a, std::int64_t lda,
+                                        const float* b, std::int64_t ldb, const float* bias,
+                                        float* pre, float* act) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr && pre != nullptr);
+  if (!gelu_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0 ||
+      !cuda::converts_operands(config_.precision) ||
+      cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements).blocks() != 1) {
+    return false;
+  }
+  bool applied = false;
+  STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, act, n,
+                           {bias, pre, &applied}));
   return applied;
 }
 

@@ -29,6 +29,14 @@ struct GemmEngineConfig {
   std::int64_t convert_elements = 0;  // its size in 16-bit elements
 };
 
+// An epilogue for GemmEngine's calls: the bias (n floats), and with `aux` GELU too, aux receiving
+// the pre-activation (leading dimension n). `applied` is set when cuBLASLt ran it.
+struct GemmEpilogue {
+  const float* bias = nullptr;
+  float* aux = nullptr;
+  bool* applied = nullptr;
+};
+
 class GemmEngine {
  public:
   // Creates the cuBLASLt handle (when used) for work on `stream`. kUnavailable when cuBLASLt
@@ -54,6 +62,14 @@ class GemmEngine {
                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                          const float* bias, float* c);
   void use_bias_epilogue(bool on) { bias_epilogue_ = on; }
+  // pre(m,n) = op(A) op(B) + bias(n) and act = GELU(pre) (the tanh form), both contiguous, beta 0,
+  // in one cuBLASLt call with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (pre is the epilogue's aux output):
+  // true. Only with 16-bit GEMM inputs and the epilogue on (use_gelu_epilogue), on a product that
+  // is one cuBLASLt call with an algorithm for it; otherwise false, with nothing computed.
+  Result<bool> gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                              std::int64_t ldb, const float* bias, float* pre, float* act);
+  void use_gelu_epilogue(bool on) { gelu_epilogue_ = on; }
   // Whether the bias epilogue can run at all here (cuBLASLt loaded).
   bool has_cublaslt() const { return api_ != nullptr; }
 
@@ -68,7 +84,7 @@ class GemmEngine {
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     int in_code = 0;
     int align_a = 0, align_b = 0, align_c = 0;
-    bool bias = false;  // with the bias epilogue (CUBLASLT_EPILOGUE_BIAS)
+    int epilogue = 0;  // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS
     bool operator==(const Key&) const = default;
   };
   struct Entry {
@@ -86,12 +102,12 @@ class GemmEngine {
   GemmEngine(const GemmEngineConfig& config, cudaStream_t stream)
       : config_(config), stream_(stream) {}
   // One call on operands of element type in_code (fp32, bf16 or fp16): cuBLASLt, or the fallback.
-  // With `bias` (beta 0): cuBLASLt's bias epilogue where it has an algorithm for it, setting
-  // *bias_applied; else the plain product.
+  // With an epilogue (beta 0): cuBLASLt's, where it has an algorithm for it, setting *applied.
+  // Where it has none, a bias epilogue runs the plain product and a GELU epilogue runs nothing.
   Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
              float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
-             float beta, float* c, std::int64_t ldc, int in_code, const float* bias = nullptr,
-             bool* bias_applied = nullptr);
+             float beta, float* c, std::int64_t ldc, int in_code,
+             const GemmEpilogue& epilogue = {});
   // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
@@ -100,7 +116,7 @@ class GemmEngine {
   Status run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        float alpha, const float* a, std::int64_t lda, const float* b,
                        std::int64_t ldb, float beta, float* c, std::int64_t ldc,
-                       const float* bias = nullptr, bool* bias_applied = nullptr);
+                       const GemmEpilogue& epilogue = {});
 
   GemmEngineConfig config_;
   cudaStream_t stream_;
@@ -111,6 +127,7 @@ class GemmEngine {
   int next_victim_ = 0;
   std::int64_t fallback_calls_ = 0;
   bool bias_epilogue_ = false;
+  bool gelu_epilogue_ = false;
 };
 
 }  // namespace strata::cuda

@@ -37,7 +37,20 @@ Result<Buffer> to_device(Backend& backend, const std::vector<float>& host) {
   return buffer;
 }
 
-Status check_case(Backend& backend, const GemmBiasFn& fused, bool fp16, const Case& c) {
+// The GELU of the model (tanh form), in double.
+double gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double gelu_slope(double x) {
+  const double inner = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  const double t = std::tanh(inner);
+  return 0.5 * (1.0 + t) +
+         0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// One case of either check: `bias_fn` (C = product + bias) or `gelu_fn` (pre and act).
+Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGeluFn* gelu_fn,
+                  bool fp16, const Case& c) {
   std::mt19937_64 rng(static_cast<std::uint64_t>(c.m * 1000003 + c.n * 101 + c.k) +
                       (c.trans_a ? 7u : 0u) + (c.trans_b ? 13u : 0u));
   // A stored (m, k) or, transposed, (k, m); B (k, n) or (n, k); leading dimensions padded by 3.
@@ -51,20 +64,28 @@ Status check_case(Backend& backend, const GemmBiasFn& fused, bool fp16, const Ca
   STRATA_ASSIGN_OR_RETURN(Buffer db, to_device(backend, b));
   STRATA_ASSIGN_OR_RETURN(Buffer dbias, to_device(backend, bias));
   std::vector<float> out(static_cast<std::size_t>(c.m * c.n), std::nanf(""));
+  std::vector<float> act(out.size(), std::nanf(""));
   STRATA_ASSIGN_OR_RETURN(Buffer dc, to_device(backend, out));
+  STRATA_ASSIGN_OR_RETURN(Buffer dact, to_device(backend, act));
   const std::string name =
       fmt::format("m={} n={} k={}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
                   c.trans_b ? ", B transposed" : "");
-  Result<bool> ran = fused(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
-                           ldb, dbias.as<float>(), dc.as<float>());
+  Result<bool> ran =
+      bias_fn != nullptr
+          ? (*bias_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
+                       ldb, dbias.as<float>(), dc.as<float>())
+          : (*gelu_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
+                       ldb, dbias.as<float>(), dc.as<float>(), dact.as<float>());
   if (!ran.is_ok()) return ran.status().with_context(name);
   STRATA_TRY(backend.synchronize(StreamKind::kCompute));
   if (!*ran) {
     return Status(ErrorCode::kUnavailable,
-                  fmt::format("{}: the bias was not fused (no algorithm with the epilogue)", name));
+                  fmt::format("{}: the epilogue did not run (no algorithm with it)", name));
   }
   STRATA_TRY(
       backend.copy_async(StreamKind::kCompute, out.data(), dc.data(), out.size() * sizeof(float)));
+  STRATA_TRY(backend.copy_async(StreamKind::kCompute, act.data(), dact.data(),
+                                act.size() * sizeof(float)));
   for (std::int64_t i = 0; i < c.m; ++i) {
     for (std::int64_t j = 0; j < c.n; ++j) {
       double sum = bias[static_cast<std::size_t>(j)];
@@ -76,11 +97,22 @@ Status check_case(Backend& backend, const GemmBiasFn& fused, bool fp16, const Ca
         mag += std::abs(x * y);
       }
       const double bound = static_cast<double>(c.k + 2) * std::ldexp(1.0, -24) * mag;
-      const double got = out[static_cast<std::size_t>(i * c.n + j)];
+      const auto at = static_cast<std::size_t>(i * c.n + j);
+      const double got = out[at];
       if (!(std::abs(got - sum) <= bound)) {
-        return Status(
-            ErrorCode::kInternal,
-            fmt::format("{}: C[{}][{}] = {}, want {} (bound {:.3g})", name, i, j, got, sum, bound));
+        return Status(ErrorCode::kInternal,
+                      fmt::format("{}: {}[{}][{}] = {}, want {} (bound {:.3g})", name,
+                                  gelu_fn != nullptr ? "pre" : "C", i, j, got, sum, bound));
+      }
+      if (gelu_fn == nullptr) continue;
+      const double want = gelu(sum);
+      const double act_bound = std::abs(gelu_slope(sum)) * bound +
+                               std::ldexp(1.0, -20) * (std::abs(want) + std::abs(sum)) +
+                               std::ldexp(1.0, -24);
+      if (!(std::abs(act[at] - want) <= act_bound)) {
+        return Status(ErrorCode::kInternal,
+                      fmt::format("{}: act[{}][{}] = {}, want GELU({}) = {} (bound {:.3g})", name,
+                                  i, j, act[at], sum, want, act_bound));
       }
     }
   }
@@ -92,8 +124,17 @@ Status check_case(Backend& backend, const GemmBiasFn& fused, bool fp16, const Ca
 Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
-      STRATA_TRY(check_case(backend, fused, fp16_inputs, {ta, tb, 70, 96, 64}));
-      STRATA_TRY(check_case(backend, fused, fp16_inputs, {ta, tb, 33, 200, 40}));
+      STRATA_TRY(check_case(backend, &fused, nullptr, fp16_inputs, {ta, tb, 70, 96, 64}));
+      STRATA_TRY(check_case(backend, &fused, nullptr, fp16_inputs, {ta, tb, 33, 200, 40}));
+    }
+  return Status::ok();
+}
+
+Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool fp16_inputs) {
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      STRATA_TRY(check_case(backend, nullptr, &fused, fp16_inputs, {ta, tb, 70, 96, 64}));
+      STRATA_TRY(check_case(backend, nullptr, &fused, fp16_inputs, {ta, tb, 33, 200, 40}));
     }
   return Status::ok();
 }

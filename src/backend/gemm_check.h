@@ -1,5 +1,6 @@
-// The start-up check of a GEMM with its bias fused into the epilogue (the CUDA backend's cuBLASLt
-// CUBLASLT_EPILOGUE_BIAS, backend/fast_path.h). CUDA-free: the CUDA backend passes its GEMM engine,
+// The start-up checks of a GEMM with its bias, or its bias and GELU, fused into the epilogue (the
+// CUDA backend's cuBLASLt CUBLASLT_EPILOGUE_BIAS and CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+// backend/fast_path.h). CUDA-free: the CUDA backend passes its GEMM engine,
 // the tests fakes on the CPU backend.
 //
 // The check runs the fused GEMM on the backend's memory for small shapes, every transposition, on
@@ -26,7 +27,22 @@ using GemmBiasFn = std::function<Result<bool>(
 // `fp16_inputs`: inputs are fp16 values (an fp16 GEMM precision), else bf16 values.
 Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs);
 
+// pre(m,n) = op(A) op(B) + bias(n) and act = GELU(pre) (tanh form), both contiguous; returns
+// whether they were fused (false: nothing was computed).
+using GemmBiasGeluFn = std::function<Result<bool>(
+    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+    std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* pre, float* act)>;
+
+// pre as check_gemm_bias checks C; act against GELU of the reference pre in double within
+// |GELU'(pre)| (pre's bound) + 2^-20 (|act| + |pre|) + 2^-24: the error of evaluating this model's
+// GELU in fp32 with an accurate tanh, with room. Another GELU (the erf form, up to 4.7e-4 away) or
+// a tanh approximated to 2^-12 fails, and the unfused kernels run instead.
+Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool fp16_inputs);
+
 inline constexpr const char* kGemmBiasName = "gemm_bias_epilogue";
 inline constexpr const char* kGemmBiasReplaces = "the GEMM, then the bias kernel (add_bias)";
+inline constexpr const char* kGemmBiasGeluName = "gemm_bias_gelu_epilogue";
+inline constexpr const char* kGemmBiasGeluReplaces =
+    "the GEMM with its bias, then the GELU kernel (gelu_forward)";
 
 }  // namespace strata::backend

@@ -36,6 +36,15 @@ class Ops {
     add_bias(c, bias, m, n);
   }
 
+  // pre(m,n) = op(A) op(B) + bias(n) on every row and act = GELU(pre) (the tanh form), both
+  // contiguous. This default runs gemm_bias, then gelu_forward; a backend may fuse them.
+  virtual void gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                              std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                              std::int64_t ldb, const T* bias, T* pre, T* act) {
+    gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre);
+    gelu_forward(act, pre, m * n);
+  }
+
   // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null; positions null: r % seq_len).
   virtual void embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
                                  const T* wte, const T* wpe, std::int64_t rows,

@@ -39,7 +39,8 @@ std::vector<backend::FastPath> check_fast_paths() {
   }
   return {
       backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false, why},
-      backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why}};
+      backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why},
+      backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why}};
 }
 
 struct ReportOptions {

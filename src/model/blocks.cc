@@ -74,8 +74,7 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
   ops.gemm_bias(false, false, n, c, c, a.att, c, p(kProjW), c, p(kProjB), a.res1);
   ops.add(a.res1, a.res1, x, n * c);
   ops.layernorm_forward(a.ln2, a.mean2, a.rstd2, a.res1, p(kLn2W), p(kLn2B), n, c, eps);
-  ops.gemm_bias(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc);
-  ops.gelu_forward(a.act, a.fc, n * in);
+  ops.gemm_bias_gelu(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc, a.act);
   ops.gemm_bias(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), out);
   ops.add(out, out, a.res1, n * c);
 }

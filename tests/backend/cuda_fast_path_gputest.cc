@@ -193,5 +193,30 @@ TEST(CudaFastPaths, TheSeamTurnsTheBiasEpilogueOffAndGemmBiasStaysRight) {
   EXPECT_TRUE(s.is_ok()) << s.to_string();
 }
 
+TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasGeluName);
+    ASSERT_NE(path, nullptr);
+    // On, or off with the reason printed: cuBLASLt's GELU must be the tanh form within half the
+    // next GEMM's rounding; the ops must be right either way.
+    std::printf("fast path %s (%s): %s: %s\n", path->name.c_str(), cuda::to_string(precision),
+                path->active ? "on" : "off", path->detail.c_str());
+    const Status s = check_gemm_bias_gelu(
+        gpu,
+        [&gpu](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+               std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* pre,
+               float* act) -> Result<bool> {
+          gpu.ops_f32().gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+          STRATA_TRY(gpu.synchronize(StreamKind::kCompute));
+          return true;
+        },
+        precision == GemmPrecision::kFp16);
+    EXPECT_TRUE(s.is_ok()) << cuda::to_string(precision) << ": " << s.to_string();
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  EXPECT_FALSE(find_path(fp32.fast_paths(), kGemmBiasGeluName)->active);
+}
+
 }  // namespace
 }  // namespace strata::backend

@@ -449,6 +449,32 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         });
     gemm_->use_bias_epilogue(on);
   }
+
+  // Bias and GELU in the epilogue (gemm_bias_gelu): with 16-bit GEMM inputs only (the bf16/fp16
+  // runs it is for); its check holds cuBLASLt's GELU to this model's tanh form.
+  if (!gemm_->has_cublaslt() || !sixteen_bit) {
+    fast_paths_.not_applicable(
+        kGemmBiasGeluName, kGemmBiasGeluReplaces,
+        !gemm_->has_cublaslt() ? "cuBLASLt is not used (every GEMM runs Strata's fallback kernel)"
+                               : "GEMM inputs are fp32 or tf32 (it serves bf16 and fp16 runs)");
+  } else {
+    gemm_->use_gelu_epilogue(true);
+    const bool on = fast_paths_.adopt(
+        kGemmBiasGeluName, kGemmBiasGeluReplaces,
+        "cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX_BIAS (the pre-activation as its aux output) on "
+        "every product that is one cuBLASLt call",
+        [&] {
+          return check_gemm_bias_gelu(
+              *this,
+              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* pre,
+                  float* act) {
+                return gemm_->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+              },
+              !bf16);
+        });
+    gemm_->use_gelu_epilogue(on);
+  }
 }
 
 }  // namespace

@@ -55,6 +55,21 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
   if (!*fused) add_bias(c, bias, m, n);
 }
 
+void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, const float* bias, float* pre, float* act) {
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  Result<bool> fused =
+      gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre, act);
+  if (!fused.is_ok()) {
+    sink_->add(fused.status());
+    return;
+  }
+  if (*fused) return;
+  gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre);
+  gelu_forward(act, pre, m * n);
+}
+
 void CudaOps::embedding_forward(float* out, const std::int32_t* tokens,
                                 const std::int32_t* positions, const float* wte, const float* wpe,
                                 std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {

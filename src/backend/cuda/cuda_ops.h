@@ -72,6 +72,9 @@ class CudaOps final : public backend::Ops<float> {
   void gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                  const float* bias, float* c) override;
+  void gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                      const float* bias, float* pre, float* act) override;
   void add(float* out, const float* a, const float* b, std::int64_t n) override;
   void add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) override;
   void bias_backward(float* dbias, const float* dout, std::int64_t rows,
