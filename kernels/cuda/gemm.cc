@@ -285,6 +285,7 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
        cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements).blocks() !=
            1)) {
     STRATA_TRY(gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n));
+    if (bias_epilogue_) ++bias_unfused_;
     return false;
   }
   bool applied = false;
@@ -295,6 +296,7 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
     STRATA_TRY(run(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
                    cuda_kernels::kCodeF32, {bias, nullptr, &applied}));
   }
+  ++(applied ? bias_fused_ : bias_unfused_);
   return applied;
 }
 
@@ -306,11 +308,13 @@ Result<bool> GemmEngine::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t
   if (!gelu_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0 ||
       !cuda::converts_operands(config_.precision) ||
       cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements).blocks() != 1) {
+    if (gelu_epilogue_) ++gelu_unfused_;
     return false;
   }
   bool applied = false;
   STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, act, n,
                            {bias, pre, &applied}));
+  ++(applied ? gelu_fused_ : gelu_unfused_);
   return applied;
 }
 

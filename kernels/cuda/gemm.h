@@ -77,6 +77,14 @@ class GemmEngine {
   std::string description() const;
   // Calls that ran the fallback kernel instead of cuBLASLt.
   std::int64_t fallback_calls() const { return fallback_calls_; }
+  // gemm_bias / gemm_bias_gelu calls whose epilogue ran, and those that did not (the caller then
+  // ran the unfused ops), while the epilogue was on.
+  std::int64_t bias_fused() const { return bias_fused_; }
+  std::int64_t bias_unfused() const { return bias_unfused_; }
+  std::int64_t gelu_fused() const { return gelu_fused_; }
+  std::int64_t gelu_unfused() const { return gelu_unfused_; }
+  // Zeroes those counts (after the backend's start-up checks).
+  void reset_epilogue_counts() { bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = 0; }
 
  private:
   struct Key {
@@ -128,6 +136,7 @@ class GemmEngine {
   std::int64_t fallback_calls_ = 0;
   bool bias_epilogue_ = false;
   bool gelu_epilogue_ = false;
+  std::int64_t bias_fused_ = 0, bias_unfused_ = 0, gelu_fused_ = 0, gelu_unfused_ = 0;
 };
 
 }  // namespace strata::cuda

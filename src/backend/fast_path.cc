@@ -99,6 +99,8 @@ Json::Value fast_paths_json(const std::vector<FastPath>& paths) {
     p["active"] = path.active;
     p["replaces"] = path.replaces;
     p["detail"] = path.detail;
+    if (path.uses >= 0) p["uses"] = Json::Int64(path.uses);
+    if (path.declined >= 0) p["declined"] = Json::Int64(path.declined);
     list.append(p);
   }
   return list;

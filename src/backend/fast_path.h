@@ -10,6 +10,7 @@
 // (tools/gpu_checks.sh). fail_fast_path_for_test() does the same from a test.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -30,6 +31,10 @@ struct FastPath {
   // Active: what it covers ("head sizes 64, 80, 96, 128, 256; bf16"). Off: why ("its check
   // failed: ..." / "not applicable: ...").
   std::string detail;
+  // Calls that took it since the backend started, and calls of the op that took the verified path
+  // instead (a shape it does not cover); -1 where the backend does not count them.
+  std::int64_t uses = -1;
+  std::int64_t declined = -1;
 };
 
 class FastPaths {
@@ -63,7 +68,8 @@ class FastPaths {
   std::vector<FastPath> paths_;
 };
 
-// [{"name", "active", "replaces", "detail"}, ...]
+// [{"name", "active", "replaces", "detail", "uses", "declined"}, ...] ("uses" and "declined" where
+// counted)
 Json::Value fast_paths_json(const std::vector<FastPath>& paths);
 // One line per path: "  flash_attention: on (head sizes ...)" / "  NAME: off: REASON; REPLACES".
 std::string fast_paths_text(const std::vector<FastPath>& paths);

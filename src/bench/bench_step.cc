@@ -294,8 +294,14 @@ int run_bench_step(const BenchStepOptions& o) {
   }
   std::printf("backend      %s\n", j["backend_description"].asCString());
   for (const Json::Value& path : j["fast_paths"]) {
-    std::printf("fast path    %s: %s%s\n", path["name"].asCString(),
-                path["active"].asBool() ? "on: " : "off: ", path["detail"].asCString());
+    std::string use;
+    if (path.isMember("uses")) {
+      use = fmt::format(" [{} calls took it, {} the verified path]", path["uses"].asInt64(),
+                        path["declined"].asInt64());
+    }
+    std::printf("fast path    %s: %s%s%s\n", path["name"].asCString(),
+                path["active"].asBool() ? "on: " : "off: ", path["detail"].asCString(),
+                use.c_str());
   }
   std::printf("model        %s, %.1fM parameters, %lld layers, hidden %lld\n",
               j["model"].asCString(), j["parameters"].asDouble() / 1e6,

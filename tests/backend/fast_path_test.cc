@@ -59,6 +59,14 @@ TEST(FastPaths, AFailingCheckFallsBackWithOneWarningNamingThePathAndTheReason) {
   EXPECT_NE(fast_paths_text(paths.list()).find("fused_gelu: off: its check failed"),
             std::string::npos);
 
+  // Counts appear where the backend keeps them.
+  std::vector<FastPath> counted = paths.list();
+  EXPECT_FALSE(fast_paths_json(counted)[0].isMember("uses"));
+  counted[0].uses = 12;
+  counted[0].declined = 2;
+  EXPECT_EQ(fast_paths_json(counted)[0]["uses"].asInt64(), 12);
+  EXPECT_EQ(fast_paths_json(counted)[0]["declined"].asInt64(), 2);
+
   // Disabling an off path changes nothing and warns no more.
   paths.disable("fused_gelu", "refused at run time");
   EXPECT_EQ(r.warnings.size(), 1u);

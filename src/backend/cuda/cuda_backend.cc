@@ -213,7 +213,23 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
-  std::vector<FastPath> fast_paths() const override { return fast_paths_.list(); }
+  std::vector<FastPath> fast_paths() const override {
+    std::vector<FastPath> paths = fast_paths_.list();
+    for (FastPath& p : paths) {
+      if (!p.active) continue;
+      if (p.name == kFlashAttentionName) {
+        p.uses = ops_->flash_calls();
+        p.declined = ops_->fp32_attention_calls();
+      } else if (p.name == kGemmBiasName) {
+        p.uses = gemm_->bias_fused();
+        p.declined = gemm_->bias_unfused();
+      } else if (p.name == kGemmBiasGeluName) {
+        p.uses = gemm_->gelu_fused();
+        p.declined = gemm_->gelu_unfused();
+      }
+    }
+    return paths;
+  }
   Ops<float>& ops_f32() override { return *ops_; }
   Ops<double>* ops_f64() override { return nullptr; }
   OptimizerOps& optimizer_ops() override { return *optimizer_ops_; }
@@ -475,6 +491,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         });
     gemm_->use_gelu_epilogue(on);
   }
+  gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
 }
 
 }  // namespace
