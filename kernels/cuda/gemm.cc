@@ -243,6 +243,14 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
                                  std::int64_t ldc, const GemmEpilogue& epilogue) {
   const cuda::GemmBlocking blocking =
       cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
+  // An epilogue applies only to a product that is one cuBLASLt call (a blocked product would need
+  // the bias on the first k block of each output block): cut into blocks, a bias epilogue gives
+  // the plain product (*applied stays false) and a GELU epilogue runs nothing.
+  GemmEpilogue whole = epilogue;
+  if (epilogue.bias != nullptr && blocking.blocks() != 1) {
+    if (epilogue.aux != nullptr) return Status::ok();
+    whole = {};
+  }
   const int code =
       config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
@@ -256,7 +264,7 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
   return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
                           convert_to(a_ws), convert_to(b_ws), [&](const BlockProduct& p) {
                             return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_ws,
-                                       p.b_ld, p.beta, p.c, ldc, code, epilogue);
+                                       p.b_ld, p.beta, p.c, ldc, code, whole);
                           });
 }
 
@@ -276,14 +284,8 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
                                    std::int64_t k, const float* a, std::int64_t lda, const float* b,
                                    std::int64_t ldb, const float* bias, float* c) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr);
-  const bool fusable = bias_epilogue_ && api_ != nullptr && m > 0 && n > 0 && k > 0;
   const bool converts = cuda::converts_operands(config_.precision);
-  // Fused only when the product is one cuBLASLt call: a product cut into blocks would need the
-  // bias on the first k block of each output block.
-  if (!fusable ||
-      (converts &&
-       cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements).blocks() !=
-           1)) {
+  if (!bias_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0) {
     STRATA_TRY(gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n));
     if (bias_epilogue_) ++bias_unfused_;
     return false;
@@ -306,8 +308,7 @@ Result<bool> GemmEngine::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t
                                         float* pre, float* act) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr && pre != nullptr);
   if (!gelu_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0 ||
-      !cuda::converts_operands(config_.precision) ||
-      cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements).blocks() != 1) {
+      !cuda::converts_operands(config_.precision)) {
     if (gelu_epilogue_) ++gelu_unfused_;
     return false;
   }
