@@ -10,28 +10,12 @@
 #include <random>
 #include <string>
 
+#include "backend/host_copies.h"
+
 namespace strata::backend {
 namespace {
 
 namespace fc = kernels::flash_check;
-
-// Device copies of host vectors, through the compute stream.
-template <typename T>
-Result<Buffer> to_device(Backend& backend, const std::vector<T>& host, const char* purpose) {
-  const std::uint64_t bytes = std::max<std::uint64_t>(host.size() * sizeof(T), sizeof(T));
-  STRATA_ASSIGN_OR_RETURN(Buffer buffer, backend.allocate_device(bytes, purpose, 256));
-  if (!host.empty()) {
-    STRATA_TRY(backend.copy_async(StreamKind::kCompute, buffer.data(), host.data(),
-                                  host.size() * sizeof(T)));
-  }
-  return buffer;
-}
-
-template <typename T>
-Status from_device(Backend& backend, std::vector<T>* host, const Buffer& buffer) {
-  return backend.copy_async(StreamKind::kCompute, host->data(), buffer.data(),
-                            host->size() * sizeof(T));
-}
 
 std::vector<float> narrowed(const std::vector<double>& wide) {
   std::vector<float> f(wide.size());
@@ -58,13 +42,14 @@ Status check_case(Backend& backend, const AttentionPath& path, const fc::FlashCa
 
   // Device inputs (fp32 holding the 16-bit values) and outputs (zero, so that a written padding
   // column shows).
-  STRATA_ASSIGN_OR_RETURN(Buffer qkv, to_device(backend, narrowed(in.qkv_wide), "attention check"));
-  STRATA_ASSIGN_OR_RETURN(Buffer pos, to_device(backend, positions, "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer qkv,
+                          device_copy(backend, narrowed(in.qkv_wide), "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer pos, device_copy(backend, positions, "attention check"));
   const std::vector<float> zeros_out(static_cast<std::size_t>(rows * host_shape.out_stride), 0.0f);
   const std::vector<float> zeros_qkv(in.qkv_wide.size(), 0.0f);
   const std::vector<float> nan_lse(in.lse.size(), std::nanf(""));
-  STRATA_ASSIGN_OR_RETURN(Buffer out, to_device(backend, zeros_out, "attention check"));
-  STRATA_ASSIGN_OR_RETURN(Buffer lse, to_device(backend, nan_lse, "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer out, device_copy(backend, zeros_out, "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer lse, device_copy(backend, nan_lse, "attention check"));
   AttentionShape shape = host_shape;
   if (c.packed) shape.positions = pos.as<std::int32_t>();
   const float* q = qkv.as<float>();
@@ -74,8 +59,8 @@ Status check_case(Backend& backend, const AttentionPath& path, const fc::FlashCa
                  .with_context("forward"));
   STRATA_TRY(backend.synchronize(StreamKind::kCompute));
   std::vector<float> got_out(zeros_out.size()), got_lse(in.lse.size());
-  STRATA_TRY(from_device(backend, &got_out, out));
-  STRATA_TRY(from_device(backend, &got_lse, lse));
+  STRATA_TRY(copy_to_host(backend, &got_out, out));
+  STRATA_TRY(copy_to_host(backend, &got_lse, lse));
   std::vector<double> want(got_out.size(), 0.0), want_lse(got_lse.size(), 0.0);
   const double* qw = in.qkv_wide.data();
   kernels::attention_forward<double>(want.data(), want_lse.data(), qw, qw + hd, qw + hd + kvd,
@@ -116,18 +101,18 @@ Status check_case(Backend& backend, const AttentionPath& path, const fc::FlashCa
   // Backward from the inputs' 16-bit out and dO and fp32 lse, against attention_backward<double>
   // within backward_bounds, element by element.
   STRATA_ASSIGN_OR_RETURN(Buffer out16,
-                          to_device(backend, narrowed(in.out_wide), "attention check"));
+                          device_copy(backend, narrowed(in.out_wide), "attention check"));
   STRATA_ASSIGN_OR_RETURN(Buffer dout,
-                          to_device(backend, narrowed(in.dout_wide), "attention check"));
-  STRATA_ASSIGN_OR_RETURN(Buffer lse32, to_device(backend, in.lse, "attention check"));
-  STRATA_ASSIGN_OR_RETURN(Buffer grad, to_device(backend, zeros_qkv, "attention check"));
+                          device_copy(backend, narrowed(in.dout_wide), "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer lse32, device_copy(backend, in.lse, "attention check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer grad, device_copy(backend, zeros_qkv, "attention check"));
   float* g = grad.as<float>();
   STRATA_TRY(path.backward(g, g + hd, g + hd + kvd, dout.as<float>(), out16.as<float>(),
                            lse32.as<float>(), q, q + hd, q + hd + kvd, shape)
                  .with_context("backward"));
   STRATA_TRY(backend.synchronize(StreamKind::kCompute));
   std::vector<float> got_grad(zeros_qkv.size());
-  STRATA_TRY(from_device(backend, &got_grad, grad));
+  STRATA_TRY(copy_to_host(backend, &got_grad, grad));
   const std::vector<double> want_grad = fc::backward_reference(c, host_shape, in);
   const std::vector<double> grad_bounds = fc::backward_bounds(c, host_shape, in, want_grad);
   const fc::BackwardComparison cmp = fc::compare_backward(

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/host_copies.h"
 #include "kernels/cpu/float16.h"
 
 namespace strata::backend {
@@ -27,14 +28,6 @@ std::vector<float> draw(std::size_t count, bool fp16, std::mt19937_64& rng) {
              : kernels::bf16_to_float(kernels::float_to_bf16(f));
   }
   return v;
-}
-
-Result<Buffer> to_device(Backend& backend, const std::vector<float>& host) {
-  STRATA_ASSIGN_OR_RETURN(Buffer buffer,
-                          backend.allocate_device(host.size() * sizeof(float), "GEMM check", 256));
-  STRATA_TRY(backend.copy_async(StreamKind::kCompute, buffer.data(), host.data(),
-                                host.size() * sizeof(float)));
-  return buffer;
 }
 
 // The GELU of the model (tanh form), in double.
@@ -60,13 +53,13 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
   const std::vector<float> b =
       draw(static_cast<std::size_t>((c.trans_b ? c.n : c.k) * ldb), fp16, rng);
   const std::vector<float> bias = draw(static_cast<std::size_t>(c.n), fp16, rng);
-  STRATA_ASSIGN_OR_RETURN(Buffer da, to_device(backend, a));
-  STRATA_ASSIGN_OR_RETURN(Buffer db, to_device(backend, b));
-  STRATA_ASSIGN_OR_RETURN(Buffer dbias, to_device(backend, bias));
+  STRATA_ASSIGN_OR_RETURN(Buffer da, device_copy(backend, a, "GEMM check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer db, device_copy(backend, b, "GEMM check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer dbias, device_copy(backend, bias, "GEMM check"));
   std::vector<float> out(static_cast<std::size_t>(c.m * c.n), std::nanf(""));
   std::vector<float> act(out.size(), std::nanf(""));
-  STRATA_ASSIGN_OR_RETURN(Buffer dc, to_device(backend, out));
-  STRATA_ASSIGN_OR_RETURN(Buffer dact, to_device(backend, act));
+  STRATA_ASSIGN_OR_RETURN(Buffer dc, device_copy(backend, out, "GEMM check"));
+  STRATA_ASSIGN_OR_RETURN(Buffer dact, device_copy(backend, act, "GEMM check"));
   const std::string name =
       fmt::format("m={} n={} k={}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
                   c.trans_b ? ", B transposed" : "");
@@ -82,10 +75,8 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
     return Status(ErrorCode::kUnavailable,
                   fmt::format("{}: the epilogue did not run (no algorithm with it)", name));
   }
-  STRATA_TRY(
-      backend.copy_async(StreamKind::kCompute, out.data(), dc.data(), out.size() * sizeof(float)));
-  STRATA_TRY(backend.copy_async(StreamKind::kCompute, act.data(), dact.data(),
-                                act.size() * sizeof(float)));
+  STRATA_TRY(copy_to_host(backend, &out, dc));
+  STRATA_TRY(copy_to_host(backend, &act, dact));
   for (std::int64_t i = 0; i < c.m; ++i) {
     for (std::int64_t j = 0; j < c.n; ++j) {
       double sum = bias[static_cast<std::size_t>(j)];
@@ -119,24 +110,27 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
   return Status::ok();
 }
 
-}  // namespace
-
-Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs) {
+// Runs `run_case` on the checks' shapes, every transposition; the first failure.
+template <typename RunCase>
+Status each_case(RunCase&& run_case) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
-      STRATA_TRY(check_case(backend, &fused, nullptr, fp16_inputs, {ta, tb, 70, 96, 64}));
-      STRATA_TRY(check_case(backend, &fused, nullptr, fp16_inputs, {ta, tb, 33, 200, 40}));
+      STRATA_TRY(run_case(Case{ta, tb, 70, 96, 64}));
+      STRATA_TRY(run_case(Case{ta, tb, 33, 200, 40}));
     }
   return Status::ok();
 }
 
+}  // namespace
+
+Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs) {
+  return each_case(
+      [&](const Case& c) { return check_case(backend, &fused, nullptr, fp16_inputs, c); });
+}
+
 Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool fp16_inputs) {
-  for (const bool ta : {false, true})
-    for (const bool tb : {false, true}) {
-      STRATA_TRY(check_case(backend, nullptr, &fused, fp16_inputs, {ta, tb, 70, 96, 64}));
-      STRATA_TRY(check_case(backend, nullptr, &fused, fp16_inputs, {ta, tb, 33, 200, 40}));
-    }
-  return Status::ok();
+  return each_case(
+      [&](const Case& c) { return check_case(backend, nullptr, &fused, fp16_inputs, c); });
 }
 
 }  // namespace strata::backend
