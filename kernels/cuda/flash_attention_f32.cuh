@@ -105,6 +105,40 @@ LaunchResult<L> widen(const L& launch, int code, std::int64_t rows, const Widen 
   return err;
 }
 
+// One pass over batch rows [b0, b0 + batch_rows): its token rows, the first of them, q, k, v
+// rounded into the start of the workspace, and the workspace after them (`rest`).
+struct Pass {
+  std::int64_t b0 = 0, batch_rows = 0, rows = 0, first = 0;
+  std::uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr, *rest = nullptr;
+};
+
+// For each pass of io.plan: rounds the pass's q, k, v into the workspace, then runs body(pass).
+template <typename L, typename Body>
+LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::AttentionShape& shape,
+                              std::uint16_t* workspace, const float* q, const float* k,
+                              const float* v, Body&& body) {
+  LaunchResult<L> err{};
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
+    Pass p;
+    p.b0 = b0;
+    p.batch_rows = std::min(io.plan.batch_rows, shape.batch - b0);
+    p.rows = p.batch_rows * io.T;
+    p.first = b0 * io.T;
+    p.q16 = workspace;
+    p.k16 = p.q16 + p.rows * io.hd;
+    p.v16 = p.k16 + p.rows * io.kvd;
+    p.rest = p.v16 + p.rows * io.kvd;
+    const Narrow in[] = {{p.q16, q + p.first * shape.q_stride, shape.q_stride, io.hd},
+                         {p.k16, k + p.first * shape.kv_stride, shape.kv_stride, io.kvd},
+                         {p.v16, v + p.first * shape.kv_stride, shape.kv_stride, io.kvd}};
+    err = narrow(launch, io.code, p.rows, in);
+    if (!launched(err)) return err;
+    err = body(p);
+    if (!launched(err)) return err;
+  }
+  return err;
+}
+
 }  // namespace flash_f32_detail
 
 // E: FlashBf16 or FlashFp16 (the 16-bit type the inputs are rounded to). `workspace` holds
@@ -116,28 +150,15 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
     const kernels::AttentionShape& shape) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
-  const std::int64_t hd = io.hd, kvd = io.kvd;
-  d::LaunchResult<L> err{};
-  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
-    const std::int64_t nb = std::min(io.plan.batch_rows, shape.batch - b0);
-    const std::int64_t rows = nb * io.T, first = b0 * io.T;
-    std::uint16_t* q16 = workspace;
-    std::uint16_t* k16 = q16 + rows * hd;
-    std::uint16_t* v16 = k16 + rows * kvd;
-    std::uint16_t* o16 = v16 + rows * kvd;
-    const d::Narrow in[] = {{q16, q + first * shape.q_stride, shape.q_stride, hd},
-                            {k16, k + first * shape.kv_stride, shape.kv_stride, kvd},
-                            {v16, v + first * shape.kv_stride, shape.kv_stride, kvd}};
-    err = d::narrow(launch, io.code, rows, in);
+  return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
+    std::uint16_t* o16 = p.rest;
+    auto err = run_flash_attention_forward<E, kFault>(launch, o16, lse + p.b0 * shape.heads * io.T,
+                                                      p.q16, p.k16, p.v16,
+                                                      d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
-    err = run_flash_attention_forward<E, kFault>(launch, o16, lse + b0 * shape.heads * io.T, q16,
-                                                 k16, v16, d::pass_shape(shape, b0, nb));
-    if (!launched(err)) return err;
-    const d::Widen result[] = {{out + first * shape.out_stride, shape.out_stride, o16, hd}};
-    err = d::widen(launch, io.code, rows, result);
-    if (!launched(err)) return err;
-  }
-  return err;
+    const d::Widen result[] = {{out + p.first * shape.out_stride, shape.out_stride, o16, io.hd}};
+    return d::widen(launch, io.code, p.rows, result);
+  });
 }
 
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
@@ -147,38 +168,27 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     const float* k, const float* v, const kernels::AttentionShape& shape) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
-  const std::int64_t hd = io.hd, kvd = io.kvd;
-  d::LaunchResult<L> err{};
-  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
-    const std::int64_t nb = std::min(io.plan.batch_rows, shape.batch - b0);
-    const std::int64_t rows = nb * io.T, first = b0 * io.T;
-    std::uint16_t* q16 = workspace;
-    std::uint16_t* k16 = q16 + rows * hd;
-    std::uint16_t* v16 = k16 + rows * kvd;
-    std::uint16_t* dq16 = v16 + rows * kvd;
+  return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
+    const std::int64_t rows = p.rows, hd = io.hd, kvd = io.kvd;
+    std::uint16_t* dq16 = p.rest;
     std::uint16_t* dk16 = dq16 + rows * hd;
     std::uint16_t* dv16 = dk16 + rows * kvd;
     std::uint16_t* o16 = dv16 + rows * kvd;
     std::uint16_t* do16 = o16 + rows * hd;
     auto* delta = reinterpret_cast<float*>(do16 + rows * hd);
-    const d::Narrow in[] = {{q16, q + first * shape.q_stride, shape.q_stride, hd},
-                            {k16, k + first * shape.kv_stride, shape.kv_stride, kvd},
-                            {v16, v + first * shape.kv_stride, shape.kv_stride, kvd},
-                            {o16, out + first * shape.out_stride, shape.out_stride, hd},
-                            {do16, dout + first * shape.out_stride, shape.out_stride, hd}};
-    err = d::narrow(launch, io.code, rows, in);
+    const d::Narrow in[] = {{o16, out + p.first * shape.out_stride, shape.out_stride, hd},
+                            {do16, dout + p.first * shape.out_stride, shape.out_stride, hd}};
+    auto err = d::narrow(launch, io.code, rows, in);
     if (!launched(err)) return err;
     err = run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16,
-                                                  lse + b0 * shape.heads * io.T, q16, k16, v16,
-                                                  d::pass_shape(shape, b0, nb));
+                                                  lse + p.b0 * shape.heads * io.T, p.q16, p.k16,
+                                                  p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
-    const d::Widen result[] = {{dq + first * shape.q_stride, shape.q_stride, dq16, hd},
-                               {dk + first * shape.kv_stride, shape.kv_stride, dk16, kvd},
-                               {dv + first * shape.kv_stride, shape.kv_stride, dv16, kvd}};
-    err = d::widen(launch, io.code, rows, result);
-    if (!launched(err)) return err;
-  }
-  return err;
+    const d::Widen result[] = {{dq + p.first * shape.q_stride, shape.q_stride, dq16, hd},
+                               {dk + p.first * shape.kv_stride, shape.kv_stride, dk16, kvd},
+                               {dv + p.first * shape.kv_stride, shape.kv_stride, dv16, kvd}};
+    return d::widen(launch, io.code, rows, result);
+  });
 }
 
 }  // namespace strata::cuda_kernels
