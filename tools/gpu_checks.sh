@@ -7,8 +7,10 @@
 #             `flash_forward_tflops` / `flash_backward_tflops shape=... tflops=...`) from its log,
 #             beside PyTorch's SDPA at the same shapes (tools/bench_sdpa.py, PYTHON with torch);
 #             then the CUDA backend's fast paths (`strata report`), a short bf16 `strata bench step`
-#             with them and one with the flash attention's check made to fail
-#             (STRATA_TEST_FAST_PATH_FAIL: the fallback), and the quick-start job in bf16;
+#             with them, one with cuDNN's attention made to fail its check (Strata's flash kernels
+#             alone: the two attentions side by side in a whole step) and one with the flash
+#             attention's check made to fail (STRATA_TEST_FAST_PATH_FAIL: the fallback to the fp32
+#             kernels), and the quick-start job in bf16;
 #   repeat    the determinism tests N times in one process (default 10): two trainers in one
 #             process give the same bits (TrainCuda.TwoRunsGiveTheSameBits) and the fixtures'
 #             three AdamW steps land on torch's weights (FixtureAdamWCuda.*); one process on
@@ -91,9 +93,10 @@ if want tests; then
   small=(bench step --model "$root/configs/models/gpt2-124m.json" --backend cuda --batch 2
          --seq-len 256 --steps 3 --warmup 1 --precision bf16)
   step fastpaths.on "$build/strata" "${small[@]}"
+  STRATA_TEST_FAST_PATH_FAIL=cudnn_attention step fastpaths.flash_only "$build/strata" "${small[@]}"
   STRATA_TEST_FAST_PATH_FAIL=flash_attention step fastpaths.fallback "$build/strata" "${small[@]}"
   grep -hE '^(fast path|time|throughput)|fast path .* is off' "$out/fastpaths.on.log" \
-    "$out/fastpaths.fallback.log" | sed 's/^/gpu_checks:   /'
+    "$out/fastpaths.flash_only.log" "$out/fastpaths.fallback.log" | sed 's/^/gpu_checks:   /'
   # The quick-start job (8 MiB device budget) on the CUDA backend in bf16: the checks fit beside
   # the backend's workspaces.
   tmp_demo="$(mktemp -d)"

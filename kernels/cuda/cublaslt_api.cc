@@ -2,10 +2,11 @@
 #include "kernels/cuda/cublaslt_api.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <vector>
+
+#include "kernels/cuda/dl_library.h"
 
 namespace strata::cuda {
 namespace {
@@ -14,34 +15,13 @@ namespace {
 #define STRATA_CUDA_LIBRARY_DIR "/usr/local/cuda/lib64"
 #endif
 
-template <typename Fn>
-bool bind(void* library, const char* name, Fn* out, std::string* missing) {
-  void* symbol = ::dlsym(library, name);
-  if (symbol == nullptr) {
-    *missing += missing->empty() ? std::string(name) : fmt::format(", {}", name);
-    return false;
-  }
-  *out = reinterpret_cast<Fn>(symbol);
-  return true;
-}
-
 Result<CublasLtApi> load() {
   const std::string name = fmt::format("libcublasLt.so.{}", CUDART_VERSION / 1000);
   const std::vector<std::string> candidates = {name,
                                                std::string(STRATA_CUDA_LIBRARY_DIR) + "/" + name};
   std::string tried;
-  void* library = nullptr;
   CublasLtApi api;
-  for (const std::string& candidate : candidates) {
-    library = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library != nullptr) {
-      api.path = candidate;
-      break;
-    }
-    const char* why = ::dlerror();
-    tried += fmt::format("{}{} ({})", tried.empty() ? "" : "; ", candidate,
-                         why != nullptr ? why : "not found");
-  }
+  void* library = open_first_library(candidates, &api.path, &tried);
   if (library == nullptr) {
     return Status(ErrorCode::kUnavailable,
                   fmt::format("cannot load cuBLASLt: tried {}; install the CUDA {} math "
@@ -51,19 +31,19 @@ Result<CublasLtApi> load() {
   }
   std::string missing;
   bool ok = true;
-  ok &= bind(library, "cublasLtCreate", &api.create, &missing);
-  ok &= bind(library, "cublasLtDestroy", &api.destroy, &missing);
-  ok &= bind(library, "cublasLtGetVersion", &api.get_version, &missing);
-  ok &= bind(library, "cublasLtMatmul", &api.matmul, &missing);
-  ok &= bind(library, "cublasLtMatmulDescCreate", &api.desc_create, &missing);
-  ok &= bind(library, "cublasLtMatmulDescDestroy", &api.desc_destroy, &missing);
-  ok &= bind(library, "cublasLtMatmulDescSetAttribute", &api.desc_set, &missing);
-  ok &= bind(library, "cublasLtMatrixLayoutCreate", &api.layout_create, &missing);
-  ok &= bind(library, "cublasLtMatrixLayoutDestroy", &api.layout_destroy, &missing);
-  ok &= bind(library, "cublasLtMatmulPreferenceCreate", &api.pref_create, &missing);
-  ok &= bind(library, "cublasLtMatmulPreferenceDestroy", &api.pref_destroy, &missing);
-  ok &= bind(library, "cublasLtMatmulPreferenceSetAttribute", &api.pref_set, &missing);
-  ok &= bind(library, "cublasLtMatmulAlgoGetHeuristic", &api.heuristic, &missing);
+  ok &= bind_symbol(library, "cublasLtCreate", &api.create, &missing);
+  ok &= bind_symbol(library, "cublasLtDestroy", &api.destroy, &missing);
+  ok &= bind_symbol(library, "cublasLtGetVersion", &api.get_version, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmul", &api.matmul, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulDescCreate", &api.desc_create, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulDescDestroy", &api.desc_destroy, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulDescSetAttribute", &api.desc_set, &missing);
+  ok &= bind_symbol(library, "cublasLtMatrixLayoutCreate", &api.layout_create, &missing);
+  ok &= bind_symbol(library, "cublasLtMatrixLayoutDestroy", &api.layout_destroy, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulPreferenceCreate", &api.pref_create, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulPreferenceDestroy", &api.pref_destroy, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulPreferenceSetAttribute", &api.pref_set, &missing);
+  ok &= bind_symbol(library, "cublasLtMatmulAlgoGetHeuristic", &api.heuristic, &missing);
   if (!ok) {
     // The library stays loaded: unloading libraries that started threads is unsafe.
     return Status(ErrorCode::kUnavailable, fmt::format("{} lacks {}", api.path, missing),

@@ -141,31 +141,49 @@ LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::Atte
 
 }  // namespace flash_f32_detail
 
+// The 16-bit attention each pass runs on the compact layout: the flash kernels here; another
+// implementation (cuDNN's fused attention, flash_attention.cu) supplies the same two calls.
+template <typename E, FlashFault kFault, typename L>
+struct FlashInner {
+  const L& launch;
+  auto forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
+               const std::uint16_t* v16, const kernels::AttentionShape& pass) const {
+    return run_flash_attention_forward<E, kFault>(launch, o16, lse, q16, k16, v16, pass);
+  }
+  auto backward(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* delta,
+                const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
+                const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
+                const kernels::AttentionShape& pass) const {
+    return run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16, lse,
+                                                   q16, k16, v16, pass);
+  }
+};
+
 // E: FlashBf16 or FlashFp16 (the 16-bit type the inputs are rounded to). `workspace` holds
 // `workspace_elements` 16-bit elements, 16-byte aligned; flash_f32_supported(shape, ...) holds.
-template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
-flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
-    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
-    float* lse, const float* q, const float* k, const float* v,
+// `inner` runs each pass (FlashInner, or one with its calls).
+template <typename E, typename L, typename Inner>
+flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
+    const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
+    float* out, float* lse, const float* q, const float* k, const float* v,
     const kernels::AttentionShape& shape) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
     std::uint16_t* o16 = p.rest;
-    auto err = run_flash_attention_forward<E, kFault>(launch, o16, lse + p.b0 * shape.heads * io.T,
-                                                      p.q16, p.k16, p.v16,
-                                                      d::pass_shape(shape, p.b0, p.batch_rows));
+    auto err = inner.forward(o16, lse + p.b0 * shape.heads * io.T, p.q16, p.k16, p.v16,
+                             d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
     const d::Widen result[] = {{out + p.first * shape.out_stride, shape.out_stride, o16, io.hd}};
     return d::widen(launch, io.code, p.rows, result);
   });
 }
 
-template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
-flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
-    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
-    float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
-    const float* k, const float* v, const kernels::AttentionShape& shape) {
+template <typename E, typename L, typename Inner>
+flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
+    const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
+    float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
+    const float* q, const float* k, const float* v, const kernels::AttentionShape& shape) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
@@ -180,15 +198,34 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
                             {do16, dout + p.first * shape.out_stride, shape.out_stride, hd}};
     auto err = d::narrow(launch, io.code, rows, in);
     if (!launched(err)) return err;
-    err = run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16,
-                                                  lse + p.b0 * shape.heads * io.T, p.q16, p.k16,
-                                                  p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
+    err = inner.backward(dq16, dk16, dv16, delta, do16, o16, lse + p.b0 * shape.heads * io.T, p.q16,
+                         p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
     const d::Widen result[] = {{dq + p.first * shape.q_stride, shape.q_stride, dq16, hd},
                                {dk + p.first * shape.kv_stride, shape.kv_stride, dk16, kvd},
                                {dv + p.first * shape.kv_stride, shape.kv_stride, dv16, kvd}};
     return d::widen(launch, io.code, rows, result);
   });
+}
+
+// The flash kernels on the fp32 arrays.
+template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
+flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
+    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
+    float* lse, const float* q, const float* k, const float* v,
+    const kernels::AttentionShape& shape) {
+  return run_attention16_forward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
+                                        workspace_elements, out, lse, q, k, v, shape);
+}
+
+template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
+flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
+    const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
+    float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
+    const float* k, const float* v, const kernels::AttentionShape& shape) {
+  return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
+                                         workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
+                                         shape);
 }
 
 }  // namespace strata::cuda_kernels

@@ -111,6 +111,32 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          const float* lse, const float* q, const float* k,
                                          const float* v, const AttentionShape& shape);
 
+// Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
+// q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
+// kv_heads * head_dim), lse (B, H, T) fp32, `delta` room for (B*T, H) floats the backward may use;
+// the calls enqueue their work on the stream the launchers below were given.
+class Attention16 {
+ public:
+  virtual ~Attention16() = default;
+  virtual cudaError_t forward(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                              const std::uint16_t* k, const std::uint16_t* v,
+                              const AttentionShape& pass) const = 0;
+  virtual cudaError_t backward(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                               float* delta, const std::uint16_t* dout, const std::uint16_t* out,
+                               const float* lse, const std::uint16_t* q, const std::uint16_t* k,
+                               const std::uint16_t* v, const AttentionShape& pass) const = 0;
+};
+// The flash launchers' contracts with `inner` computing each pass.
+cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
+                                    std::uint16_t* workspace, std::int64_t workspace_elements,
+                                    float* out, float* lse, const float* q, const float* k,
+                                    const float* v, const AttentionShape& shape);
+cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
+                                     std::uint16_t* workspace, std::int64_t workspace_elements,
+                                     float* dq, float* dk, float* dv, const float* dout,
+                                     const float* out, const float* lse, const float* q,
+                                     const float* k, const float* v, const AttentionShape& shape);
+
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
                                   const std::int32_t* targets, std::int64_t rows,

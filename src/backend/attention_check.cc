@@ -130,19 +130,55 @@ Status check_case(Backend& backend, const AttentionPath& path, const fc::FlashCa
 
 }  // namespace
 
-std::vector<kernels::flash_check::FlashCase> attention_check_cases(bool bf16,
-                                                                   std::int64_t head_dim) {
+std::vector<kernels::flash_check::FlashCase> attention_check_cases(bool bf16, std::int64_t head_dim,
+                                                                   bool documents) {
   // Partial key and query tiles (70 and 80 are not multiples of 64), GQA 2:1 over two batch rows
-  // of packed documents, and 2:1 with a window of 33 keys.
-  return {{bf16, 2, 70, 4, 2, head_dim, 0, true}, {bf16, 1, 80, 2, 1, head_dim, 33, false}};
+  // (of packed documents where the path takes them), and 2:1 with a window of 33 keys.
+  return {{bf16, 2, 70, 4, 2, head_dim, 0, documents}, {bf16, 1, 80, 2, 1, head_dim, 33, false}};
 }
 
 Status check_attention_path(Backend& backend, const AttentionPath& path, bool bf16,
-                            std::int64_t head_dim) {
-  for (const fc::FlashCase& c : attention_check_cases(bf16, head_dim))
+                            std::int64_t head_dim, bool documents) {
+  for (const fc::FlashCase& c : attention_check_cases(bf16, head_dim, documents))
     STRATA_TRY(check_case(backend, path, c));
   return Status::ok();
 }
+
+namespace {
+
+// Checks `check` for each of `sizes` and lists `name` on for those that passed (covers: "LABEL,
+// head sizes ...; OTHERS", and the failures), off when none did, with one warning for the failures
+// while it stays on. Returns the sizes that passed.
+std::vector<std::int64_t> choose_head_sizes(FastPaths& paths, const char* name,
+                                            const char* replaces, const std::string& label,
+                                            const std::vector<std::int64_t>& sizes,
+                                            const std::string& others,
+                                            const std::function<Status(std::int64_t)>& check) {
+  std::vector<std::int64_t> passed;
+  std::string failed;
+  for (const std::int64_t d : sizes) {
+    const Status result = check(d);
+    if (result.is_ok()) {
+      passed.push_back(d);
+    } else {
+      failed +=
+          fmt::format("{}head size {}: {}", failed.empty() ? "" : "; ", d, result.to_string());
+    }
+  }
+  std::string covers = fmt::format("{}, head sizes {}; {}", label, fmt::join(passed, ", "), others);
+  if (!failed.empty()) covers += fmt::format(" (failed their check: {})", failed);
+  paths.adopt(name, replaces, covers, [&]() -> Status {
+    if (passed.empty()) return Status(ErrorCode::kInternal, failed);
+    return Status::ok();
+  });
+  if (!passed.empty() && !failed.empty()) {
+    paths.warn(fmt::format("fast path {} is off for some head sizes, where {} run instead: {}",
+                           name, replaces, failed));
+  }
+  return paths.active(name) ? passed : std::vector<std::int64_t>{};
+}
+
+}  // namespace
 
 std::vector<std::int64_t> choose_flash_attention(
     FastPaths& paths, bool sixteen_bit, bool bf16,
@@ -153,29 +189,33 @@ std::vector<std::int64_t> choose_flash_attention(
                          "(strata.gemm_precision bf16 or fp16 turns it on)");
     return {};
   }
-  std::vector<std::int64_t> passed;
-  std::string failed;
-  for (const std::int64_t d : kFlashHeadSizes) {
-    const Status result = check(d);
-    if (result.is_ok()) {
-      passed.push_back(d);
-    } else {
-      failed +=
-          fmt::format("{}head size {}: {}", failed.empty() ? "" : "; ", d, result.to_string());
-    }
+  return choose_head_sizes(
+      paths, kFlashAttentionName, kFlashAttentionReplaces, bf16 ? "bf16" : "fp16",
+      std::vector<std::int64_t>(std::begin(kFlashHeadSizes), std::end(kFlashHeadSizes)),
+      "other head sizes run the fp32 kernels", check);
+}
+
+std::vector<std::int64_t> choose_cudnn_attention(
+    FastPaths& paths, const std::vector<std::int64_t>& flash_sizes, bool bf16,
+    const Status& library, const std::function<Status(std::int64_t head_dim)>& check) {
+  if (flash_sizes.empty()) {
+    paths.not_applicable(kCudnnAttentionName, kCudnnAttentionReplaces,
+                         fmt::format("{} is off, and the cuDNN attention runs only over it (the "
+                                     "calls it declines fall back to it)",
+                                     kFlashAttentionName));
+    return {};
   }
-  std::string covers = fmt::format("{}, head sizes {}; other head sizes run the fp32 kernels",
-                                   bf16 ? "bf16" : "fp16", fmt::join(passed, ", "));
-  if (!failed.empty()) covers += fmt::format(" (failed their check: {})", failed);
-  paths.adopt(kFlashAttentionName, kFlashAttentionReplaces, covers, [&]() -> Status {
-    if (passed.empty()) return Status(ErrorCode::kInternal, failed);
-    return Status::ok();
-  });
-  if (!passed.empty() && !failed.empty()) {
-    paths.warn(fmt::format("fast path {} is off for some head sizes, where {} run instead: {}",
-                           kFlashAttentionName, kFlashAttentionReplaces, failed));
+  if (!library.is_ok()) {
+    paths.not_applicable(kCudnnAttentionName, kCudnnAttentionReplaces, library.to_string());
+    return {};
   }
-  return paths.active(kFlashAttentionName) ? passed : std::vector<std::int64_t>{};
+  return choose_head_sizes(
+      paths, kCudnnAttentionName, kCudnnAttentionReplaces,
+      fmt::format("cuDNN's fused attention, {}", bf16 ? "bf16" : "fp16"), flash_sizes,
+      fmt::format("packed documents and shapes whose cuDNN plan is not built or needs more "
+                  "workspace run {}",
+                  kFlashAttentionName),
+      check);
 }
 
 }  // namespace strata::backend

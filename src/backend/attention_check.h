@@ -35,14 +35,15 @@ struct AttentionPath {
       backward;
 };
 
-// The cases the check runs for one head size and 16-bit type.
-std::vector<kernels::flash_check::FlashCase> attention_check_cases(bool bf16,
-                                                                   std::int64_t head_dim);
+// The cases the check runs for one head size and 16-bit type; `documents` false: none with packed
+// documents (a path that declines them).
+std::vector<kernels::flash_check::FlashCase> attention_check_cases(bool bf16, std::int64_t head_dim,
+                                                                   bool documents = true);
 
 // OK, or an error naming the case, the tensor, the first element over its bound with its value,
 // the reference and the bound (or the path's own error).
 Status check_attention_path(Backend& backend, const AttentionPath& path, bool bf16,
-                            std::int64_t head_dim);
+                            std::int64_t head_dim, bool documents = true);
 
 // The flash attention's head sizes.
 inline constexpr std::int64_t kFlashHeadSizes[] = {64, 80, 96, 128, 256};
@@ -56,5 +57,18 @@ inline constexpr const char* kFlashAttentionReplaces = "the fp32 attention kerne
 std::vector<std::int64_t> choose_flash_attention(
     FastPaths& paths, bool sixteen_bit, bool bf16,
     const std::function<Status(std::int64_t head_dim)>& check);
+
+// cuDNN's fused attention over the flash attention (kernels/cuda/cudnn_sdpa.h): checked on the
+// same cases without packed documents (which it declines), for the head sizes the flash attention
+// took; it needs the flash attention on, as the path its declined calls take.
+inline constexpr const char* kCudnnAttentionName = "cudnn_attention";
+inline constexpr const char* kCudnnAttentionReplaces = "flash_attention (Strata's own kernels)";
+
+// Which head sizes cuDNN's attention runs for: not applicable (nothing checked) when
+// `flash_sizes` is empty or `library` is not ok (cuDNN not built in or not loadable: its message
+// is the reason); else `check(head_dim)` for each of flash_sizes, listed like the flash attention.
+std::vector<std::int64_t> choose_cudnn_attention(
+    FastPaths& paths, const std::vector<std::int64_t>& flash_sizes, bool bf16,
+    const Status& library, const std::function<Status(std::int64_t head_dim)>& check);
 
 }  // namespace strata::backend

@@ -39,6 +39,7 @@ std::vector<backend::FastPath> check_fast_paths() {
   }
   return {
       backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false, why},
+      backend::FastPath{backend::kCudnnAttentionName, backend::kCudnnAttentionReplaces, false, why},
       backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why},
       backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why}};
 }

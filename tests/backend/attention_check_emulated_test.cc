@@ -5,6 +5,10 @@
 // holds one batch row per pass; a mutated kernel (a wrong fragment index), a path that returns an
 // error, one that writes padding and one that is right forward but wrong backward all fail, each
 // with a message naming what; a different correct implementation (the CPU's fp32 kernels) passes.
+// The same staging with another 16-bit attention inside (the role cuDNN's fused attention plays,
+// kernels/cuda/cudnn_sdpa.h: run_attention16_*_f32 with its own inner calls), here a host one:
+// passes on the cases without packed documents, also over several passes; one that writes the
+// log-sum-exp in base 2, or reads the wrong KV head of a group, fails.
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "support/simt_emulator.h"
 // The kernel headers after the emulator (they pick up its built-ins).
@@ -18,6 +22,7 @@
 
 #include "backend/attention_check.h"
 #include "backend/cpu/cpu_backend.h"
+#include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
 
 namespace strata::backend {
@@ -183,6 +188,148 @@ TEST(AttentionCheck, APathRightForwardButWrongBackwardFailsNamingTheGradient) {
   EXPECT_NE(s.message().find("0 dq, 0 dk, 1 dv elements over their bounds"), std::string::npos)
       << s.to_string();
   EXPECT_NE(s.message().find("dv at row 5"), std::string::npos) << s.to_string();
+}
+
+// Another 16-bit attention behind the staging, as cuDNN's is: each pass's compact 16-bit q, k, v
+// (out, dO) widened, the CPU kernels in fp32, the results rounded back; `fault` mutates it.
+enum class HostFault { kNone, kLog2Lse, kWrongKvHead };
+struct HostInner {
+  bool bf16 = true;
+  HostFault fault = HostFault::kNone;
+
+  std::vector<float> widen(const std::uint16_t* x, std::int64_t n) const {
+    std::vector<float> f(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      f[static_cast<std::size_t>(i)] =
+          bf16 ? kernels::bf16_to_float(x[i]) : kernels::fp16_to_float(x[i]);
+    return f;
+  }
+  void round(std::uint16_t* dst, const std::vector<float>& x) const {
+    for (std::size_t i = 0; i < x.size(); ++i)
+      dst[i] = bf16 ? kernels::float_to_bf16(x[i]) : kernels::float_to_fp16(x[i]);
+  }
+  // The pass's shape as the CPU kernels read it (the mutated one: KV heads by query head).
+  AttentionShape kernel_shape(const AttentionShape& p) const {
+    AttentionShape s = p;
+    if (fault == HostFault::kWrongKvHead) {
+      s.kv_heads = s.heads;
+      s.kv_stride = s.heads * s.head_dim;
+    }
+    return s;
+  }
+  std::vector<float> kv_of(const std::uint16_t* x, const AttentionShape& p) const {
+    const std::int64_t rows = p.batch * p.seq_len;
+    std::vector<float> f = widen(x, rows * p.kv_heads * p.head_dim);
+    if (fault != HostFault::kWrongKvHead) return f;
+    // Every query head reads KV head h % KV instead of h / (H / KV).
+    std::vector<float> spread(static_cast<std::size_t>(rows * p.heads * p.head_dim));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t h = 0; h < p.heads; ++h)
+        for (std::int64_t d = 0; d < p.head_dim; ++d)
+          spread[static_cast<std::size_t>((r * p.heads + h) * p.head_dim + d)] =
+              f[static_cast<std::size_t>((r * p.kv_heads + h % p.kv_heads) * p.head_dim + d)];
+    return spread;
+  }
+
+  int forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
+              const std::uint16_t* v16, const AttentionShape& p) const {
+    const std::int64_t rows = p.batch * p.seq_len;
+    const std::vector<float> q = widen(q16, rows * p.heads * p.head_dim);
+    const std::vector<float> k = kv_of(k16, p), v = kv_of(v16, p);
+    std::vector<float> o(q.size());
+    kernels::attention_forward<float>(o.data(), lse, q.data(), k.data(), v.data(), kernel_shape(p));
+    if (fault == HostFault::kLog2Lse) {
+      for (std::int64_t i = 0; i < p.batch * p.heads * p.seq_len; ++i)
+        lse[i] /= std::log(2.0f);
+    }
+    round(o16, o);
+    return 0;
+  }
+  int backward(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* /*delta*/,
+               const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
+               const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
+               const AttentionShape& p) const {
+    const std::int64_t rows = p.batch * p.seq_len;
+    const std::int64_t hd = rows * p.heads * p.head_dim, kvd = rows * p.kv_heads * p.head_dim;
+    const std::vector<float> q = widen(q16, hd), o = widen(o16, hd), d_o = widen(do16, hd);
+    const std::vector<float> k = kv_of(k16, p), v = kv_of(v16, p);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    kernels::attention_backward<float>(dq.data(), dk.data(), dv.data(), d_o.data(), o.data(), lse,
+                                       q.data(), k.data(), v.data(), kernel_shape(p));
+    dk.resize(static_cast<std::size_t>(kvd));  // (the mutated one's extra heads dropped)
+    dv.resize(static_cast<std::size_t>(kvd));
+    round(dq16, dq);
+    round(dk16, dk);
+    round(dv16, dv);
+    return 0;
+  }
+};
+
+template <typename E>
+AttentionPath staged(std::vector<std::uint16_t>* workspace, HostInner inner) {
+  inner.bf16 = E::kBf16;
+  AttentionPath path;
+  path.forward = [workspace, inner](float* out, float* lse, const float* q, const float* k,
+                                    const float* v, const AttentionShape& s) {
+    return launched(ck::run_attention16_forward_f32<E>(kEmulator, inner, workspace->data(),
+                                                       static_cast<std::int64_t>(workspace->size()),
+                                                       out, lse, q, k, v, s),
+                    "forward");
+  };
+  path.backward = [workspace, inner](float* dq, float* dk, float* dv, const float* dout,
+                                     const float* out, const float* lse, const float* q,
+                                     const float* k, const float* v, const AttentionShape& s) {
+    return launched(
+        ck::run_attention16_backward_f32<E>(kEmulator, inner, workspace->data(),
+                                            static_cast<std::int64_t>(workspace->size()), dq, dk,
+                                            dv, dout, out, lse, q, k, v, s),
+        "backward");
+  };
+  return path;
+}
+
+TEST(StagedAttention, AnotherSixteenBitAttentionBehindTheStagingPasses) {
+  auto backend = cpu_backend();
+  std::vector<std::uint16_t> ws = roomy_workspace(64);
+  const Status s = check_attention_path(*backend, staged<ck::FlashBf16>(&ws, {}), true, 64,
+                                        /*documents=*/false);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+TEST(StagedAttention, ItPassesInFp16WithOneBatchRowPerPass) {
+  auto backend = cpu_backend();
+  std::int64_t one_row = 0;
+  for (const auto& c : attention_check_cases(false, 128, false)) {
+    one_row = std::max(
+        one_row, cuda::plan_flash_io(c.batch, c.seq_len, c.heads, c.kv_heads, c.head_dim, true, 1)
+                     .per_batch_row);
+  }
+  std::vector<std::uint16_t> ws(static_cast<std::size_t>(one_row));
+  const Status s = check_attention_path(*backend, staged<ck::FlashFp16>(&ws, {}), false, 128,
+                                        /*documents=*/false);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+// The check of the staging with a mutated inner attention at `head_dim`, in bf16.
+Status check_mutated(HostFault fault, std::int64_t head_dim) {
+  auto backend = cpu_backend();
+  std::vector<std::uint16_t> ws = roomy_workspace(head_dim);
+  HostInner inner;
+  inner.fault = fault;
+  return check_attention_path(*backend, staged<ck::FlashBf16>(&ws, inner), true, head_dim,
+                              /*documents=*/false);
+}
+
+TEST(StagedAttention, ALog2LseFailsNamingTheLse) {
+  const Status s = check_mutated(HostFault::kLog2Lse, 64);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("lse "), std::string::npos) << s.to_string();
+}
+
+TEST(StagedAttention, ReadingTheWrongKvHeadFails) {
+  const Status s = check_mutated(HostFault::kWrongKvHead, 80);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("out row"), std::string::npos) << s.to_string();
 }
 
 #endif

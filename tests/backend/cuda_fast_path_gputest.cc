@@ -4,7 +4,11 @@
 // a call cut into passes of batch rows gives the bits of one pass; the test seam turns the path off
 // with the fp32 kernels running instead; fp32 GEMMs leave it off. The bias epilogue
 // (gemm_bias_epilogue) is on in every GEMM precision, the backend's gemm_bias meets the check's
-// bound with it and, turned off by the seam, without it. Skips without a GPU.
+// bound with it and, turned off by the seam, without it. cuDNN's fused attention
+// (cudnn_attention) is listed on or off with why (printed: it depends on the libcudnn found);
+// where on, the ops run it within the same bounds, packed documents go to the flash kernels, the
+// same call twice gives the same bits, and the seam turns it off with flash still on. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,6 +120,8 @@ TEST(CudaFastPaths, TheAttentionOpsRunFlashWithinTheCheckBounds) {
 }
 
 TEST(CudaFastPaths, PassesOfBatchRowsGiveTheBitsOfOnePass) {
+  // The flash kernels' property: cuDNN's plans for other batch sizes may pick other engines.
+  fail_fast_path_for_test("cudnn");
   // A 16-bit workspace of one batch row's backward (659,456 elements at this shape) against the
   // default one that holds the whole batch.
   CudaBackendOptions small = with(GemmPrecision::kBf16);
@@ -127,6 +133,7 @@ TEST(CudaFastPaths, PassesOfBatchRowsGiveTheBitsOfOnePass) {
                                 1400000 / 4096 * 4096 / 2)
                 .passes,
             4);
+  fail_fast_path_for_test(std::nullopt);
   const std::vector<float> a = forward_out(one_row, s, 9);
   const std::vector<float> b = forward_out(whole, s, 9);
   EXPECT_TRUE(all_bf16_values(a));
@@ -216,6 +223,50 @@ TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   EXPECT_FALSE(find_path(fp32.fast_paths(), kGemmBiasGeluName)->active);
+}
+
+TEST(CudaFastPaths, CudnnAttentionRunsWithinTheCheckBoundsWhereItIsOn) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const bool bf16 = precision == GemmPrecision::kBf16;
+    const FastPath* cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
+    ASSERT_NE(cudnn, nullptr);
+    std::printf("fast path %s (%s): %s: %s\n", cudnn->name.c_str(), bf16 ? "bf16" : "fp16",
+                cudnn->active ? "on" : "off", cudnn->detail.c_str());
+    if (!cudnn->active) continue;
+    const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+    ASSERT_TRUE(flash != nullptr && flash->active);
+    const std::int64_t cudnn_before = find_path(gpu.fast_paths(), kCudnnAttentionName)->uses;
+    const std::int64_t flash_before = find_path(gpu.fast_paths(), kFlashAttentionName)->uses;
+    for (const std::int64_t d : kFlashHeadSizes) {
+      const Status s = check_attention_path(gpu, ops_path(gpu), bf16, d);  // with documents
+      EXPECT_TRUE(s.is_ok()) << (bf16 ? "bf16" : "fp16") << " head size " << d << ": "
+                             << s.to_string();
+    }
+    // Each head size: the windowed case (and, where cuDNN is on for it, the unpacked GQA one)
+    // through cuDNN; the packed documents through flash.
+    EXPECT_GT(find_path(gpu.fast_paths(), kCudnnAttentionName)->uses, cudnn_before);
+    EXPECT_GE(find_path(gpu.fast_paths(), kFlashAttentionName)->uses - flash_before,
+              2 * static_cast<std::int64_t>(std::size(kFlashHeadSizes)));
+    // The same call twice: the same bits.
+    const std::vector<float> a = forward_out(gpu, gpt2_like(2), 5);
+    const std::vector<float> b = forward_out(gpu, gpt2_like(2), 5);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  }
+}
+
+TEST(CudaFastPaths, TheSeamTurnsCudnnOffAndFlashStaysOn) {
+  fail_fast_path_for_test("cudnn");
+  auto made = testing::make_gpu_backend(with(GemmPrecision::kBf16));
+  fail_fast_path_for_test(std::nullopt);
+  if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
+  Backend& gpu = *made.backend;
+  const FastPath* cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
+  ASSERT_NE(cudnn, nullptr);
+  EXPECT_FALSE(cudnn->active);
+  std::printf("fast path %s with the seam: %s\n", cudnn->name.c_str(), cudnn->detail.c_str());
+  EXPECT_TRUE(find_path(gpu.fast_paths(), kFlashAttentionName)->active);
+  EXPECT_TRUE(check_attention_path(gpu, ops_path(gpu), true, 64).is_ok());
 }
 
 }  // namespace

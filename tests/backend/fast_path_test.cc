@@ -1,4 +1,4 @@
-// FastPaths (backend/fast_path.h) and the flash attention's choice of head sizes
+// FastPaths (backend/fast_path.h) and the flash and cuDNN attentions' choice of head sizes
 // (backend/attention_check.h), driven by fake checks: a path whose check passes is listed on, one
 // whose check fails (or the test seam makes fail) is listed off with the reason and warns once,
 // one that does not apply is listed off without a check or a warning.
@@ -170,6 +170,105 @@ TEST(FlashAttentionChoice, Fp32GemmsLeaveItOffWithoutACheck) {
   EXPECT_EQ(calls, 0);
   EXPECT_TRUE(r.warnings.empty());
   EXPECT_NE(paths.list()[0].detail.find("not applicable"), std::string::npos);
+}
+
+TEST(CudnnAttentionChoice, ItIsCheckedForTheHeadSizesFlashTookAndRunsThere) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  std::vector<std::int64_t> checked;
+  const std::vector<std::int64_t> sizes =
+      choose_cudnn_attention(paths, {64, 128}, true, Status::ok(), [&](std::int64_t d) {
+        checked.push_back(d);
+        return Status::ok();
+      });
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{64, 128}));
+  EXPECT_EQ(checked, sizes);
+  ASSERT_TRUE(paths.active(kCudnnAttentionName));
+  EXPECT_NE(paths.list()[0].detail.find("bf16, head sizes 64, 128; packed documents"),
+            std::string::npos)
+      << paths.list()[0].detail;
+  EXPECT_TRUE(r.warnings.empty());
+}
+
+TEST(CudnnAttentionChoice, AFailingFakeFallsBackToFlashWithOneWarningNamingIt) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  const std::vector<std::int64_t> sizes = choose_cudnn_attention(
+      paths, {64, 80, 96, 128, 256}, false, Status::ok(), [](std::int64_t d) {
+        if (d == 80) {
+          return Status(ErrorCode::kUnavailable,
+                        "no cuDNN engine runs the backward attention graph here");
+        }
+        if (d == 256) return Status(ErrorCode::kInternal, "case ...: lse 3: got 5.1, want 4.2");
+        return Status::ok();
+      });
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{64, 96, 128}));
+  EXPECT_TRUE(paths.active(kCudnnAttentionName));
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("fast path cudnn_attention is off for some head sizes"),
+            std::string::npos)
+      << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find(kCudnnAttentionReplaces), std::string::npos);
+  EXPECT_NE(r.warnings[0].find("head size 80: "), std::string::npos);
+  EXPECT_NE(r.warnings[0].find("head size 256: "), std::string::npos);
+}
+
+TEST(CudnnAttentionChoice, WhenEveryCheckFailsFlashRunsEverythingAfterOneWarning) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  const std::vector<std::int64_t> sizes =
+      choose_cudnn_attention(paths, {64, 128}, true, Status::ok(), [](std::int64_t) {
+        return Status(ErrorCode::kUnavailable, "cudnnCreate failed: CUDNN_STATUS_NOT_INITIALIZED");
+      });
+  EXPECT_TRUE(sizes.empty());
+  EXPECT_FALSE(paths.active(kCudnnAttentionName));
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("fast path cudnn_attention is off"), std::string::npos);
+  EXPECT_NE(r.warnings[0].find("CUDNN_STATUS_NOT_INITIALIZED"), std::string::npos);
+  EXPECT_NE(r.warnings[0].find("flash_attention"), std::string::npos);
+}
+
+TEST(CudnnAttentionChoice, WithoutTheLibraryOrTheFlashAttentionNothingIsChecked) {
+  for (const bool flash_on : {true, false}) {
+    Recorder r;
+    FastPaths paths(r.sink());
+    int calls = 0;
+    const std::vector<std::int64_t> flash =
+        flash_on ? std::vector<std::int64_t>{64} : std::vector<std::int64_t>{};
+    const Status library =
+        flash_on ? Status(ErrorCode::kUnavailable, "cannot load cuDNN: tried libcudnn.so.9")
+                 : Status::ok();
+    const std::vector<std::int64_t> sizes =
+        choose_cudnn_attention(paths, flash, true, library, [&](std::int64_t) {
+          ++calls;
+          return Status::ok();
+        });
+    EXPECT_TRUE(sizes.empty());
+    EXPECT_EQ(calls, 0);
+    EXPECT_TRUE(r.warnings.empty());
+    ASSERT_EQ(paths.list().size(), 1u);
+    const std::string detail = paths.list()[0].detail;
+    EXPECT_NE(detail.find("not applicable"), std::string::npos) << detail;
+    EXPECT_NE(detail.find(flash_on ? "libcudnn.so.9" : "flash_attention is off"), std::string::npos)
+        << detail;
+  }
+}
+
+TEST(CudnnAttentionChoice, TheSeamTurnsOnlyTheCudnnPathOff) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  fail_fast_path_for_test("cudnn");
+  const std::vector<std::int64_t> flash =
+      choose_flash_attention(paths, true, true, [](std::int64_t) { return Status::ok(); });
+  const std::vector<std::int64_t> sizes = choose_cudnn_attention(
+      paths, flash, true, Status::ok(), [](std::int64_t) { return Status::ok(); });
+  fail_fast_path_for_test(std::nullopt);
+  EXPECT_EQ(flash.size(), 5u);
+  EXPECT_TRUE(sizes.empty());
+  EXPECT_TRUE(paths.active(kFlashAttentionName));
+  EXPECT_FALSE(paths.active(kCudnnAttentionName));
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("cudnn_attention"), std::string::npos) << r.warnings[0];
 }
 
 }  // namespace

@@ -24,6 +24,10 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch_plan.h"
+#if defined(STRATA_HAVE_CUDNN)
+#include "kernels/cuda/cudnn_sdpa.h"
+#endif
 #include "sys/memory.h"
 
 namespace strata::backend {
@@ -48,6 +52,9 @@ class CudaBackend final : public Backend {
     }
     optimizer_ops_.reset();
     ops_.reset();
+#if defined(STRATA_HAVE_CUDNN)
+    cudnn_.reset();
+#endif
     gemm_.reset();
     internal_.clear();
     pinned_scratch_.reset();
@@ -62,8 +69,12 @@ class CudaBackend final : public Backend {
 
   Status init();
   void choose_fast_paths(const OpsScratch& scratch);
+  void choose_cudnn(const OpsScratch& scratch, const std::vector<std::int64_t>& flash_sizes,
+                    bool bf16);
 
-  std::string name() const override { return fmt::format("cuda:{}", options_.device); }
+  std::string name() const override {
+    return fmt::format("cuda:{}", options_.device);
+  }
   std::string description() const override {
     return fmt::format(
         "cuda:{} {} (sm_{}{}, {} SMs, {}): device arena {} ({} for the backend's workspaces), "
@@ -147,7 +158,9 @@ class CudaBackend final : public Backend {
                   fmt::format("all {} events of the CUDA backend are in use", kEventsMax));
   }
 
-  void destroy_event(Event event) override { slot_of(event).in_use = false; }
+  void destroy_event(Event event) override {
+    slot_of(event).in_use = false;
+  }
 
   Status record(Event event, StreamKind stream) override {
     STRATA_TRY(sticky());
@@ -220,6 +233,9 @@ class CudaBackend final : public Backend {
       if (p.name == kFlashAttentionName) {
         p.uses = ops_->flash_calls();
         p.declined = ops_->fp32_attention_calls();
+      } else if (p.name == kCudnnAttentionName) {
+        p.uses = ops_->cudnn_calls();
+        p.declined = ops_->flash_calls() + ops_->fp32_attention_calls();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -230,10 +246,18 @@ class CudaBackend final : public Backend {
     }
     return paths;
   }
-  Ops<float>& ops_f32() override { return *ops_; }
-  Ops<double>* ops_f64() override { return nullptr; }
-  OptimizerOps& optimizer_ops() override { return *optimizer_ops_; }
-  int compute_threads() const override { return threads_; }
+  Ops<float>& ops_f32() override {
+    return *ops_;
+  }
+  Ops<double>* ops_f64() override {
+    return nullptr;
+  }
+  OptimizerOps& optimizer_ops() override {
+    return *optimizer_ops_;
+  }
+  int compute_threads() const override {
+    return threads_;
+  }
 
  protected:
   void release(void* data, std::uint64_t bytes, MemoryKind kind) override {
@@ -249,7 +273,9 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Status sticky() const { return sink_.first(); }
+  Status sticky() const {
+    return sink_.first();
+  }
   EventSlot& slot_of(Event event) {
     STRATA_ASSERT(event.valid() && event.index < kEventsMax && events_[event.index].in_use);
     return events_[event.index];
@@ -293,6 +319,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<CudaOptimizerOps> optimizer_ops_;
   FastPaths fast_paths_;
+  // cuDNN's attention borrows the cuBLASLt workspace: both run on the compute stream, in turn.
+  void* cublas_workspace_ = nullptr;
+  std::uint64_t cublas_workspace_bytes_ = 0;
+#if defined(STRATA_HAVE_CUDNN)
+  std::unique_ptr<strata::cuda::CudnnAttention> cudnn_;
+#endif
 };
 
 Status CudaBackend::init() {
@@ -387,6 +419,8 @@ Status CudaBackend::init() {
     STRATA_ASSIGN_OR_RETURN(gemm.cublas_workspace,
                             internal(workspaces.cublas_bytes, "cuBLASLt workspace"));
     gemm.cublas_workspace_bytes = workspaces.cublas_bytes;
+    cublas_workspace_ = gemm.cublas_workspace;
+    cublas_workspace_bytes_ = workspaces.cublas_bytes;
   }
   if (workspaces.convert_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(gemm.convert_workspace,
@@ -445,7 +479,8 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   std::vector<std::int64_t> head_sizes = choose_flash_attention(
       fast_paths_, sixteen_bit, bf16,
       [&](std::int64_t head_dim) { return check_attention_path(*this, flash, bf16, head_dim); });
-  ops_->use_flash_attention(bf16, std::move(head_sizes));
+  ops_->use_flash_attention(bf16, head_sizes);
+  choose_cudnn(scratch, head_sizes, bf16);
 
   // The bias in cuBLASLt's epilogue (gemm_bias): checked through the engine itself.
   if (!gemm_->has_cublaslt()) {
@@ -492,6 +527,100 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     gemm_->use_gelu_epilogue(on);
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
+}
+
+// cuDNN's fused attention over the flash attention's staging (kernels/cuda/cudnn_sdpa.h), for the
+// head sizes the flash attention took, each checked on the flash attention's cases without packed
+// documents.
+void CudaBackend::choose_cudnn(const OpsScratch& scratch,
+                               const std::vector<std::int64_t>& flash_sizes, bool bf16) {
+#if defined(STRATA_HAVE_CUDNN)
+  namespace sc = strata::cuda;
+  Status library = Status::ok();
+  if (!flash_sizes.empty()) {
+    Result<const sc::CudnnApi*> api = sc::load_cudnn();
+    if (!api.is_ok()) library = api.status();
+  }
+  if (library.is_ok() && !flash_sizes.empty() && cublas_workspace_ == nullptr) {
+    library = Status(ErrorCode::kUnavailable, "no cuBLASLt workspace to lend it (cuBLASLt is off)");
+  }
+  Status created = Status::ok();
+  if (library.is_ok() && !flash_sizes.empty()) {
+    Result<std::unique_ptr<sc::CudnnAttention>> made = sc::CudnnAttention::create(
+        stream_of(StreamKind::kCompute), cublas_workspace_, cublas_workspace_bytes_);
+    if (made.is_ok()) {
+      cudnn_ = std::move(made).value();
+      cudnn_->set_bf16(bf16);
+    } else {
+      created = made.status();
+    }
+  }
+  sc::CudnnAttention* cudnn = cudnn_.get();
+  const std::int64_t elements = scratch.sixteen_elements;
+  // Both directions' passes of a shape (launch_plan.h's plan_flash_io), the full one and the
+  // last: ok when cuDNN's plans for all of them build, else the first reason not.
+  const auto prepared = [cudnn, bf16, elements](const AttentionShape& s) -> Status {
+    for (const bool backward : {false, true}) {
+      const std::int64_t rows =
+          sc::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, backward, elements)
+              .batch_rows;
+      if (rows <= 0) {
+        return Status(ErrorCode::kUnavailable, "one batch row does not fit the 16-bit workspace");
+      }
+      for (const std::int64_t b : {std::min(rows, s.batch), s.batch % rows}) {
+        if (b == 0) continue;
+        AttentionShape pass = s;
+        pass.batch = b;
+        STRATA_TRY(cudnn->prepare(sc::sdpa_spec(pass, bf16)));
+      }
+    }
+    return Status::ok();
+  };
+  const cudaStream_t stream = stream_of(StreamKind::kCompute);
+  // A call's result: cuDNN's own error behind cudaErrorUnknown, else the CUDA error.
+  const auto staged_result = [cudnn](cudaError_t err) -> Status {
+    if (err == cudaSuccess) return Status::ok();
+    Status why = cudnn->take_error();
+    return why.is_ok() ? STRATA_CUDA_CHECK(err) : why;
+  };
+  AttentionPath path;
+  path.forward = [&](float* out, float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& shape) -> Status {
+    STRATA_TRY(prepared(shape).with_context("building cuDNN's plans"));
+    return staged_result(cuda_kernels::attention16_forward_f32(
+        stream, bf16, *cudnn, scratch.sixteen, elements, out, lse, q, k, v, shape));
+  };
+  path.backward = [&](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                      const float* lse, const float* q, const float* k, const float* v,
+                      const AttentionShape& shape) -> Status {
+    return staged_result(
+        cuda_kernels::attention16_backward_f32(stream, bf16, *cudnn, scratch.sixteen, elements, dq,
+                                               dk, dv, dout, out, lse, q, k, v, shape));
+  };
+  std::vector<std::int64_t> sizes =
+      choose_cudnn_attention(fast_paths_, flash_sizes, bf16, library, [&](std::int64_t d) {
+        if (!created.is_ok()) return created;
+        return check_attention_path(*this, path, bf16, d, /*documents=*/false);
+      });
+  if (sizes.empty()) {
+    cudnn_.reset();
+    return;
+  }
+  CudaOps::StagedAttention staged;
+  staged.inner = cudnn;
+  staged.head_sizes = std::move(sizes);
+  staged.accepts = [prepared](const AttentionShape& s) { return prepared(s).is_ok(); };
+  staged.take_error = [cudnn] { return cudnn->take_error(); };
+  ops_->use_cudnn_attention(std::move(staged));
+#else
+  (void)scratch;
+  choose_cudnn_attention(
+      fast_paths_, flash_sizes, bf16,
+      Status(ErrorCode::kUnavailable,
+             "this build has no cuDNN attention (cuDNN 9's headers were not found at build "
+             "time)"),
+      nullptr);
+#endif
 }
 
 }  // namespace

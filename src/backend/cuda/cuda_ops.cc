@@ -242,8 +242,35 @@ bool CudaOps::takes_flash(const backend::AttentionShape& s) const {
                               scratch_.sixteen_elements);
 }
 
+bool CudaOps::takes_cudnn(const backend::AttentionShape& s) const {
+  if (cudnn_.inner == nullptr || s.positions != nullptr) return false;
+  if (std::find(cudnn_.head_sizes.begin(), cudnn_.head_sizes.end(), s.head_dim) ==
+      cudnn_.head_sizes.end()) {
+    return false;
+  }
+  return takes_flash(s) && cudnn_.accepts(s);
+}
+
+void CudaOps::staged_check(cudaError_t result, const char* op) {
+  if (result == cudaErrorUnknown) {
+    Status why = cudnn_.take_error();
+    if (!why.is_ok()) {
+      sink_->add(why.with_context(op));
+      return;
+    }
+  }
+  STRATA_OPS_CHECK(result, op);
+}
+
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
+  if (takes_cudnn(shape)) {
+    ++cudnn_calls_;
+    staged_check(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                             scratch_.sixteen_elements, out, lse, q, k, v, shape),
+                 "cuDNN attention forward");
+    return;
+  }
   if (takes_flash(shape)) {
     ++flash_calls_;
     STRATA_OPS_CHECK(
@@ -266,6 +293,14 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
+  if (takes_cudnn(shape)) {
+    ++cudnn_calls_;
+    staged_check(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                              scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
+                                              q, k, v, shape),
+                 "cuDNN attention backward");
+    return;
+  }
   if (takes_flash(shape)) {
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,

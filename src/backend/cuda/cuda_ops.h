@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "backend/optimizer_ops.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.h"
 
 namespace strata::backend {
 
@@ -109,12 +111,27 @@ class CudaOps final : public backend::Ops<float> {
   }
   // Whether attention of this shape runs the flash kernels.
   bool takes_flash(const backend::AttentionShape& shape) const;
+  // A second 16-bit attention on the flash path's staging (cuDNN's fused attention,
+  // kernels/cuda/cudnn_sdpa.h) for these head sizes, where `accepts` takes the shape (it prepares
+  // the shape's plans); calls it declines, and packed documents, run the flash kernels.
+  struct StagedAttention {
+    const cuda_kernels::Attention16* inner = nullptr;
+    std::vector<std::int64_t> head_sizes;
+    std::function<bool(const backend::AttentionShape&)> accepts;
+    std::function<Status()> take_error;  // the failure behind a call's cudaErrorUnknown
+  };
+  void use_cudnn_attention(StagedAttention cudnn) { cudnn_ = std::move(cudnn); }
+  // Whether attention of this shape runs cuDNN's attention.
+  bool takes_cudnn(const backend::AttentionShape& shape) const;
   // Calls of each path so far (forward and backward count one each).
+  std::int64_t cudnn_calls() const { return cudnn_calls_; }
   std::int64_t flash_calls() const { return flash_calls_; }
   std::int64_t fp32_attention_calls() const { return fp32_attention_calls_; }
 
  private:
   void check(cudaError_t result, const char* op, const char* file, int line);
+  // A staged attention call's result: its own error (take_error) or the CUDA error.
+  void staged_check(cudaError_t result, const char* op);
   cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
                                      const char* op);
   double reduce(const float* x, std::int64_t n, bool squares);
@@ -127,6 +144,8 @@ class CudaOps final : public backend::Ops<float> {
   std::vector<std::int64_t> flash_head_sizes_;
   std::int64_t flash_calls_ = 0;
   std::int64_t fp32_attention_calls_ = 0;
+  StagedAttention cudnn_;
+  std::int64_t cudnn_calls_ = 0;
 };
 
 class CudaOptimizerOps final : public backend::OptimizerOps {
