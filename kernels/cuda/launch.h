@@ -52,12 +52,20 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
                               std::int64_t channels, double eps);
+// res += x, then layernorm_forward of res, in one kernel (the bits of add, then layernorm_forward).
+cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, float* out,
+                                  float* mean, float* rstd, const float* w, const float* b,
+                                  std::int64_t rows, std::int64_t channels, double eps);
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
                                const cuda::ColumnReducePlan& plan, double* scratch);
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
                             std::int64_t rows, std::int64_t channels, double eps);
+// res += x, then rmsnorm_forward of res, in one kernel (the bits of add, then rmsnorm_forward).
+cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, float* out, float* rstd,
+                                const float* w, std::int64_t rows, std::int64_t channels,
+                                double eps);
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,

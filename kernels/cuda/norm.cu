@@ -12,6 +12,14 @@ cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rs
   return run_layernorm_forward(CudaLauncher{s}, out, mean, rstd, x, w, b, rows, channels, eps);
 }
 
+cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, float* out,
+                                  float* mean, float* rstd, const float* w, const float* b,
+                                  std::int64_t rows, std::int64_t channels, double eps) {
+  if (rows <= 0 || channels <= 0) return cudaSuccess;
+  return run_add_layernorm_forward(CudaLauncher{s}, res, x, out, mean, rstd, w, b, rows, channels,
+                                   eps);
+}
+
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
@@ -25,6 +33,13 @@ cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float
                             std::int64_t rows, std::int64_t channels, double eps) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_rmsnorm_forward(CudaLauncher{s}, out, rstd, x, w, rows, channels, eps);
+}
+
+cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, float* out, float* rstd,
+                                const float* w, std::int64_t rows, std::int64_t channels,
+                                double eps) {
+  if (rows <= 0 || channels <= 0) return cudaSuccess;
+  return run_add_rmsnorm_forward(CudaLauncher{s}, res, x, out, rstd, w, rows, channels, eps);
 }
 
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
@@ -48,8 +63,8 @@ cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const
 cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const float* x,
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
-                                   std::int64_t x_stride,
-                                   const cuda::ColumnReducePlan& plan, double* scratch) {
+                                   std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
+                                   double* scratch) {
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
   return run_rmsnorm_heads_backward(CudaLauncher{s}, d, dw, x, w, rstd, rows, heads, head_dim,
                                     d_stride, x_stride, plan, scratch);

@@ -6,8 +6,8 @@
 // each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
 #pragma once
 
-#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_plan.h"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -15,16 +15,27 @@ namespace {
 constexpr int kRowWarps = 4;  // rows per block of the row kernels (a warp per row)
 constexpr int kColumnThreads = 256;
 
+// kResidual: the residual add fused in front (res += add, then the norm of res): x is res, read,
+// and written back through res_out; the sum is the add kernel's (res + add in fp32), so the bits
+// are those of add then the plain kernel.
+template <bool kResidual>
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x,
-                                         const float* w, const float* b, std::int64_t rows,
-                                         std::int64_t channels, double eps) {
+                                         float* res_out, const float* add, const float* w,
+                                         const float* b, std::int64_t rows, std::int64_t channels,
+                                         double eps) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const float* xr = x + row * channels;
+  const float* xr = kResidual ? res_out + row * channels : x + row * channels;
   double s = 0.0;
-  for (std::int64_t c = lane; c < channels; c += 32)
-    s += static_cast<double>(xr[c]);
+  for (std::int64_t c = lane; c < channels; c += 32) {
+    float v = x[row * channels + c];
+    if constexpr (kResidual) {
+      v = v + add[row * channels + c];
+      res_out[row * channels + c] = v;
+    }
+    s += static_cast<double>(v);
+  }
   const double m = warp_sum(s) / static_cast<double>(channels);
   double v = 0.0;
   for (std::int64_t c = lane; c < channels; c += 32) {
@@ -70,15 +81,24 @@ __global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x
   }
 }
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w,
-                                       std::int64_t rows, std::int64_t channels, double eps) {
+// kResidual: as layernorm_forward_kernel's.
+template <bool kResidual>
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, float* res_out,
+                                       const float* add, const float* w, std::int64_t rows,
+                                       std::int64_t channels, double eps) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const float* xr = x + row * channels;
+  const float* xr = kResidual ? res_out + row * channels : x + row * channels;
   double s = 0.0;
-  for (std::int64_t c = lane; c < channels; c += 32)
-    s += static_cast<double>(xr[c]) * static_cast<double>(xr[c]);
+  for (std::int64_t c = lane; c < channels; c += 32) {
+    float v = x[row * channels + c];
+    if constexpr (kResidual) {
+      v = v + add[row * channels + c];
+      res_out[row * channels + c] = v;
+    }
+    s += static_cast<double>(v) * static_cast<double>(v);
+  }
   s = warp_sum(s);
   const float rs = static_cast<float>(1.0 / sqrt(s / static_cast<double>(channels) + eps));
   float* o = out + row * channels;
@@ -299,8 +319,8 @@ dim3 row_grid(std::int64_t rows) {
 
 template <ColumnTerm kTerm, typename L>
 auto run_column_reduce(const L& launch, float* out_a, float* out_b, const ColumnInputs& in,
-                       std::int64_t rows, std::int64_t channels,
-                       const cuda::ColumnReducePlan& plan, double* scratch) {
+                       std::int64_t rows, std::int64_t channels, const cuda::ColumnReducePlan& plan,
+                       double* scratch) {
   constexpr int kArrays = kTerm == ColumnTerm::kLayerNorm ? 2 : 1;
   const unsigned col_blocks =
       static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
@@ -316,8 +336,18 @@ template <typename L>
 auto run_layernorm_forward(const L& launch, float* out, float* mean, float* rstd, const float* x,
                            const float* w, const float* b, std::int64_t rows, std::int64_t channels,
                            double eps) {
-  return launch(layernorm_forward_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean, rstd,
-                x, w, b, rows, channels, eps);
+  return launch(layernorm_forward_kernel<false>, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean,
+                rstd, x, static_cast<float*>(nullptr), static_cast<const float*>(nullptr), w, b,
+                rows, channels, eps);
+}
+
+// res += x, then out = LayerNorm(res), in one kernel: the bits of add, then run_layernorm_forward.
+template <typename L>
+auto run_add_layernorm_forward(const L& launch, float* res, const float* x, float* out, float* mean,
+                               float* rstd, const float* w, const float* b, std::int64_t rows,
+                               std::int64_t channels, double eps) {
+  return launch(layernorm_forward_kernel<true>, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean,
+                rstd, static_cast<const float*>(res), res, x, w, b, rows, channels, eps);
 }
 
 template <typename L>
@@ -335,8 +365,17 @@ auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, co
 template <typename L>
 auto run_rmsnorm_forward(const L& launch, float* out, float* rstd, const float* x, const float* w,
                          std::int64_t rows, std::int64_t channels, double eps) {
-  return launch(rmsnorm_forward_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd, x, w,
-                rows, channels, eps);
+  return launch(rmsnorm_forward_kernel<false>, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd,
+                x, static_cast<float*>(nullptr), static_cast<const float*>(nullptr), w, rows,
+                channels, eps);
+}
+
+// res += x, then out = RMSNorm(res), in one kernel: the bits of add, then run_rmsnorm_forward.
+template <typename L>
+auto run_add_rmsnorm_forward(const L& launch, float* res, const float* x, float* out, float* rstd,
+                             const float* w, std::int64_t rows, std::int64_t channels, double eps) {
+  return launch(rmsnorm_forward_kernel<true>, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd,
+                static_cast<const float*>(res), res, x, w, rows, channels, eps);
 }
 
 template <typename L>
@@ -384,8 +423,7 @@ auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const floa
 
 template <typename L>
 auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
-                       std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                       double* scratch) {
+                       std::int64_t channels, const cuda::ColumnReducePlan& plan, double* scratch) {
   return run_column_reduce<ColumnTerm::kBias>(launch, dbias, nullptr,
                                               ColumnInputs{dout, nullptr, nullptr, nullptr}, rows,
                                               channels, plan, scratch);

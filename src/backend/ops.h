@@ -58,6 +58,14 @@ class Ops {
   // LayerNorm; writes out, mean, rstd.
   virtual void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
                                  std::int64_t rows, std::int64_t channels, double eps) = 0;
+  // res += x, then out = LayerNorm(res) (mean, rstd written): a residual add and the norm after
+  // it. This default runs add, then layernorm_forward; a backend may fuse them into one pass.
+  virtual void add_layernorm_forward(T* res, const T* x, T* out, T* mean, T* rstd, const T* w,
+                                     const T* b, std::int64_t rows, std::int64_t channels,
+                                     double eps) {
+    add(res, res, x, rows * channels);
+    layernorm_forward(out, mean, rstd, res, w, b, rows, channels, eps);
+  }
   // Accumulates dx, dw, db.
   virtual void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
                                   const T* mean, const T* rstd, std::int64_t rows,
@@ -65,6 +73,12 @@ class Ops {
   // RMSNorm; writes out, rstd.
   virtual void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, std::int64_t rows,
                                std::int64_t channels, double eps) = 0;
+  // res += x, then out = RMSNorm(res) (rstd written); the default runs add, then rmsnorm_forward.
+  virtual void add_rmsnorm_forward(T* res, const T* x, T* out, T* rstd, const T* w,
+                                   std::int64_t rows, std::int64_t channels, double eps) {
+    add(res, res, x, rows * channels);
+    rmsnorm_forward(out, rstd, res, w, rows, channels, eps);
+  }
   // Accumulates dx, dw.
   virtual void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
                                 std::int64_t rows, std::int64_t channels) = 0;

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
+#include "backend/norm_check.h"
 #include "cli/command.h"
 #include "io/probe.h"
 #include "sys/report.h"
@@ -40,6 +41,7 @@ std::vector<backend::FastPath> check_fast_paths() {
   return {
       backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false, why},
       backend::FastPath{backend::kCudnnAttentionName, backend::kCudnnAttentionReplaces, false, why},
+      backend::FastPath{backend::kResidualNormName, backend::kResidualNormReplaces, false, why},
       backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why},
       backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why}};
 }

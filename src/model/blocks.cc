@@ -72,8 +72,7 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
   ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + c, a.qkv + 2 * c,
                         attention_shape(ctx, u.layer));
   ops.gemm_bias(false, false, n, c, c, a.att, c, p(kProjW), c, p(kProjB), a.res1);
-  ops.add(a.res1, a.res1, x, n * c);
-  ops.layernorm_forward(a.ln2, a.mean2, a.rstd2, a.res1, p(kLn2W), p(kLn2B), n, c, eps);
+  ops.add_layernorm_forward(a.res1, x, a.ln2, a.mean2, a.rstd2, p(kLn2W), p(kLn2B), n, c, eps);
   ops.gemm_bias_gelu(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc, a.act);
   ops.gemm_bias(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), out);
   ops.add(out, out, a.res1, n * c);
@@ -151,8 +150,7 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd,
                         attention_shape(ctx, u.layer));
   linear(ops, n, c, hd, a.att, p(slot.o_w), bias(slot.o_b), a.res1);
-  ops.add(a.res1, a.res1, x, n * c);
-  ops.rmsnorm_forward(a.ln2, a.rstd2, a.res1, p(slot.post_norm), n, c, eps);
+  ops.add_rmsnorm_forward(a.res1, x, a.ln2, a.rstd2, p(slot.post_norm), n, c, eps);
   linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
   ops.swiglu_forward(a.act, a.fc, n, in);
   linear(ops, n, c, in, a.act, p(slot.down_w), bias(slot.down_b), out);

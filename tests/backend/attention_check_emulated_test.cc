@@ -24,6 +24,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
+#include "support/cpu_backend_support.h"
 
 namespace strata::backend {
 namespace {
@@ -39,12 +40,7 @@ namespace ck = cuda_kernels;
 const simt::Launcher kEmulator;
 
 std::unique_ptr<Backend> cpu_backend() {
-  CpuBackendOptions options;
-  options.device_bytes_max = 256ull << 20;
-  options.threads = 1;
-  auto backend = make_cpu_backend(options);
-  EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
-  return std::move(backend).value();
+  return testing::small_cpu_backend(256ull << 20);
 }
 
 Status launched(int rc, const char* what) {

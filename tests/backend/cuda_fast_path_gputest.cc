@@ -7,8 +7,10 @@
 // bound with it and, turned off by the seam, without it. cuDNN's fused attention
 // (cudnn_attention) is listed on or off with why (printed: it depends on the libcudnn found);
 // where on, the ops run it within the same bounds, packed documents go to the flash kernels, the
-// same call twice gives the same bits, and the seam turns it off with flash still on. Skips
-// without a GPU.
+// same call twice gives the same bits, and the seam turns it off with flash still on. The fused
+// residual + norm (fused_residual_norm) is on, and the ops' add_layernorm_forward and
+// add_rmsnorm_forward give the bits of add followed by the norm; turned off by the seam, the same.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
+#include "backend/norm_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
 
@@ -267,6 +270,60 @@ TEST(CudaFastPaths, TheSeamTurnsCudnnOffAndFlashStaysOn) {
   std::printf("fast path %s with the seam: %s\n", cudnn->name.c_str(), cudnn->detail.c_str());
   EXPECT_TRUE(find_path(gpu.fast_paths(), kFlashAttentionName)->active);
   EXPECT_TRUE(check_attention_path(gpu, ops_path(gpu), true, 64).is_ok());
+}
+
+// The ops' fused calls against their own add and norm, bit for bit.
+void expect_residual_norm_bits(Backend& gpu) {
+  Ops<float>& ops = gpu.ops_f32();
+  ResidualNormPath fused, two_ops;
+  fused.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                        const float* w, const float* b, std::int64_t rows, std::int64_t channels,
+                        double eps) {
+    ops.add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
+    return Status::ok();
+  };
+  fused.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                      std::int64_t rows, std::int64_t channels, double eps) {
+    ops.add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
+    return Status::ok();
+  };
+  two_ops.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                          const float* w, const float* b, std::int64_t rows, std::int64_t channels,
+                          double eps) {
+    ops.add(res, res, x, rows * channels);
+    ops.layernorm_forward(out, mean, rstd, res, w, b, rows, channels, eps);
+    return Status::ok();
+  };
+  two_ops.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                        std::int64_t rows, std::int64_t channels, double eps) {
+    ops.add(res, res, x, rows * channels);
+    ops.rmsnorm_forward(out, rstd, res, w, rows, channels, eps);
+    return Status::ok();
+  };
+  const Status s = check_residual_norm(gpu, two_ops, fused);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+TEST(CudaFastPaths, TheFusedResidualNormIsOnAndGivesTheBitsOfAddThenNorm) {
+  STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
+  const FastPath* path = find_path(gpu.fast_paths(), kResidualNormName);
+  ASSERT_NE(path, nullptr);
+  EXPECT_TRUE(path->active) << path->detail;
+  const std::int64_t before = find_path(gpu.fast_paths(), kResidualNormName)->uses;
+  expect_residual_norm_bits(gpu);
+  EXPECT_EQ(find_path(gpu.fast_paths(), kResidualNormName)->uses - before, 4);
+}
+
+TEST(CudaFastPaths, TheSeamTurnsTheFusedResidualNormOffAndTheOpsStayRight) {
+  fail_fast_path_for_test("residual_norm");
+  auto made = testing::make_gpu_backend(with(GemmPrecision::kFp32));
+  fail_fast_path_for_test(std::nullopt);
+  if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
+  Backend& gpu = *made.backend;
+  const FastPath* path = find_path(gpu.fast_paths(), kResidualNormName);
+  ASSERT_NE(path, nullptr);
+  EXPECT_FALSE(path->active);
+  expect_residual_norm_bits(gpu);
 }
 
 }  // namespace

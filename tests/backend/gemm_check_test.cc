@@ -14,17 +14,13 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
+#include "support/cpu_backend_support.h"
 
 namespace strata::backend {
 namespace {
 
 std::unique_ptr<Backend> cpu_backend() {
-  CpuBackendOptions options;
-  options.device_bytes_max = 64ull << 20;
-  options.threads = 1;
-  auto backend = make_cpu_backend(options);
-  EXPECT_TRUE(backend.is_ok()) << backend.status().to_string();
-  return std::move(backend).value();
+  return testing::small_cpu_backend(64ull << 20);
 }
 
 enum class Fault { kNone, kNotFused, kByRow, kTwice, kError };

@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
 #include "backend/gemm_check.h"
+#include "backend/norm_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -236,6 +237,9 @@ class CudaBackend final : public Backend {
       } else if (p.name == kCudnnAttentionName) {
         p.uses = ops_->cudnn_calls();
         p.declined = ops_->flash_calls() + ops_->fp32_attention_calls();
+      } else if (p.name == kResidualNormName) {
+        p.uses = ops_->fused_norm_calls();
+        p.declined = 0;  // it takes every shape
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -527,6 +531,38 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     gemm_->use_gelu_epilogue(on);
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
+
+  // The residual add fused into the norm after it: checked bit for bit against the two launches.
+  ResidualNormPath two_launches, one_kernel;
+  two_launches.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                               const float* w, const float* b, std::int64_t rows,
+                               std::int64_t channels, double eps) -> Status {
+    STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::add(stream, res, res, x, rows * channels)));
+    return STRATA_CUDA_CHECK(
+        cuda_kernels::layernorm_forward(stream, out, mean, rstd, res, w, b, rows, channels, eps));
+  };
+  two_launches.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                             std::int64_t rows, std::int64_t channels, double eps) -> Status {
+    STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::add(stream, res, res, x, rows * channels)));
+    return STRATA_CUDA_CHECK(
+        cuda_kernels::rmsnorm_forward(stream, out, rstd, res, w, rows, channels, eps));
+  };
+  one_kernel.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                             const float* w, const float* b, std::int64_t rows,
+                             std::int64_t channels, double eps) -> Status {
+    return STRATA_CUDA_CHECK(cuda_kernels::add_layernorm_forward(stream, res, x, out, mean, rstd, w,
+                                                                 b, rows, channels, eps));
+  };
+  one_kernel.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                           std::int64_t rows, std::int64_t channels, double eps) -> Status {
+    return STRATA_CUDA_CHECK(
+        cuda_kernels::add_rmsnorm_forward(stream, res, x, out, rstd, w, rows, channels, eps));
+  };
+  ops_->use_fused_residual_norm(fast_paths_.adopt(
+      kResidualNormName, kResidualNormReplaces,
+      "LayerNorm and RMSNorm after a residual add (each block's second norm), in one kernel with "
+      "the bits of the two",
+      [&] { return check_residual_norm(*this, two_launches, one_kernel); }));
 }
 
 // cuDNN's fused attention over the flash attention's staging (kernels/cuda/cudnn_sdpa.h), for the

@@ -96,6 +96,31 @@ void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const floa
                    "layernorm_forward");
 }
 
+void CudaOps::add_layernorm_forward(float* res, const float* x, float* out, float* mean,
+                                    float* rstd, const float* w, const float* b, std::int64_t rows,
+                                    std::int64_t channels, double eps) {
+  if (!fused_norm_) {
+    Ops<float>::add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
+    return;
+  }
+  ++fused_norm_calls_;
+  STRATA_OPS_CHECK(
+      ck::add_layernorm_forward(stream_, res, x, out, mean, rstd, w, b, rows, channels, eps),
+      "add_layernorm_forward");
+}
+
+void CudaOps::add_rmsnorm_forward(float* res, const float* x, float* out, float* rstd,
+                                  const float* w, std::int64_t rows, std::int64_t channels,
+                                  double eps) {
+  if (!fused_norm_) {
+    Ops<float>::add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
+    return;
+  }
+  ++fused_norm_calls_;
+  STRATA_OPS_CHECK(ck::add_rmsnorm_forward(stream_, res, x, out, rstd, w, rows, channels, eps),
+                   "add_rmsnorm_forward");
+}
+
 void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                                  const float* w, const float* mean, const float* rstd,
                                  std::int64_t rows, std::int64_t channels) {

@@ -51,6 +51,11 @@ class CudaOps final : public backend::Ops<float> {
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, std::int64_t rows, std::int64_t channels,
                          double eps) override;
+  void add_layernorm_forward(float* res, const float* x, float* out, float* mean, float* rstd,
+                             const float* w, const float* b, std::int64_t rows,
+                             std::int64_t channels, double eps) override;
+  void add_rmsnorm_forward(float* res, const float* x, float* out, float* rstd, const float* w,
+                           std::int64_t rows, std::int64_t channels, double eps) override;
   void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                           const float* w, const float* mean, const float* rstd, std::int64_t rows,
                           std::int64_t channels) override;
@@ -111,6 +116,9 @@ class CudaOps final : public backend::Ops<float> {
   }
   // Whether attention of this shape runs the flash kernels.
   bool takes_flash(const backend::AttentionShape& shape) const;
+  // The residual add fused into the norm after it (one kernel; its bits are those of the two).
+  void use_fused_residual_norm(bool on) { fused_norm_ = on; }
+  std::int64_t fused_norm_calls() const { return fused_norm_calls_; }
   // A second 16-bit attention on the flash path's staging (cuDNN's fused attention,
   // kernels/cuda/cudnn_sdpa.h) for these head sizes, where `accepts` takes the shape (it prepares
   // the shape's plans); calls it declines, and packed documents, run the flash kernels.
@@ -145,6 +153,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t flash_calls_ = 0;
   std::int64_t fp32_attention_calls_ = 0;
   StagedAttention cudnn_;
+  bool fused_norm_ = false;
+  std::int64_t fused_norm_calls_ = 0;
   std::int64_t cudnn_calls_ = 0;
 };
 
