@@ -145,8 +145,9 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
     ops.rmsnorm_heads_forward(a.qkv + hd, a.qk_rstd + n * s.num_heads, proj + hd, p(slot.k_norm), n,
                               s.num_kv_heads, s.head_dim, qkv, qkv, eps);
   }
-  ops.rope_forward(a.qkv, rope_shape(ctx, s.num_heads), ctx.rope_cos, ctx.rope_sin);
-  ops.rope_forward(a.qkv + hd, rope_shape(ctx, s.num_kv_heads), ctx.rope_cos, ctx.rope_sin);
+  // q's heads and k's follow each other in every row: one rotation over both.
+  ops.rope_forward(a.qkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
+                   ctx.rope_sin);
   ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd,
                         attention_shape(ctx, u.layer));
   linear(ops, n, c, hd, a.att, p(slot.o_w), bias(slot.o_b), a.res1);
@@ -184,8 +185,8 @@ void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w,
   if (slot.o_b >= 0) ops.bias_backward(gp(slot.o_b), dout, n, c);
   ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
                          a.qkv + hd, proj + hd + kvd, attention_shape(ctx, u.layer));
-  ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads), ctx.rope_cos, ctx.rope_sin);
-  ops.rope_backward(sc.dqkv + hd, rope_shape(ctx, s.num_kv_heads), ctx.rope_cos, ctx.rope_sin);
+  ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
+                    ctx.rope_sin);
   if (s.arch.qk_norm) {
     ops.rmsnorm_heads_backward(sc.dqkv, gp(slot.q_norm), proj, p(slot.q_norm), a.qk_rstd, n,
                                s.num_heads, s.head_dim, qkv, qkv);
