@@ -603,6 +603,10 @@ void CudaBackend::choose_cudnn(const OpsScratch& scratch,
       if (rows <= 0) {
         return Status(ErrorCode::kUnavailable, "one batch row does not fit the 16-bit workspace");
       }
+      if (rows < s.batch && (s.heads * s.seq_len) % 4 != 0) {
+        return Status(ErrorCode::kUnavailable,
+                      "the lse of a pass after the first would not be 16-byte aligned");
+      }
       for (const std::int64_t b : {std::min(rows, s.batch), s.batch % rows}) {
         if (b == 0) continue;
         AttentionShape pass = s;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "kernels/cpu/adam_internal.h"
@@ -267,8 +268,10 @@ bool CudaOps::takes_flash(const backend::AttentionShape& s) const {
                               scratch_.sixteen_elements);
 }
 
-bool CudaOps::takes_cudnn(const backend::AttentionShape& s) const {
+bool CudaOps::takes_cudnn(const backend::AttentionShape& s, const float* lse) const {
+  // cuDNN reads the lse (its stats) where the caller keeps it, as a 16-byte-aligned tensor.
   if (cudnn_.inner == nullptr || s.positions != nullptr) return false;
+  if (reinterpret_cast<std::uintptr_t>(lse) % 16 != 0) return false;
   if (std::find(cudnn_.head_sizes.begin(), cudnn_.head_sizes.end(), s.head_dim) ==
       cudnn_.head_sizes.end()) {
     return false;
@@ -289,7 +292,7 @@ void CudaOps::staged_check(cudaError_t result, const char* op) {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
-  if (takes_cudnn(shape)) {
+  if (takes_cudnn(shape, lse)) {
     ++cudnn_calls_;
     staged_check(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                              scratch_.sixteen_elements, out, lse, q, k, v, shape),
@@ -318,7 +321,7 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
-  if (takes_cudnn(shape)) {
+  if (takes_cudnn(shape, lse)) {
     ++cudnn_calls_;
     staged_check(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,

@@ -129,8 +129,9 @@ class CudaOps final : public backend::Ops<float> {
     std::function<Status()> take_error;  // the failure behind a call's cudaErrorUnknown
   };
   void use_cudnn_attention(StagedAttention cudnn) { cudnn_ = std::move(cudnn); }
-  // Whether attention of this shape runs cuDNN's attention.
-  bool takes_cudnn(const backend::AttentionShape& shape) const;
+  // Whether attention of this shape, with its lse at `lse`, runs cuDNN's attention (the forward
+  // and its backward see the same lse, so they choose alike).
+  bool takes_cudnn(const backend::AttentionShape& shape, const float* lse) const;
   // Calls of each path so far (forward and backward count one each).
   std::int64_t cudnn_calls() const { return cudnn_calls_; }
   std::int64_t flash_calls() const { return flash_calls_; }
