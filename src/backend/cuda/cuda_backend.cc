@@ -651,6 +651,10 @@ void CudaBackend::choose_cudnn(const OpsScratch& scratch,
   staged.head_sizes = std::move(sizes);
   staged.accepts = [prepared](const AttentionShape& s) { return prepared(s).is_ok(); };
   staged.take_error = [cudnn] { return cudnn->take_error(); };
+  staged.refused = [this](const Status& why) {
+    fast_paths_.disable(kCudnnAttentionName,
+                        fmt::format("a call was refused at run time: {}", why.to_string()));
+  };
   ops_->use_cudnn_attention(std::move(staged));
 #else
   (void)scratch;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "kernels/cpu/adam_internal.h"
 #include "kernels/cuda/launch.h"
@@ -279,24 +280,31 @@ bool CudaOps::takes_cudnn(const backend::AttentionShape& s, const float* lse) co
   return takes_flash(s) && cudnn_.accepts(s);
 }
 
-void CudaOps::staged_check(cudaError_t result, const char* op) {
+bool CudaOps::staged_ran(cudaError_t result, const char* op) {
+  if (result == cudaSuccess) {
+    ++cudnn_calls_;
+    return true;
+  }
   if (result == cudaErrorUnknown) {
     Status why = cudnn_.take_error();
     if (!why.is_ok()) {
-      sink_->add(why.with_context(op));
-      return;
+      // cuDNN refused the call (nothing of it ran on the device past the refusal): the path goes
+      // off for the rest of the run, with one warning, and this call runs the flash kernels.
+      const StagedAttention off = std::exchange(cudnn_, StagedAttention{});
+      if (off.refused) off.refused(why.with_context(op));
+      return false;
     }
   }
   STRATA_OPS_CHECK(result, op);
+  return true;
 }
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
-  if (takes_cudnn(shape, lse)) {
-    ++cudnn_calls_;
-    staged_check(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+  if (takes_cudnn(shape, lse) &&
+      staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                              scratch_.sixteen_elements, out, lse, q, k, v, shape),
-                 "cuDNN attention forward");
+                 "cuDNN attention forward")) {
     return;
   }
   if (takes_flash(shape)) {
@@ -321,12 +329,11 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
-  if (takes_cudnn(shape, lse)) {
-    ++cudnn_calls_;
-    staged_check(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+  if (takes_cudnn(shape, lse) &&
+      staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
                                               q, k, v, shape),
-                 "cuDNN attention backward");
+                 "cuDNN attention backward")) {
     return;
   }
   if (takes_flash(shape)) {

@@ -127,6 +127,9 @@ class CudaOps final : public backend::Ops<float> {
     std::vector<std::int64_t> head_sizes;
     std::function<bool(const backend::AttentionShape&)> accepts;
     std::function<Status()> take_error;  // the failure behind a call's cudaErrorUnknown
+    // Told once when a call is refused at run time; the path is then dropped and the flash
+    // kernels run that call and every later one (their outputs are written, not accumulated).
+    std::function<void(const Status&)> refused;
   };
   void use_cudnn_attention(StagedAttention cudnn) { cudnn_ = std::move(cudnn); }
   // Whether attention of this shape, with its lse at `lse`, runs cuDNN's attention (the forward
@@ -139,8 +142,9 @@ class CudaOps final : public backend::Ops<float> {
 
  private:
   void check(cudaError_t result, const char* op, const char* file, int line);
-  // A staged attention call's result: its own error (take_error) or the CUDA error.
-  void staged_check(cudaError_t result, const char* op);
+  // A staged attention call's result: true when it ran (counted) or failed with a CUDA error
+  // (reported); false when cuDNN refused it (the path dropped: the caller runs flash instead).
+  bool staged_ran(cudaError_t result, const char* op);
   cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
                                      const char* op);
   double reduce(const float* x, std::int64_t n, bool squares);
