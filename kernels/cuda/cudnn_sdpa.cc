@@ -643,6 +643,20 @@ CudnnAttention::CudnnAttention(Device* device, cudaStream_t stream, void* worksp
                                std::size_t workspace_bytes)
     : device_(device), stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
 
+std::unique_ptr<CudnnAttention> CudnnAttention::for_test(const CudnnApi* api, void* handle,
+                                                         cudaStream_t stream, void* workspace,
+                                                         std::size_t workspace_bytes) {
+  auto device = std::make_unique<Device>();
+  device->api = api;
+  device->handle = static_cast<cudnnHandle_t>(handle);
+  std::unique_ptr<CudnnAttention> made(
+      new CudnnAttention(device.get(), stream, workspace, workspace_bytes));
+  made->own_device_ = std::move(device);
+  return made;
+}
+
+CudnnAttention::~CudnnAttention() = default;
+
 std::string CudnnAttention::describe() const {
   const CudnnApi& api = *device_->api;
   return fmt::format("cuDNN {}.{}.{} ({})", api.version / 10000, api.version / 100 % 100,

@@ -59,7 +59,11 @@ class CudnnAttention final : public cuda_kernels::Attention16 {
   // (workspace_bytes, device memory).
   static Result<std::unique_ptr<CudnnAttention>> create(cudaStream_t stream, void* workspace,
                                                         std::size_t workspace_bytes);
-  ~CudnnAttention() override = default;
+  // For tests on the CPU: over `api` (a fake table) and its `handle`, with plans of its own.
+  static std::unique_ptr<CudnnAttention> for_test(const CudnnApi* api, void* handle,
+                                                  cudaStream_t stream, void* workspace,
+                                                  std::size_t workspace_bytes);
+  ~CudnnAttention() override;
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
@@ -92,6 +96,7 @@ class CudnnAttention final : public cuda_kernels::Attention16 {
   const Plans* find(const kernels::AttentionShape& pass) const;
 
   Device* device_;
+  std::unique_ptr<Device> own_device_;  // for_test's
   cudaStream_t stream_;
   void* workspace_;
   std::size_t workspace_bytes_;
