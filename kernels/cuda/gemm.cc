@@ -127,16 +127,17 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
   STRATA_TRY(
       STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b))));
   if (key.epilogue != 0) {
-    const cublasLtEpilogue_t epilogue =
-        key.epilogue == 2 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    const cublasLtEpilogue_t epilogue = key.epilogue == 3   ? CUBLASLT_EPILOGUE_DGELU
+                                        : key.epilogue == 2 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                            : CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = CUDA_R_32F;
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue))));
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))));
-    if (key.epilogue == 2) {
-      // The aux output (the pre-activation) is as C: fp32, leading dimension n (set before the
-      // heuristic, which may take it into account).
+    if (key.epilogue >= 2) {
+      // The aux output (the pre-activation; DGELU's input) is as C: fp32, leading dimension n
+      // (set before the heuristic, which may take it into account).
       const std::int64_t aux_ld = key.n;
       STRATA_TRY(STRATA_CUBLAS_CHECK(
           api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))));
@@ -199,12 +200,14 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     key.align_a = static_cast<int>(alignment_of(a));
     key.align_b = static_cast<int>(alignment_of(b));
     key.align_c = static_cast<int>(alignment_of(c));
-    key.epilogue = bias == nullptr ? 0 : (epilogue.aux != nullptr ? 2 : 1);
+    key.epilogue = epilogue.dgelu ? 3 : (bias == nullptr ? 0 : (epilogue.aux != nullptr ? 2 : 1));
     STRATA_ASSIGN_OR_RETURN(Entry * entry, lookup(key));
-    if (entry->has_algo && bias != nullptr) {
+    if (entry->has_algo && key.epilogue != 0) {
       // The bias vector is cuBLAS's D row vector: one value per column of our row-major C.
-      STRATA_TRY(STRATA_CUBLAS_CHECK(
-          api_->desc_set(entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))));
+      if (bias != nullptr) {
+        STRATA_TRY(STRATA_CUBLAS_CHECK(
+            api_->desc_set(entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))));
+      }
       if (epilogue.aux != nullptr) {
         const std::int64_t aux_ld = n;
         STRATA_TRY(STRATA_CUBLAS_CHECK(api_->desc_set(entry->desc,
@@ -220,13 +223,13 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        c, entry->layout_c, c, entry->layout_c, &entry->algo,
                        config_.cublas_workspace, config_.cublas_workspace_bytes, stream_);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
-        if (epilogue.applied != nullptr) *epilogue.applied = bias != nullptr;
+        if (epilogue.applied != nullptr) *epilogue.applied = key.epilogue != 0;
         return STRATA_CUBLAS_CHECK(status);
       }
       entry->has_algo = false;  // remember, and run the fallback from now on
     }
-    // No algorithm with the epilogue at this shape: GELU's caller runs its own path; the bias's
-    // gets the plain product and adds the bias itself.
+    // No algorithm with the epilogue at this shape: GELU's and DGELU's callers run their own path;
+    // the bias's gets the plain product and adds the bias itself.
     if (epilogue.aux != nullptr) return Status::ok();
     if (bias != nullptr) {
       return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
@@ -247,7 +250,7 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
   // the bias on the first k block of each output block): cut into blocks, a bias epilogue gives
   // the plain product (*applied stays false) and a GELU epilogue runs nothing.
   GemmEpilogue whole = epilogue;
-  if (epilogue.bias != nullptr && blocking.blocks() != 1) {
+  if ((epilogue.bias != nullptr || epilogue.dgelu) && blocking.blocks() != 1) {
     if (epilogue.aux != nullptr) return Status::ok();
     whole = {};
   }
@@ -302,21 +305,40 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
   return applied;
 }
 
+Result<bool> GemmEngine::epilogue_only(bool on, std::int64_t* fused, std::int64_t* unfused,
+                                       bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                       std::int64_t k, const float* a, std::int64_t lda,
+                                       const float* b, std::int64_t ldb, float* c,
+                                       GemmEpilogue epilogue) {
+  if (!on || api_ == nullptr || m == 0 || n == 0 || k == 0 ||
+      !cuda::converts_operands(config_.precision)) {
+    if (on) ++*unfused;
+    return false;
+  }
+  bool applied = false;
+  epilogue.applied = &applied;
+  STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n, epilogue));
+  ++*(applied ? fused : unfused);
+  return applied;
+}
+
 Result<bool> GemmEngine::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                         std::int64_t k, const float* a, std::int64_t lda,
                                         const float* b, std::int64_t ldb, const float* bias,
                                         float* pre, float* act) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr && pre != nullptr);
-  if (!gelu_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0 ||
-      !cuda::converts_operands(config_.precision)) {
-    if (gelu_epilogue_) ++gelu_unfused_;
-    return false;
-  }
-  bool applied = false;
-  STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, act, n,
-                           {bias, pre, &applied}));
-  ++(applied ? gelu_fused_ : gelu_unfused_);
-  return applied;
+  return epilogue_only(gelu_epilogue_, &gelu_fused_, &gelu_unfused_, trans_a, trans_b, m, n, k, a,
+                       lda, b, ldb, act, {bias, pre});
+}
+
+Result<bool> GemmEngine::gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, const float* a, std::int64_t lda,
+                                    const float* b, std::int64_t ldb, const float* pre,
+                                    float* dpre) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && pre != nullptr && dpre != nullptr);
+  // cuBLASLt reads the aux pointer for DGELU; the descriptor keeps it as a mutable pointer.
+  return epilogue_only(dgelu_epilogue_, &dgelu_fused_, &dgelu_unfused_, trans_a, trans_b, m, n, k,
+                       a, lda, b, ldb, dpre, {nullptr, const_cast<float*>(pre), nullptr, true});
 }
 
 }  // namespace strata::cuda

@@ -30,11 +30,13 @@ struct GemmEngineConfig {
 };
 
 // An epilogue for GemmEngine's calls: the bias (n floats), and with `aux` GELU too, aux receiving
-// the pre-activation (leading dimension n). `applied` is set when cuBLASLt ran it.
+// the pre-activation (leading dimension n); or, with `dgelu`, GELU's gradient: the product times
+// GELU'(aux), aux then the forward's pre-activation (read). `applied` is set when cuBLASLt ran it.
 struct GemmEpilogue {
   const float* bias = nullptr;
   float* aux = nullptr;
   bool* applied = nullptr;
+  bool dgelu = false;
 };
 
 class GemmEngine {
@@ -70,6 +72,14 @@ class GemmEngine {
                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
                               std::int64_t ldb, const float* bias, float* pre, float* act);
   void use_gelu_epilogue(bool on) { gelu_epilogue_ = on; }
+  // dpre(m,n) = (op(A) op(B)) ∘ GELU'(pre) in one cuBLASLt call with CUBLASLT_EPILOGUE_DGELU (pre,
+  // leading dimension n, as its aux input): true. Only with 16-bit GEMM inputs and the epilogue on
+  // (use_dgelu_epilogue), on a product that is one cuBLASLt call with an algorithm for it;
+  // otherwise false and nothing is computed.
+  Result<bool> gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                          std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                          std::int64_t ldb, const float* pre, float* dpre);
+  void use_dgelu_epilogue(bool on) { dgelu_epilogue_ = on; }
   // Whether the bias epilogue can run at all here (cuBLASLt loaded).
   bool has_cublaslt() const { return api_ != nullptr; }
 
@@ -83,8 +93,12 @@ class GemmEngine {
   std::int64_t bias_unfused() const { return bias_unfused_; }
   std::int64_t gelu_fused() const { return gelu_fused_; }
   std::int64_t gelu_unfused() const { return gelu_unfused_; }
+  std::int64_t dgelu_fused() const { return dgelu_fused_; }
+  std::int64_t dgelu_unfused() const { return dgelu_unfused_; }
   // Zeroes those counts (after the backend's start-up checks).
-  void reset_epilogue_counts() { bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = 0; }
+  void reset_epilogue_counts() {
+    bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = dgelu_fused_ = dgelu_unfused_ = 0;
+  }
 
  private:
   struct Key {
@@ -92,7 +106,9 @@ class GemmEngine {
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     int in_code = 0;
     int align_a = 0, align_b = 0, align_c = 0;
-    int epilogue = 0;  // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+    // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 3
+    // CUBLASLT_EPILOGUE_DGELU
+    int epilogue = 0;
     bool operator==(const Key&) const = default;
   };
   struct Entry {
@@ -126,6 +142,13 @@ class GemmEngine {
                        std::int64_t ldb, float beta, float* c, std::int64_t ldc,
                        const GemmEpilogue& epilogue = {});
 
+  // A GELU epilogue's call (GELU_AUX_BIAS or DGELU) with 16-bit inputs when `on`: whether it ran,
+  // counted in *fused or *unfused; nothing is computed when it did not.
+  Result<bool> epilogue_only(bool on, std::int64_t* fused, std::int64_t* unfused, bool trans_a,
+                             bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                             const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                             float* c, GemmEpilogue epilogue);
+
   GemmEngineConfig config_;
   cudaStream_t stream_;
   const CublasLtApi* api_ = nullptr;
@@ -136,7 +159,9 @@ class GemmEngine {
   std::int64_t fallback_calls_ = 0;
   bool bias_epilogue_ = false;
   bool gelu_epilogue_ = false;
+  bool dgelu_epilogue_ = false;
   std::int64_t bias_fused_ = 0, bias_unfused_ = 0, gelu_fused_ = 0, gelu_unfused_ = 0;
+  std::int64_t dgelu_fused_ = 0, dgelu_unfused_ = 0;
 };
 
 }  // namespace strata::cuda

@@ -41,9 +41,17 @@ double gelu_slope(double x) {
          0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-// One case of either check: `bias_fn` (C = product + bias) or `gelu_fn` (pre and act).
-Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGeluFn* gelu_fn,
-                  bool fp16, const Case& c) {
+// The fused call a check runs: one of the three.
+struct Fused {
+  const GemmBiasFn* bias = nullptr;      // C = product + bias
+  const GemmBiasGeluFn* gelu = nullptr;  // pre and act
+  const GemmDgeluFn* dgelu = nullptr;    // dpre = product ∘ GELU'(pre)
+};
+
+// One case of a check.
+Status check_case(Backend& backend, const Fused& fused, bool fp16, const Case& c) {
+  const GemmBiasFn* bias_fn = fused.bias;
+  const GemmBiasGeluFn* gelu_fn = fused.gelu;
   std::mt19937_64 rng(static_cast<std::uint64_t>(c.m * 1000003 + c.n * 101 + c.k) +
                       (c.trans_a ? 7u : 0u) + (c.trans_b ? 13u : 0u));
   // A stored (m, k) or, transposed, (k, m); B (k, n) or (n, k); leading dimensions padded by 3.
@@ -53,6 +61,12 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
   const std::vector<float> b =
       draw(static_cast<std::size_t>((c.trans_b ? c.n : c.k) * ldb), fp16, rng);
   const std::vector<float> bias = draw(static_cast<std::size_t>(c.n), fp16, rng);
+  // DGELU's pre-activation, fp32 in [-4, 4): both tails and the knee of GELU'.
+  std::vector<float> pre(static_cast<std::size_t>(c.m * c.n));
+  std::uniform_real_distribution<float> wide(-4.0f, 4.0f);
+  for (float& x : pre)
+    x = wide(rng);
+  STRATA_ASSIGN_OR_RETURN(Buffer dpre_in, device_copy(backend, pre, "GEMM check"));
   STRATA_ASSIGN_OR_RETURN(Buffer da, device_copy(backend, a, "GEMM check"));
   STRATA_ASSIGN_OR_RETURN(Buffer db, device_copy(backend, b, "GEMM check"));
   STRATA_ASSIGN_OR_RETURN(Buffer dbias, device_copy(backend, bias, "GEMM check"));
@@ -64,11 +78,13 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
       fmt::format("m={} n={} k={}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
                   c.trans_b ? ", B transposed" : "");
   Result<bool> ran =
-      bias_fn != nullptr
-          ? (*bias_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
-                       ldb, dbias.as<float>(), dc.as<float>())
-          : (*gelu_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
-                       ldb, dbias.as<float>(), dc.as<float>(), dact.as<float>());
+      bias_fn != nullptr ? (*bias_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda,
+                                      db.as<float>(), ldb, dbias.as<float>(), dc.as<float>())
+      : gelu_fn != nullptr
+          ? (*gelu_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
+                       ldb, dbias.as<float>(), dc.as<float>(), dact.as<float>())
+          : (*fused.dgelu)(c.trans_a, c.trans_b, c.m, c.n, c.k, da.as<float>(), lda, db.as<float>(),
+                           ldb, dpre_in.as<float>(), dc.as<float>());
   if (!ran.is_ok()) return ran.status().with_context(name);
   STRATA_TRY(backend.synchronize(StreamKind::kCompute));
   if (!*ran) {
@@ -79,7 +95,7 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
   STRATA_TRY(copy_to_host(backend, &act, dact));
   for (std::int64_t i = 0; i < c.m; ++i) {
     for (std::int64_t j = 0; j < c.n; ++j) {
-      double sum = bias[static_cast<std::size_t>(j)];
+      double sum = fused.dgelu != nullptr ? 0.0 : bias[static_cast<std::size_t>(j)];
       double mag = std::abs(sum);
       for (std::int64_t p = 0; p < c.k; ++p) {
         const double x = a[static_cast<std::size_t>(c.trans_a ? p * lda + i : i * lda + p)];
@@ -90,6 +106,20 @@ Status check_case(Backend& backend, const GemmBiasFn* bias_fn, const GemmBiasGel
       const double bound = static_cast<double>(c.k + 2) * std::ldexp(1.0, -24) * mag;
       const auto at = static_cast<std::size_t>(i * c.n + j);
       const double got = out[at];
+      if (fused.dgelu != nullptr) {
+        const double slope = gelu_slope(pre[at]);
+        const double want = sum * slope;
+        const double dbound = std::abs(slope) * bound +
+                              std::ldexp(1.0, -20) * std::abs(sum) * (1.0 + std::abs(slope)) +
+                              std::ldexp(1.0, -24);
+        if (!(std::abs(got - want) <= dbound)) {
+          return Status(ErrorCode::kInternal,
+                        fmt::format("{}: dpre[{}][{}] = {}, want {} x GELU'({}) = {} (bound "
+                                    "{:.3g})",
+                                    name, i, j, got, sum, pre[at], want, dbound));
+        }
+        continue;
+      }
       if (!(std::abs(got - sum) <= bound)) {
         return Status(ErrorCode::kInternal,
                       fmt::format("{}: {}[{}][{}] = {}, want {} (bound {:.3g})", name,
@@ -125,12 +155,19 @@ Status each_case(RunCase&& run_case) {
 
 Status check_gemm_bias(Backend& backend, const GemmBiasFn& fused, bool fp16_inputs) {
   return each_case(
-      [&](const Case& c) { return check_case(backend, &fused, nullptr, fp16_inputs, c); });
+      [&](const Case& c) { return check_case(backend, Fused{&fused}, fp16_inputs, c); });
 }
 
 Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool fp16_inputs) {
-  return each_case(
-      [&](const Case& c) { return check_case(backend, nullptr, &fused, fp16_inputs, c); });
+  return each_case([&](const Case& c) {
+    return check_case(backend, Fused{nullptr, &fused}, fp16_inputs, c);
+  });
+}
+
+Status check_gemm_dgelu(Backend& backend, const GemmDgeluFn& fused, bool fp16_inputs) {
+  return each_case([&](const Case& c) {
+    return check_case(backend, Fused{nullptr, nullptr, &fused}, fp16_inputs, c);
+  });
 }
 
 }  // namespace strata::backend

@@ -1,5 +1,6 @@
-// The start-up checks of a GEMM with its bias, or its bias and GELU, fused into the epilogue (the
-// CUDA backend's cuBLASLt CUBLASLT_EPILOGUE_BIAS and CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+// The start-up checks of a GEMM with its bias, or its bias and GELU, or GELU's gradient, fused into
+// the epilogue (the CUDA backend's cuBLASLt CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+// and CUBLASLT_EPILOGUE_DGELU,
 // backend/fast_path.h). CUDA-free: the CUDA backend passes its GEMM engine,
 // the tests fakes on the CPU backend.
 //
@@ -39,10 +40,25 @@ using GemmBiasGeluFn = std::function<Result<bool>(
 // a tanh approximated to 2^-12 fails, and the unfused kernels run instead.
 Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool fp16_inputs);
 
+// dpre(m,n) = (op(A) op(B)) ∘ GELU'(pre), contiguous, pre given; returns whether it was fused
+// (false: nothing was computed).
+using GemmDgeluFn = std::function<Result<bool>(
+    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+    std::int64_t lda, const float* b, std::int64_t ldb, const float* pre, float* dpre)>;
+
+// dpre against the product in double times the derivative of this model's GELU (tanh form) at pre
+// (fp32 values in [-4, 4)), within |GELU'(pre)| (the product's bound) + 2^-20 |product| (1 +
+// |GELU'(pre)|) + 2^-24. The erf form's derivative (up to 1.3e-3 away) fails, as does a product
+// left without the derivative; the unfused kernels then run.
+Status check_gemm_dgelu(Backend& backend, const GemmDgeluFn& fused, bool fp16_inputs);
+
 inline constexpr const char* kGemmBiasName = "gemm_bias_epilogue";
 inline constexpr const char* kGemmBiasReplaces = "the GEMM, then the bias kernel (add_bias)";
 inline constexpr const char* kGemmBiasGeluName = "gemm_bias_gelu_epilogue";
 inline constexpr const char* kGemmBiasGeluReplaces =
     "the GEMM with its bias, then the GELU kernel (gelu_forward)";
+inline constexpr const char* kGemmDgeluName = "gemm_dgelu_epilogue";
+inline constexpr const char* kGemmDgeluReplaces =
+    "the GEMM, then the GELU gradient kernel (gelu_backward)";
 
 }  // namespace strata::backend

@@ -45,6 +45,18 @@ class Ops {
     gelu_forward(act, pre, m * n);
   }
 
+  // dpre(m,n) = (op(A) op(B)) ∘ GELU'(pre) (the tanh form), all contiguous: GELU's backward
+  // after the product that gives the gradient of its output. This default runs gemm into
+  // `scratch` (m·n), then zero and gelu_backward into dpre; a backend may fuse them (scratch then
+  // untouched).
+  virtual void gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                          std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                          std::int64_t ldb, const T* pre, T* scratch, T* dpre) {
+    gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, T(0), scratch, n);
+    zero(dpre, m * n);
+    gelu_backward(dpre, pre, scratch, m * n);
+  }
+
   // out(N,C) = wte[tokens] + wpe[pos] (wpe may be null; positions null: r % seq_len).
   virtual void embedding_forward(T* out, const std::int32_t* tokens, const std::int32_t* positions,
                                  const T* wte, const T* wpe, std::int64_t rows,

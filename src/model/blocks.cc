@@ -87,11 +87,9 @@ void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   auto p = [&](int i) { return w + u.tensors[i].offset; };
   auto gp = [&](int i) { return g + u.tensors[i].offset; };
   // MLP: out = res1 + gelu(ln2 Wfc + bfc) Wproj + bproj
-  ops.gemm(false, true, n, in, c, T(1), dout, c, p(kFcProjW), c, T(0), s.dact, in);
+  ops.gemm_dgelu(false, true, n, in, c, dout, c, p(kFcProjW), c, a.fc, s.dact, s.dfc);
   ops.gemm(true, false, in, c, n, T(1), a.act, in, dout, c, T(1), gp(kFcProjW), c);
   ops.bias_backward(gp(kFcProjB), dout, n, c);
-  ops.zero(s.dfc, n * in);
-  ops.gelu_backward(s.dfc, a.fc, s.dact, n * in);
   ops.gemm(false, true, n, c, in, T(1), s.dfc, in, p(kFcW), in, T(0), s.dln, c);
   ops.gemm(true, false, c, in, n, T(1), a.ln2, c, s.dfc, in, T(1), gp(kFcW), in);
   ops.bias_backward(gp(kFcB), s.dfc, n, in);

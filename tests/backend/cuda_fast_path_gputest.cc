@@ -228,6 +228,32 @@ TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
   EXPECT_FALSE(find_path(fp32.fast_paths(), kGemmBiasGeluName)->active);
 }
 
+TEST(CudaFastPaths, TheDgeluEpilogueIsListedAndTheOpsMeetItsBoundEitherWay) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const FastPath* path = find_path(gpu.fast_paths(), kGemmDgeluName);
+    ASSERT_NE(path, nullptr);
+    std::printf("fast path %s (%s): %s: %s\n", path->name.c_str(), cuda::to_string(precision),
+                path->active ? "on" : "off", path->detail.c_str());
+    const Status s = check_gemm_dgelu(
+        gpu,
+        [&gpu](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+               std::int64_t lda, const float* b, std::int64_t ldb, const float* pre,
+               float* dpre) -> Result<bool> {
+          STRATA_ASSIGN_OR_RETURN(
+              Buffer scratch,
+              gpu.allocate_device(static_cast<std::uint64_t>(m * n) * 4, "test dgelu scratch"));
+          gpu.ops_f32().gemm_dgelu(ta, tb, m, n, k, a, lda, b, ldb, pre, scratch.as<float>(), dpre);
+          STRATA_TRY(gpu.synchronize(StreamKind::kCompute));
+          return true;
+        },
+        precision == GemmPrecision::kFp16);
+    EXPECT_TRUE(s.is_ok()) << cuda::to_string(precision) << ": " << s.to_string();
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  EXPECT_FALSE(find_path(fp32.fast_paths(), kGemmDgeluName)->active);
+}
+
 TEST(CudaFastPaths, CudnnAttentionRunsWithinTheCheckBoundsWhereItIsOn) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));

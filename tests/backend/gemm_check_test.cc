@@ -3,17 +3,22 @@
 // passes; one that did not fuse, one that adds the bias by row instead of by column, one that adds
 // it twice, and one that returns an error all fail, each naming what. The bias-and-GELU check
 // passes the model's tanh GELU and fails the erf GELU, a tanh off by 2^-12 and a call that did
-// not run.
+// not run. The GELU-gradient check passes the tanh form's derivative (and the CPU's own
+// gelu_backward over the product) and fails the erf form's, the product without a derivative and
+// a call that did not run.
 #include "backend/gemm_check.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nn_ops.h"
 #include "support/cpu_backend_support.h"
 
 namespace strata::backend {
@@ -125,6 +130,68 @@ TEST(GemmBiasGeluCheck, AnotherGeluAnApproximateTanhOrNoRunFails) {
     EXPECT_NE(s.message().find(": act["), std::string::npos) << s.to_string();
   }
   const Status none = check_gemm_bias_gelu(*backend, gelu_fake(GeluFault::kNotRun), false);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.message().find("the epilogue did not run"), std::string::npos) << none.to_string();
+}
+
+}  // namespace
+}  // namespace strata::backend
+
+namespace strata::backend {
+namespace {
+
+enum class DgeluFault { kNone, kNotRun, kErfSlope, kNoSlope, kModelKernel };
+
+// dpre = product (by the CPU GEMM) times a derivative: the model's tanh GELU's (right), the erf
+// GELU's (another GELU: up to 1.3e-3 away), none (the product alone), or the CPU's own
+// gelu_backward kernel over the product (the unfused path's arithmetic, in fp32: it passes).
+GemmDgeluFn dgelu_fake(DgeluFault fault) {
+  return [fault](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                 std::int64_t lda, const float* b, std::int64_t ldb, const float* pre,
+                 float* dpre) -> Result<bool> {
+    if (fault == DgeluFault::kNotRun) return false;
+    std::vector<float> product(static_cast<std::size_t>(m * n));
+    kernels::gemm<float>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, product.data(), n);
+    if (fault == DgeluFault::kModelKernel) {
+      std::fill(dpre, dpre + m * n, 0.0f);
+      kernels::gelu_backward<float>(dpre, pre, product.data(), m * n);
+      return true;
+    }
+    for (std::int64_t i = 0; i < m * n; ++i) {
+      const double x = pre[i];
+      const double c = 0.7978845608028654;
+      const double t = std::tanh(c * (x + 0.044715 * x * x * x));
+      double slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+      if (fault == DgeluFault::kErfSlope) {
+        slope = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
+                x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * 3.141592653589793);
+      }
+      if (fault == DgeluFault::kNoSlope) slope = 1.0;
+      dpre[i] = static_cast<float>(product[static_cast<std::size_t>(i)] * slope);
+    }
+    return true;
+  };
+}
+
+TEST(GemmDgeluCheck, TheModelsTanhDerivativeAndItsOwnKernelPass) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    for (const DgeluFault f : {DgeluFault::kNone, DgeluFault::kModelKernel}) {
+      const Status s = check_gemm_dgelu(*backend, dgelu_fake(f), fp16);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+    }
+  }
+}
+
+TEST(GemmDgeluCheck, AnotherDerivativeNoDerivativeOrNoRunFails) {
+  auto backend = cpu_backend();
+  for (const DgeluFault f : {DgeluFault::kErfSlope, DgeluFault::kNoSlope}) {
+    const Status s = check_gemm_dgelu(*backend, dgelu_fake(f), false);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find(": dpre["), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("GELU'("), std::string::npos) << s.to_string();
+  }
+  const Status none = check_gemm_dgelu(*backend, dgelu_fake(DgeluFault::kNotRun), false);
   ASSERT_FALSE(none.is_ok());
   EXPECT_NE(none.message().find("the epilogue did not run"), std::string::npos) << none.to_string();
 }

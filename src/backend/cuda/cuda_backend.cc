@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -246,6 +247,9 @@ class CudaBackend final : public Backend {
       } else if (p.name == kGemmBiasGeluName) {
         p.uses = gemm_->gelu_fused();
         p.declined = gemm_->gelu_unfused();
+      } else if (p.name == kGemmDgeluName) {
+        p.uses = gemm_->dgelu_fused();
+        p.declined = gemm_->dgelu_unfused();
       }
     }
     return paths;
@@ -505,31 +509,52 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     gemm_->use_bias_epilogue(on);
   }
 
-  // Bias and GELU in the epilogue (gemm_bias_gelu): with 16-bit GEMM inputs only (the bf16/fp16
-  // runs it is for); its check holds cuBLASLt's GELU to this model's tanh form.
-  if (!gemm_->has_cublaslt() || !sixteen_bit) {
-    fast_paths_.not_applicable(
-        kGemmBiasGeluName, kGemmBiasGeluReplaces,
-        !gemm_->has_cublaslt() ? "cuBLASLt is not used (every GEMM runs Strata's fallback kernel)"
-                               : "GEMM inputs are fp32 or tf32 (it serves bf16 and fp16 runs)");
-  } else {
-    gemm_->use_gelu_epilogue(true);
-    const bool on = fast_paths_.adopt(
-        kGemmBiasGeluName, kGemmBiasGeluReplaces,
-        "cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX_BIAS (the pre-activation as its aux output) on "
-        "every product that is one cuBLASLt call",
-        [&] {
-          return check_gemm_bias_gelu(
-              *this,
-              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* pre,
-                  float* act) {
-                return gemm_->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
-              },
-              !bf16);
-        });
-    gemm_->use_gelu_epilogue(on);
-  }
+  // The GELU epilogues serve 16-bit GEMM inputs only (the bf16/fp16 runs they are for); their
+  // checks hold cuBLASLt's GELU, and its derivative, to this model's tanh form.
+  const auto adopt_gelu_epilogue = [&](const char* name, const char* replaces, const char* covers,
+                                       const std::function<void(bool)>& use,
+                                       const std::function<Status()>& check) {
+    if (!gemm_->has_cublaslt() || !sixteen_bit) {
+      fast_paths_.not_applicable(
+          name, replaces,
+          !gemm_->has_cublaslt() ? "cuBLASLt is not used (every GEMM runs Strata's fallback kernel)"
+                                 : "GEMM inputs are fp32 or tf32 (it serves bf16 and fp16 runs)");
+      return;
+    }
+    use(true);
+    use(fast_paths_.adopt(name, replaces, covers, check));
+  };
+  // Bias and GELU in the epilogue (gemm_bias_gelu).
+  adopt_gelu_epilogue(
+      kGemmBiasGeluName, kGemmBiasGeluReplaces,
+      "cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX_BIAS (the pre-activation as its aux output) on every "
+      "product that is one cuBLASLt call",
+      [&](bool on) { gemm_->use_gelu_epilogue(on); },
+      [&] {
+        return check_gemm_bias_gelu(
+            *this,
+            [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* pre,
+                float* act) {
+              return gemm_->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+            },
+            !bf16);
+      });
+  // GELU's gradient in the epilogue of the product that gives its output's gradient (gemm_dgelu).
+  adopt_gelu_epilogue(
+      kGemmDgeluName, kGemmDgeluReplaces,
+      "cuBLASLt's CUBLASLT_EPILOGUE_DGELU (the forward's pre-activation as its aux input) on every "
+      "product that is one cuBLASLt call",
+      [&](bool on) { gemm_->use_dgelu_epilogue(on); },
+      [&] {
+        return check_gemm_dgelu(
+            *this,
+            [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* pre, float* dpre) {
+              return gemm_->gemm_dgelu(ta, tb, m, n, k, a, lda, b, ldb, pre, dpre);
+            },
+            !bf16);
+      });
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.

@@ -72,6 +72,19 @@ void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::in
   gelu_forward(act, pre, m * n);
 }
 
+void CudaOps::gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                         const float* pre, float* scratch, float* dpre) {
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  Result<bool> fused = gemm_->gemm_dgelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, dpre);
+  if (!fused.is_ok()) {
+    sink_->add(fused.status());
+    return;
+  }
+  if (*fused) return;
+  Ops<float>::gemm_dgelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, scratch, dpre);
+}
+
 void CudaOps::embedding_forward(float* out, const std::int32_t* tokens,
                                 const std::int32_t* positions, const float* wte, const float* wpe,
                                 std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {

@@ -51,6 +51,9 @@ class CudaOps final : public backend::Ops<float> {
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, std::int64_t rows, std::int64_t channels,
                          double eps) override;
+  void gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                  const float* pre, float* scratch, float* dpre) override;
   void add_layernorm_forward(float* res, const float* x, float* out, float* mean, float* rstd,
                              const float* w, const float* b, std::int64_t rows,
                              std::int64_t channels, double eps) override;
