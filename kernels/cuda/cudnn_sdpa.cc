@@ -98,21 +98,7 @@ class Builder {
   Tensor tensor(std::int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
                 bool is_virtual = false) {
     node_ = fmt::format("tensor {}", uid);
-    Tensor t;
-    t.uid = uid;
-    t.dims = dims;
-    t.strides = strides;
-    t.type = type;
-    t.d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const std::int64_t alignment = 16;
-    set(t.d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    set(t.d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-    set(t.d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
-    set(t.d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(t.d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
-    set(t.d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
-    finalize(t.d);
-    return t;
+    return describe_tensor(uid, dims, strides, type, CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
   }
   Tensor virtual_tensor(const Dims& dims, const Dims& strides, cudnnDataType_t type) {
     return tensor(next_virtual_++, dims, strides, type, true);
@@ -121,21 +107,8 @@ class Builder {
   Tensor scalar(float value) {
     const std::int64_t uid = kFirstScalar + static_cast<std::int64_t>(scalars_.size());
     node_ = fmt::format("scalar {}", value);
-    Tensor t;
-    t.uid = uid;
-    t.dims = {1, 1, 1, 1};
-    t.strides = {1, 1, 1, 1};
-    t.d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const cudnnDataType_t type = CUDNN_DATA_FLOAT;
-    const std::int64_t alignment = 16;
-    const bool by_value = true;
-    set(t.d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    set(t.d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t.dims.data());
-    set(t.d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, t.strides.data());
-    set(t.d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(t.d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
-    set(t.d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    finalize(t.d);
+    const Tensor t = describe_tensor(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT,
+                                     CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
     scalars_.emplace_back(uid, value);
     return t;
   }
@@ -272,6 +245,26 @@ class Builder {
   void set_backward(bool backward) { backward_ = backward; }
 
  private:
+  // A finalized tensor descriptor: type, dimensions, strides, uid, 16-byte alignment, and `flag`
+  // (virtual, or by value) set to `value`.
+  Tensor describe_tensor(std::int64_t uid, const Dims& dims, const Dims& strides,
+                         cudnnDataType_t type, cudnnBackendAttributeName_t flag, bool value) {
+    Tensor t;
+    t.uid = uid;
+    t.dims = dims;
+    t.strides = strides;
+    t.type = type;
+    t.d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const std::int64_t alignment = 16;
+    set(t.d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    set(t.d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    set(t.d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    set(t.d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(t.d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    set(t.d, flag, CUDNN_TYPE_BOOLEAN, 1, &value);
+    finalize(t.d);
+    return t;
+  }
   // A finalized descriptor of `type` computing in `compute` (attribute `precision`), with `more`
   // attributes set first.
   template <typename More>

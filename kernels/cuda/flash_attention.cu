@@ -34,37 +34,17 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                                             shape);
 }
 
-namespace {
-
-// Attention16 as flash_attention_f32.cuh's inner calls.
-struct ForeignInner {
-  const Attention16& a;
-  cudaError_t forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16,
-                      const std::uint16_t* k16, const std::uint16_t* v16,
-                      const AttentionShape& pass) const {
-    return a.forward(o16, lse, q16, k16, v16, pass);
-  }
-  cudaError_t backward(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* delta,
-                       const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
-                       const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
-                       const AttentionShape& pass) const {
-    return a.backward(dq16, dk16, dv16, delta, do16, o16, lse, q16, k16, v16, pass);
-  }
-};
-
-}  // namespace
-
 cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
                                     std::uint16_t* workspace, std::int64_t workspace_elements,
                                     float* out, float* lse, const float* q, const float* k,
                                     const float* v, const AttentionShape& shape) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  // Attention16's two calls are flash_attention_f32.cuh's inner ones.
   const CudaLauncher launch{s};
-  const ForeignInner run{inner};
-  return bf16 ? run_attention16_forward_f32<FlashBf16>(launch, run, workspace, workspace_elements,
+  return bf16 ? run_attention16_forward_f32<FlashBf16>(launch, inner, workspace, workspace_elements,
                                                        out, lse, q, k, v, shape)
-              : run_attention16_forward_f32<FlashFp16>(launch, run, workspace, workspace_elements,
+              : run_attention16_forward_f32<FlashFp16>(launch, inner, workspace, workspace_elements,
                                                        out, lse, q, k, v, shape);
 }
 
@@ -76,11 +56,11 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
-  const ForeignInner run{inner};
-  return bf16 ? run_attention16_backward_f32<FlashBf16>(launch, run, workspace, workspace_elements,
-                                                        dq, dk, dv, dout, out, lse, q, k, v, shape)
-              : run_attention16_backward_f32<FlashFp16>(launch, run, workspace, workspace_elements,
-                                                        dq, dk, dv, dout, out, lse, q, k, v, shape);
+  return bf16
+             ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace, workspace_elements,
+                                                       dq, dk, dv, dout, out, lse, q, k, v, shape)
+             : run_attention16_backward_f32<FlashFp16>(launch, inner, workspace, workspace_elements,
+                                                       dq, dk, dv, dout, out, lse, q, k, v, shape);
 }
 
 }  // namespace strata::cuda_kernels

@@ -22,6 +22,7 @@
 #include "backend/norm_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
+#include "support/residual_norm_support.h"
 
 namespace strata::backend {
 namespace {
@@ -300,33 +301,8 @@ TEST(CudaFastPaths, TheSeamTurnsCudnnOffAndFlashStaysOn) {
 
 // The ops' fused calls against their own add and norm, bit for bit.
 void expect_residual_norm_bits(Backend& gpu) {
-  Ops<float>& ops = gpu.ops_f32();
-  ResidualNormPath fused, two_ops;
-  fused.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
-                        const float* w, const float* b, std::int64_t rows, std::int64_t channels,
-                        double eps) {
-    ops.add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
-    return Status::ok();
-  };
-  fused.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
-                      std::int64_t rows, std::int64_t channels, double eps) {
-    ops.add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
-    return Status::ok();
-  };
-  two_ops.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
-                          const float* w, const float* b, std::int64_t rows, std::int64_t channels,
-                          double eps) {
-    ops.add(res, res, x, rows * channels);
-    ops.layernorm_forward(out, mean, rstd, res, w, b, rows, channels, eps);
-    return Status::ok();
-  };
-  two_ops.rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
-                        std::int64_t rows, std::int64_t channels, double eps) {
-    ops.add(res, res, x, rows * channels);
-    ops.rmsnorm_forward(out, rstd, res, w, rows, channels, eps);
-    return Status::ok();
-  };
-  const Status s = check_residual_norm(gpu, two_ops, fused);
+  const Status s = check_residual_norm(gpu, testing::ops_residual_norm(gpu, false),
+                                       testing::ops_residual_norm(gpu, true));
   EXPECT_TRUE(s.is_ok()) << s.to_string();
 }
 

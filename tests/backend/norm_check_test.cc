@@ -17,6 +17,7 @@
 #include "backend/fast_path.h"
 #include "kernels/cpu/nn_ops.h"
 #include "support/cpu_backend_support.h"
+#include "support/residual_norm_support.h"
 
 namespace strata::backend {
 namespace {
@@ -27,21 +28,7 @@ std::unique_ptr<Backend> cpu_backend() {
 
 // The backend's own ops, add then norm: the verified path.
 ResidualNormPath two_ops(Backend& backend) {
-  ResidualNormPath p;
-  p.layernorm = [&backend](float* res, const float* x, float* out, float* mean, float* rstd,
-                           const float* w, const float* b, std::int64_t rows, std::int64_t channels,
-                           double eps) {
-    backend.ops_f32().add(res, res, x, rows * channels);
-    backend.ops_f32().layernorm_forward(out, mean, rstd, res, w, b, rows, channels, eps);
-    return Status::ok();
-  };
-  p.rmsnorm = [&backend](float* res, const float* x, float* out, float* rstd, const float* w,
-                         std::int64_t rows, std::int64_t channels, double eps) {
-    backend.ops_f32().add(res, res, x, rows * channels);
-    backend.ops_f32().rmsnorm_forward(out, rstd, res, w, rows, channels, eps);
-    return Status::ok();
-  };
-  return p;
+  return testing::ops_residual_norm(backend, false);
 }
 
 enum class Fault { kNone, kSumNotWritten, kNormOfX, kRstdUlp, kError };

@@ -597,23 +597,26 @@ void CudaBackend::choose_cudnn(const OpsScratch& scratch,
                                const std::vector<std::int64_t>& flash_sizes, bool bf16) {
 #if defined(STRATA_HAVE_CUDNN)
   namespace sc = strata::cuda;
+  // Not applicable without the library or a workspace to lend it (library); a handle cuDNN
+  // refuses fails every head size's check (created).
   Status library = Status::ok();
+  Status created = Status::ok();
   if (!flash_sizes.empty()) {
     Result<const sc::CudnnApi*> api = sc::load_cudnn();
-    if (!api.is_ok()) library = api.status();
-  }
-  if (library.is_ok() && !flash_sizes.empty() && cublas_workspace_ == nullptr) {
-    library = Status(ErrorCode::kUnavailable, "no cuBLASLt workspace to lend it (cuBLASLt is off)");
-  }
-  Status created = Status::ok();
-  if (library.is_ok() && !flash_sizes.empty()) {
-    Result<std::unique_ptr<sc::CudnnAttention>> made = sc::CudnnAttention::create(
-        stream_of(StreamKind::kCompute), cublas_workspace_, cublas_workspace_bytes_);
-    if (made.is_ok()) {
-      cudnn_ = std::move(made).value();
-      cudnn_->set_bf16(bf16);
+    if (!api.is_ok()) {
+      library = api.status();
+    } else if (cublas_workspace_ == nullptr) {
+      library =
+          Status(ErrorCode::kUnavailable, "no cuBLASLt workspace to lend it (cuBLASLt is off)");
     } else {
-      created = made.status();
+      Result<std::unique_ptr<sc::CudnnAttention>> made = sc::CudnnAttention::create(
+          stream_of(StreamKind::kCompute), cublas_workspace_, cublas_workspace_bytes_);
+      if (made.is_ok()) {
+        cudnn_ = std::move(made).value();
+        cudnn_->set_bf16(bf16);
+      } else {
+        created = made.status();
+      }
     }
   }
   sc::CudnnAttention* cudnn = cudnn_.get();

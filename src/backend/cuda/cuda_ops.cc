@@ -45,29 +45,31 @@ void CudaOps::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   sink_->add(gemm_->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 
+bool CudaOps::epilogue_done(const Result<bool>& fused) {
+  if (!fused.is_ok()) {
+    sink_->add(fused.status());
+    return true;
+  }
+  return *fused;
+}
+
 void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         const float* bias, float* c) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  Result<bool> fused = gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c);
-  if (!fused.is_ok()) {
-    sink_->add(fused.status());
-    return;
+  if (!epilogue_done(gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c))) {
+    add_bias(c, bias, m, n);  // C holds the product alone
   }
-  if (!*fused) add_bias(c, bias, m, n);
 }
 
 void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
                              std::int64_t ldb, const float* bias, float* pre, float* act) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  Result<bool> fused =
-      gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre, act);
-  if (!fused.is_ok()) {
-    sink_->add(fused.status());
+  if (epilogue_done(
+          gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre, act))) {
     return;
   }
-  if (*fused) return;
   gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre);
   gelu_forward(act, pre, m * n);
 }
@@ -76,12 +78,9 @@ void CudaOps::gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_
                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                          const float* pre, float* scratch, float* dpre) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  Result<bool> fused = gemm_->gemm_dgelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, dpre);
-  if (!fused.is_ok()) {
-    sink_->add(fused.status());
+  if (epilogue_done(gemm_->gemm_dgelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, dpre))) {
     return;
   }
-  if (*fused) return;
   Ops<float>::gemm_dgelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, scratch, dpre);
 }
 

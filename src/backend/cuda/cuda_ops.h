@@ -145,6 +145,9 @@ class CudaOps final : public backend::Ops<float> {
 
  private:
   void check(cudaError_t result, const char* op, const char* file, int line);
+  // Whether a GEMM engine epilogue call is done: it fused, or it failed (reported to the sink);
+  // false: the caller runs the unfused ops.
+  bool epilogue_done(const Result<bool>& fused);
   // A staged attention call's result: true when it ran (counted) or failed with a CUDA error
   // (reported); false when cuDNN refused it (the path dropped: the caller runs flash instead).
   bool staged_ran(cudaError_t result, const char* op);
