@@ -2,7 +2,8 @@
 // CPU, so their indexing, masking, tiling, reductions and shuffles are tested on machines without
 // a GPU. Include this header FIRST in a test file, then the kernel headers.
 //
-// Each block runs as one fiber (ucontext) per CUDA thread on the calling thread. A fiber runs until
+// Each block runs as one fiber per CUDA thread on the calling thread (switched by a few
+// instructions on x86-64, by ucontext elsewhere). A fiber runs until
 // it reaches __syncthreads or a warp-level operation (shuffle, ballot), where it waits; a block
 // barrier opens when every live thread of the block waits at one, a warp barrier when all 32
 // lanes of the warp wait at one. Anything else (a barrier some threads never reach, a shuffle with
@@ -23,12 +24,17 @@
 
 #include <gtest/gtest.h>
 #include <math.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#else
 #include <ucontext.h>
+#endif
 
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -60,9 +66,83 @@ struct PendingCopy {
   int group = 0;
 };
 
+// A fiber's saved execution context, and the switch from one to another.
+#if defined(__x86_64__)
+// On x86-64 a switch saves and restores only what the System V ABI makes callee-saved (rbx, rbp,
+// r12-r15, the stack pointer, MXCSR and the x87 control word): ucontext's swapcontext also saves
+// and restores the signal mask, a system call each way, which made it most of an emulated kernel's
+// time. A context is the stack pointer of a stopped fiber, its registers pushed below it.
+struct Context {
+  void* sp = nullptr;
+};
+
+// Saves the caller's context in *from and resumes `to`.
+[[gnu::naked, gnu::noinline]] inline void switch_stack(void** /*from: rdi*/, void* /*to: rsi*/) {
+  asm("pushq %rbp\n\t"
+      "pushq %rbx\n\t"
+      "pushq %r12\n\t"
+      "pushq %r13\n\t"
+      "pushq %r14\n\t"
+      "pushq %r15\n\t"
+      "subq $8, %rsp\n\t"
+      "stmxcsr (%rsp)\n\t"
+      "fnstcw 4(%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\t"
+      "movq %rsi, %rsp\n\t"
+      "ldmxcsr (%rsp)\n\t"
+      "fldcw 4(%rsp)\n\t"
+      "addq $8, %rsp\n\t"
+      "popq %r15\n\t"
+      "popq %r14\n\t"
+      "popq %r13\n\t"
+      "popq %r12\n\t"
+      "popq %rbx\n\t"
+      "popq %rbp\n\t"
+      "ret\n\t");
+}
+
+inline void switch_context(Context* from, const Context& to) {
+  switch_stack(&from->sp, to.sp);
+}
+
+// A context that starts `start` (which must never return) on the stack [stack, stack + bytes): the
+// frame switch_stack pops, with `start` as its return address and the stack aligned as at a call.
+inline Context make_context(char* stack, std::size_t bytes, void (*start)()) {
+  const std::uintptr_t top =
+      (reinterpret_cast<std::uintptr_t>(stack) + bytes) & ~std::uintptr_t{15};
+  auto* frame = reinterpret_cast<std::uint64_t*>(top - 72);
+  std::uint16_t control = 0;
+  asm volatile("fnstcw %0" : "=m"(control));
+  frame[0] = _mm_getcsr() | (std::uint64_t{control} << 32);
+  for (int r = 1; r <= 6; ++r)
+    frame[r] = 0;
+  frame[7] = reinterpret_cast<std::uint64_t>(start);
+  frame[8] = 0;  // start's return address: it never returns
+  return Context{frame};
+}
+#else
+struct Context {
+  ucontext_t context{};
+};
+
+inline void switch_context(Context* from, const Context& to) {
+  swapcontext(&from->context, &to.context);
+}
+
+inline Context make_context(char* stack, std::size_t bytes, void (*start)()) {
+  Context c;
+  getcontext(&c.context);
+  c.context.uc_stack.ss_sp = stack;
+  c.context.uc_stack.ss_size = bytes;
+  c.context.uc_link = nullptr;  // start never returns
+  makecontext(&c.context, start, 0);
+  return c;
+}
+#endif
+
 struct Fiber {
   enum class State { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
-  ucontext_t context{};
+  Context context;
   uint3 index;
   int warp = 0;
   int lane = 0;
@@ -85,7 +165,7 @@ struct WarpOp {
 struct Machine {
   std::vector<Fiber> fibers;
   std::vector<std::unique_ptr<char[]>> stacks;
-  ucontext_t scheduler{};
+  Context scheduler;
   int current = -1;
   uint3 block_index, block_dim, grid_dim;
   std::vector<std::max_align_t> shared;
@@ -115,15 +195,18 @@ inline void wait_at(Fiber::State state) {
   Machine& m = machine();
   Fiber& f = fiber();
   f.state = state;
-  swapcontext(&f.context, &m.scheduler);
+  switch_context(&f.context, m.scheduler);
 }
 
 inline void complete_copies(Fiber& f, int through_group);
 
-inline void entry() {
+// A fiber's whole life: the kernel's body, then back to the scheduler for good.
+[[noreturn]] inline void entry() {
   machine().body();
-  complete_copies(fiber(), -1);         // copies a thread never waited for still land
-  fiber().state = Fiber::State::kDone;  // then back to the scheduler (uc_link)
+  complete_copies(fiber(), -1);  // copies a thread never waited for still land
+  fiber().state = Fiber::State::kDone;
+  switch_context(&fiber().context, machine().scheduler);
+  std::abort();  // a finished fiber is never resumed
 }
 
 // A warp-level exchange: every lane deposits `v`, all wait, each reads lane `source`'s value, all
@@ -163,11 +246,7 @@ inline bool run_block() {
     f.index.z = static_cast<unsigned>(t) / (m.block_dim.x * m.block_dim.y);
     f.warp = t / 32;
     f.lane = t % 32;
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = m.stacks[static_cast<std::size_t>(t)].get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &m.scheduler;
-    makecontext(&f.context, entry, 0);
+    f.context = make_context(m.stacks[static_cast<std::size_t>(t)].get(), kStackBytes, entry);
   }
   using State = Fiber::State;
   for (int pass = 0;; ++pass) {
@@ -175,7 +254,7 @@ inline bool run_block() {
       const int t = pass % 2 == 0 ? i : threads - 1 - i;
       if (m.fibers[static_cast<std::size_t>(t)].state != State::kRunnable) continue;
       m.current = t;
-      swapcontext(&m.scheduler, &m.fibers[static_cast<std::size_t>(t)].context);
+      switch_context(&m.scheduler, m.fibers[static_cast<std::size_t>(t)].context);
     }
     int live = 0;
     int at_block = 0;
