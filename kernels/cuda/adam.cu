@@ -2,7 +2,7 @@
 #include "kernels/cuda/adam_kernels.cuh"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* master, float* exp_avg,
                       float* exp_avg_sq, const void* grad, int grad_code, void* copy_out,
@@ -12,4 +12,4 @@ cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* maste
                        copy_code, n, skip_flag);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -5,11 +5,12 @@
 // copies are bit-identical to CPU Adam's.
 #pragma once
 
-#include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/adam_constants.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 __global__ void adam_kernel(AdamDeviceConstants c, float* master, float* exp_avg, float* exp_avg_sq,
@@ -38,9 +39,9 @@ auto run_adam_step(const L& launch, const AdamDeviceConstants& c, float* master,
                    float* exp_avg_sq, const void* grad, int grad_code, void* copy_out,
                    int copy_code, std::int64_t n, const double* skip_flag) {
   return launch(adam_kernel, dim3(static_cast<unsigned>(cuda::elementwise_blocks(n))),
-                dim3(cuda::kElementwiseThreads), 0, c, master, exp_avg, exp_avg_sq, grad,
-                grad_code, copy_out, copy_code, n, skip_flag);
+                dim3(cuda::kElementwiseThreads), 0, c, master, exp_avg, exp_avg_sq, grad, grad_code,
+                copy_out, copy_code, n, skip_flag);
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -2,7 +2,7 @@
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                               const float* k, const float* v, const AttentionShape& shape,
@@ -28,4 +28,4 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
                                 launch);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -19,10 +19,11 @@
 #pragma once
 
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 using kernels::AttentionShape;
@@ -482,4 +483,4 @@ auto run_attention_backward(const L& launch, float* dq, float* dk, float* dv, co
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

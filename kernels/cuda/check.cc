@@ -5,7 +5,7 @@
 
 #include "common/log.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 Status check_cuda(cudaError_t result, const char* call, const char* file, int line) {
   if (result == cudaSuccess) return Status::ok();
@@ -61,4 +61,4 @@ Status check_cublas(cublasStatus_t result, const char* call, const char* file, i
       message, "cuBLASLt");
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -10,8 +10,9 @@
 #include <cuda_runtime_api.h>
 
 #include "common/status.h"
+#include "kernels/cuda/cuda_namespace.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 // Ok for cudaSuccess; otherwise logs "file:line: call failed: name (message)", clears the
 // runtime's last-error slot (so a later launch check does not report it again) and returns it.
@@ -36,7 +37,7 @@ class ErrorSink {
   Status first_;
 };
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)
 
 #define STRATA_CUDA_CHECK(call) ::strata::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 #define STRATA_CUBLAS_CHECK(call) ::strata::cuda::check_cublas((call), #call, __FILE__, __LINE__)

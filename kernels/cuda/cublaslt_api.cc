@@ -8,7 +8,7 @@
 
 #include "kernels/cuda/dl_library.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 namespace {
 
 #if !defined(STRATA_CUDA_LIBRARY_DIR)
@@ -60,4 +60,4 @@ Result<const CublasLtApi*> load_cublaslt() {
   return &loaded.value();
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -10,8 +10,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "kernels/cuda/cuda_namespace.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 struct CublasLtApi {
   decltype(&cublasLtCreate) create = nullptr;
@@ -34,4 +35,4 @@ struct CublasLtApi {
 // error. kUnavailable naming every place tried when it cannot be loaded or lacks a symbol.
 Result<const CublasLtApi*> load_cublaslt();
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -7,7 +7,7 @@
 
 #include "kernels/cuda/dl_library.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 namespace {
 
 #if !defined(STRATA_CUDNN_LIBRARY_DIR)
@@ -75,4 +75,4 @@ Result<const CudnnApi*> load_cudnn() {
   return &loaded.value();
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -11,8 +11,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "kernels/cuda/cuda_namespace.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 struct CudnnApi {
   decltype(&cudnnGetVersion) get_version = nullptr;
@@ -42,4 +43,4 @@ inline constexpr std::size_t kCudnnMinVersion = 90000;
 // error: kUnavailable naming every place tried, a missing symbol, or a version older than 9.0.
 Result<const CudnnApi*> load_cudnn();
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 namespace {
 
 // The handle attributes of the operation graph and the execution plan are deprecated in newer
@@ -757,4 +757,4 @@ Status CudnnAttention::take_error() const {
   return std::exchange(error_, Status::ok());
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

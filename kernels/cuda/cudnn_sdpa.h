@@ -28,10 +28,11 @@
 
 #include "common/status.h"
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/cudnn_api.h"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 // One pass's attention on the compact 16-bit layout.
 struct SdpaSpec {
@@ -104,4 +105,4 @@ class CudnnAttention final : public cuda_kernels::Attention16 {
   mutable Status error_;
 };
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

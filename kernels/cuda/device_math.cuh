@@ -21,9 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/dtype_codes.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 #if !defined(STRATA_SIMT_EMULATION)
 // Launches a kernel on a stream; raises the kernel's dynamic shared-memory limit first when it
@@ -185,4 +186,4 @@ __device__ __forceinline__ std::int64_t grid_threads() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

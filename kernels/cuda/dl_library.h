@@ -8,8 +8,9 @@
 
 #include <string>
 #include <vector>
+#include "kernels/cuda/cuda_namespace.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 // The first of `candidates` (a file name for the loader's search path, or a full path) that
 // dlopen accepts, or null; `tried` lists every one refused with the loader's reason.
@@ -41,4 +42,4 @@ bool bind_symbol(void* library, const char* name, Fn* out, std::string* missing)
   return true;
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

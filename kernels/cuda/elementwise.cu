@@ -2,7 +2,7 @@
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
                               const std::int32_t* positions, const float* wte, const float* wpe,
@@ -70,4 +70,4 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
   return run_cast_block_to_16(CudaLauncher{s}, dst, dst_code, dst_ld, src, src_ld, rows, cols);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

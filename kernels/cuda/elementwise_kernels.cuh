@@ -5,10 +5,11 @@
 #pragma once
 
 #include "kernels/cpu/nn_ops.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 using cuda::elementwise_blocks;
@@ -251,4 +252,4 @@ auto run_cast_block_from_16(const L& launch, float* dst, std::int64_t dst_ld, co
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -3,7 +3,7 @@
 #include "kernels/cuda/flash_attention_f32.cuh"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
@@ -63,4 +63,4 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                                        dq, dk, dv, dout, out, lse, q, k, v, shape);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

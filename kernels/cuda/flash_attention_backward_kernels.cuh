@@ -39,6 +39,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/flash_attention_kernels.cuh"
 
 // Keep the next loop rolled on the GPU (its body is unrolled inside).
@@ -48,7 +49,7 @@
 #define STRATA_FLASH_ROLLED _Pragma("unroll 1")
 #endif
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 // Queries per tile of the dk/dv kernel: 32, and 16 for head size 256 (with 32, and S^T's k-steps
 // unrolled, that kernel spilled 184 bytes; with 16, 64; with 16 and the k-steps rolled in chunks of
@@ -489,6 +490,6 @@ auto run_flash_attention_backward(const L& launch, std::uint16_t* dq, std::uint1
   }
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)
 
 #undef STRATA_FLASH_ROLLED

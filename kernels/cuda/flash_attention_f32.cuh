@@ -15,12 +15,13 @@
 #include <cstddef>
 #include <utility>
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/flash_attention_backward_kernels.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 // Whether the flash path takes this shape on the fp32 arrays: launch_plan.h's flash_io_takes, and
 // the kernels' own conditions on the compact layout.
@@ -228,4 +229,4 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
                                          shape);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -43,9 +43,10 @@
 #if !defined(STRATA_SIMT_EMULATION)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include "kernels/cuda/cuda_namespace.h"
 #endif
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 // The 16-bit element types the kernel takes (storage is std::uint16_t, the bits).
 struct FlashBf16 {
@@ -416,4 +417,4 @@ auto run_flash_attention_forward(const L& launch, std::uint16_t* out, float* lse
   }
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

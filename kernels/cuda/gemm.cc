@@ -10,7 +10,7 @@
 #include "kernels/cuda/gemm_blocks.h"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 namespace {
 
 using cuda::GemmPrecision;
@@ -341,4 +341,4 @@ Result<bool> GemmEngine::gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, 
                        a, lda, b, ldb, dpre, {nullptr, const_cast<float*>(pre), nullptr, true});
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

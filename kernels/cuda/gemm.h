@@ -16,9 +16,10 @@
 
 #include "common/status.h"
 #include "kernels/cuda/cublaslt_api.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 struct GemmEngineConfig {
   cuda::GemmPrecision precision = cuda::GemmPrecision::kFp32;
@@ -164,4 +165,4 @@ class GemmEngine {
   std::int64_t dgelu_fused_ = 0, dgelu_unfused_ = 0;
 };
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -9,9 +9,10 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda {
+STRATA_CUDA_NAMESPACE(cuda) {
 
 // Convert `rows` x `cols` fp32 values at src (leading dimension src_ld) into the operand's
 // workspace region with leading dimension dst_ld.
@@ -33,10 +34,10 @@ struct BlockProduct {
 };
 
 template <typename ConvertA, typename ConvertB, typename Multiply>
-Status walk_gemm_blocks(const cuda::GemmBlocking& plan, bool trans_a, bool trans_b,
-                        const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                        float beta, float* c, std::int64_t ldc, ConvertA&& convert_a,
-                        ConvertB&& convert_b, Multiply&& multiply) {
+Status walk_gemm_blocks(const cuda::GemmBlocking& plan, bool trans_a, bool trans_b, const float* a,
+                        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                        std::int64_t ldc, ConvertA&& convert_a, ConvertB&& convert_b,
+                        Multiply&& multiply) {
   const std::int64_t m = plan.m, n = plan.n, k = plan.k;
   std::int64_t a_at[2] = {-1, -1};  // (m0, k0) of the A block in the workspace
   std::int64_t b_at[2] = {-1, -1};  // (k0, n0) of the B block
@@ -94,4 +95,4 @@ Status walk_gemm_blocks(const cuda::GemmBlocking& plan, bool trans_a, bool trans
   return Status::ok();
 }
 
-}  // namespace strata::cuda
+}  // STRATA_CUDA_NAMESPACE(cuda)

@@ -2,7 +2,7 @@
 #include "kernels/cuda/gemm_fallback_kernels.cuh"
 #include "kernels/cuda/launch.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64_t m,
                           std::int64_t n, std::int64_t k, float alpha, const void* a,
@@ -14,4 +14,4 @@ cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64
                            c, ldc, in_code);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -4,9 +4,10 @@
 // GEMM tests can compare against.
 #pragma once
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 constexpr int kTileSide = 16;
@@ -59,4 +60,4 @@ auto run_gemm_fallback(const L& launch, bool trans_a, bool trans_b, std::int64_t
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

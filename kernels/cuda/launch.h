@@ -12,10 +12,11 @@
 
 #include "kernels/cpu/nn_ops.h"
 #include "kernels/cuda/adam_constants.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/dtype_codes.h"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 using kernels::AttentionShape;
 using kernels::RopeShape;
@@ -175,4 +176,4 @@ cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64
                           std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,
                           std::int64_t ldc, int in_code);
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

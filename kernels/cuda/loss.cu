@@ -2,7 +2,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/loss_kernels.cuh"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
                                   const std::int32_t* targets, std::int64_t rows,
@@ -26,4 +26,4 @@ cudaError_t reduce_stats(cudaStream_t s, const void* x, int code, std::int64_t n
   return run_reduce_stats(CudaLauncher{s}, x, code, n, squares, partials, result, accumulate);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -3,10 +3,11 @@
 // with their launch functions (generic over the launcher, see device_math.cuh).
 #pragma once
 
-#include "kernels/cuda/launch_plan.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 constexpr int kLossThreads = 256;
@@ -118,4 +119,4 @@ auto run_reduce_stats(const L& launch, const void* x, int code, std::int64_t n, 
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

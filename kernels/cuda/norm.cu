@@ -3,7 +3,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/norm_kernels.cuh"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
@@ -86,4 +86,4 @@ cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const f
                                 channels, padding_idx);
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

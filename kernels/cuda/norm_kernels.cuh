@@ -6,10 +6,11 @@
 // each token's rows in row order, like the CPU kernel, so its result is the CPU's bit for bit.
 #pragma once
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 namespace {
 
 constexpr int kRowWarps = 4;  // rows per block of the row kernels (a warp per row)
@@ -450,4 +451,4 @@ auto run_embedding_backward(const L& launch, float* dwte, float* dwpe, const flo
 }
 
 }  // namespace
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

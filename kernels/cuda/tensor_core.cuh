@@ -19,13 +19,14 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/device_math.cuh"
 
 #if !defined(STRATA_SIMT_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "kernels/cuda/tensor_core.cuh needs sm_80 or newer (bf16 mma.m16n8k16, cp.async)"
 #endif
 
-namespace strata::cuda_kernels {
+STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 // One lane's fragments of an mma.m16n8k16: A is a0..a7 and B b0..b3, two 16-bit elements to a
 // register, the lower-numbered in the low half; C and D are c0..c3, one float each.
@@ -246,4 +247,4 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
-}  // namespace strata::cuda_kernels
+}  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -12,7 +12,7 @@
 #include "kernels/cpu/adam_internal.h"
 #include "kernels/cuda/launch.h"
 
-namespace strata::backend {
+STRATA_CUDA_NAMESPACE(backend) {
 
 namespace ck = strata::cuda_kernels;
 namespace plan = strata::cuda;
@@ -478,4 +478,4 @@ Result<kernels::AdamResult> CudaOptimizerOps::adam_step(const kernels::AdamParam
   return result;
 }
 
-}  // namespace strata::backend
+}  // STRATA_CUDA_NAMESPACE(backend)

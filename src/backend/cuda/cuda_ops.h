@@ -14,10 +14,11 @@
 #include "backend/ops.h"
 #include "backend/optimizer_ops.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.h"
 
-namespace strata::backend {
+STRATA_CUDA_NAMESPACE(backend) {
 
 // Device and pinned memory the ops use, allocated once by the backend.
 struct OpsScratch {
@@ -187,4 +188,4 @@ class CudaOptimizerOps final : public backend::OptimizerOps {
   cuda::ErrorSink* sink_;
 };
 
-}  // namespace strata::backend
+}  // STRATA_CUDA_NAMESPACE(backend)
