@@ -182,17 +182,30 @@ std::vector<std::int64_t> choose_head_sizes(FastPaths& paths, const char* name,
 
 std::vector<std::int64_t> choose_flash_attention(
     FastPaths& paths, bool sixteen_bit, bool bf16,
-    const std::function<Status(std::int64_t head_dim)>& check) {
+    const std::function<Status(std::int64_t head_dim)>& check,
+    const std::vector<std::int64_t>& wanted) {
   if (!sixteen_bit) {
     paths.not_applicable(kFlashAttentionName, kFlashAttentionReplaces,
                          "GEMM inputs are fp32 or tf32, so attention stays fp32 "
                          "(strata.gemm_precision bf16 or fp16 turns it on)");
     return {};
   }
-  return choose_head_sizes(
-      paths, kFlashAttentionName, kFlashAttentionReplaces, bf16 ? "bf16" : "fp16",
-      std::vector<std::int64_t>(std::begin(kFlashHeadSizes), std::end(kFlashHeadSizes)),
-      "other head sizes run the fp32 kernels", check);
+  std::vector<std::int64_t> sizes;
+  for (const std::int64_t d : kFlashHeadSizes) {
+    if (wanted.empty() || std::find(wanted.begin(), wanted.end(), d) != wanted.end()) {
+      sizes.push_back(d);
+    }
+  }
+  if (sizes.empty()) {
+    paths.not_applicable(kFlashAttentionName, kFlashAttentionReplaces,
+                         fmt::format("the run's head sizes ({}) have no flash kernels (they are "
+                                     "{})",
+                                     fmt::join(wanted, ", "), fmt::join(kFlashHeadSizes, ", ")));
+    return {};
+  }
+  return choose_head_sizes(paths, kFlashAttentionName, kFlashAttentionReplaces,
+                           bf16 ? "bf16" : "fp16", sizes, "other head sizes run the fp32 kernels",
+                           check);
 }
 
 std::vector<std::int64_t> choose_cudnn_attention(

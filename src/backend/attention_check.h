@@ -50,13 +50,15 @@ inline constexpr std::int64_t kFlashHeadSizes[] = {64, 80, 96, 128, 256};
 inline constexpr const char* kFlashAttentionName = "flash_attention";
 inline constexpr const char* kFlashAttentionReplaces = "the fp32 attention kernels (CUDA cores)";
 
-// Which head sizes the flash attention runs for: `check(head_dim)` for each of kFlashHeadSizes,
-// listed in `paths` as kFlashAttentionName: on for the sizes that passed (one warning naming any
-// that failed, and why), off when none did. `sixteen_bit` false (fp32 or tf32 GEMMs): not
-// applicable, nothing is checked. Returns the sizes that passed.
+// Which head sizes the flash attention runs for: `check(head_dim)` for each of kFlashHeadSizes that
+// is in `wanted` (the run's head sizes; empty: all of them), listed in `paths` as
+// kFlashAttentionName: on for the sizes that passed (one warning naming any that failed, and why),
+// off when none did. Not applicable, nothing checked: `sixteen_bit` false (fp32 or tf32 GEMMs), or
+// none of `wanted` has flash kernels. Returns the sizes that passed.
 std::vector<std::int64_t> choose_flash_attention(
     FastPaths& paths, bool sixteen_bit, bool bf16,
-    const std::function<Status(std::int64_t head_dim)>& check);
+    const std::function<Status(std::int64_t head_dim)>& check,
+    const std::vector<std::int64_t>& wanted = {});
 
 // cuDNN's fused attention over the flash attention (kernels/cuda/cudnn_sdpa.h): checked on the
 // same cases without packed documents (which it declines), for the head sizes the flash attention

@@ -114,6 +114,7 @@ Result<MadeBackend> make_backend(const BackendRequest& request) {
     options.gemm_precision = resolve_gemm_precision(request.gemm_precision, request.precision);
     options.device_budget_name = request.device_budget_name;
     options.host_budget_name = request.host_budget_name;
+    options.attention_head_sizes = request.attention_head_sizes;
     auto cuda = make_cuda_backend(options);
     if (cuda.is_ok()) {
       made.backend = std::move(cuda).value();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -24,7 +25,9 @@ struct BackendRequest {
   config::GemmPrecision gemm_precision = config::GemmPrecision::kAuto;
   config::Precision precision = config::Precision::kFp32;  // resolves gemm_precision "auto"
   int device = 0;                                          // CUDA device index
-  std::string backend_key = "strata.backend";              // how errors name the settings
+  // The model's attention head sizes (CudaBackendOptions::attention_head_sizes; empty: all).
+  std::vector<std::int64_t> attention_head_sizes;
+  std::string backend_key = "strata.backend";  // how errors name the settings
   std::string device_budget_name = "strata.device_bytes_max";
   std::string host_budget_name = "strata.host_bytes_max";
 };

@@ -86,12 +86,15 @@ Status Trainer::setup() {
       &path_notes);
   for (const std::string& line : path_notes)
     note(line);
-  STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made,
-                          backend::make_backend(backend_request(config_)));
+  STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
+  backend::BackendRequest request = backend_request(config_);
+  request.attention_head_sizes = {shape_.head_dim};
+  STRATA_ASSIGN_OR_RETURN(backend::MadeBackend made, options_.backend_factory
+                                                         ? options_.backend_factory(request)
+                                                         : backend::make_backend(request));
   backend_ = std::move(made.backend);
   if (!made.note.empty()) note(made.note);
 
-  STRATA_ASSIGN_OR_RETURN(shape_, model::shape_of(s.model));
   // From ZeRO stage 1, each rank owns an equal shard of every unit.
   layout_ = model::build_layout(shape_, offload::layout_shards(settings.zero_stage, world_size()));
   storage_ = settings.storage;

@@ -10,12 +10,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/backend_factory.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/world.h"
 #include "common/dir_lock.h"
@@ -53,6 +55,8 @@ struct TrainerOptions {
   bool progress_tty = false;              // draw a progress bar (stderr is a terminal)
   bool quiet = false;                     // no start-up lines or progress on stderr
   offload::EngineFactory engine_factory;  // the NVMe I/O engine (tests: the fault twin)
+  // Makes the backend (null: backend::make_backend; tests: the CUDA backend under the emulator).
+  std::function<Result<backend::MadeBackend>(const backend::BackendRequest&)> backend_factory;
 };
 
 class Trainer {

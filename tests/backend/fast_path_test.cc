@@ -157,6 +157,44 @@ TEST(FlashAttentionChoice, WhenEveryCheckFailsThePathIsOffWithOneWarning) {
   EXPECT_NE(r.warnings[0].find(kFlashAttentionReplaces), std::string::npos);
 }
 
+TEST(FlashAttentionChoice, OnlyTheRunsHeadSizesAreChecked) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  std::vector<std::int64_t> checked;
+  const std::vector<std::int64_t> sizes = choose_flash_attention(paths, true, true,
+                                                                 [&](std::int64_t d) {
+                                                                   checked.push_back(d);
+                                                                   return Status::ok();
+                                                                 },
+                                                                 {128, 40, 64});
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{64, 128}));
+  EXPECT_EQ(checked, sizes);
+  EXPECT_NE(paths.list()[0].detail.find("bf16, head sizes 64, 128;"), std::string::npos)
+      << paths.list()[0].detail;
+  EXPECT_TRUE(r.warnings.empty());
+}
+
+TEST(FlashAttentionChoice, HeadSizesWithoutFlashKernelsLeaveItOffWithoutACheck) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  int calls = 0;
+  const std::vector<std::int64_t> sizes = choose_flash_attention(paths, true, true,
+                                                                 [&](std::int64_t) {
+                                                                   ++calls;
+                                                                   return Status::ok();
+                                                                 },
+                                                                 {40});
+  EXPECT_TRUE(sizes.empty());
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(r.warnings.empty());
+  EXPECT_FALSE(paths.active(kFlashAttentionName));
+  const std::string detail = paths.list()[0].detail;
+  EXPECT_NE(detail.find("not applicable: the run's head sizes (40) have no flash kernels (they are "
+                        "64, 80, 96, 128, 256)"),
+            std::string::npos)
+      << detail;
+}
+
 TEST(FlashAttentionChoice, Fp32GemmsLeaveItOffWithoutACheck) {
   Recorder r;
   FastPaths paths(r.sink());

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -32,7 +33,7 @@
 #endif
 #include "sys/memory.h"
 
-namespace strata::backend {
+STRATA_CUDA_NAMESPACE(backend) {
 namespace {
 
 constexpr std::uint32_t kEventsMax = 4096;
@@ -70,6 +71,11 @@ class CudaBackend final : public Backend {
   }
 
   Status init();
+  // A fast path's check (`key`: the path and what it was checked for) runs once per process and
+  // device: a backend created again with the same settings takes its predecessor's result, as the
+  // kernels, the libraries and the device are the same. The attention checks take seconds under
+  // the SIMT emulator and tens of milliseconds on a GPU; the others are cheap and always run.
+  Status checked_once(const std::string& key, const std::function<Status()>& check);
   void choose_fast_paths(const OpsScratch& scratch);
   void choose_cudnn(const OpsScratch& scratch, const std::vector<std::int64_t>& flash_sizes,
                     bool bf16);
@@ -463,6 +469,20 @@ Status CudaBackend::init() {
   return sticky();
 }
 
+Status CudaBackend::checked_once(const std::string& key, const std::function<Status()>& check) {
+  static std::mutex mutex;
+  static std::map<std::string, Status> results;
+  const std::string full = fmt::format("device {}: {}", options_.device, key);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = results.find(full);
+    if (it != results.end()) return it->second;
+  }
+  Status result = check();
+  std::lock_guard<std::mutex> lock(mutex);
+  return results.emplace(full, std::move(result)).first->second;
+}
+
 // The fast paths, each checked on small shapes against its reference (backend/fast_path.h). The
 // checks call the launchers directly, not through the ops, so that a refused launch is the check's
 // result and not the backend's sticky error.
@@ -486,7 +506,12 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   };
   std::vector<std::int64_t> head_sizes = choose_flash_attention(
       fast_paths_, sixteen_bit, bf16,
-      [&](std::int64_t head_dim) { return check_attention_path(*this, flash, bf16, head_dim); });
+      [&](std::int64_t head_dim) {
+        return checked_once(
+            fmt::format("{}:{}:{}", kFlashAttentionName, bf16 ? "bf16" : "fp16", head_dim),
+            [&] { return check_attention_path(*this, flash, bf16, head_dim); });
+      },
+      options_.attention_head_sizes);
   ops_->use_flash_attention(bf16, head_sizes);
   choose_cudnn(scratch, head_sizes, bf16);
 
@@ -668,7 +693,9 @@ void CudaBackend::choose_cudnn(const OpsScratch& scratch,
   std::vector<std::int64_t> sizes =
       choose_cudnn_attention(fast_paths_, flash_sizes, bf16, library, [&](std::int64_t d) {
         if (!created.is_ok()) return created;
-        return check_attention_path(*this, path, bf16, d, /*documents=*/false);
+        return checked_once(
+            fmt::format("{}:{}:{}", kCudnnAttentionName, bf16 ? "bf16" : "fp16", d),
+            [&] { return check_attention_path(*this, path, bf16, d, /*documents=*/false); });
       });
   if (sizes.empty()) {
     cudnn_.reset();
@@ -707,4 +734,4 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-}  // namespace strata::backend
+}  // STRATA_CUDA_NAMESPACE(backend)

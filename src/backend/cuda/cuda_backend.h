@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/launch_plan.h"
 
-namespace strata::backend {
+STRATA_CUDA_NAMESPACE(backend) {
 
 struct CudaBackendOptions {
   int device = 0;                      // CUDA device index
@@ -33,6 +35,9 @@ struct CudaBackendOptions {
   std::uint64_t cublas_workspace_bytes = 32ull << 20;  // cuBLASLt's own workspace
   std::uint64_t reduce_scratch_bytes = 16ull << 20;    // column-reduction partials
   bool use_cublaslt = true;  // false: every GEMM runs Strata's fallback kernel (tests)
+  // The run's attention head sizes: the flash attention is checked at start for these alone
+  // (empty: for every head size it has kernels for, as `strata report` lists them).
+  std::vector<std::int64_t> attention_head_sizes;
   std::string device_budget_name = "strata.device_bytes_max";
   std::string host_budget_name = "strata.host_bytes_max";
 };
@@ -46,4 +51,4 @@ bool cuda_backend_built();
 // budgets too small for the backend's own workspaces.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
 
-}  // namespace strata::backend
+}  // STRATA_CUDA_NAMESPACE(backend)
