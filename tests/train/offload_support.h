@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,16 +84,16 @@ inline config::Config load(const std::string& text,
   return loaded.is_ok() ? loaded->config : config::Config{};
 }
 
-// Master weights, exp_avg and exp_avg_sq of every unit, back to back.
-inline std::vector<float> state_bytes(train::Trainer& trainer) {
+// The `kinds` slots of every unit, unit by unit, back to back (after the step in flight ends).
+inline std::vector<float> slot_values(train::Trainer& trainer,
+                                      std::initializer_list<offload::SlotKind> kinds) {
   EXPECT_TRUE(trainer.finish_step().is_ok());
   std::vector<float> all;
   offload::OffloadStore& state = trainer.state();
   for (int u = 0; u < state.units(); ++u) {
     const auto n =
         static_cast<std::size_t>(state.layout().units[static_cast<std::size_t>(u)].padded_numel);
-    for (offload::SlotKind kind :
-         {offload::SlotKind::kMaster, offload::SlotKind::kExpAvg, offload::SlotKind::kExpAvgSq}) {
+    for (offload::SlotKind kind : kinds) {
       auto view = state.view(kind, u);
       EXPECT_TRUE(view.is_ok()) << view.status().to_string();
       if (!view.is_ok()) return {};
@@ -100,6 +101,12 @@ inline std::vector<float> state_bytes(train::Trainer& trainer) {
     }
   }
   return all;
+}
+
+// Master weights, exp_avg and exp_avg_sq of every unit, back to back.
+inline std::vector<float> state_bytes(train::Trainer& trainer) {
+  return slot_values(trainer, {offload::SlotKind::kMaster, offload::SlotKind::kExpAvg,
+                               offload::SlotKind::kExpAvgSq});
 }
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

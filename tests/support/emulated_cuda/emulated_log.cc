@@ -1,0 +1,46 @@
+// Kernel families and the casts that feed GEMMs, from the emulated backend's launch log
+// (emulated_cuda.h).
+#include <string>
+
+#include "tests/support/emulated_cuda/emulated_cuda.h"
+
+namespace strata::testing::emulated_cuda {
+
+std::string kernel_family(const std::string& k) {
+  auto has = [&](const char* part) { return k.find(part) != std::string::npos; };
+  if (has("gemm")) return "gemm";
+  if (has("cast")) return "cast";
+  if (has("attention")) return "attention";
+  if (has("norm")) return "norm";
+  if (has("cross_entropy")) return "loss";
+  if (has("adam")) return "adam";
+  if (has("embedding")) return "embedding";
+  if (has("rope")) return "rope";
+  if (has("reduce") || has("column")) return "reduce";
+  if (has("gelu") || has("swiglu") || has("add") || has("scale")) return "elementwise";
+  return "other";
+}
+
+std::map<std::string, std::int64_t> launches_by_family(const std::vector<std::string>& log) {
+  std::map<std::string, std::int64_t> counts;
+  for (const std::string& k : log)
+    ++counts[kernel_family(k)];
+  return counts;
+}
+
+std::int64_t casts_before_gemms(const std::vector<std::string>& log) {
+  std::int64_t total = 0;
+  std::int64_t run = 0;  // cast kernels since the last kernel of another family
+  for (const std::string& k : log) {
+    const std::string family = kernel_family(k);
+    if (family == "cast") {
+      ++run;
+      continue;
+    }
+    if (family == "gemm") total += run;
+    run = 0;
+  }
+  return total;
+}
+
+}  // namespace strata::testing::emulated_cuda
