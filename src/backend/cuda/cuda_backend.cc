@@ -71,10 +71,11 @@ class CudaBackend final : public Backend {
   }
 
   Status init();
-  // A fast path's check (`key`: the path and what it was checked for) runs once per process and
-  // device: a backend created again with the same settings takes its predecessor's result, as the
-  // kernels, the libraries and the device are the same. The attention checks take seconds under
-  // the SIMT emulator and tens of milliseconds on a GPU; the others are cheap and always run.
+  // A fast path's check (`key`: the path, data type, head size and workspace sizes) runs once
+  // per process and device: a backend created again with the same settings takes its
+  // predecessor's result, as the kernels, the libraries and the device are the same. The attention
+  // checks take seconds under the SIMT emulator and tens of milliseconds on a GPU; the others are
+  // cheap and always run.
   Status checked_once(const std::string& key, const std::function<Status()>& check);
   void choose_fast_paths(const OpsScratch& scratch);
   void choose_cudnn(const OpsScratch& scratch, const std::vector<std::int64_t>& flash_sizes,
@@ -507,9 +508,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   std::vector<std::int64_t> head_sizes = choose_flash_attention(
       fast_paths_, sixteen_bit, bf16,
       [&](std::int64_t head_dim) {
-        return checked_once(
-            fmt::format("{}:{}:{}", kFlashAttentionName, bf16 ? "bf16" : "fp16", head_dim),
-            [&] { return check_attention_path(*this, flash, bf16, head_dim); });
+        return checked_once(fmt::format("{}:{}:{}:{}", kFlashAttentionName, bf16 ? "bf16" : "fp16",
+                                        head_dim, scratch.sixteen_elements),
+                            [&] { return check_attention_path(*this, flash, bf16, head_dim); });
       },
       options_.attention_head_sizes);
   ops_->use_flash_attention(bf16, head_sizes);
@@ -694,7 +695,8 @@ void CudaBackend::choose_cudnn(const OpsScratch& scratch,
       choose_cudnn_attention(fast_paths_, flash_sizes, bf16, library, [&](std::int64_t d) {
         if (!created.is_ok()) return created;
         return checked_once(
-            fmt::format("{}:{}:{}", kCudnnAttentionName, bf16 ? "bf16" : "fp16", d),
+            fmt::format("{}:{}:{}:{}:{}", kCudnnAttentionName, bf16 ? "bf16" : "fp16", d, elements,
+                        cublas_workspace_bytes_),
             [&] { return check_attention_path(*this, path, bf16, d, /*documents=*/false); });
       });
   if (sizes.empty()) {

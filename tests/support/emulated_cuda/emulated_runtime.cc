@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,7 +19,7 @@ struct Runtime {
   std::mutex mutex;
   std::map<const std::uint8_t*, std::size_t> device;      // cudaMalloc'ed ranges
   std::map<const std::uint8_t*, std::size_t> registered;  // cudaHostRegister'ed ranges
-  cudaError_t last_error = cudaSuccess;
+  std::atomic<cudaError_t> last_error{cudaSuccess};
 };
 
 Runtime& runtime() {
@@ -75,9 +76,7 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
-  const cudaError_t e = runtime().last_error;
-  runtime().last_error = cudaSuccess;
-  return e;
+  return runtime().last_error.exchange(cudaSuccess);
 }
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
