@@ -11,6 +11,8 @@
 //   - The launch log counts each step's kernels by family, and the cast kernels that feed GEMMs.
 //   - A fast path refused at start (the fused residual + norm) leaves the run on the two kernels it
 //     replaces, with the same bits.
+//   - The emulated streams run their work only when the host waits for it, so a missing wait
+//     shows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -276,6 +278,49 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   }
   EXPECT_EQ((*second)->name(), "cuda:0");
   EXPECT_NE((*second)->description().find("SIMT emulator"), std::string::npos);
+}
+
+// The emulated streams hold their work until the host waits for it, so that a missing wait shows:
+// a copy to pinned memory is not there before its stream is synchronized (or an event after it
+// is), and is there after; a stream that waits on another's event runs that one's work first.
+TEST(EmulatedCudaBackend, StreamsRunTheirWorkWhenTheHostWaitsForIt) {
+  backend::CudaBackendOptions options;
+  options.device_bytes_max = 64ull << 20;
+  options.host_bytes_max = 64ull << 20;
+  options.cpu_threads = 2;
+  options.use_cublaslt = false;
+  options.gemm_workspace_bytes = 4ull << 20;
+  auto made = backend::make_cuda_backend(options);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  auto device = b.allocate_device(64, "test");
+  auto pinned = b.allocate_pinned(64, "test");
+  auto back = b.allocate_pinned(64, "test");
+  ASSERT_TRUE(device.is_ok() && pinned.is_ok() && back.is_ok());
+  auto* in = pinned->as<std::uint32_t>();
+  auto* out = back->as<std::uint32_t>();
+  for (int i = 0; i < 16; ++i) {
+    in[i] = 100u + static_cast<std::uint32_t>(i);
+    out[i] = 7;
+  }
+  using backend::StreamKind;
+  ASSERT_TRUE(b.copy_async(StreamKind::kHostToDevice, device->data(), in, 64).is_ok());
+  auto uploaded = b.create_event();
+  ASSERT_TRUE(uploaded.is_ok());
+  ASSERT_TRUE(b.record(*uploaded, StreamKind::kHostToDevice).is_ok());
+  ASSERT_TRUE(b.wait(StreamKind::kDeviceToHost, *uploaded).is_ok());
+  ASSERT_TRUE(b.copy_async(StreamKind::kDeviceToHost, out, device->data(), 64).is_ok());
+  auto downloaded = b.create_event();
+  ASSERT_TRUE(downloaded.is_ok());
+  ASSERT_TRUE(b.record(*downloaded, StreamKind::kDeviceToHost).is_ok());
+  EXPECT_EQ(out[3], 7u) << "the copy ran before anything waited for it";
+  EXPECT_FALSE(b.query(*downloaded));
+  ASSERT_TRUE(b.synchronize(*downloaded).is_ok());
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(out[i], 100u + static_cast<std::uint32_t>(i)) << i;
+  EXPECT_TRUE(b.query(*downloaded));
+  b.destroy_event(*uploaded);
+  b.destroy_event(*downloaded);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EmulatedCudaStep, ::testing::Values("gpt2", "llama"),

@@ -11,11 +11,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+struct EmulatedCudaStream;  // cudaStream_t of the emulated runtime
+
 namespace strata::testing::emulated_cuda {
+
+// Queues `work` on `stream` (the emulated launcher's kernels); false from it is a kernel the
+// emulator could not run, reported by the next synchronization as cudaErrorLaunchFailure.
+void enqueue(EmulatedCudaStream* stream, std::function<bool()> work);
 
 // The kernels launched since the last clear, by name (e.g. "cast_block_kernel"), in order.
 std::vector<std::string> launch_log();

@@ -1,6 +1,6 @@
 // The CUDA backend's kernel launchers (kernels/cuda/*.cu), their own source, with the SIMT emulator
-// as the launcher: each launch runs the kernel on the CPU, one block at a time, under one lock (the
-// emulator has one machine), and is entered in the launch log by the kernel function's name.
+// as the launcher: each launch is entered in the launch log by the kernel function's name and
+// queued on its stream, which runs it on the CPU, one block at a time.
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "support/simt_emulator.h"
 // The kernel headers after the emulator (they pick up its built-ins).
@@ -146,17 +146,20 @@ void clear_launch_log() {
 
 STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
-// The launcher the .cu files below call CudaLauncher: the SIMT emulator behind one lock.
+// The launcher the .cu files below call CudaLauncher: the launch is logged and queued on its
+// stream; the SIMT emulator runs it, behind one lock (it has one machine), when the stream runs.
 struct CudaLauncher {
   cudaStream_t stream;
   template <typename Kernel, typename... Args>
   cudaError_t operator()(Kernel kernel, dim3 grid, dim3 block, std::size_t smem,
                          Args... args) const {
-    static std::mutex one_machine;
-    std::lock_guard<std::mutex> lock(one_machine);
     testing::emulated_cuda::record_launch(reinterpret_cast<const void*>(kernel));
-    return ::simt::Launcher{}(kernel, grid, block, smem, args...) == 0 ? cudaSuccess
-                                                                        : cudaErrorLaunchFailure;
+    testing::emulated_cuda::enqueue(stream, [=] {
+      static std::mutex one_machine;
+      std::lock_guard<std::mutex> lock(one_machine);
+      return ::simt::Launcher{}(kernel, grid, block, smem, args...) == 0;
+    });
+    return cudaSuccess;
   }
 };
 

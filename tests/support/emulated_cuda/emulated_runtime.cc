@@ -1,14 +1,19 @@
 // The emulated CUDA runtime (include/cuda_runtime_api.h): one device whose memory is host memory,
-// streams that run each operation as it is enqueued, and the launch log (emulated_cuda.h).
+// streams that hold their work until the host waits for it (below).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 
 #include "kernels/cuda/cublaslt_api.h"
 #include "tests/support/emulated_cuda/emulated_cuda.h"
@@ -37,6 +42,8 @@ bool inside(const std::map<const std::uint8_t*, std::size_t>& ranges, const void
 }
 
 constexpr std::size_t kDeviceBytes = 16ull << 30;  // what cudaMemGetInfo reports
+
+void drain_all();  // runs every stream's queue (below)
 
 cudaError_t fail(cudaError_t error) {
   runtime().last_error = error;
@@ -122,6 +129,7 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;  // cudaFree(nullptr) creates the context
+  drain_all();                           // it waits for the device, as the real one does
   std::lock_guard<std::mutex> lock(runtime().mutex);
   if (runtime().device.erase(static_cast<std::uint8_t*>(p)) != 1) {
     return fail(cudaErrorInvalidValue);
@@ -160,35 +168,117 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   return cudaSuccess;
 }
 
-// Streams and events carry no state: every operation has run by the time its call returns.
-struct EmulatedCudaStream {};
-struct EmulatedCudaEvent {};
+// Streams hold their work until the host waits for it: a stream runs its queue, in order, when
+// the host synchronizes it, an event recorded on it, or another stream that waits on one of its
+// events, or when it is destroyed or device memory freed. That is the latest any GPU could run
+// it, so a read of results the host did not wait for, or a copy between streams without an event,
+// sees stale or poisoned bytes instead of passing by luck. One recursive lock serializes all
+// stream work (the emulator has one machine anyway).
+struct RecordState {  // one cudaEventRecord
+  EmulatedCudaStream* stream = nullptr;
+  bool done = false;
+};
+struct EmulatedCudaStream {
+  std::deque<std::function<void()>> queue;
+  bool draining = false;
+};
+struct EmulatedCudaEvent {
+  std::shared_ptr<RecordState> latest;  // null: never recorded (complete)
+};
+
+namespace {
+
+std::recursive_mutex& stream_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+std::set<EmulatedCudaStream*>& all_streams() {
+  static std::set<EmulatedCudaStream*> streams;
+  return streams;
+}
+std::atomic<bool> kernel_failed{false};  // a deferred kernel the emulator could not run
+
+// Runs `stream`'s queue to its end.
+void drain(EmulatedCudaStream* stream) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  if (stream->draining) {
+    std::fprintf(stderr, "emulated CUDA runtime: a stream waits on itself\n");
+    std::abort();
+  }
+  stream->draining = true;
+  while (!stream->queue.empty()) {
+    std::function<void()> work = std::move(stream->queue.front());
+    stream->queue.pop_front();
+    work();
+  }
+  stream->draining = false;
+}
+
+// Runs streams until `record` is complete.
+void complete(const std::shared_ptr<RecordState>& record) {
+  if (record && !record->done) drain(record->stream);
+}
+
+cudaError_t synchronized() {
+  return kernel_failed.exchange(false) ? fail(cudaErrorLaunchFailure) : cudaSuccess;
+}
+
+void drain_all() {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  for (EmulatedCudaStream* s : all_streams())
+    drain(s);
+}
+
+}  // namespace
+
+namespace strata::testing::emulated_cuda {
+
+void enqueue(EmulatedCudaStream* stream, std::function<bool()> work) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  stream->queue.push_back([work = std::move(work)] {
+    if (!work()) kernel_failed = true;
+  });
+}
+
+}  // namespace strata::testing::emulated_cuda
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
   *stream = new EmulatedCudaStream;
+  all_streams().insert(*stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  drain(stream);
+  all_streams().erase(stream);
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  return cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  drain(stream);
+  return synchronized();
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  // The wait is for the event's latest record at the time of this call.
+  stream->queue.push_back([record = event->latest] { complete(record); });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind,
-                            cudaStream_t) {
-  std::memmove(dst, src, bytes);
+                            cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  stream->queue.push_back([=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t) {
-  std::memset(p, value, bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  stream->queue.push_back([=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
-cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* user_data) {
-  fn(user_data);
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  stream->queue.push_back([=] { fn(user_data); });
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
@@ -199,14 +289,31 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  auto record = std::make_shared<RecordState>();
+  record->stream = stream;
+  event->latest = record;
+  stream->queue.push_back([record] { record->done = true; });
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) {
-  return cudaSuccess;
+// Not ready the first time it is asked about an incomplete record, which then runs: a poll
+// sees both answers and always ends.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  const std::shared_ptr<RecordState> record = event->latest;
+  if (!record || record->done) return cudaSuccess;
+  complete(record);
+  return fail(cudaErrorNotReady);
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  return cudaSuccess;
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::shared_ptr<RecordState> record;
+  {
+    std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+    record = event->latest;
+  }
+  complete(record);
+  return synchronized();
 }
 
 // There is no cuBLASLt under the emulator: the GEMM engine runs its fallback kernel.

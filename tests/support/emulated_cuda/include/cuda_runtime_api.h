@@ -4,9 +4,9 @@
 // never the toolkit's, so it compiles where no toolkit is installed. The functions have C++
 // linkage: their symbols never meet the real runtime's (extern "C") in a program that has both.
 //
-// What it models: one device whose memory is host memory; streams that run each operation when it
-// is enqueued (every event is complete once recorded); kernels run by the SIMT emulator
-// (emulated_kernels.cc). What it does not: concurrency between streams, device limits, timing.
+// What it models: one device whose memory is host memory; streams that hold their work until the
+// host waits for it (emulated_runtime.cc); kernels run by the SIMT emulator (emulated_kernels.cc).
+// What it does not: streams running at the same time, device limits, timing.
 #pragma once
 
 #include <cstddef>
