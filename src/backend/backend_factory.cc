@@ -106,16 +106,7 @@ Result<MadeBackend> make_backend(const BackendRequest& request) {
                           choose_backend(request.kind, probe, request.backend_key));
   made.note = choice.note;
   if (choice.cuda) {
-    CudaBackendOptions options;
-    options.device = request.device;
-    options.device_bytes_max = request.device_bytes_max;
-    options.host_bytes_max = request.host_bytes_max;
-    options.cpu_threads = request.cpu_threads;
-    options.gemm_precision = resolve_gemm_precision(request.gemm_precision, request.precision);
-    options.device_budget_name = request.device_budget_name;
-    options.host_budget_name = request.host_budget_name;
-    options.attention_head_sizes = request.attention_head_sizes;
-    auto cuda = make_cuda_backend(options);
+    auto cuda = make_cuda_backend(cuda_backend_options(request));
     if (cuda.is_ok()) {
       made.backend = std::move(cuda).value();
       return made;

@@ -48,13 +48,7 @@ namespace emu = testing::emulated_cuda;
 // The CUDA backend as the trainer would make it for `request`, on the emulated runtime: no
 // cuBLASLt, so every GEMM runs the fallback kernel; workspaces sized for tiny models.
 Result<backend::MadeBackend> emulated_cuda_backend(const backend::BackendRequest& request) {
-  backend::CudaBackendOptions options;
-  options.device_bytes_max = request.device_bytes_max;
-  options.host_bytes_max = request.host_bytes_max;
-  options.cpu_threads = request.cpu_threads;
-  options.gemm_precision =
-      backend::resolve_gemm_precision(request.gemm_precision, request.precision);
-  options.attention_head_sizes = request.attention_head_sizes;
+  backend::CudaBackendOptions options = backend::cuda_backend_options(request);
   options.use_cublaslt = false;
   options.gemm_workspace_bytes = 4ull << 20;
   options.cublas_workspace_bytes = 1ull << 20;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/backend_factory.h"
 #include "kernels/cuda/cuda_namespace.h"
 #include "kernels/cuda/launch_plan.h"
 
@@ -41,6 +42,21 @@ struct CudaBackendOptions {
   std::string device_budget_name = "strata.device_bytes_max";
   std::string host_budget_name = "strata.host_bytes_max";
 };
+
+// The options a run's request makes the backend with (make_backend, and the tests' emulated CUDA
+// backend).
+inline CudaBackendOptions cuda_backend_options(const BackendRequest& request) {
+  CudaBackendOptions options;
+  options.device = request.device;
+  options.device_bytes_max = request.device_bytes_max;
+  options.host_bytes_max = request.host_bytes_max;
+  options.cpu_threads = request.cpu_threads;
+  options.gemm_precision = resolve_gemm_precision(request.gemm_precision, request.precision);
+  options.device_budget_name = request.device_budget_name;
+  options.host_budget_name = request.host_budget_name;
+  options.attention_head_sizes = request.attention_head_sizes;
+  return options;
+}
 
 // Whether this build has the CUDA backend at all.
 bool cuda_backend_built();
