@@ -23,7 +23,11 @@
 #             hazards between the cp.async tile loads and the ldmatrix reads, memcheck's bounds of
 #             the zero-filled tile edges) and over a short `strata train` of configs/demo.json on
 #             the CUDA backend;
-#   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M and the Llama 1.1B shape;
+#   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M (8 x 1024) and the Llama
+#             1.1B shape (4 x 1024), BENCH_REPS runs each (default 3); for each, the step-time
+#             model's prediction for this card with PyTorch's tokens/s (`strata bench step
+#             --predict`) and, with ncu, the measured kernel time per family beside the predicted
+#             one (tools/kernel_times.py);
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
 #             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
 #             offload_parameters (an offloaded model trains to the in-memory bits on CUDA) and of
@@ -142,10 +146,41 @@ if want sanitize && { [ "$sanitize" = 1 ] || [ "$only" = sanitize ]; }; then
 fi
 
 if want bench && { [ "$bench" = 1 ] || [ "$only" = bench ]; }; then
-  STRATA="$build/strata" step bench.gpt2 bash "$root/tools/bench_gpu_vs_pytorch.sh" \
-    "$root/configs/models/gpt2-124m.json" 3
-  STRATA="$build/strata" BATCH=4 step bench.llama_1b bash "$root/tools/bench_gpu_vs_pytorch.sh" \
-    "$root/configs/models/llama-1b.json" 3
+  # Issue 36's two rows, each against PyTorch (BENCH_REPS alternating runs), then the model's
+  # prediction for the card (`strata bench step --predict`) with PyTorch's measured tokens/s, and,
+  # where Nsight Compute is there, each kernel family's measured time per step beside it
+  # (tools/kernel_times.py: ncu times every kernel of a 1-step and a 2-step run; the difference is
+  # one step).
+  card=h100
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in *H200*) card=h200 ;; *A100*) card=a100 ;; esac
+  ncu_bin="$(command -v ncu || { [ -x /usr/local/cuda/bin/ncu ] && echo /usr/local/cuda/bin/ncu; } || true)"
+  for row in "gpt2 gpt2-124m 8" "llama_1b llama-1b 4"; do
+    read -r name model batch <<<"$row"
+    STRATA="$build/strata" BATCH=$batch step "bench.$name" bash "$root/tools/bench_gpu_vs_pytorch.sh" \
+      "$root/configs/models/$model.json" "${BENCH_REPS:-3}"
+    grep -hE '^\| (Strata|PyTorch|ratio)' "$out/bench.$name.log" | sed 's/^/gpu_checks:   /'
+    torch_tps="$(sed -n 's/^| PyTorch[^|]*| \([0-9.]*\) |.*/\1/p' "$out/bench.$name.log")"
+    step "predict.$name" "$build/strata" bench step --predict --json --card "$card" \
+      --model "$root/configs/models/$model.json" --batch "$batch" --seq-len 1024 \
+      ${torch_tps:+--reference-tokens-per-s "$torch_tps"}
+  done
+  [ -n "$ncu_bin" ] || echo "gpu_checks:   no ncu on this machine: no per-family kernel times"
+  for row in "gpt2 gpt2-124m 8" "llama_1b llama-1b 4"; do
+    [ -n "$ncu_bin" ] || break
+    read -r name model batch <<<"$row"
+    profile=(bench step --model "$root/configs/models/$model.json" --backend cuda --precision bf16
+             --batch "$batch" --seq-len 1024 --warmup 0 --device-bytes 0 --peak-sizes 256
+             --peak-repeats 1)
+    ncu_args=(--csv --metrics gpu__time_duration.sum --clock-control none --print-units base)
+    step "kernels.$name.1" "$ncu_bin" "${ncu_args[@]}" --log-file "$out/kernels.$name.1.csv" \
+      "$build/strata" "${profile[@]}" --steps 1
+    step "kernels.$name.2" "$ncu_bin" "${ncu_args[@]}" --log-file "$out/kernels.$name.2.csv" \
+      "$build/strata" "${profile[@]}" --steps 2
+    step "kernels.$name" "${PYTHON:-python3}" "$root/tools/kernel_times.py" --label "$name" \
+      --short "$out/kernels.$name.1.csv" --long "$out/kernels.$name.2.csv" --steps 1 \
+      --predict "$out/predict.$name.log"
+    sed 's/^/gpu_checks:   /' "$out/kernels.$name.log"
+  done
 fi
 
 if want torch; then

@@ -15,6 +15,7 @@
 #include "kernels/cuda/loss_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 //
+#include <bit>
 #include <limits>
 
 #include "kernels/cpu/adam.h"
@@ -284,6 +285,83 @@ TEST(EmulatedKernels, CastsAreTheCpusBits) {
       for (int col = 0; col < 7; ++col)
         EXPECT_EQ(block[static_cast<std::size_t>(r * 8 + col)],
                   want[static_cast<std::size_t>(3 + r * 11 + col)]);
+    }
+  }
+}
+
+// The casts move 4 elements at a time where the fp32 side is 16-byte and the 16-bit side 8-byte
+// aligned at the same index, one at a time elsewhere: every alignment of either side, lengths
+// around the group size, and leading dimensions that change the alignment row by row give the
+// CPU's bits, and nothing outside the run is written.
+TEST(EmulatedKernels, CastsInGroupsOfFourGiveEveryElementTheCpusBits) {
+  const std::vector<float> values = random_floats(4200, 21, -300.0f, 300.0f);
+  constexpr std::uint16_t kUntouched16 = 0xabcd;
+  const float untouched32 = -1234.5f;
+  for (DTypeCode code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    std::vector<std::uint16_t> narrow_all(values.size());
+    kernels::cast_array(narrow_all.data(), type, values.data(), kernels::DType::kF32,
+                        static_cast<std::int64_t>(values.size()));
+    for (std::int64_t n : {1, 3, 4, 5, 8, 13, 1029}) {
+      for (int wide_off = 0; wide_off < 4; ++wide_off) {
+        for (int narrow_off = 0; narrow_off < 4; ++narrow_off) {
+          SCOPED_TRACE(::testing::Message() << "n " << n << " fp32 offset " << wide_off
+                                            << " 16-bit offset " << narrow_off);
+          std::vector<std::uint16_t> got(static_cast<std::size_t>(n + 8), kUntouched16);
+          ASSERT_EQ(run_cast(kEmulator, got.data() + narrow_off, code, values.data() + wide_off,
+                             kCodeF32, n),
+                    0);
+          std::vector<float> wide(static_cast<std::size_t>(n + 8), untouched32);
+          ASSERT_EQ(run_cast(kEmulator, wide.data() + wide_off, kCodeF32,
+                             narrow_all.data() + narrow_off, code, n),
+                    0);
+          for (std::int64_t i = 0; i < n + 8; ++i) {
+            const auto at = static_cast<std::size_t>(i);
+            const bool inside16 = i >= narrow_off && i < narrow_off + n;
+            EXPECT_EQ(got[at], inside16 ? narrow_all[at - narrow_off + wide_off] : kUntouched16)
+                << "narrow " << i;
+            const bool inside32 = i >= wide_off && i < wide_off + n;
+            float want = untouched32;
+            if (inside32) {
+              kernels::cast_array(&want, kernels::DType::kF32,
+                                  &narrow_all[at - wide_off + narrow_off], type, 1);
+            }
+            EXPECT_EQ(std::bit_cast<std::uint32_t>(wide[at]), std::bit_cast<std::uint32_t>(want))
+                << "widen " << i;
+          }
+        }
+      }
+    }
+    // Blocks: 6 rows of 37 from leading dimension 41 (odd: each row starts at another alignment)
+    // into leading dimension 39, and back.
+    const std::int64_t rows = 6, cols = 37, src_ld = 41, dst_ld = 39;
+    for (int off = 0; off < 4; ++off) {
+      std::vector<std::uint16_t> block(static_cast<std::size_t>(rows * dst_ld + 4), kUntouched16);
+      ASSERT_EQ(run_cast_block_to_16(kEmulator, block.data() + 1, code, dst_ld,
+                                     values.data() + off, src_ld, rows, cols),
+                0);
+      std::vector<float> back(static_cast<std::size_t>(rows * src_ld + 4), untouched32);
+      ASSERT_EQ(run_cast_block_from_16(kEmulator, back.data() + off, src_ld, block.data() + 1,
+                                       code, dst_ld, rows, cols),
+                0);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t c = 0; c < dst_ld; ++c) {
+          const auto at = static_cast<std::size_t>(1 + r * dst_ld + c);
+          const std::uint16_t want =
+              c < cols ? narrow_all[static_cast<std::size_t>(off + r * src_ld + c)] : kUntouched16;
+          EXPECT_EQ(block[at], want) << "offset " << off << " row " << r << " column " << c;
+        }
+        for (std::int64_t c = 0; c < src_ld; ++c) {
+          const auto at = static_cast<std::size_t>(off + r * src_ld + c);
+          float want = untouched32;
+          if (c < cols) {
+            kernels::cast_array(&want, kernels::DType::kF32,
+                                &block[static_cast<std::size_t>(1 + r * dst_ld + c)], type, 1);
+          }
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(back[at]), std::bit_cast<std::uint32_t>(want))
+              << "widened, offset " << off << " row " << r << " column " << c;
+        }
+      }
     }
   }
 }
