@@ -139,7 +139,15 @@ int layout_shards(const config::Config& config) {
                                 static_cast<int>(std::max<std::int64_t>(config.world_size, 1)));
 }
 
-model::RunnerOptions runner_options(const config::Config& config, const model::ModelShape& shape) {
+std::uint64_t gpu_logits_chunk_bytes(std::uint64_t device_bytes_max) {
+  constexpr std::uint64_t kMin = model::RunnerOptions{}.logits_chunk_bytes;
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 30;
+  const std::uint64_t budget = device_bytes_max == 0 ? std::uint64_t{16} << 30 : device_bytes_max;
+  return std::clamp<std::uint64_t>(budget / 16, kMin, kMax);
+}
+
+model::RunnerOptions runner_options(const config::Config& config, const model::ModelShape& shape,
+                                    bool device_is_host) {
   const config::ModelConfig& m = config.strata.model;
   model::RunnerOptions r;
   r.batch =
@@ -147,6 +155,7 @@ model::RunnerOptions runner_options(const config::Config& config, const model::M
   r.seq_len = std::min<std::int64_t>(config.strata.data.seq_len, shape.max_seq_len);
   r.activation_checkpointing = m.activation_checkpointing;
   r.activation_offload = m.activation_offload && m.activation_checkpointing;
+  if (!device_is_host) r.logits_chunk_bytes = gpu_logits_chunk_bytes(config.strata.device_bytes_max);
   return r;
 }
 
@@ -196,7 +205,7 @@ offload::Estimate estimate(const config::Config& config, const offload::Estimate
       b == config::Backend::kCpu || (b == config::Backend::kAuto && sys::probe_cuda().gpus.empty());
   return offload::estimate(plan_settings(config),
                            static_cast<int>(std::max<std::int64_t>(config.world_size, 1)),
-                           runner_options(config, input.shape), in);
+                           runner_options(config, input.shape, in.device_is_host), in);
 }
 
 }  // namespace strata::train

@@ -62,7 +62,16 @@ int layout_shards(const config::Config& config);
 
 // The runner a config asks for on `shape`: the micro-batch, the sequence (at most the model's
 // max_seq_len) and the activation checkpointing choices.
-model::RunnerOptions runner_options(const config::Config& config, const model::ModelShape& shape);
+// `device_is_host`: the backend's device memory is host memory (the CPU backend). On a GPU the
+// head computes its logits in larger chunks (gpu_logits_chunk_bytes).
+model::RunnerOptions runner_options(const config::Config& config, const model::ModelShape& shape,
+                                    bool device_is_host);
+
+// The head's logits chunk on a GPU: a 16th of the device budget (strata.device_bytes_max; 0, the
+// GPU's free memory, counts as 16 GiB), at least the 32 MiB of the CPU backend and at most 1 GiB.
+// Every chunk converts the head's weight to 16 bits again and runs three thin GEMMs, so at 32 MiB
+// (166 rows of GPT-2's 50257-word vocabulary) the head was half of a GPT-2 step on an H200.
+std::uint64_t gpu_logits_chunk_bytes(std::uint64_t device_bytes_max);
 
 // The options to join the run's world with: strata.backend, strata.comm_timeout_s, and every
 // configured nvme_path (for the binding's choice of the nearest).

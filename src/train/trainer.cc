@@ -126,7 +126,8 @@ Status Trainer::setup() {
                               kMicroBatchTokensMax / s.data.seq_len),
                   "train_micro_batch_size_per_gpu");
   }
-  const model::RunnerOptions runner = runner_options(config_, shape_);
+  const model::RunnerOptions runner =
+      runner_options(config_, shape_, backend_->device_memory_is_host());
 
   // Where every byte lives, and the engine that moves it (offload/engine.h: the plan is checked
   // against the budgets before anything is allocated).

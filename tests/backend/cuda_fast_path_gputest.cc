@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
@@ -35,10 +36,11 @@ CudaBackendOptions with(GemmPrecision precision) {
   return options;
 }
 
-const FastPath* find_path(const std::vector<FastPath>& paths, const std::string& name) {
+// By value: fast_paths() returns a fresh vector, so a pointer into it would dangle.
+std::optional<FastPath> find_path(const std::vector<FastPath>& paths, const std::string& name) {
   for (const FastPath& p : paths)
-    if (p.name == name) return &p;
-  return nullptr;
+    if (p.name == name) return p;
+  return std::nullopt;
 }
 
 // The backend's own attention ops as an AttentionPath (each call waits for the stream).
@@ -100,8 +102,8 @@ bool all_bf16_values(const std::vector<float>& v) {
 
 TEST(CudaFastPaths, FlashAttentionIsOnWithBf16GemmsForEveryHeadSize) {
   STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
-  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
-  ASSERT_NE(flash, nullptr);
+  const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_TRUE(flash.has_value());
   EXPECT_TRUE(flash->active) << flash->detail;
   EXPECT_NE(flash->detail.find("bf16, head sizes 64, 80, 96, 128, 256;"), std::string::npos)
       << flash->detail;
@@ -150,8 +152,8 @@ TEST(CudaFastPaths, TheTestSeamTurnsFlashOffAndTheFp32KernelsRun) {
   fail_fast_path_for_test(std::nullopt);
   if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
   Backend& gpu = *made.backend;
-  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
-  ASSERT_NE(flash, nullptr);
+  const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_TRUE(flash.has_value());
   EXPECT_FALSE(flash->active);
   EXPECT_NE(flash->detail.find("STRATA_TEST_FAST_PATH_FAIL"), std::string::npos) << flash->detail;
   // fp32 outputs: not all of them bf16 values.
@@ -160,8 +162,8 @@ TEST(CudaFastPaths, TheTestSeamTurnsFlashOffAndTheFp32KernelsRun) {
 
 TEST(CudaFastPaths, Fp32GemmsLeaveFlashOff) {
   STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kFp32));
-  const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
-  ASSERT_NE(flash, nullptr);
+  const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+  ASSERT_TRUE(flash.has_value());
   EXPECT_FALSE(flash->active);
   EXPECT_NE(flash->detail.find("not applicable"), std::string::npos);
   EXPECT_FALSE(all_bf16_values(forward_out(gpu, gpt2_like(1), 5)));
@@ -182,8 +184,8 @@ TEST(CudaFastPaths, TheBiasEpilogueIsOnAndTheOpsMeetItsBound) {
   for (const GemmPrecision precision :
        {GemmPrecision::kBf16, GemmPrecision::kFp16, GemmPrecision::kFp32, GemmPrecision::kTf32}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
-    const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasName);
-    ASSERT_NE(path, nullptr);
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGemmBiasName);
+    ASSERT_TRUE(path.has_value());
     EXPECT_TRUE(path->active) << cuda::to_string(precision) << ": " << path->detail;
     const Status s = check_gemm_bias(gpu, ops_gemm_bias(gpu), precision == GemmPrecision::kFp16);
     EXPECT_TRUE(s.is_ok()) << cuda::to_string(precision) << ": " << s.to_string();
@@ -196,8 +198,8 @@ TEST(CudaFastPaths, TheSeamTurnsTheBiasEpilogueOffAndGemmBiasStaysRight) {
   fail_fast_path_for_test(std::nullopt);
   if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
   Backend& gpu = *made.backend;
-  const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasName);
-  ASSERT_NE(path, nullptr);
+  const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGemmBiasName);
+  ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_TRUE(find_path(gpu.fast_paths(), kFlashAttentionName)->active);
   const Status s = check_gemm_bias(gpu, ops_gemm_bias(gpu), false);
@@ -207,8 +209,8 @@ TEST(CudaFastPaths, TheSeamTurnsTheBiasEpilogueOffAndGemmBiasStaysRight) {
 TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
-    const FastPath* path = find_path(gpu.fast_paths(), kGemmBiasGeluName);
-    ASSERT_NE(path, nullptr);
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGemmBiasGeluName);
+    ASSERT_TRUE(path.has_value());
     // On, or off with the reason printed: cuBLASLt's GELU must be the tanh form within half the
     // next GEMM's rounding; the ops must be right either way.
     std::printf("fast path %s (%s): %s: %s\n", path->name.c_str(), cuda::to_string(precision),
@@ -232,8 +234,8 @@ TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
 TEST(CudaFastPaths, TheDgeluEpilogueIsListedAndTheOpsMeetItsBoundEitherWay) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
-    const FastPath* path = find_path(gpu.fast_paths(), kGemmDgeluName);
-    ASSERT_NE(path, nullptr);
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGemmDgeluName);
+    ASSERT_TRUE(path.has_value());
     std::printf("fast path %s (%s): %s: %s\n", path->name.c_str(), cuda::to_string(precision),
                 path->active ? "on" : "off", path->detail.c_str());
     const Status s = check_gemm_dgelu(
@@ -259,13 +261,13 @@ TEST(CudaFastPaths, CudnnAttentionRunsWithinTheCheckBoundsWhereItIsOn) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
     const bool bf16 = precision == GemmPrecision::kBf16;
-    const FastPath* cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
-    ASSERT_NE(cudnn, nullptr);
+    const std::optional<FastPath> cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
+    ASSERT_TRUE(cudnn.has_value());
     std::printf("fast path %s (%s): %s: %s\n", cudnn->name.c_str(), bf16 ? "bf16" : "fp16",
                 cudnn->active ? "on" : "off", cudnn->detail.c_str());
     if (!cudnn->active) continue;
-    const FastPath* flash = find_path(gpu.fast_paths(), kFlashAttentionName);
-    ASSERT_TRUE(flash != nullptr && flash->active);
+    const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);
+    ASSERT_TRUE(flash.has_value() && flash->active);
     const std::int64_t cudnn_before = find_path(gpu.fast_paths(), kCudnnAttentionName)->uses;
     const std::int64_t flash_before = find_path(gpu.fast_paths(), kFlashAttentionName)->uses;
     for (const std::int64_t d : kFlashHeadSizes) {
@@ -291,8 +293,8 @@ TEST(CudaFastPaths, TheSeamTurnsCudnnOffAndFlashStaysOn) {
   fail_fast_path_for_test(std::nullopt);
   if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
   Backend& gpu = *made.backend;
-  const FastPath* cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
-  ASSERT_NE(cudnn, nullptr);
+  const std::optional<FastPath> cudnn = find_path(gpu.fast_paths(), kCudnnAttentionName);
+  ASSERT_TRUE(cudnn.has_value());
   EXPECT_FALSE(cudnn->active);
   std::printf("fast path %s with the seam: %s\n", cudnn->name.c_str(), cudnn->detail.c_str());
   EXPECT_TRUE(find_path(gpu.fast_paths(), kFlashAttentionName)->active);
@@ -308,8 +310,8 @@ void expect_residual_norm_bits(Backend& gpu) {
 
 TEST(CudaFastPaths, TheFusedResidualNormIsOnAndGivesTheBitsOfAddThenNorm) {
   STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
-  const FastPath* path = find_path(gpu.fast_paths(), kResidualNormName);
-  ASSERT_NE(path, nullptr);
+  const std::optional<FastPath> path = find_path(gpu.fast_paths(), kResidualNormName);
+  ASSERT_TRUE(path.has_value());
   EXPECT_TRUE(path->active) << path->detail;
   const std::int64_t before = find_path(gpu.fast_paths(), kResidualNormName)->uses;
   expect_residual_norm_bits(gpu);
@@ -322,8 +324,8 @@ TEST(CudaFastPaths, TheSeamTurnsTheFusedResidualNormOffAndTheOpsStayRight) {
   fail_fast_path_for_test(std::nullopt);
   if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
   Backend& gpu = *made.backend;
-  const FastPath* path = find_path(gpu.fast_paths(), kResidualNormName);
-  ASSERT_NE(path, nullptr);
+  const std::optional<FastPath> path = find_path(gpu.fast_paths(), kResidualNormName);
+  ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   expect_residual_norm_bits(gpu);
 }

@@ -7,6 +7,22 @@
 namespace strata::train {
 namespace {
 
+// On a GPU the head's logits come in chunks of a 16th of the device budget, between the CPU's
+// 32 MiB and 1 GiB; the CPU backend keeps 32 MiB. The plan and the runner read the same options.
+TEST(RunSettings, TheLogitsChunkGrowsWithTheDeviceBudgetOnAGpuOnly) {
+  constexpr std::uint64_t kMiB = 1ull << 20;
+  EXPECT_EQ(gpu_logits_chunk_bytes(0), 1024 * kMiB);  // the GPU's free memory
+  EXPECT_EQ(gpu_logits_chunk_bytes(8 * kMiB), 32 * kMiB);
+  EXPECT_EQ(gpu_logits_chunk_bytes(4096 * kMiB), 256 * kMiB);
+  EXPECT_EQ(gpu_logits_chunk_bytes(80ull << 30), 1024 * kMiB);
+  config::Config c;
+  c.strata.device_bytes_max = 4096 * kMiB;
+  model::ModelShape shape;
+  shape.max_seq_len = 1024;
+  EXPECT_EQ(runner_options(c, shape, true).logits_chunk_bytes, 32 * kMiB);
+  EXPECT_EQ(runner_options(c, shape, false).logits_chunk_bytes, 256 * kMiB);
+}
+
 TEST(RunSettings, AioConfigMapsOntoTheEngineOptions) {
   config::AioConfig aio;
   aio.block_size = 8 << 20;
