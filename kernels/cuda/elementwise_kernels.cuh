@@ -158,35 +158,40 @@ __device__ __forceinline__ void narrow_run(std::uint16_t* out, int code, const f
   const std::int64_t head = vector_head(in, out, n);
   const std::int64_t groups = (n - head) / 4;
   const std::int64_t tail = head + 4 * groups;
-  for (std::int64_t c = first; c < head; c += stride) out[c] = to_16_bits(in[c], code);
+  for (std::int64_t c = first; c < head; c += stride)
+    out[c] = to_16_bits(in[c], code);
   const auto* in4 = reinterpret_cast<const Float4*>(in + head);
   auto* out4 = reinterpret_cast<Half4*>(out + head);
   for (std::int64_t g = first; g < groups; g += stride) {
     const Float4 x = in4[g];
     Half4 y;
-    for (int j = 0; j < 4; ++j) y.v[j] = to_16_bits(x.v[j], code);
+    for (int j = 0; j < 4; ++j)
+      y.v[j] = to_16_bits(x.v[j], code);
     out4[g] = y;
   }
-  for (std::int64_t c = tail + first; c < n; c += stride) out[c] = to_16_bits(in[c], code);
+  for (std::int64_t c = tail + first; c < n; c += stride)
+    out[c] = to_16_bits(in[c], code);
 }
 
 // n elements from 16-bit `in` to fp32 `out`, exactly.
 __device__ __forceinline__ void widen_run(float* out, const std::uint16_t* in, int code,
-                                          std::int64_t n, std::int64_t first,
-                                          std::int64_t stride) {
+                                          std::int64_t n, std::int64_t first, std::int64_t stride) {
   const std::int64_t head = vector_head(out, in, n);
   const std::int64_t groups = (n - head) / 4;
   const std::int64_t tail = head + 4 * groups;
-  for (std::int64_t c = first; c < head; c += stride) out[c] = from_16_bits(in[c], code);
+  for (std::int64_t c = first; c < head; c += stride)
+    out[c] = from_16_bits(in[c], code);
   const auto* in4 = reinterpret_cast<const Half4*>(in + head);
   auto* out4 = reinterpret_cast<Float4*>(out + head);
   for (std::int64_t g = first; g < groups; g += stride) {
     const Half4 x = in4[g];
     Float4 y;
-    for (int j = 0; j < 4; ++j) y.v[j] = from_16_bits(x.v[j], code);
+    for (int j = 0; j < 4; ++j)
+      y.v[j] = from_16_bits(x.v[j], code);
     out4[g] = y;
   }
-  for (std::int64_t c = tail + first; c < n; c += stride) out[c] = from_16_bits(in[c], code);
+  for (std::int64_t c = tail + first; c < n; c += stride)
+    out[c] = from_16_bits(in[c], code);
 }
 
 __global__ void cast_kernel(void* dst, int dst_code, const void* src, int src_code,
@@ -302,8 +307,8 @@ auto run_cast(const L& launch, void* dst, int dst_code, const void* src, int src
               std::int64_t n) {
   // 4 elements to a thread where both sides are 16-bit and fp32 (cast_kernel).
   const bool grouped = (src_code == kCodeF32) != (dst_code == kCodeF32);
-  return launch(cast_kernel, elementwise_grid(grouped ? (n + 3) / 4 : n),
-                dim3(kElementwiseThreads), 0, dst, dst_code, src, src_code, n);
+  return launch(cast_kernel, elementwise_grid(grouped ? (n + 3) / 4 : n), dim3(kElementwiseThreads),
+                0, dst, dst_code, src, src_code, n);
 }
 
 template <typename L>

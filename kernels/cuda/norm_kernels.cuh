@@ -228,13 +228,34 @@ __global__ void column_partials_kernel(ColumnInputs in, std::int64_t rows, std::
 }
 
 // Pass 2: out_a[c] += sum of the chunks' partials, in chunk order (and out_b for two arrays).
+// The loads of kFinishBatch chunks go out before their adds, which keep the chunk order (the same
+// bits): one chunk at a time, each add waited for its load, and with 512 chunks of 768 columns the
+// kernel took 63 us on an H200, 3 ms of a GPT-2 step.
+constexpr int kFinishBatch = 16;
+
 __global__ void column_finish_kernel(float* out_a, float* out_b, const double* scratch,
                                      std::int64_t chunks, std::int64_t channels, int arrays) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   double a = 0.0;
   double b = 0.0;
-  for (std::int64_t k = 0; k < chunks; ++k) {
+  std::int64_t k = 0;
+  for (; k + kFinishBatch <= chunks; k += kFinishBatch) {
+    double va[kFinishBatch];
+    double vb[kFinishBatch];
+    STRATA_UNROLL
+    for (int j = 0; j < kFinishBatch; ++j) {
+      const double* row = scratch + ((k + j) * arrays) * channels + c;
+      va[j] = row[0];
+      vb[j] = arrays == 2 ? row[channels] : 0.0;
+    }
+    STRATA_UNROLL
+    for (int j = 0; j < kFinishBatch; ++j) {
+      a += va[j];
+      b += vb[j];
+    }
+  }
+  for (; k < chunks; ++k) {
     a += scratch[(k * arrays) * channels + c];
     if (arrays == 2) b += scratch[(k * arrays + 1) * channels + c];
   }

@@ -155,7 +155,8 @@ model::RunnerOptions runner_options(const config::Config& config, const model::M
   r.seq_len = std::min<std::int64_t>(config.strata.data.seq_len, shape.max_seq_len);
   r.activation_checkpointing = m.activation_checkpointing;
   r.activation_offload = m.activation_offload && m.activation_checkpointing;
-  if (!device_is_host) r.logits_chunk_bytes = gpu_logits_chunk_bytes(config.strata.device_bytes_max);
+  if (!device_is_host)
+    r.logits_chunk_bytes = gpu_logits_chunk_bytes(config.strata.device_bytes_max);
   return r;
 }
 

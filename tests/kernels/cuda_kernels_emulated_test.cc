@@ -16,6 +16,7 @@
 #include "kernels/cuda/norm_kernels.cuh"
 //
 #include <bit>
+#include <cmath>
 #include <limits>
 
 #include "kernels/cpu/adam.h"
@@ -151,6 +152,42 @@ TEST(EmulatedKernels, NormsAndColumnReductionsMatchTheCpu) {
   ASSERT_EQ(run_bias_backward(kEmulator, db.data(), dout.data(), n, c, plan, scratch.data()), 0);
   kernels::bias_backward(db_w.data(), dout.data(), n, c);
   expect_all_close("bias backward", db, db_w, Tolerance{1e-6, 1e-6});
+}
+
+// The second pass of the column reductions loads its partials in batches but adds them in chunk
+// order, to the bit: partials of far apart magnitudes (where another order gives another sum), for
+// one array (a bias) and two (LayerNorm's weight and bias), past whole batches and a rest.
+TEST(EmulatedKernels, ColumnReductionsAddTheChunksInChunkOrder) {
+  const std::int64_t chunks = 39, c = 300;  // 2 batches of 16 and 7; the last chunk is -2^40
+  const std::vector<float> init = random_floats(c, 34);
+  const std::vector<float> noise = random_floats(chunks * 2 * c, 35);
+  for (int arrays : {1, 2}) {
+    std::vector<double> scratch(static_cast<std::size_t>(chunks * arrays * c));
+    // Per column: +2^40, a small value, -2^40, a small value, ...: a small value added beside
+    // 2^40 keeps 12 bits after the point, one added after it all of them, and the sum (a few
+    // units) shows the difference in float.
+    for (std::size_t i = 0; i < scratch.size(); ++i) {
+      const auto k = static_cast<std::int64_t>(i) / (arrays * c);  // the chunk
+      const double big = std::ldexp(1.0, 40);
+      scratch[i] = k % 4 == 0 ? big : (k % 4 == 2 ? -big : static_cast<double>(noise[i]));
+    }
+    std::vector<float> out_a = init, out_b = init;
+    ASSERT_EQ(kEmulator(column_finish_kernel, dim3(2), dim3(256), 0, out_a.data(),
+                        arrays == 2 ? out_b.data() : nullptr,
+                        static_cast<const double*>(scratch.data()), chunks, c, arrays),
+              0);
+    for (int which = 0; which < arrays; ++which) {
+      std::vector<float> want = init;
+      for (std::int64_t col = 0; col < c; ++col) {
+        double sum = 0.0;
+        for (std::int64_t k = 0; k < chunks; ++k)
+          sum += scratch[static_cast<std::size_t>((k * arrays + which) * c + col)];
+        want[static_cast<std::size_t>(col)] += static_cast<float>(sum);
+      }
+      expect_bitwise_equal(which == 0 ? "first array" : "second array", which == 0 ? out_a : out_b,
+                           want);
+    }
+  }
 }
 
 TEST(EmulatedKernels, RotaryEmbeddingOnStridedHeads) {
@@ -337,12 +374,12 @@ TEST(EmulatedKernels, CastsInGroupsOfFourGiveEveryElementTheCpusBits) {
     const std::int64_t rows = 6, cols = 37, src_ld = 41, dst_ld = 39;
     for (int off = 0; off < 4; ++off) {
       std::vector<std::uint16_t> block(static_cast<std::size_t>(rows * dst_ld + 4), kUntouched16);
-      ASSERT_EQ(run_cast_block_to_16(kEmulator, block.data() + 1, code, dst_ld,
-                                     values.data() + off, src_ld, rows, cols),
+      ASSERT_EQ(run_cast_block_to_16(kEmulator, block.data() + 1, code, dst_ld, values.data() + off,
+                                     src_ld, rows, cols),
                 0);
       std::vector<float> back(static_cast<std::size_t>(rows * src_ld + 4), untouched32);
-      ASSERT_EQ(run_cast_block_from_16(kEmulator, back.data() + off, src_ld, block.data() + 1,
-                                       code, dst_ld, rows, cols),
+      ASSERT_EQ(run_cast_block_from_16(kEmulator, back.data() + off, src_ld, block.data() + 1, code,
+                                       dst_ld, rows, cols),
                 0);
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t c = 0; c < dst_ld; ++c) {
