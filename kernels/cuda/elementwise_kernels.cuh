@@ -35,55 +35,146 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
   }
 }
 
+// The element-wise kernels below take 4 elements per thread (16-byte loads and stores) where every
+// array is 16-byte aligned (and, for SwiGLU, each row's halves too), one at a time otherwise; each
+// element's arithmetic is the same either way, so are its bits.
+struct alignas(16) Float4 {
+  float v[4];
+};
+struct alignas(8) Half4 {
+  std::uint16_t v[4];
+};
+
+__device__ __forceinline__ bool aligned_16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+__device__ __forceinline__ float gelu_value(float v) {
+  return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_grad(float v) {
+  const float th = tanhf(kGeluK * (v + kGeluC * v * v * v));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+}
+
 __global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n) {
-  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+  const std::int64_t groups = aligned_16(out) && aligned_16(x) ? n / 4 : 0;
+  const auto* x4 = reinterpret_cast<const Float4*>(x);
+  auto* out4 = reinterpret_cast<Float4*>(out);
+  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
+    const Float4 v = x4[g];
+    Float4 o;
+    for (int j = 0; j < 4; ++j)
+      o.v[j] = gelu_value(v.v[j]);
+    out4[g] = o;
   }
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads())
+    out[i] = gelu_value(x[i]);
 }
 
 __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, std::int64_t n) {
-  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float v = x[i];
-    const float th = tanhf(kGeluK * (v + kGeluC * v * v * v));
-    const float sech2 = 1.0f - th * th;
-    const float grad =
-        0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-    dx[i] += grad * dout[i];
+  const std::int64_t groups = aligned_16(dx) && aligned_16(x) && aligned_16(dout) ? n / 4 : 0;
+  const auto* x4 = reinterpret_cast<const Float4*>(x);
+  const auto* d4 = reinterpret_cast<const Float4*>(dout);
+  auto* dx4 = reinterpret_cast<Float4*>(dx);
+  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
+    const Float4 v = x4[g];
+    const Float4 d = d4[g];
+    Float4 acc = dx4[g];
+    for (int j = 0; j < 4; ++j)
+      acc.v[j] += gelu_grad(v.v[j]) * d.v[j];
+    dx4[g] = acc;
   }
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads())
+    dx[i] += gelu_grad(x[i]) * dout[i];
+}
+
+__device__ __forceinline__ float silu_sigmoid(float g) {
+  return 1.0f / (1.0f + expf(-g));
+}
+
+// Whether SwiGLU's arrays go 4 columns at a time: every row of gate, up and out starts 16-byte
+// aligned.
+__device__ __forceinline__ bool swiglu_grouped(const void* a, const void* b, const void* c,
+                                               std::int64_t inner) {
+  return inner % 4 == 0 && aligned_16(a) && aligned_16(b) && aligned_16(c);
 }
 
 // gate_up(N, 2I) = [gate | up]; out(N, I).
 __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int64_t rows,
                                       std::int64_t inner) {
   const std::int64_t total = rows * inner;
+  if (swiglu_grouped(out, gate_up, gate_up, inner)) {
+    const std::int64_t per_row = inner / 4;
+    for (std::int64_t q = global_thread(); q < total / 4; q += grid_threads()) {
+      const std::int64_t r = q / per_row;
+      const std::int64_t j = (q - r * per_row) * 4;
+      const Float4 g = *reinterpret_cast<const Float4*>(gate_up + r * 2 * inner + j);
+      const Float4 u = *reinterpret_cast<const Float4*>(gate_up + r * 2 * inner + inner + j);
+      Float4 o;
+      for (int e = 0; e < 4; ++e)
+        o.v[e] = g.v[e] * silu_sigmoid(g.v[e]) * u.v[e];
+      reinterpret_cast<Float4*>(out)[q] = o;
+    }
+    return;
+  }
   for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
     const std::int64_t r = i / inner;
     const std::int64_t j = i - r * inner;
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
-    const float sig = 1.0f / (1.0f + expf(-g));
-    out[i] = g * sig * u;
+    out[i] = g * silu_sigmoid(g) * u;
   }
 }
 
 __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout,
                                        std::int64_t rows, std::int64_t inner) {
   const std::int64_t total = rows * inner;
+  if (swiglu_grouped(dgate_up, gate_up, dout, inner)) {
+    const std::int64_t per_row = inner / 4;
+    for (std::int64_t q = global_thread(); q < total / 4; q += grid_threads()) {
+      const std::int64_t r = q / per_row;
+      const std::int64_t j = (q - r * per_row) * 4;
+      const Float4 g = *reinterpret_cast<const Float4*>(gate_up + r * 2 * inner + j);
+      const Float4 u = *reinterpret_cast<const Float4*>(gate_up + r * 2 * inner + inner + j);
+      const Float4 d = reinterpret_cast<const Float4*>(dout)[q];
+      Float4 dg;
+      Float4 du;
+      for (int e = 0; e < 4; ++e) {
+        const float sig = silu_sigmoid(g.v[e]);
+        dg.v[e] = d.v[e] * u.v[e] * sig * (1.0f + g.v[e] * (1.0f - sig));
+        du.v[e] = d.v[e] * (g.v[e] * sig);
+      }
+      *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + j) = dg;
+      *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + inner + j) = du;
+    }
+    return;
+  }
   for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
     const std::int64_t r = i / inner;
     const std::int64_t j = i - r * inner;
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
     const float d = dout[i];
-    const float sig = 1.0f / (1.0f + expf(-g));
+    const float sig = silu_sigmoid(g);
     dgate_up[r * 2 * inner + j] = d * u * sig * (1.0f + g * (1.0f - sig));
     dgate_up[r * 2 * inner + inner + j] = d * (g * sig);
   }
 }
 
 __global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
-  for (std::int64_t i = global_thread(); i < n; i += grid_threads())
+  const std::int64_t groups = aligned_16(out) && aligned_16(a) && aligned_16(b) ? n / 4 : 0;
+  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
+    const Float4 x = reinterpret_cast<const Float4*>(a)[g];
+    const Float4 y = reinterpret_cast<const Float4*>(b)[g];
+    Float4 o;
+    for (int j = 0; j < 4; ++j)
+      o.v[j] = x.v[j] + y.v[j];
+    reinterpret_cast<Float4*>(out)[g] = o;
+  }
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads())
     out[i] = a[i] + b[i];
 }
 
@@ -124,12 +215,6 @@ __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, c
 // The dtype conversions move 4 elements per thread where they can: a 16-byte fp32 load or store
 // beside an 8-byte 16-bit one (one element at a time, they ran at a third of the memory's speed).
 // Each element's bits are those of store_from_float(load_as_float(...)), whichever way it goes.
-struct alignas(16) Float4 {
-  float v[4];
-};
-struct alignas(8) Half4 {
-  std::uint16_t v[4];
-};
 
 __device__ __forceinline__ std::uint16_t to_16_bits(float f, int code) {
   return code == kCodeBF16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f);
@@ -253,33 +338,35 @@ auto run_embedding_forward(const L& launch, float* out, const std::int32_t* toke
 
 template <typename L>
 auto run_gelu_forward(const L& launch, float* out, const float* x, std::int64_t n) {
-  return launch(gelu_forward_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, out, x, n);
+  return launch(gelu_forward_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
+                out, x, n);
 }
 
 template <typename L>
 auto run_gelu_backward(const L& launch, float* dx, const float* x, const float* dout,
                        std::int64_t n) {
-  return launch(gelu_backward_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, dx, x,
-                dout, n);
+  return launch(gelu_backward_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
+                dx, x, dout, n);
 }
 
 template <typename L>
 auto run_swiglu_forward(const L& launch, float* out, const float* gate_up, std::int64_t rows,
                         std::int64_t inner) {
-  return launch(swiglu_forward_kernel, elementwise_grid(rows * inner), dim3(kElementwiseThreads), 0,
-                out, gate_up, rows, inner);
+  return launch(swiglu_forward_kernel, elementwise_grid((rows * inner + 3) / 4),
+                dim3(kElementwiseThreads), 0, out, gate_up, rows, inner);
 }
 
 template <typename L>
 auto run_swiglu_backward(const L& launch, float* dgate_up, const float* gate_up, const float* dout,
                          std::int64_t rows, std::int64_t inner) {
-  return launch(swiglu_backward_kernel, elementwise_grid(rows * inner), dim3(kElementwiseThreads),
-                0, dgate_up, gate_up, dout, rows, inner);
+  return launch(swiglu_backward_kernel, elementwise_grid((rows * inner + 3) / 4),
+                dim3(kElementwiseThreads), 0, dgate_up, gate_up, dout, rows, inner);
 }
 
 template <typename L>
 auto run_add(const L& launch, float* out, const float* a, const float* b, std::int64_t n) {
-  return launch(add_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, out, a, b, n);
+  return launch(add_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0, out, a, b,
+                n);
 }
 
 template <typename L>

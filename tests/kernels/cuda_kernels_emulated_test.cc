@@ -403,6 +403,68 @@ TEST(EmulatedKernels, CastsInGroupsOfFourGiveEveryElementTheCpusBits) {
   }
 }
 
+// GELU, SwiGLU and the residual add take 4 elements per thread on 16-byte aligned arrays and one
+// otherwise: the same inputs one float off alignment (one at a time) give the same bits, and the
+// aligned run matches the CPU kernels.
+TEST(EmulatedKernels, ElementwiseInGroupsOfFourGiveTheBitsOfOneAtATime) {
+  const std::int64_t rows = 7, inner = 36, n = 1029;  // n: 257 groups and a rest of 1
+  const std::vector<float> x = random_floats(n + 1, 41, -6.0f, 6.0f);
+  const std::vector<float> y = random_floats(n + 1, 42), d = random_floats(n + 1, 43);
+  // Runs `op` on copies of the arrays starting at element `off` and returns the first output.
+  auto shifted = [](std::int64_t len, int off, std::vector<std::vector<float> > arrays, auto op) {
+    std::vector<float*> p;
+    for (auto& a : arrays) {
+      a.insert(a.begin(), static_cast<std::size_t>(off), 0.0f);
+      p.push_back(a.data() + off);
+    }
+    EXPECT_EQ(op(p), 0);
+    return std::vector<float>(arrays[0].begin() + off, arrays[0].begin() + off + len);
+  };
+  const std::vector<float> xs(x.begin(), x.begin() + n), ys(y.begin(), y.begin() + n);
+  const std::vector<float> ds(d.begin(), d.begin() + n);
+  auto gelu = [&](int off) {
+    return shifted(n, off, {std::vector<float>(n), xs}, [&](const std::vector<float*>& p) {
+      return run_gelu_forward(kEmulator, p[0], p[1], n);
+    });
+  };
+  auto dgelu = [&](int off) {
+    return shifted(n, off, {ys, xs, ds}, [&](const std::vector<float*>& p) {
+      return run_gelu_backward(kEmulator, p[0], p[1], p[2], n);
+    });
+  };
+  auto add = [&](int off) {
+    return shifted(n, off, {ds, xs, ys}, [&](const std::vector<float*>& p) {
+      return run_add(kEmulator, p[0], p[1], p[2], n);
+    });
+  };
+  expect_bitwise_equal("gelu", gelu(0), gelu(1));
+  expect_bitwise_equal("gelu backward", dgelu(0), dgelu(1));
+  expect_bitwise_equal("add", add(0), add(1));
+  std::vector<float> want(static_cast<std::size_t>(n));
+  kernels::gelu_forward(want.data(), xs.data(), n);
+  expect_all_close("gelu vs cpu", gelu(0), want, kClose);
+
+  const std::vector<float> gate_up(x.begin(), x.begin() + rows * 2 * inner);
+  const std::vector<float> dout(d.begin(), d.begin() + rows * inner);
+  auto swiglu = [&](int off) {
+    return shifted(rows * inner, off, {std::vector<float>(rows * inner), gate_up},
+                   [&](const std::vector<float*>& p) {
+                     return run_swiglu_forward(kEmulator, p[0], p[1], rows, inner);
+                   });
+  };
+  auto dswiglu = [&](int off) {
+    return shifted(rows * 2 * inner, off, {std::vector<float>(rows * 2 * inner), gate_up, dout},
+                   [&](const std::vector<float*>& p) {
+                     return run_swiglu_backward(kEmulator, p[0], p[1], p[2], rows, inner);
+                   });
+  };
+  expect_bitwise_equal("swiglu", swiglu(0), swiglu(1));
+  expect_bitwise_equal("swiglu backward", dswiglu(0), dswiglu(1));
+  std::vector<float> want_s(static_cast<std::size_t>(rows * inner));
+  kernels::swiglu_forward(want_s.data(), gate_up.data(), rows, inner);
+  expect_all_close("swiglu vs cpu", swiglu(0), want_s, kClose);
+}
+
 TEST(EmulatedKernels, FallbackGemmMatchesTheCpu) {
   const std::int64_t m = 37, n = 29, k = 45;
   for (bool ta : {false, true}) {
