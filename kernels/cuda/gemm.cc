@@ -240,6 +240,31 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                                                        lda, b, ldb, beta, c, ldc, in_code));
 }
 
+void GemmEngine::note_widened(const float* wide, const void* narrow, int code, std::int64_t n) {
+  forget_widened(wide);
+  if (twins_.size() >= static_cast<std::size_t>(kTwinsMax)) twins_.erase(twins_.begin());
+  twins_.push_back({wide, narrow, code, n});
+}
+
+void GemmEngine::forget_widened(const float* wide) {
+  std::erase_if(twins_, [wide](const Twin& t) { return t.wide == wide; });
+}
+
+const void* GemmEngine::twin_of(const float* b, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, int code) const {
+  if (rows < 1 || cols < 1) return nullptr;
+  const auto at = reinterpret_cast<std::uintptr_t>(b);
+  const auto extent = static_cast<std::uintptr_t>((rows - 1) * ld + cols) * sizeof(float);
+  for (const Twin& t : twins_) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(t.wide);
+    const auto end = begin + static_cast<std::uintptr_t>(t.n) * sizeof(float);
+    if (t.code != code || at < begin || at + extent > end) continue;
+    const std::uintptr_t offset = (at - begin) / sizeof(float);
+    return static_cast<const std::uint16_t*>(t.narrow) + offset;
+  }
+  return nullptr;
+}
+
 Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
@@ -258,6 +283,17 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
       config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::uint16_t* b_ws = a_ws + blocking.a_elements;
+  // B (the weight, in the model's products) already in 16 bits: convert A alone.
+  if (blocking.blocks() == 1) {
+    const void* b16 = twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code);
+    if (b16 != nullptr) {
+      const std::int64_t a_ld = cuda::padded_ld(trans_a ? m : k);
+      STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
+          stream_, a_ws, code, a_ld, a, lda, trans_a ? k : m, trans_a ? m : k)));
+      ++twin_calls_;
+      return run(trans_a, trans_b, m, n, k, alpha, a_ws, a_ld, b16, ldb, beta, c, ldc, code, whole);
+    }
+  }
   auto convert_to = [&](std::uint16_t* dst) {
     return [this, dst, code](const BlockCopy& copy) {
       return STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(

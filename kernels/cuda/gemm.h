@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/cuda/cublaslt_api.h"
@@ -84,6 +85,18 @@ class GemmEngine {
   // Whether the bias epilogue can run at all here (cuBLASLt loaded).
   bool has_cublaslt() const { return api_ != nullptr; }
 
+  // `wide` (n floats on the device) holds exactly the values of `narrow` (n elements of 16-bit
+  // `code`, kCodeBF16 or kCodeF16) until forget_widened(wide): the parameters' fp32 compute copy
+  // beside the 16-bit parameters it was widened from. A product whose B operand lies inside
+  // `wide`, with 16-bit inputs of the same code, reads it from `narrow` instead of converting it
+  // (the same bits: widening and then rounding a 16-bit value gives it back). Noting a range again
+  // replaces it; at most kTwinsMax ranges are kept (the oldest is dropped).
+  void note_widened(const float* wide, const void* narrow, int code, std::int64_t n);
+  void forget_widened(const float* wide);
+  static constexpr int kTwinsMax = 64;
+  // Products whose B operand was read from a noted 16-bit range.
+  std::int64_t twin_calls() const { return twin_calls_; }
+
   // "cuBLASLt 130001 (libcublasLt.so.13), GEMM inputs bf16, fp32 accumulation".
   std::string description() const;
   // Calls that ran the fallback kernel instead of cuBLASLt.
@@ -150,8 +163,21 @@ class GemmEngine {
                              const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                              float* c, GemmEpilogue epilogue);
 
+  struct Twin {
+    const float* wide = nullptr;
+    const void* narrow = nullptr;
+    int code = 0;
+    std::int64_t n = 0;
+  };
+  // The 16-bit twin of the matrix at `b` (rows x cols, leading dimension ld, all inside one noted
+  // range of this code), or null.
+  const void* twin_of(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                      int code) const;
+
   GemmEngineConfig config_;
   cudaStream_t stream_;
+  std::vector<Twin> twins_;
+  std::int64_t twin_calls_ = 0;
   const CublasLtApi* api_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;

@@ -149,6 +149,15 @@ class Ops {
   virtual void cast_from(T* dst, const void* src, DType src_type, std::int64_t n) = 0;
   // dst (`dst_type`) = src converted, rounding to nearest even.
   virtual void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) = 0;
+  // `wide` (n elements) holds exactly the values of `narrow` (n elements of the 16-bit `type`)
+  // until forget_widened(wide): a unit's fp32 compute copy beside the 16-bit parameters it was
+  // widened from (cast_from), both unchanged in between. A backend whose GEMMs take 16-bit inputs
+  // may read operands inside `wide` from `narrow` instead of converting them again. Ignored by
+  // default.
+  virtual void note_widened(const T* wide, const void* narrow, DType type, std::int64_t n) {
+    (void)wide, (void)narrow, (void)type, (void)n;
+  }
+  virtual void forget_widened(const T* wide) { (void)wide; }
 };
 
 }  // namespace strata::backend

@@ -216,15 +216,20 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
   if (p.storage == kernels::DType::kF32) return static_cast<const float*>(stored);
   const UnitPlan& up = p.units[static_cast<std::size_t>(unit)];
   std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
+  // The fp32 copy and the 16-bit parameters it came from stay as they are until the unit is
+  // released: the backend may read GEMM operands from the 16-bit ones (Ops::note_widened).
+  backend::Ops<float>& ops = tiers_.backend().ops_f32();
   for (ComputeSlot& slot : pool) {
     if (slot.unit == unit) {
       ++slot.users;
+      ops.note_widened(static_cast<const float*>(slot.data), stored, p.storage, up.padded_numel);
       return static_cast<const float*>(slot.data);
     }
   }
   for (ComputeSlot& slot : pool) {
     if (slot.users == 0) {
-      tiers_.backend().ops_f32().cast_from(slot.data, stored, p.storage, up.padded_numel);
+      ops.cast_from(slot.data, stored, p.storage, up.padded_numel);
+      ops.note_widened(static_cast<const float*>(slot.data), stored, p.storage, up.padded_numel);
       slot.unit = unit;
       slot.users = 1;
       return static_cast<const float*>(slot.data);
@@ -244,7 +249,8 @@ void OffloadStore::release_params(int unit) {
     for (ComputeSlot& slot :
          compute_[static_cast<std::size_t>(p.units[static_cast<std::size_t>(unit)].size_class)]) {
       if (slot.unit == unit && slot.users > 0) {
-        --slot.users;
+        if (--slot.users == 0)
+          tiers_.backend().ops_f32().forget_widened(static_cast<const float*>(slot.data));
         found = true;
         break;
       }

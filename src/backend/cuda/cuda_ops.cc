@@ -431,6 +431,16 @@ void CudaOps::cast_to(void* dst, backend::DType dst_type, const float* src, std:
                    "cast_to");
 }
 
+void CudaOps::note_widened(const float* wide, const void* narrow, backend::DType type,
+                           std::int64_t n) {
+  if (type == backend::DType::kBF16 || type == backend::DType::kF16)
+    gemm_->note_widened(wide, narrow, static_cast<int>(type), n);
+}
+
+void CudaOps::forget_widened(const float* wide) {
+  gemm_->forget_widened(wide);
+}
+
 // ---- CudaOptimizerOps
 // ----------------------------------------------------------------------------
 

@@ -110,6 +110,9 @@ class CudaOps final : public backend::Ops<float> {
   void copy(float* dst, const float* src, std::int64_t n) override;
   void cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) override;
   void cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) override;
+  void note_widened(const float* wide, const void* narrow, backend::DType type,
+                    std::int64_t n) override;
+  void forget_widened(const float* wide) override;
 
   // Attention of these head sizes runs the tensor-core flash kernels on inputs rounded to bf16
   // (`bf16`, else fp16) where the shape allows (launch_plan.h's flash_io_takes), the fp32 kernels

@@ -43,4 +43,19 @@ std::int64_t casts_before_gemms(const std::vector<std::string>& log) {
   return total;
 }
 
+std::map<int, std::int64_t> gemms_by_operands_narrowed(const std::vector<std::string>& log) {
+  std::map<int, std::int64_t> out;
+  int narrowed = 0;  // cast_block_kernel launches since the last kernel of another family
+  for (const std::string& k : log) {
+    const std::string family = kernel_family(k);
+    if (family == "cast") {
+      if (k.find("cast_block_kernel") != std::string::npos) ++narrowed;
+      continue;
+    }
+    if (family == "gemm") ++out[narrowed];
+    narrowed = 0;
+  }
+  return out;
+}
+
 }  // namespace strata::testing::emulated_cuda
