@@ -200,6 +200,13 @@ Status OffloadStore::gather_masters(int unit, float* whole) {
   return guard(sharding_.gather_unit(unit, shard, whole));
 }
 
+OffloadStore::~OffloadStore() {
+  for (const std::vector<ComputeSlot>& pool : compute_) {
+    for (const ComputeSlot& slot : pool)
+      tiers_.backend().ops_f32().forget_widened(static_cast<const float*>(slot.data));
+  }
+}
+
 Result<const float*> OffloadStore::acquire_params(int unit) {
   // A unit whose frame holds its new parameters already (handed off by the optimizer) needs no
   // wait: their write home may still be in flight, and fetches from the home wait for it

@@ -59,7 +59,8 @@ class OffloadStore final : public model::UnitStore<float> {
   static Result<std::unique_ptr<OffloadStore>> create(TierManager& tiers,
                                                       OptimizerPipeline& pipeline,
                                                       Sharding& sharding);
-  ~OffloadStore() override = default;
+  // Forgets the fp32 copies it noted as widened (Ops::note_widened): their memory is freed.
+  ~OffloadStore() override;
 
   const model::ModelLayout& layout() const { return tiers_.layout(); }
   const TierPlan& plan() const { return tiers_.plan(); }
