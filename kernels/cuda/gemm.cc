@@ -241,6 +241,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 }
 
 void GemmEngine::note_widened(const float* wide, const void* narrow, int code, std::int64_t n) {
+  if (!twins_on_) return;
   forget_widened(wide);
   if (twins_.size() >= static_cast<std::size_t>(kTwinsMax)) twins_.erase(twins_.begin());
   twins_.push_back({wide, narrow, code, n});

@@ -91,6 +91,11 @@ class GemmEngine {
   // `wide`, with 16-bit inputs of the same code, reads it from `narrow` instead of converting it
   // (the same bits: widening and then rounding a 16-bit value gives it back). Noting a range again
   // replaces it; at most kTwinsMax ranges are kept (the oldest is dropped).
+  // Off (the default, or after use_weight_twins(false)): note_widened is ignored.
+  void use_weight_twins(bool on) {
+    twins_on_ = on;
+    if (!on) twins_.clear();
+  }
   void note_widened(const float* wide, const void* narrow, int code, std::int64_t n);
   void forget_widened(const float* wide);
   static constexpr int kTwinsMax = 64;
@@ -112,6 +117,7 @@ class GemmEngine {
   // Zeroes those counts (after the backend's start-up checks).
   void reset_epilogue_counts() {
     bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = dgelu_fused_ = dgelu_unfused_ = 0;
+    twin_calls_ = 0;
   }
 
  private:
@@ -177,6 +183,7 @@ class GemmEngine {
   GemmEngineConfig config_;
   cudaStream_t stream_;
   std::vector<Twin> twins_;
+  bool twins_on_ = false;
   std::int64_t twin_calls_ = 0;
   const CublasLtApi* api_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;

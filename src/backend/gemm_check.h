@@ -57,6 +57,12 @@ inline constexpr const char* kGemmBiasReplaces = "the GEMM, then the bias kernel
 inline constexpr const char* kGemmBiasGeluName = "gemm_bias_gelu_epilogue";
 inline constexpr const char* kGemmBiasGeluReplaces =
     "the GEMM with its bias, then the GELU kernel (gelu_forward)";
+// The weights read from their 16-bit parameters (Ops::note_widened): checked with
+// check_gemm_bias on a product whose B is noted as the widening of its 16-bit copy (the bias added
+// by the verified kernel after it), failing when the engine converted B after all.
+inline constexpr const char* kWeights16Name = "gemm_weights_16bit";
+inline constexpr const char* kWeights16Replaces =
+    "every weight converted from its fp32 copy to 16 bits before its GEMM";
 inline constexpr const char* kGemmDgeluName = "gemm_dgelu_epilogue";
 inline constexpr const char* kGemmDgeluReplaces =
     "the GEMM, then the GELU gradient kernel (gelu_backward)";

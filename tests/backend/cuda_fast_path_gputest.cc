@@ -100,6 +100,22 @@ bool all_bf16_values(const std::vector<float>& v) {
   return true;
 }
 
+// cuBLASLt reads a noted weight from its 16-bit copy (the start-up check passed), in bf16 and
+// fp16; with fp32 GEMM inputs the path does not apply.
+TEST(CudaFastPaths, WeightsInSixteenBitsAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kWeights16Name);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kWeights16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
 TEST(CudaFastPaths, FlashAttentionIsOnWithBf16GemmsForEveryHeadSize) {
   STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
   const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);

@@ -28,6 +28,7 @@
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fast_path.h"
+#include "backend/gemm_check.h"
 #include "backend/norm_check.h"
 #include "config/config.h"
 #include "tests/support/emulated_cuda/emulated_cuda.h"
@@ -393,6 +394,56 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   ops.forget_widened(w);
   product(w, n);
   EXPECT_EQ(narrowed(), two);
+  // Listed as a fast path, on, with the products that took it since the start (2 above).
+  const std::vector<backend::FastPath> paths = b.fast_paths();
+  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
+    return p.name == backend::kWeights16Name;
+  });
+  ASSERT_NE(listed, paths.end());
+  EXPECT_TRUE(listed->active) << listed->detail;
+  EXPECT_EQ(listed->uses, 2);
+}
+
+// Refused at start (its check made to fail through the seam), the path is listed off and the
+// weights are converted as before even where a range is noted.
+TEST(EmulatedCudaBackend, WeightsInSixteenBitsRefusedAtStartAreConverted) {
+  backend::CudaBackendOptions options;
+  options.device_bytes_max = 64ull << 20;
+  options.host_bytes_max = 64ull << 20;
+  options.cpu_threads = 2;
+  options.use_cublaslt = false;
+  options.gemm_workspace_bytes = 4ull << 20;
+  options.gemm_precision = cuda::GemmPrecision::kBf16;
+  backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
+  auto made = backend::make_cuda_backend(options);
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  const std::vector<backend::FastPath> paths = b.fast_paths();
+  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
+    return p.name == backend::kWeights16Name;
+  });
+  ASSERT_NE(listed, paths.end());
+  EXPECT_FALSE(listed->active);
+  EXPECT_NE(listed->detail.find("check failed"), std::string::npos) << listed->detail;
+  const std::int64_t m = 8, n = 16, k = 32;
+  auto a = b.allocate_device(m * k * 4, "a");
+  auto w = b.allocate_device(n * k * 4, "w");
+  auto w16 = b.allocate_device(n * k * 2, "w16");
+  auto c = b.allocate_device(m * n * 4, "c");
+  ASSERT_TRUE(a.is_ok() && w.is_ok() && w16.is_ok() && c.is_ok());
+  backend::Ops<float>& ops = b.ops_f32();
+  ops.zero(a->as<float>(), m * k);
+  ops.zero(w->as<float>(), n * k);
+  ops.cast_to(w16->data(), backend::DType::kBF16, w->as<float>(), n * k);
+  ops.note_widened(w->as<float>(), w16->data(), backend::DType::kBF16, n * k);
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  emu::clear_launch_log();
+  ops.gemm(false, true, m, n, k, 1.0f, a->as<float>(), k, w->as<float>(), k, 0.0f, c->as<float>(),
+           n);
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  EXPECT_EQ(emu::gemms_by_operands_narrowed(emu::launch_log()),
+            (std::map<int, std::int64_t>{{2, 1}}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EmulatedCudaStep, ::testing::Values("gpt2", "llama"),

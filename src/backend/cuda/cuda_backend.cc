@@ -248,6 +248,8 @@ class CudaBackend final : public Backend {
       } else if (p.name == kResidualNormName) {
         p.uses = ops_->fused_norm_calls();
         p.declined = 0;  // it takes every shape
+      } else if (p.name == kWeights16Name) {
+        p.uses = gemm_->twin_calls();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -581,6 +583,47 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
             },
             !bf16);
       });
+  // Weights read from their 16-bit parameters (Ops::note_widened): 16-bit GEMM inputs only.
+  if (!strata::cuda::converts_operands(options_.gemm_precision)) {
+    fast_paths_.not_applicable(kWeights16Name, kWeights16Replaces,
+                               "the GEMM inputs are fp32 (strata.gemm_precision)");
+  } else {
+    const bool fp16 = options_.gemm_precision == strata::cuda::GemmPrecision::kFp16;
+    const backend::DType type = fp16 ? backend::DType::kF16 : backend::DType::kBF16;
+    gemm_->use_weight_twins(true);
+    const bool on = fast_paths_.adopt(
+        kWeights16Name, kWeights16Replaces,
+        "every product of one block whose B is a weight reads it from the 16-bit parameters", [&] {
+          return check_gemm_bias(
+              *this,
+              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                  float* c) -> Result<bool> {
+                // B's values are 16-bit values: their 16-bit copy, noted as B's source.
+                const std::int64_t elements = (tb ? n : k) * ldb;
+                STRATA_ASSIGN_OR_RETURN(
+                    Buffer b16,
+                    allocate_device(static_cast<std::uint64_t>(elements) * 2, "GEMM check", 256));
+                ops_->cast_to(b16.data(), type, b, elements);
+                ops_->note_widened(b, b16.data(), type, elements);
+                const std::int64_t before = gemm_->twin_calls();
+                const Status product =
+                    gemm_->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+                ops_->forget_widened(b);
+                STRATA_TRY(product);
+                STRATA_TRY(STRATA_CUDA_CHECK(
+                    cuda_kernels::add_bias(stream_of(StreamKind::kCompute), c, bias, m, n)));
+                STRATA_TRY(synchronize(StreamKind::kCompute));  // b16 is freed on return
+                if (gemm_->twin_calls() == before) {
+                  return Status(ErrorCode::kUnavailable,
+                                "the product converted B instead of reading its 16-bit copy");
+                }
+                return true;
+              },
+              fp16);
+        });
+    gemm_->use_weight_twins(on);
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
