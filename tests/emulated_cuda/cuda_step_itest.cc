@@ -288,13 +288,20 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
 // The emulated streams hold their work until the host waits for it, so that a missing wait shows:
 // a copy to pinned memory is not there before its stream is synchronized (or an event after it
 // is), and is there after; a stream that waits on another's event runs that one's work first.
-TEST(EmulatedCudaBackend, StreamsRunTheirWorkWhenTheHostWaitsForIt) {
+// A small emulated backend without cuBLASLt (every product the fallback kernel).
+backend::CudaBackendOptions small_options(cuda::GemmPrecision precision) {
   backend::CudaBackendOptions options;
   options.device_bytes_max = 64ull << 20;
   options.host_bytes_max = 64ull << 20;
   options.cpu_threads = 2;
   options.use_cublaslt = false;
   options.gemm_workspace_bytes = 4ull << 20;
+  options.gemm_precision = precision;
+  return options;
+}
+
+TEST(EmulatedCudaBackend, StreamsRunTheirWorkWhenTheHostWaitsForIt) {
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kFp32);
   auto made = backend::make_cuda_backend(options);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   backend::Backend& b = **made;
@@ -332,13 +339,7 @@ TEST(EmulatedCudaBackend, StreamsRunTheirWorkWhenTheHostWaitsForIt) {
 // activation) before the product instead of two, and the same bits. A twin of the other 16-bit
 // type, a weight reaching past the noted range, or a forgotten one is converted as before.
 TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
-  backend::CudaBackendOptions options;
-  options.device_bytes_max = 64ull << 20;
-  options.host_bytes_max = 64ull << 20;
-  options.cpu_threads = 2;
-  options.use_cublaslt = false;
-  options.gemm_workspace_bytes = 4ull << 20;
-  options.gemm_precision = cuda::GemmPrecision::kBf16;
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
   auto made = backend::make_cuda_backend(options);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   backend::Backend& b = **made;
@@ -407,13 +408,7 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
 // Refused at start (its check made to fail through the seam), the path is listed off and the
 // weights are converted as before even where a range is noted.
 TEST(EmulatedCudaBackend, WeightsInSixteenBitsRefusedAtStartAreConverted) {
-  backend::CudaBackendOptions options;
-  options.device_bytes_max = 64ull << 20;
-  options.host_bytes_max = 64ull << 20;
-  options.cpu_threads = 2;
-  options.use_cublaslt = false;
-  options.gemm_workspace_bytes = 4ull << 20;
-  options.gemm_precision = cuda::GemmPrecision::kBf16;
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
   backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
   auto made = backend::make_cuda_backend(options);
   backend::fail_fast_path_for_test(std::nullopt);
