@@ -24,10 +24,12 @@
 #             the zero-filled tile edges) and over a short `strata train` of configs/demo.json on
 #             the CUDA backend;
 #   bench     (with --bench) tools/bench_gpu_vs_pytorch.sh for GPT-2 124M (8 x 1024) and the Llama
-#             1.1B shape (4 x 1024), BENCH_REPS runs each (default 3); for each, the step-time
+#             1.1B shape (4 x 1024), BENCH_REPS runs each (default 2); for each, the step-time
 #             model's prediction for this card with PyTorch's tokens/s (`strata bench step
 #             --predict`) and, with ncu, the measured kernel time per family beside the predicted
-#             one (tools/kernel_times.py);
+#             one (tools/kernel_times.py). On an H200 (2026-11-28) this phase took about 7
+#             minutes and the tests phase 1: run them as two commands of one call (run.sh's
+#             STEP_S each);
 #   torch     strata.torch on CUDA parameters: the Python tests of OffloadAdamW (overlap=True gives
 #             the bits of overlap=False on the GPU; PYTHON, default python3, with torch) and of
 #             offload_parameters (an offloaded model trains to the in-memory bits on CUDA) and of
@@ -157,7 +159,7 @@ if want bench && { [ "$bench" = 1 ] || [ "$only" = bench ]; }; then
   for row in "gpt2 gpt2-124m 8" "llama_1b llama-1b 4"; do
     read -r name model batch <<<"$row"
     STRATA="$build/strata" BATCH=$batch step "bench.$name" bash "$root/tools/bench_gpu_vs_pytorch.sh" \
-      "$root/configs/models/$model.json" "${BENCH_REPS:-3}"
+      "$root/configs/models/$model.json" "${BENCH_REPS:-2}"
     grep -hE '^\| (Strata|PyTorch|ratio)' "$out/bench.$name.log" | sed 's/^/gpu_checks:   /'
     torch_tps="$(sed -n 's/^| PyTorch[^|]*| \([0-9.]*\) |.*/\1/p' "$out/bench.$name.log")"
     step "predict.$name" "$build/strata" bench step --predict --json --card "$card" \
