@@ -38,12 +38,12 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
 // The element-wise kernels below take 4 elements per thread (16-byte loads and stores) where every
 // array is 16-byte aligned (and, for SwiGLU, each row's halves too), one at a time otherwise; each
 // element's arithmetic is the same either way, so are its bits.
-struct alignas(16) Float4 {
-  float v[4];
+// 4 elements moved as one aligned load or store.
+template <typename T>
+struct alignas(4 * sizeof(T)) Group4 {
+  T v[4];
 };
-struct alignas(8) Half4 {
-  std::uint16_t v[4];
-};
+using Float4 = Group4<float>;
 
 __device__ __forceinline__ bool aligned_16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
@@ -215,78 +215,55 @@ __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, c
 // The dtype conversions move 4 elements per thread where they can: a 16-byte fp32 load or store
 // beside an 8-byte 16-bit one (one element at a time, they ran at a third of the memory's speed).
 // Each element's bits are those of store_from_float(load_as_float(...)), whichever way it goes.
-
-__device__ __forceinline__ std::uint16_t to_16_bits(float f, int code) {
+__device__ __forceinline__ std::uint16_t convert_element(float f, int code, std::uint16_t*) {
   return code == kCodeBF16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f);
 }
-__device__ __forceinline__ float from_16_bits(std::uint16_t h, int code) {
+__device__ __forceinline__ float convert_element(std::uint16_t h, int code, float*) {
   return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
 }
 
-// The elements of a run of n between fp32 at `wide` and 16 bits at `narrow` that come one at a
-// time before the 4-element groups: the first index where `wide` is 16-byte and `narrow` 8-byte
-// aligned, or n (no groups) when no index makes both aligned.
-__device__ __forceinline__ std::int64_t vector_head(const void* wide, const void* narrow,
-                                                    std::int64_t n) {
-  const auto w = reinterpret_cast<std::uintptr_t>(wide);
-  const auto h = reinterpret_cast<std::uintptr_t>(narrow);
-  if (w % 4 != 0 || h % 2 != 0) return n;
-  const std::int64_t head = static_cast<std::int64_t>((4 - (w / 4) % 4) % 4);
-  if (static_cast<std::int64_t>((4 - (h / 2) % 4) % 4) != head) return n;
-  return head < n ? head : n;
+// The index of a run at `p` (elements of `bytes` each) from which groups of 4 are aligned to
+// 4 x `bytes`, or -1 when no index is (p not aligned to one element).
+__device__ __forceinline__ std::int64_t group_start(const void* p, std::uintptr_t bytes) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  if (at % bytes != 0) return -1;
+  return static_cast<std::int64_t>((4 - (at / bytes) % 4) % 4);
 }
 
-// n elements from fp32 `in` to 16-bit `out`, by the threads `first`, `first + stride`, ...
-__device__ __forceinline__ void narrow_run(std::uint16_t* out, int code, const float* in,
-                                           std::int64_t n, std::int64_t first,
-                                           std::int64_t stride) {
-  const std::int64_t head = vector_head(in, out, n);
+// n elements from `in` (fp32 or 16-bit `code`) to `out` (the other), by the threads `first`,
+// `first + stride`, ...: one at a time before the first index where both sides' groups of 4 are
+// aligned (all n when there is none), then in groups of 4, then the rest one at a time.
+template <typename Out, typename In>
+__device__ __forceinline__ void convert_run(Out* out, const In* in, int code, std::int64_t n,
+                                            std::int64_t first, std::int64_t stride) {
+  const std::int64_t start = group_start(in, sizeof(In));
+  std::int64_t head = start >= 0 && start == group_start(out, sizeof(Out)) ? start : n;
+  if (head > n) head = n;
   const std::int64_t groups = (n - head) / 4;
   const std::int64_t tail = head + 4 * groups;
   for (std::int64_t c = first; c < head; c += stride)
-    out[c] = to_16_bits(in[c], code);
-  const auto* in4 = reinterpret_cast<const Float4*>(in + head);
-  auto* out4 = reinterpret_cast<Half4*>(out + head);
+    out[c] = convert_element(in[c], code, out);
+  const auto* in4 = reinterpret_cast<const Group4<In>*>(in + head);
+  auto* out4 = reinterpret_cast<Group4<Out>*>(out + head);
   for (std::int64_t g = first; g < groups; g += stride) {
-    const Float4 x = in4[g];
-    Half4 y;
+    const Group4<In> x = in4[g];
+    Group4<Out> y;
     for (int j = 0; j < 4; ++j)
-      y.v[j] = to_16_bits(x.v[j], code);
+      y.v[j] = convert_element(x.v[j], code, out);
     out4[g] = y;
   }
   for (std::int64_t c = tail + first; c < n; c += stride)
-    out[c] = to_16_bits(in[c], code);
-}
-
-// n elements from 16-bit `in` to fp32 `out`, exactly.
-__device__ __forceinline__ void widen_run(float* out, const std::uint16_t* in, int code,
-                                          std::int64_t n, std::int64_t first, std::int64_t stride) {
-  const std::int64_t head = vector_head(out, in, n);
-  const std::int64_t groups = (n - head) / 4;
-  const std::int64_t tail = head + 4 * groups;
-  for (std::int64_t c = first; c < head; c += stride)
-    out[c] = from_16_bits(in[c], code);
-  const auto* in4 = reinterpret_cast<const Half4*>(in + head);
-  auto* out4 = reinterpret_cast<Float4*>(out + head);
-  for (std::int64_t g = first; g < groups; g += stride) {
-    const Half4 x = in4[g];
-    Float4 y;
-    for (int j = 0; j < 4; ++j)
-      y.v[j] = from_16_bits(x.v[j], code);
-    out4[g] = y;
-  }
-  for (std::int64_t c = tail + first; c < n; c += stride)
-    out[c] = from_16_bits(in[c], code);
+    out[c] = convert_element(in[c], code, out);
 }
 
 __global__ void cast_kernel(void* dst, int dst_code, const void* src, int src_code,
                             std::int64_t n) {
   if (src_code == kCodeF32 && dst_code != kCodeF32) {
-    narrow_run(static_cast<std::uint16_t*>(dst), dst_code, static_cast<const float*>(src), n,
-               global_thread(), grid_threads());
+    convert_run(static_cast<std::uint16_t*>(dst), static_cast<const float*>(src), dst_code, n,
+                global_thread(), grid_threads());
   } else if (dst_code == kCodeF32 && src_code != kCodeF32) {
-    widen_run(static_cast<float*>(dst), static_cast<const std::uint16_t*>(src), src_code, n,
-              global_thread(), grid_threads());
+    convert_run(static_cast<float*>(dst), static_cast<const std::uint16_t*>(src), src_code, n,
+                global_thread(), grid_threads());
   } else {
     for (std::int64_t i = global_thread(); i < n; i += grid_threads())
       store_from_float(dst, dst_code, i, load_as_float(src, src_code, i));
@@ -300,7 +277,7 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    narrow_run(dst + r * dst_ld, dst_code, src + r * src_ld, cols, first, stride);
+    convert_run(dst + r * dst_ld, src + r * src_ld, dst_code, cols, first, stride);
 }
 
 // The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,
@@ -311,7 +288,7 @@ __global__ void cast_block_from_16_kernel(float* dst, std::int64_t dst_ld, const
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    widen_run(dst + r * dst_ld, src + r * src_ld, src_code, cols, first, stride);
+    convert_run(dst + r * dst_ld, src + r * src_ld, src_code, cols, first, stride);
 }
 
 // The grid of the block casts: threads over columns, 4 to a thread, at most 64 blocks of them;

@@ -284,27 +284,25 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
       config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::uint16_t* b_ws = a_ws + blocking.a_elements;
-  // B (the weight, in the model's products) already in 16 bits: convert A alone.
-  if (blocking.blocks() == 1) {
-    const void* b16 = twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code);
-    if (b16 != nullptr) {
-      const std::int64_t a_ld = cuda::padded_ld(trans_a ? m : k);
-      STRATA_TRY(STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
-          stream_, a_ws, code, a_ld, a, lda, trans_a ? k : m, trans_a ? m : k)));
-      ++twin_calls_;
-      return run(trans_a, trans_b, m, n, k, alpha, a_ws, a_ld, b16, ldb, beta, c, ldc, code, whole);
-    }
-  }
   auto convert_to = [&](std::uint16_t* dst) {
     return [this, dst, code](const BlockCopy& copy) {
       return STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(
           stream_, dst, code, copy.dst_ld, copy.src, copy.src_ld, copy.rows, copy.cols));
     };
   };
+  // B (the weight, in the model's products) already in 16 bits: convert A alone, read B in place.
+  const void* b16 =
+      blocking.blocks() == 1 ? twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code) : nullptr;
+  if (b16 != nullptr) ++twin_calls_;
+  auto convert_b = [&](const BlockCopy& copy) {
+    return b16 != nullptr ? Status::ok() : convert_to(b_ws)(copy);
+  };
   return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
-                          convert_to(a_ws), convert_to(b_ws), [&](const BlockProduct& p) {
-                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_ws,
-                                       p.b_ld, p.beta, p.c, ldc, code, whole);
+                          convert_to(a_ws), convert_b, [&](const BlockProduct& p) {
+                            const void* b_in = b16 != nullptr ? b16 : b_ws;
+                            const std::int64_t b_ld = b16 != nullptr ? ldb : p.b_ld;
+                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_in,
+                                       b_ld, p.beta, p.c, ldc, code, whole);
                           });
 }
 
