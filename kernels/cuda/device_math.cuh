@@ -126,6 +126,12 @@ __device__ __forceinline__ void store_from_float(void* p, int code, std::int64_t
   }
 }
 
+// Element i of a kernel's companion output (Narrow), when it has one: v rounded to nearest even.
+__device__ __forceinline__ void store_narrow(const Narrow& narrow, std::int64_t i, float v) {
+  if (narrow.p == nullptr) return;
+  narrow.p[i] = narrow.code == kCodeBF16 ? float_to_bf16_bits(v) : float_to_fp16_bits(v);
+}
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 template <typename T>

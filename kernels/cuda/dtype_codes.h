@@ -2,6 +2,8 @@
 // plain ints (kernels take them as arguments). No CUDA here.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/cpu/dtype.h"
 
 namespace strata::cuda_kernels {
@@ -10,5 +12,14 @@ enum DTypeCode : int { kCodeF32 = 0, kCodeBF16 = 1, kCodeF16 = 2 };
 static_assert(kCodeF32 == static_cast<int>(kernels::DType::kF32) &&
               kCodeBF16 == static_cast<int>(kernels::DType::kBF16) &&
               kCodeF16 == static_cast<int>(kernels::DType::kF16));
+
+// A 16-bit companion of a kernel's fp32 output (Ops::pair_narrow): where `p` is set, the kernel
+// also writes every element it writes to the fp32 output, rounded to nearest even to `code`
+// (kCodeBF16 or kCodeF16), at the same index of p: the bits a GEMM's operand conversion would
+// give, so a GEMM may read p instead of converting. Null: nothing more is written.
+struct Narrow {
+  std::uint16_t* p = nullptr;
+  int code = kCodeBF16;
+};
 
 }  // namespace strata::cuda_kernels

@@ -12,27 +12,29 @@ cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* to
                                channels);
 }
 
-cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n) {
+cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n,
+                         Narrow narrow) {
   if (n <= 0) return cudaSuccess;
-  return run_gelu_forward(CudaLauncher{s}, out, x, n);
+  return run_gelu_forward(CudaLauncher{s}, out, x, n, narrow);
 }
 
 cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
-                          std::int64_t n) {
+                          std::int64_t n, Narrow narrow) {
   if (n <= 0) return cudaSuccess;
-  return run_gelu_backward(CudaLauncher{s}, dx, x, dout, n);
+  return run_gelu_backward(CudaLauncher{s}, dx, x, dout, n, narrow);
 }
 
 cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
-                           std::int64_t inner) {
+                           std::int64_t inner, Narrow narrow) {
   if (rows * inner <= 0) return cudaSuccess;
-  return run_swiglu_forward(CudaLauncher{s}, out, gate_up, rows, inner);
+  return run_swiglu_forward(CudaLauncher{s}, out, gate_up, rows, inner, narrow);
 }
 
 cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_up,
-                            const float* dout, std::int64_t rows, std::int64_t inner) {
+                            const float* dout, std::int64_t rows, std::int64_t inner,
+                            Narrow narrow) {
   if (rows * inner <= 0) return cudaSuccess;
-  return run_swiglu_backward(CudaLauncher{s}, dgate_up, gate_up, dout, rows, inner);
+  return run_swiglu_backward(CudaLauncher{s}, dgate_up, gate_up, dout, rows, inner, narrow);
 }
 
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n) {

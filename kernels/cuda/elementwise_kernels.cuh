@@ -49,6 +49,23 @@ __device__ __forceinline__ bool aligned_16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
+// Elements i..i+3 of a companion output (Narrow), when there is one: one 8-byte store where
+// aligned, else four.
+__device__ __forceinline__ void store_narrow4(const Narrow& narrow, std::int64_t i,
+                                              const Float4& v) {
+  if (narrow.p == nullptr) return;
+  Group4<std::uint16_t> h;
+  for (int j = 0; j < 4; ++j)
+    h.v[j] = narrow.code == kCodeBF16 ? float_to_bf16_bits(v.v[j]) : float_to_fp16_bits(v.v[j]);
+  std::uint16_t* at = narrow.p + i;
+  if (reinterpret_cast<std::uintptr_t>(at) % 8 == 0) {
+    *reinterpret_cast<Group4<std::uint16_t>*>(at) = h;
+  } else {
+    for (int j = 0; j < 4; ++j)
+      at[j] = h.v[j];
+  }
+}
+
 __device__ __forceinline__ float gelu_value(float v) {
   return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
 }
@@ -59,7 +76,7 @@ __device__ __forceinline__ float gelu_grad(float v) {
   return 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n) {
+__global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n, Narrow narrow) {
   const std::int64_t groups = aligned_16(out) && aligned_16(x) ? n / 4 : 0;
   const auto* x4 = reinterpret_cast<const Float4*>(x);
   auto* out4 = reinterpret_cast<Float4*>(out);
@@ -69,12 +86,16 @@ __global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n) 
     for (int j = 0; j < 4; ++j)
       o.v[j] = gelu_value(v.v[j]);
     out4[g] = o;
+    store_narrow4(narrow, 4 * g, o);
   }
-  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads())
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads()) {
     out[i] = gelu_value(x[i]);
+    store_narrow(narrow, i, out[i]);
+  }
 }
 
-__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, std::int64_t n) {
+__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, std::int64_t n,
+                                     Narrow narrow) {
   const std::int64_t groups = aligned_16(dx) && aligned_16(x) && aligned_16(dout) ? n / 4 : 0;
   const auto* x4 = reinterpret_cast<const Float4*>(x);
   const auto* d4 = reinterpret_cast<const Float4*>(dout);
@@ -86,9 +107,13 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dou
     for (int j = 0; j < 4; ++j)
       acc.v[j] += gelu_grad(v.v[j]) * d.v[j];
     dx4[g] = acc;
+    store_narrow4(narrow, 4 * g, acc);
   }
-  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads())
-    dx[i] += gelu_grad(x[i]) * dout[i];
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads()) {
+    const float v = dx[i] + gelu_grad(x[i]) * dout[i];
+    dx[i] = v;
+    store_narrow(narrow, i, v);
+  }
 }
 
 __device__ __forceinline__ float silu_sigmoid(float g) {
@@ -104,7 +129,7 @@ __device__ __forceinline__ bool swiglu_grouped(const void* a, const void* b, con
 
 // gate_up(N, 2I) = [gate | up]; out(N, I).
 __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int64_t rows,
-                                      std::int64_t inner) {
+                                      std::int64_t inner, Narrow narrow) {
   const std::int64_t total = rows * inner;
   if (swiglu_grouped(out, gate_up, gate_up, inner)) {
     const std::int64_t per_row = inner / 4;
@@ -117,6 +142,7 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
       for (int e = 0; e < 4; ++e)
         o.v[e] = g.v[e] * silu_sigmoid(g.v[e]) * u.v[e];
       reinterpret_cast<Float4*>(out)[q] = o;
+      store_narrow4(narrow, 4 * q, o);
     }
     return;
   }
@@ -126,11 +152,12 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
     out[i] = g * silu_sigmoid(g) * u;
+    store_narrow(narrow, i, out[i]);
   }
 }
 
 __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout,
-                                       std::int64_t rows, std::int64_t inner) {
+                                       std::int64_t rows, std::int64_t inner, Narrow narrow) {
   const std::int64_t total = rows * inner;
   if (swiglu_grouped(dgate_up, gate_up, dout, inner)) {
     const std::int64_t per_row = inner / 4;
@@ -149,6 +176,8 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
       }
       *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + j) = dg;
       *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + inner + j) = du;
+      store_narrow4(narrow, r * 2 * inner + j, dg);
+      store_narrow4(narrow, r * 2 * inner + inner + j, du);
     }
     return;
   }
@@ -159,8 +188,12 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
     const float u = gate_up[r * 2 * inner + inner + j];
     const float d = dout[i];
     const float sig = silu_sigmoid(g);
-    dgate_up[r * 2 * inner + j] = d * u * sig * (1.0f + g * (1.0f - sig));
-    dgate_up[r * 2 * inner + inner + j] = d * (g * sig);
+    const float dg = d * u * sig * (1.0f + g * (1.0f - sig));
+    const float du = d * (g * sig);
+    dgate_up[r * 2 * inner + j] = dg;
+    dgate_up[r * 2 * inner + inner + j] = du;
+    store_narrow(narrow, r * 2 * inner + j, dg);
+    store_narrow(narrow, r * 2 * inner + inner + j, du);
   }
 }
 
@@ -314,30 +347,31 @@ auto run_embedding_forward(const L& launch, float* out, const std::int32_t* toke
 }
 
 template <typename L>
-auto run_gelu_forward(const L& launch, float* out, const float* x, std::int64_t n) {
+auto run_gelu_forward(const L& launch, float* out, const float* x, std::int64_t n,
+                      Narrow narrow = {}) {
   return launch(gelu_forward_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
-                out, x, n);
+                out, x, n, narrow);
 }
 
 template <typename L>
 auto run_gelu_backward(const L& launch, float* dx, const float* x, const float* dout,
-                       std::int64_t n) {
+                       std::int64_t n, Narrow narrow = {}) {
   return launch(gelu_backward_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
-                dx, x, dout, n);
+                dx, x, dout, n, narrow);
 }
 
 template <typename L>
 auto run_swiglu_forward(const L& launch, float* out, const float* gate_up, std::int64_t rows,
-                        std::int64_t inner) {
+                        std::int64_t inner, Narrow narrow = {}) {
   return launch(swiglu_forward_kernel, elementwise_grid((rows * inner + 3) / 4),
-                dim3(kElementwiseThreads), 0, out, gate_up, rows, inner);
+                dim3(kElementwiseThreads), 0, out, gate_up, rows, inner, narrow);
 }
 
 template <typename L>
 auto run_swiglu_backward(const L& launch, float* dgate_up, const float* gate_up, const float* dout,
-                         std::int64_t rows, std::int64_t inner) {
+                         std::int64_t rows, std::int64_t inner, Narrow narrow = {}) {
   return launch(swiglu_backward_kernel, elementwise_grid((rows * inner + 3) / 4),
-                dim3(kElementwiseThreads), 0, dgate_up, gate_up, dout, rows, inner);
+                dim3(kElementwiseThreads), 0, dgate_up, gate_up, dout, rows, inner, narrow);
 }
 
 template <typename L>

@@ -240,19 +240,48 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                                                        lda, b, ldb, beta, c, ldc, in_code));
 }
 
+void GemmEngine::make_room(bool companion, int most) {
+  const auto kind = [companion](const Twin& t) { return t.companion == companion; };
+  if (std::count_if(twins_.begin(), twins_.end(), kind) < most) return;
+  twins_.erase(std::find_if(twins_.begin(), twins_.end(), kind));
+}
+
 void GemmEngine::note_widened(const float* wide, const void* narrow, int code, std::int64_t n) {
   if (!twins_on_) return;
   forget_widened(wide);
-  if (twins_.size() >= static_cast<std::size_t>(kTwinsMax)) twins_.erase(twins_.begin());
-  twins_.push_back({wide, narrow, code, n});
+  make_room(false, kTwinsMax);
+  twins_.push_back({wide, narrow, code, n, false});
 }
 
 void GemmEngine::forget_widened(const float* wide) {
-  std::erase_if(twins_, [wide](const Twin& t) { return t.wide == wide; });
+  std::erase_if(twins_, [wide](const Twin& t) { return t.wide == wide && !t.companion; });
+}
+
+void GemmEngine::forget_output(const float* c, std::int64_t m, std::int64_t n, std::int64_t ldc) {
+  if (m < 1 || n < 1) return;
+  forget_written(c, static_cast<std::uint64_t>((m - 1) * ldc + n) * sizeof(float));
+}
+
+void GemmEngine::note_rounded(const float* wide, const void* narrow, int code, std::int64_t n) {
+  if (!companions_on_ || n < 1) return;
+  forget_written(wide, static_cast<std::uint64_t>(n) * sizeof(float));
+  make_room(true, kCompanionsMax);
+  twins_.push_back({wide, narrow, code, n, true});
+}
+
+void GemmEngine::forget_written(const void* p, std::uint64_t bytes) {
+  if (twins_.empty() || bytes == 0) return;
+  const auto begin = reinterpret_cast<std::uintptr_t>(p);
+  const auto end = begin + bytes;
+  std::erase_if(twins_, [begin, end](const Twin& t) {
+    const auto t_begin = reinterpret_cast<std::uintptr_t>(t.wide);
+    const auto t_end = t_begin + static_cast<std::uintptr_t>(t.n) * sizeof(float);
+    return t_begin < end && begin < t_end;
+  });
 }
 
 const void* GemmEngine::twin_of(const float* b, std::int64_t rows, std::int64_t cols,
-                                std::int64_t ld, int code) const {
+                                std::int64_t ld, int code, bool* companion) const {
   if (rows < 1 || cols < 1) return nullptr;
   const auto at = reinterpret_cast<std::uintptr_t>(b);
   const auto extent = static_cast<std::uintptr_t>((rows - 1) * ld + cols) * sizeof(float);
@@ -260,6 +289,7 @@ const void* GemmEngine::twin_of(const float* b, std::int64_t rows, std::int64_t 
     const auto begin = reinterpret_cast<std::uintptr_t>(t.wide);
     const auto end = begin + static_cast<std::uintptr_t>(t.n) * sizeof(float);
     if (t.code != code || at < begin || at + extent > end) continue;
+    if (companion != nullptr) *companion = t.companion;
     const std::uintptr_t offset = (at - begin) / sizeof(float);
     return static_cast<const std::uint16_t*>(t.narrow) + offset;
   }
@@ -290,18 +320,31 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
           stream_, dst, code, copy.dst_ld, copy.src, copy.src_ld, copy.rows, copy.cols));
     };
   };
-  // B (the weight, in the model's products) already in 16 bits: convert A alone, read B in place.
-  const void* b16 =
-      blocking.blocks() == 1 ? twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code) : nullptr;
-  if (b16 != nullptr) ++twin_calls_;
+  // An operand already in 16 bits (a weight's parameters, an activation's companion) is read in
+  // place instead of converted; only for a product that is one block.
+  bool a_companion = false, b_companion = false;
+  const bool whole_product = blocking.blocks() == 1;
+  const void* a16 = whole_product
+                        ? twin_of(a, trans_a ? k : m, trans_a ? m : k, lda, code, &a_companion)
+                        : nullptr;
+  const void* b16 = whole_product
+                        ? twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code, &b_companion)
+                        : nullptr;
+  if (b16 != nullptr && !b_companion) ++twin_calls_;
+  companion_reads_ += (a16 != nullptr && a_companion) + (b16 != nullptr && b_companion);
+  auto convert_a = [&](const BlockCopy& copy) {
+    return a16 != nullptr ? Status::ok() : convert_to(a_ws)(copy);
+  };
   auto convert_b = [&](const BlockCopy& copy) {
     return b16 != nullptr ? Status::ok() : convert_to(b_ws)(copy);
   };
-  return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc,
-                          convert_to(a_ws), convert_b, [&](const BlockProduct& p) {
+  return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc, convert_a,
+                          convert_b, [&](const BlockProduct& p) {
+                            const void* a_in = a16 != nullptr ? a16 : a_ws;
+                            const std::int64_t a_ld = a16 != nullptr ? lda : p.a_ld;
                             const void* b_in = b16 != nullptr ? b16 : b_ws;
                             const std::int64_t b_ld = b16 != nullptr ? ldb : p.b_ld;
-                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_ws, p.a_ld, b_in,
+                            return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_in, a_ld, b_in,
                                        b_ld, p.beta, p.c, ldc, code, whole);
                           });
 }
@@ -311,6 +354,7 @@ Status GemmEngine::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
   if (m == 0 || n == 0) return Status::ok();
+  forget_output(c, m, n, ldc);
   if (k > 0 && cuda::converts_operands(config_.precision)) {
     return run_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
@@ -322,6 +366,7 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
                                    std::int64_t k, const float* a, std::int64_t lda, const float* b,
                                    std::int64_t ldb, const float* bias, float* c) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr);
+  forget_output(c, m, n, n);
   const bool converts = cuda::converts_operands(config_.precision);
   if (!bias_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0) {
     STRATA_TRY(gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n));
@@ -350,6 +395,8 @@ Result<bool> GemmEngine::epilogue_only(bool on, std::int64_t* fused, std::int64_
     if (on) ++*unfused;
     return false;
   }
+  forget_output(c, m, n, n);
+  if (epilogue.aux != nullptr) forget_output(epilogue.aux, m, n, n);
   bool applied = false;
   epilogue.applied = &applied;
   STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n, epilogue));

@@ -102,6 +102,25 @@ class GemmEngine {
   // Products whose B operand was read from a noted 16-bit range.
   std::int64_t twin_calls() const { return twin_calls_; }
 
+  // `wide` (n floats) was just written, and `narrow` (n elements of 16-bit `code`) holds each of
+  // its values rounded to nearest even: an activation's companion, written by the kernel that
+  // wrote the activation (cuda_kernels::Narrow). Either operand of a product lying inside it, with
+  // 16-bit inputs of the same code, is read from `narrow` (the bits run_converted's conversion
+  // would give) until forget_written covers any of it. Off (the default, or after
+  // use_companions(false)): note_rounded is ignored. At most kCompanionsMax ranges are kept.
+  void use_companions(bool on) {
+    companions_on_ = on;
+    if (!on) std::erase_if(twins_, [](const Twin& t) { return t.companion; });
+  }
+  bool companions_on() const { return companions_on_; }
+  void note_rounded(const float* wide, const void* narrow, int code, std::int64_t n);
+  // Bytes [p, p + bytes) were written without their companion: every noted range (a weight's or
+  // an activation's) overlapping them is forgotten.
+  void forget_written(const void* p, std::uint64_t bytes);
+  static constexpr int kCompanionsMax = 1024;
+  // Operands read from an activation's companion.
+  std::int64_t companion_reads() const { return companion_reads_; }
+
   // "cuBLASLt 130001 (libcublasLt.so.13), GEMM inputs bf16, fp32 accumulation".
   std::string description() const;
   // Calls that ran the fallback kernel instead of cuBLASLt.
@@ -118,6 +137,7 @@ class GemmEngine {
   void reset_epilogue_counts() {
     bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = dgelu_fused_ = dgelu_unfused_ = 0;
     twin_calls_ = 0;
+    companion_reads_ = 0;
   }
 
  private:
@@ -174,17 +194,24 @@ class GemmEngine {
     const void* narrow = nullptr;
     int code = 0;
     std::int64_t n = 0;
+    bool companion = false;  // an activation's (note_rounded), else a weight's (note_widened)
   };
   // The 16-bit twin of the matrix at `b` (rows x cols, leading dimension ld, all inside one noted
-  // range of this code), or null.
+  // range of this code), or null; *companion tells which kind it is.
   const void* twin_of(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                      int code) const;
+                      int code, bool* companion = nullptr) const;
+  // Drops the oldest range of the kind once `most` of them are kept.
+  void make_room(bool companion, int most);
+  // The product's output (m rows of n, leading dimension ldc) is about to be written.
+  void forget_output(const float* c, std::int64_t m, std::int64_t n, std::int64_t ldc);
 
   GemmEngineConfig config_;
   cudaStream_t stream_;
   std::vector<Twin> twins_;
   bool twins_on_ = false;
+  bool companions_on_ = false;
   std::int64_t twin_calls_ = 0;
+  std::int64_t companion_reads_ = 0;
   const CublasLtApi* api_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;

@@ -25,13 +25,17 @@ using kernels::RopeShape;
 cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens,
                               const std::int32_t* positions, const float* wte, const float* wpe,
                               std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
-cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n);
+// The kernels taking a Narrow (dtype_codes.h) also write their fp32 output's rounding to it
+// (the final values, for those that accumulate).
+cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n,
+                         Narrow narrow = {});
 cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
-                          std::int64_t n);
+                          std::int64_t n, Narrow narrow = {});
 cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
-                           std::int64_t inner);
+                           std::int64_t inner, Narrow narrow = {});
 cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_up,
-                            const float* dout, std::int64_t rows, std::int64_t inner);
+                            const float* dout, std::int64_t rows, std::int64_t inner,
+                            Narrow narrow = {});
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n);
 cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t rows,
                      std::int64_t channels);
@@ -52,25 +56,28 @@ cudaError_t cast_block_to_16(cudaStream_t s, void* dst, int dst_code, std::int64
 // `scratch` holds at least plan.chunks * arrays * channels doubles (launch_plan.h).
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
-                              std::int64_t channels, double eps);
+                              std::int64_t channels, double eps, Narrow narrow = {});
 // res += x, then layernorm_forward of res, in one kernel (the bits of add, then layernorm_forward).
 cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, float* out,
                                   float* mean, float* rstd, const float* w, const float* b,
-                                  std::int64_t rows, std::int64_t channels, double eps);
+                                  std::int64_t rows, std::int64_t channels, double eps,
+                                  Narrow narrow = {});
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const cuda::ColumnReducePlan& plan, double* scratch);
+                               const cuda::ColumnReducePlan& plan, double* scratch,
+                               Narrow narrow = {});
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
-                            std::int64_t rows, std::int64_t channels, double eps);
+                            std::int64_t rows, std::int64_t channels, double eps,
+                            Narrow narrow = {});
 // res += x, then rmsnorm_forward of res, in one kernel (the bits of add, then rmsnorm_forward).
 cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, float* out, float* rstd,
                                 const float* w, std::int64_t rows, std::int64_t channels,
-                                double eps);
+                                double eps, Narrow narrow = {});
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                             double* scratch);
+                             double* scratch, Narrow narrow = {});
 cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,
                                   const float* w, std::int64_t rows, std::int64_t heads,
                                   std::int64_t head_dim, std::int64_t x_stride,

@@ -7,48 +7,51 @@ STRATA_CUDA_NAMESPACE(cuda_kernels) {
 
 cudaError_t layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, std::int64_t rows,
-                              std::int64_t channels, double eps) {
+                              std::int64_t channels, double eps, Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
-  return run_layernorm_forward(CudaLauncher{s}, out, mean, rstd, x, w, b, rows, channels, eps);
+  return run_layernorm_forward(CudaLauncher{s}, out, mean, rstd, x, w, b, rows, channels, eps,
+                               narrow);
 }
 
 cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, float* out,
                                   float* mean, float* rstd, const float* w, const float* b,
-                                  std::int64_t rows, std::int64_t channels, double eps) {
+                                  std::int64_t rows, std::int64_t channels, double eps,
+                                  Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_add_layernorm_forward(CudaLauncher{s}, res, x, out, mean, rstd, w, b, rows, channels,
-                                   eps);
+                                   eps, narrow);
 }
 
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const cuda::ColumnReducePlan& plan, double* scratch) {
+                               const cuda::ColumnReducePlan& plan, double* scratch, Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_layernorm_backward(CudaLauncher{s}, dx, dw, db, dout, x, w, mean, rstd, rows, channels,
-                                plan, scratch);
+                                plan, scratch, narrow);
 }
 
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
-                            std::int64_t rows, std::int64_t channels, double eps) {
+                            std::int64_t rows, std::int64_t channels, double eps, Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
-  return run_rmsnorm_forward(CudaLauncher{s}, out, rstd, x, w, rows, channels, eps);
+  return run_rmsnorm_forward(CudaLauncher{s}, out, rstd, x, w, rows, channels, eps, narrow);
 }
 
 cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, float* out, float* rstd,
                                 const float* w, std::int64_t rows, std::int64_t channels,
-                                double eps) {
+                                double eps, Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
-  return run_add_rmsnorm_forward(CudaLauncher{s}, res, x, out, rstd, w, rows, channels, eps);
+  return run_add_rmsnorm_forward(CudaLauncher{s}, res, x, out, rstd, w, rows, channels, eps,
+                                 narrow);
 }
 
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                             double* scratch) {
+                             double* scratch, Narrow narrow) {
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_rmsnorm_backward(CudaLauncher{s}, dx, dw, dout, x, w, rstd, rows, channels, plan,
-                              scratch);
+                              scratch, narrow);
 }
 
 cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,

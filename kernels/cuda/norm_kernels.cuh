@@ -23,7 +23,7 @@ template <bool kResidual>
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x,
                                          float* res_out, const float* add, const float* w,
                                          const float* b, std::int64_t rows, std::int64_t channels,
-                                         double eps) {
+                                         double eps, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -47,8 +47,10 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float mr = static_cast<float>(m);
   const float rs = static_cast<float>(1.0 / sqrt(v + eps));
   float* o = out + row * channels;
-  for (std::int64_t c = lane; c < channels; c += 32)
+  for (std::int64_t c = lane; c < channels; c += 32) {
     o[c] = (xr[c] - mr) * rs * w[c] + b[c];
+    store_narrow(narrow, row * channels + c, o[c]);
+  }
   if (lane == 0) {
     mean[row] = mr;
     rstd[row] = rs;
@@ -57,7 +59,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
 
 __global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
                                     const float* mean, const float* rstd, std::int64_t rows,
-                                    std::int64_t channels) {
+                                    std::int64_t channels, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -79,6 +81,7 @@ __global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x
   for (std::int64_t c = lane; c < channels; c += 32) {
     const float xhat = (xr[c] - m) * rs;
     dxr[c] += (dr[c] * w[c] - a - xhat * bb) * rs;
+    store_narrow(narrow, row * channels + c, dxr[c]);
   }
 }
 
@@ -86,7 +89,7 @@ __global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x
 template <bool kResidual>
 __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, float* res_out,
                                        const float* add, const float* w, std::int64_t rows,
-                                       std::int64_t channels, double eps) {
+                                       std::int64_t channels, double eps, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -103,13 +106,16 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, 
   s = warp_sum(s);
   const float rs = static_cast<float>(1.0 / sqrt(s / static_cast<double>(channels) + eps));
   float* o = out + row * channels;
-  for (std::int64_t c = lane; c < channels; c += 32)
+  for (std::int64_t c = lane; c < channels; c += 32) {
     o[c] = w[c] * (xr[c] * rs);
+    store_narrow(narrow, row * channels + c, o[c]);
+  }
   if (lane == 0) rstd[row] = rs;
 }
 
 __global__ void rmsnorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
-                                  const float* rstd, std::int64_t rows, std::int64_t channels) {
+                                  const float* rstd, std::int64_t rows, std::int64_t channels,
+                                  Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -121,8 +127,10 @@ __global__ void rmsnorm_dx_kernel(float* dx, const float* dout, const float* x, 
     dot += static_cast<double>(dr[c] * w[c]) * static_cast<double>(xr[c] * rs);
   const float mdot = static_cast<float>(warp_sum(dot) / static_cast<double>(channels));
   float* dxr = dx + row * channels;
-  for (std::int64_t c = lane; c < channels; c += 32)
+  for (std::int64_t c = lane; c < channels; c += 32) {
     dxr[c] += rs * (dr[c] * w[c] - (xr[c] * rs) * mdot);
+    store_narrow(narrow, row * channels + c, dxr[c]);
+  }
 }
 
 // Per-head RMSNorm (Qwen3's q_norm / k_norm): a warp per (row, head) vector of D values at
@@ -357,28 +365,29 @@ auto run_column_reduce(const L& launch, float* out_a, float* out_b, const Column
 template <typename L>
 auto run_layernorm_forward(const L& launch, float* out, float* mean, float* rstd, const float* x,
                            const float* w, const float* b, std::int64_t rows, std::int64_t channels,
-                           double eps) {
+                           double eps, Narrow narrow = {}) {
   return launch(layernorm_forward_kernel<false>, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean,
                 rstd, x, static_cast<float*>(nullptr), static_cast<const float*>(nullptr), w, b,
-                rows, channels, eps);
+                rows, channels, eps, narrow);
 }
 
 // res += x, then out = LayerNorm(res), in one kernel: the bits of add, then run_layernorm_forward.
 template <typename L>
 auto run_add_layernorm_forward(const L& launch, float* res, const float* x, float* out, float* mean,
                                float* rstd, const float* w, const float* b, std::int64_t rows,
-                               std::int64_t channels, double eps) {
+                               std::int64_t channels, double eps, Narrow narrow = {}) {
   return launch(layernorm_forward_kernel<true>, row_grid(rows), dim3(kRowWarps * 32), 0, out, mean,
-                rstd, static_cast<const float*>(res), res, x, w, b, rows, channels, eps);
+                rstd, static_cast<const float*>(res), res, x, w, b, rows, channels, eps, narrow);
 }
 
 template <typename L>
 auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, const float* dout,
                             const float* x, const float* w, const float* mean, const float* rstd,
                             std::int64_t rows, std::int64_t channels,
-                            const cuda::ColumnReducePlan& plan, double* scratch) {
+                            const cuda::ColumnReducePlan& plan, double* scratch,
+                            Narrow narrow = {}) {
   auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
-                    mean, rstd, rows, channels);
+                    mean, rstd, rows, channels, narrow);
   if (!launched(err)) return err;
   return run_column_reduce<ColumnTerm::kLayerNorm>(
       launch, dw, db, ColumnInputs{dout, x, mean, rstd}, rows, channels, plan, scratch);
@@ -386,27 +395,28 @@ auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, co
 
 template <typename L>
 auto run_rmsnorm_forward(const L& launch, float* out, float* rstd, const float* x, const float* w,
-                         std::int64_t rows, std::int64_t channels, double eps) {
+                         std::int64_t rows, std::int64_t channels, double eps, Narrow narrow = {}) {
   return launch(rmsnorm_forward_kernel<false>, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd,
                 x, static_cast<float*>(nullptr), static_cast<const float*>(nullptr), w, rows,
-                channels, eps);
+                channels, eps, narrow);
 }
 
 // res += x, then out = RMSNorm(res), in one kernel: the bits of add, then run_rmsnorm_forward.
 template <typename L>
 auto run_add_rmsnorm_forward(const L& launch, float* res, const float* x, float* out, float* rstd,
-                             const float* w, std::int64_t rows, std::int64_t channels, double eps) {
+                             const float* w, std::int64_t rows, std::int64_t channels, double eps,
+                             Narrow narrow = {}) {
   return launch(rmsnorm_forward_kernel<true>, row_grid(rows), dim3(kRowWarps * 32), 0, out, rstd,
-                static_cast<const float*>(res), res, x, w, rows, channels, eps);
+                static_cast<const float*>(res), res, x, w, rows, channels, eps, narrow);
 }
 
 template <typename L>
 auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* dout, const float* x,
                           const float* w, const float* rstd, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                          double* scratch) {
+                          double* scratch, Narrow narrow = {}) {
   auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
-                    rstd, rows, channels);
+                    rstd, rows, channels, narrow);
   if (!launched(err)) return err;
   return run_column_reduce<ColumnTerm::kRmsNorm>(
       launch, dw, nullptr, ColumnInputs{dout, x, nullptr, rstd}, rows, channels, plan, scratch);

@@ -63,6 +63,12 @@ inline constexpr const char* kGemmBiasGeluReplaces =
 inline constexpr const char* kWeights16Name = "gemm_weights_16bit";
 inline constexpr const char* kWeights16Replaces =
     "every weight converted from its fp32 copy to 16 bits before its GEMM";
+// Activations' 16-bit companions (Ops::pair_narrow): checked with check_gemm_bias on a product
+// whose operands were written with their companions by a kernel that writes them, failing when the
+// engine converted either after all.
+inline constexpr const char* kActivations16Name = "gemm_activations_16bit";
+inline constexpr const char* kActivations16Replaces =
+    "every activation converted from fp32 to 16 bits before its GEMMs";
 inline constexpr const char* kGemmDgeluName = "gemm_dgelu_epilogue";
 inline constexpr const char* kGemmDgeluReplaces =
     "the GEMM, then the GELU gradient kernel (gelu_backward)";

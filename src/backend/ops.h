@@ -158,6 +158,22 @@ class Ops {
     (void)wide, (void)narrow, (void)type, (void)n;
   }
   virtual void forget_widened(const T* wide) { (void)wide; }
+
+  // The 16-bit type this backend's GEMMs round fp32 operands to, where they can read an
+  // activation's 16-bit companion (pair_narrow) instead of converting it; kF32 (the default) when
+  // they cannot, and pair_narrow is then ignored.
+  virtual DType narrow_type() const { return DType::kF32; }
+  // `narrow` (n elements of narrow_type()) becomes the companion of the activation buffer `wide`
+  // (n elements) until unpair_narrow(wide): an op writing into `wide` that can also write its
+  // values rounded to nearest even into the companion does (the norms' outputs and input
+  // gradients, GELU's and SwiGLU's outputs and gradients), and GEMMs reading values written that
+  // way read the companion: the bits their own conversion would give. Any other write into
+  // `wide` makes them convert again. `wide` must be written only through these Ops (not by copies
+  // from the host, not as a parameter gradient).
+  virtual void pair_narrow(const T* wide, void* narrow, std::int64_t n) {
+    (void)wide, (void)narrow, (void)n;
+  }
+  virtual void unpair_narrow(const T* wide) { (void)wide; }
 };
 
 }  // namespace strata::backend

@@ -45,7 +45,8 @@ std::vector<backend::FastPath> check_fast_paths() {
       backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why},
       backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why},
       backend::FastPath{backend::kGemmDgeluName, backend::kGemmDgeluReplaces, false, why},
-      backend::FastPath{backend::kWeights16Name, backend::kWeights16Replaces, false, why}};
+      backend::FastPath{backend::kWeights16Name, backend::kWeights16Replaces, false, why},
+      backend::FastPath{backend::kActivations16Name, backend::kActivations16Replaces, false, why}};
 }
 
 struct ReportOptions {

@@ -21,6 +21,8 @@ ModelRunner<T>::ModelRunner(backend::Backend* backend, const ModelShape& spec,
 
 template <typename T>
 ModelRunner<T>::~ModelRunner() {
+  for (const T* wide : paired_)
+    ops_->unpair_narrow(wide);
   for (backend::Event& e : events_) {
     if (e.valid()) backend_->destroy_event(e);
   }
@@ -190,6 +192,7 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(rstdf_, alloc(n, "final norm"));
   STRATA_ASSIGN_OR_RETURN(logits_, alloc(chunk_rows_ * spec_.vocab_size, "logits chunk"));
   STRATA_ASSIGN_OR_RETURN(losses_, alloc(n, "token losses"));
+  STRATA_TRY(allocate_companions());
   if (spec_.family == Family::kLlama) {
     // LongRoPE over sequences longer than its original context keeps both tables: which one a
     // batch uses depends on its largest position (set_batch).
@@ -204,6 +207,35 @@ Status ModelRunner<T>::allocate() {
     }
   }
   return Status::ok();
+}
+
+template <typename T>
+Status ModelRunner<T>::allocate_companions() {
+  if (!options_.narrow_companions) return Status::ok();
+  const backend::DType type = sizing_ ? backend::DType::kBF16 : ops_->narrow_type();
+  if (type == backend::DType::kF32) return Status::ok();
+  const std::int64_t n = rows_, c = spec_.hidden_size, in = spec_.intermediate_size;
+  auto pair = [&](T* wide, std::int64_t elements) -> Status {
+    const std::int64_t narrow_elements =
+        (elements * static_cast<std::int64_t>(kernels::dtype_bytes(type)) + sizeof(T) - 1) /
+        static_cast<std::int64_t>(sizeof(T));
+    STRATA_ASSIGN_OR_RETURN(T * narrow, alloc(narrow_elements, "16-bit activation companions"));
+    if (sizing_) return Status::ok();
+    ops_->pair_narrow(wide, narrow, elements);
+    paired_.push_back(wide);
+    return Status::ok();
+  };
+  // What the GEMMs read: each block's normalised inputs and MLP activation (forward, and the
+  // weight gradients), the MLP's input gradient, the residual gradient, the final norm.
+  for (BlockActs<T>& a : acts_) {
+    STRATA_TRY(pair(a.ln1, n * c));
+    STRATA_TRY(pair(a.ln2, n * c));
+    STRATA_TRY(pair(a.act, n * in));
+  }
+  STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
+  STRATA_TRY(pair(dres_[0], n * c));
+  STRATA_TRY(pair(dres_[1], n * c));
+  return pair(lnf_, n * c);
 }
 
 template <typename T>

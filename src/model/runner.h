@@ -46,6 +46,10 @@ struct RunnerOptions {
   // in backward. Needs activation_checkpointing.
   bool activation_offload = false;
   std::uint64_t logits_chunk_bytes = 32ull << 20;  // logits rows computed at once in the head
+  // 16-bit companions of the activations GEMMs read (Ops::pair_narrow: the norms' outputs and
+  // input gradients, the MLP's activation and its gradient), allocated when the backend's ops
+  // take them (narrow_type() 16-bit) and counted by memory_needed: 2 bytes per element of each.
+  bool narrow_companions = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -106,6 +110,8 @@ class ModelRunner {
   ModelRunner(backend::Backend* backend, const ModelShape& spec, const ModelLayout& layout,
               const RunnerOptions& options);
   Status allocate();
+  // The activations' 16-bit companions (RunnerOptions::narrow_companions).
+  Status allocate_companions();
   struct RopeTables {
     T* cos = nullptr;  // (T, R/2)
     T* sin = nullptr;
@@ -161,6 +167,7 @@ class ModelRunner {
   T* rstdf_ = nullptr;
   T* logits_ = nullptr;
   T* losses_ = nullptr;
+  std::vector<T*> paired_;  // buffers with a 16-bit companion (Ops::pair_narrow)
 };
 
 extern template class ModelRunner<float>;

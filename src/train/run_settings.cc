@@ -155,8 +155,13 @@ model::RunnerOptions runner_options(const config::Config& config, const model::M
   r.seq_len = std::min<std::int64_t>(config.strata.data.seq_len, shape.max_seq_len);
   r.activation_checkpointing = m.activation_checkpointing;
   r.activation_offload = m.activation_offload && m.activation_checkpointing;
-  if (!device_is_host)
+  if (!device_is_host) {
     r.logits_chunk_bytes = gpu_logits_chunk_bytes(config.strata.device_bytes_max);
+    // 16-bit GEMM inputs read the activations' 16-bit companions (the CUDA backend's
+    // gemm_activations_16bit): the estimate counts them.
+    r.narrow_companions = cuda::converts_operands(
+        backend::resolve_gemm_precision(config.strata.gemm_precision, config.precision()));
+  }
   return r;
 }
 

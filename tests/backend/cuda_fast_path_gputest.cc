@@ -116,6 +116,22 @@ TEST(CudaFastPaths, WeightsInSixteenBitsAreOnWith16BitGemms) {
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 
+// GEMMs read activations from the 16-bit companions the kernels wrote beside them (the start-up
+// check passed), in bf16 and fp16; with fp32 GEMM inputs the path does not apply.
+TEST(CudaFastPaths, ActivationCompanionsAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kActivations16Name);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
 TEST(CudaFastPaths, FlashAttentionIsOnWithBf16GemmsForEveryHeadSize) {
   STRATA_GPU_OR_SKIP(gpu, with(GemmPrecision::kBf16));
   const std::optional<FastPath> flash = find_path(gpu.fast_paths(), kFlashAttentionName);

@@ -212,18 +212,43 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
       EXPECT_TRUE(emu::kernel_family(k) != "attention" || k.rfind("flash_attention", 0) == 0) << k;
     }
     // The weights reach their GEMMs in 16 bits (the parameters they were widened from,
-    // Ops::note_widened): the products with a weight (per block 4 forward and 4 for the input
-    // gradient; the head's 2) convert their activation alone, the weight-gradient products both
-    // operands. Those casts of fp32 activations are what bf16 activations end to end (issue 36,
-    // item 1) bring to 0.
+    // Ops::note_widened), and so do the activations the norms, GELU and SwiGLU wrote with their
+    // 16-bit companions (Ops::pair_narrow): the normalised inputs, the MLP's activation and its
+    // gradient, the residual gradient, the final norm. Still converted, one operand each: the
+    // attention's output (its projection, forward and weight gradient) and its gradient (the
+    // q/k/v projection's input and weight gradients), per block, and the logits' gradient in the
+    // head's 2 backward products. Per micro-batch: 8 products per block and the head's forward
+    // convert nothing.
     const std::int64_t micro_batches = 2, layers = 2;  // gradient_accumulation_steps, num_layers
-    const std::int64_t with_weight = micro_batches * (8 * layers + 2);
     const std::map<int, std::int64_t> narrowed = emu::gemms_by_operands_narrowed(log);
-    const std::map<int, std::int64_t> want = {{1, with_weight},
-                                              {2, families.at("gemm") - with_weight}};
+    const std::map<int, std::int64_t> want = {{0, micro_batches * (8 * layers + 1)},
+                                              {1, micro_batches * (4 * layers + 2)}};
     EXPECT_EQ(narrowed, want) << "step " << step + 1;
+    EXPECT_EQ(families.at("gemm"), micro_batches * (12 * layers + 3)) << "step " << step + 1;
     EXPECT_GT(casts, 0) << "step " << step + 1;
   }
+}
+
+// The activations' companions refused at start: every activation is converted before its GEMMs
+// again (the products with a weight convert one operand, the weight gradients two), with the same
+// bits to the last one, as the companions hold exactly what the conversion gives.
+TEST(EmulatedCudaStepFallback, ActivationCompanionsRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  const TrainedRun paired = train("gpt2", kTiers[0], true, dir.path() + "/paired", 1);
+  backend::fail_fast_path_for_test(std::string(backend::kActivations16Name));
+  const TrainedRun refused = train("gpt2", kTiers[0], true, dir.path() + "/refused", 1);
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_EQ(paired.launches.size(), 1u);
+  ASSERT_EQ(refused.launches.size(), 1u);
+  EXPECT_TRUE(testing::same_bits(refused.state, paired.state));
+  EXPECT_EQ(refused.losses[0], paired.losses[0]);
+  const std::int64_t micro_batches = 2, layers = 2;
+  const std::int64_t with_weight = micro_batches * (8 * layers + 2);
+  const std::map<int, std::int64_t> converted = {{1, with_weight},
+                                                 {2, micro_batches * (4 * layers + 1)}};
+  EXPECT_EQ(emu::gemms_by_operands_narrowed(refused.launches[0]), converted);
+  EXPECT_GT(emu::casts_before_gemms(refused.launches[0]),
+            emu::casts_before_gemms(paired.launches[0]));
 }
 
 // A fast path whose start-up check fails is off, and the run takes the kernels it replaces: the
@@ -435,6 +460,110 @@ TEST(EmulatedCudaBackend, WeightsInSixteenBitsRefusedAtStartAreConverted) {
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
   emu::clear_launch_log();
   ops.gemm(false, true, m, n, k, 1.0f, a->as<float>(), k, w->as<float>(), k, 0.0f, c->as<float>(),
+           n);
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  EXPECT_EQ(emu::gemms_by_operands_narrowed(emu::launch_log()),
+            (std::map<int, std::int64_t>{{2, 1}}));
+}
+
+// An activation written by a kernel with its 16-bit companion (Ops::pair_narrow) reaches its GEMM
+// in 16 bits, with the bits of converting it; any other write, a product reaching past what was
+// written, or unpairing, has it converted again.
+TEST(EmulatedCudaBackend, AnActivationWrittenWithItsCompanionIsReadFromIt) {
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
+  auto made = backend::make_cuda_backend(options);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  backend::Ops<float>& ops = b.ops_f32();
+  ASSERT_EQ(ops.narrow_type(), backend::DType::kBF16);
+  const std::int64_t m = 24, n = 40, k = 32;
+  auto x_buf = b.allocate_device(m * k * 4, "x");
+  auto pre_buf = b.allocate_device(m * k * 4, "pre");
+  auto x16_buf = b.allocate_device(m * k * 2, "x16");
+  auto w_buf = b.allocate_device(n * k * 4, "w");
+  auto c_buf = b.allocate_device(m * n * 4, "c");
+  auto host = b.allocate_pinned((m * k + n * k + m * n) * 4, "host");
+  ASSERT_TRUE(x_buf.is_ok() && pre_buf.is_ok() && x16_buf.is_ok() && w_buf.is_ok() &&
+              c_buf.is_ok() && host.is_ok());
+  float* x = x_buf->as<float>();
+  float* pre = pre_buf->as<float>();
+  float* w = w_buf->as<float>();
+  float* c = c_buf->as<float>();
+  float* h = host->as<float>();
+  for (std::int64_t i = 0; i < m * k + n * k; ++i)
+    h[i] = std::sin(0.37f * static_cast<float>(i)) * 2.3f;
+  using backend::StreamKind;
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, pre, h, m * k * 4).is_ok());
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, w, h + m * k, n * k * 4).is_ok());
+  // Converts of each product: a map {operands converted: products}.
+  auto narrowed = [&](std::int64_t rows, const float* a) {
+    emu::clear_launch_log();
+    ops.gemm(false, true, rows, n, k, 1.0f, a, k, w, k, 0.0f, c, n);
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+    return emu::gemms_by_operands_narrowed(emu::launch_log());
+  };
+  using Counts = std::map<int, std::int64_t>;
+  const Counts one{{1, 1}}, two{{2, 1}};
+  ops.gelu_forward(x, pre, m * k);
+  EXPECT_EQ(narrowed(m, x), two) << "not paired: converted";
+  std::vector<float> converted(static_cast<std::size_t>(m * n));
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, converted.data(), c, m * n * 4).is_ok());
+
+  ops.pair_narrow(x, x16_buf->data(), m * k);
+  ops.gelu_forward(x, pre, m * k);
+  EXPECT_EQ(narrowed(m, x), one) << "written with its companion: read from it";
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, h, c, m * n * 4).is_ok());
+  ASSERT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());  // h is pinned: the copy is queued
+  EXPECT_EQ(std::memcmp(h, converted.data(), converted.size() * 4), 0) << "not the same bits";
+  EXPECT_EQ(narrowed(m - 8, x + 8 * k), one) << "rows inside what was written";
+  ops.scale(x + 5 * k, k, 1.0);  // a write without the companion, of one row
+  EXPECT_EQ(narrowed(m, x), two) << "written since without its companion";
+  ops.gelu_forward(x + 8 * k, pre + 8 * k, (m - 8) * k);  // rows 8.. with their companion
+  EXPECT_EQ(narrowed(m - 8, x + 8 * k), one);
+  EXPECT_EQ(narrowed(m, x), two) << "rows 0..7 were not written with it";
+  ops.unpair_narrow(x);
+  ops.gelu_forward(x, pre, m * k);
+  EXPECT_EQ(narrowed(m, x), two) << "unpaired";
+  // Listed as a fast path, on, with the operands read from companions since the start (2 above).
+  const std::vector<backend::FastPath> paths = b.fast_paths();
+  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
+    return p.name == backend::kActivations16Name;
+  });
+  ASSERT_NE(listed, paths.end());
+  EXPECT_TRUE(listed->active) << listed->detail;
+  EXPECT_EQ(listed->uses, 3);
+}
+
+// Refused at start (its check made to fail through the seam), the path is listed off, the ops
+// say fp32 (so the runner allocates no companions) and pairing does nothing.
+TEST(EmulatedCudaBackend, ActivationCompanionsRefusedAtStartAreOff) {
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
+  backend::fail_fast_path_for_test(std::string(backend::kActivations16Name));
+  auto made = backend::make_cuda_backend(options);
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  const std::vector<backend::FastPath> paths = b.fast_paths();
+  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
+    return p.name == backend::kActivations16Name;
+  });
+  ASSERT_NE(listed, paths.end());
+  EXPECT_FALSE(listed->active);
+  EXPECT_NE(listed->detail.find("check failed"), std::string::npos) << listed->detail;
+  backend::Ops<float>& ops = b.ops_f32();
+  EXPECT_EQ(ops.narrow_type(), backend::DType::kF32);
+  const std::int64_t m = 8, n = 16, k = 32;
+  auto x = b.allocate_device(m * k * 4, "x");
+  auto x16 = b.allocate_device(m * k * 2, "x16");
+  auto w = b.allocate_device(n * k * 4, "w");
+  auto c = b.allocate_device(m * n * 4, "c");
+  ASSERT_TRUE(x.is_ok() && x16.is_ok() && w.is_ok() && c.is_ok());
+  ops.zero(w->as<float>(), n * k);
+  ops.pair_narrow(x->as<float>(), x16->data(), m * k);
+  ops.gelu_forward(x->as<float>(), w->as<float>(), m * k);
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  emu::clear_launch_log();
+  ops.gemm(false, true, m, n, k, 1.0f, x->as<float>(), k, w->as<float>(), k, 0.0f, c->as<float>(),
            n);
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
   EXPECT_EQ(emu::gemms_by_operands_narrowed(emu::launch_log()),

@@ -17,6 +17,7 @@
 //
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "kernels/cpu/adam.h"
@@ -463,6 +464,103 @@ TEST(EmulatedKernels, ElementwiseInGroupsOfFourGiveTheBitsOfOneAtATime) {
   std::vector<float> want_s(static_cast<std::size_t>(rows * inner));
   kernels::swiglu_forward(want_s.data(), gate_up.data(), rows, inner);
   expect_all_close("swiglu vs cpu", swiglu(0), want_s, kClose);
+}
+
+// A kernel given a companion (Narrow) writes every value it writes to its fp32 output, rounded
+// to 16 bits as the CPU rounds, at the same index of the companion, and nothing else there; its
+// fp32 output keeps the bits it has without one. For both 16-bit types, the fp32 arrays aligned
+// (4 at a time) and one off (one at a time), the companion 8-byte aligned and one element off.
+// `run(out, narrow)` fills `len` values at out (accumulating kernels start from the same values).
+void expect_companion(const char* what, std::int64_t len,
+                      const std::function<int(float*, Narrow)>& run) {
+  constexpr std::uint16_t kUntouched = 0xdead;
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const int off : {0, 1}) {
+      for (const int narrow_off : {0, 1}) {
+        std::vector<float> plain(static_cast<std::size_t>(len + 1));
+        std::vector<float> with(plain.size());
+        ASSERT_EQ(run(plain.data() + off, Narrow{}), 0) << what;
+        std::vector<std::uint16_t> narrow(static_cast<std::size_t>(len + 2), kUntouched);
+        ASSERT_EQ(run(with.data() + off, Narrow{narrow.data() + narrow_off, code}), 0) << what;
+        for (std::int64_t i = 0; i < len; ++i) {
+          const float v = with[static_cast<std::size_t>(off + i)];
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(v),
+                    std::bit_cast<std::uint32_t>(plain[static_cast<std::size_t>(off + i)]))
+              << what << ": element " << i << " changed with a companion";
+          std::uint16_t want = 0;
+          kernels::cast_array(&want, type, &v, kernels::DType::kF32, 1);
+          ASSERT_EQ(narrow[static_cast<std::size_t>(narrow_off + i)], want)
+              << what << " code " << code << " offsets " << off << " " << narrow_off << ": element "
+              << i;
+        }
+        EXPECT_EQ(narrow[0] == kUntouched, narrow_off == 1 || len == 0) << what;
+        EXPECT_EQ(narrow[static_cast<std::size_t>(narrow_off + len)], kUntouched) << what;
+        if (narrow_off == 0) {
+          EXPECT_EQ(narrow.back(), kUntouched) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(EmulatedKernels, CompanionsHoldTheRoundingOfEveryValueWritten) {
+  const std::int64_t rows = 6, inner = 36, c = 100, n = rows * 2 * inner + 1;  // n: a rest of 1
+  const std::vector<float> x = random_floats(n, 61, -6.0f, 6.0f), y = random_floats(n, 62);
+  const std::vector<float> d = random_floats(n, 63), w = random_floats(c, 64);
+  const std::vector<float> bias = random_floats(c, 65);
+  auto into = [](float* out, const std::vector<float>& from, std::int64_t len) {
+    std::copy(from.begin(), from.begin() + len, out);
+  };
+  expect_companion("gelu", n, [&](float* out, Narrow nw) {
+    return run_gelu_forward(kEmulator, out, x.data(), n, nw);
+  });
+  expect_companion("gelu backward", n, [&](float* out, Narrow nw) {
+    into(out, y, n);
+    return run_gelu_backward(kEmulator, out, x.data(), d.data(), n, nw);
+  });
+  expect_companion("swiglu", rows * inner, [&](float* out, Narrow nw) {
+    return run_swiglu_forward(kEmulator, out, x.data(), rows, inner, nw);
+  });
+  expect_companion("swiglu backward", rows * 2 * inner, [&](float* out, Narrow nw) {
+    return run_swiglu_backward(kEmulator, out, x.data(), d.data(), rows, inner, nw);
+  });
+  const std::int64_t r = 5;  // rows of c channels for the norms
+  std::vector<float> mean(r), rstd(r), res(r * c);
+  expect_companion("layernorm", r * c, [&](float* out, Narrow nw) {
+    return run_layernorm_forward(kEmulator, out, mean.data(), rstd.data(), x.data(), w.data(),
+                                 bias.data(), r, c, 1e-5, nw);
+  });
+  expect_companion("add + layernorm", r * c, [&](float* out, Narrow nw) {
+    into(res.data(), x, r * c);
+    return run_add_layernorm_forward(kEmulator, res.data(), y.data(), out, mean.data(), rstd.data(),
+                                     w.data(), bias.data(), r, c, 1e-5, nw);
+  });
+  expect_companion("rmsnorm", r * c, [&](float* out, Narrow nw) {
+    return run_rmsnorm_forward(kEmulator, out, rstd.data(), x.data(), w.data(), r, c, 1e-6, nw);
+  });
+  expect_companion("add + rmsnorm", r * c, [&](float* out, Narrow nw) {
+    into(res.data(), x, r * c);
+    return run_add_rmsnorm_forward(kEmulator, res.data(), y.data(), out, rstd.data(), w.data(), r,
+                                   c, 1e-6, nw);
+  });
+  const cuda::ColumnReducePlan plan = cuda::plan_column_reduce(r, c, 2, 1 << 20);
+  std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * 2 * c));
+  std::vector<float> dw(c), db(c);
+  ASSERT_EQ(run_layernorm_forward(kEmulator, res.data(), mean.data(), rstd.data(), x.data(),
+                                  w.data(), bias.data(), r, c, 1e-5),
+            0);
+  expect_companion("layernorm dx", r * c, [&](float* out, Narrow nw) {
+    into(out, y, r * c);
+    return run_layernorm_backward(kEmulator, out, dw.data(), db.data(), d.data(), x.data(),
+                                  w.data(), mean.data(), rstd.data(), r, c, plan, scratch.data(),
+                                  nw);
+  });
+  expect_companion("rmsnorm dx", r * c, [&](float* out, Narrow nw) {
+    into(out, y, r * c);
+    return run_rmsnorm_backward(kEmulator, out, dw.data(), d.data(), x.data(), w.data(),
+                                rstd.data(), r, c, plan, scratch.data(), nw);
+  });
 }
 
 TEST(EmulatedKernels, FallbackGemmMatchesTheCpu) {

@@ -80,6 +80,13 @@ class CudaBackend final : public Backend {
   void choose_fast_paths(const OpsScratch& scratch);
   void choose_cudnn(const OpsScratch& scratch, const std::vector<std::int64_t>& flash_sizes,
                     bool bf16);
+  // The activations' companions' check (kActivations16Name): A and B copied into buffers paired
+  // with 16-bit companions and written again, unchanged, by a kernel that writes companions
+  // (gelu_backward adding GELU'(0) x 0); the product must read both from them (the bias then
+  // added by the verified kernel). check_gemm_bias judges the values.
+  Result<bool> companion_product(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                                 const float* bias, float* c);
 
   std::string name() const override {
     return fmt::format("cuda:{}", options_.device);
@@ -250,6 +257,8 @@ class CudaBackend final : public Backend {
         p.declined = 0;  // it takes every shape
       } else if (p.name == kWeights16Name) {
         p.uses = gemm_->twin_calls();
+      } else if (p.name == kActivations16Name) {
+        p.uses = gemm_->companion_reads();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -489,6 +498,48 @@ Status CudaBackend::checked_once(const std::string& key, const std::function<Sta
 // The fast paths, each checked on small shapes against its reference (backend/fast_path.h). The
 // checks call the launchers directly, not through the ops, so that a refused launch is the check's
 // result and not the backend's sticky error.
+Result<bool> CudaBackend::companion_product(bool ta, bool tb, std::int64_t m, std::int64_t n,
+                                            std::int64_t k, const float* a, std::int64_t lda,
+                                            const float* b, std::int64_t ldb, const float* bias,
+                                            float* c) {
+  const std::int64_t a_elements = (ta ? k : m) * lda, b_elements = (tb ? n : k) * ldb;
+  const std::int64_t most = std::max(a_elements, b_elements);
+  const auto bytes = [](std::int64_t elements, std::size_t size) {
+    return static_cast<std::uint64_t>(elements) * size;
+  };
+  STRATA_ASSIGN_OR_RETURN(Buffer wide,
+                          allocate_device(bytes(a_elements + b_elements, 4), "GEMM check", 256));
+  STRATA_ASSIGN_OR_RETURN(Buffer narrow,
+                          allocate_device(bytes(a_elements + b_elements, 2), "GEMM check", 256));
+  STRATA_ASSIGN_OR_RETURN(Buffer zeros, allocate_device(bytes(most, 4), "GEMM check", 256));
+  float* a2 = wide.as<float>();
+  float* b2 = a2 + a_elements;
+  auto* a16 = static_cast<std::uint16_t*>(narrow.data());
+  ops_->pair_narrow(a2, a16, a_elements);
+  ops_->pair_narrow(b2, a16 + a_elements, b_elements);
+  ops_->zero(zeros.as<float>(), most);
+  ops_->copy(a2, a, a_elements);
+  ops_->copy(b2, b, b_elements);
+  ops_->gelu_backward(a2, zeros.as<float>(), zeros.as<float>(), a_elements);
+  ops_->gelu_backward(b2, zeros.as<float>(), zeros.as<float>(), b_elements);
+  const std::int64_t before = gemm_->companion_reads();
+  const Status product = gemm_->gemm(ta, tb, m, n, k, 1.0f, a2, lda, b2, ldb, 0.0f, c, n);
+  const std::int64_t reads = gemm_->companion_reads() - before;
+  ops_->unpair_narrow(a2);
+  ops_->unpair_narrow(b2);
+  STRATA_TRY(product);
+  STRATA_TRY(
+      STRATA_CUDA_CHECK(cuda_kernels::add_bias(stream_of(StreamKind::kCompute), c, bias, m, n)));
+  STRATA_TRY(synchronize(StreamKind::kCompute));  // the buffers are freed on return
+  STRATA_TRY(sink_.first());
+  if (reads != 2) {
+    return Status(
+        ErrorCode::kUnavailable,
+        fmt::format("the product read {} of its 2 operands from their companions", reads));
+  }
+  return true;
+}
+
 void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   const bool sixteen_bit =
       strata::cuda::converts_operands(options_.gemm_precision) && scratch.sixteen != nullptr;
@@ -623,6 +674,31 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
               fp16);
         });
     gemm_->use_weight_twins(on);
+  }
+  // Activations' 16-bit companions (Ops::pair_narrow), written by the kernels that write the
+  // activations and read by the GEMMs: 16-bit GEMM inputs only.
+  if (!strata::cuda::converts_operands(options_.gemm_precision)) {
+    fast_paths_.not_applicable(kActivations16Name, kActivations16Replaces,
+                               "the GEMM inputs are fp32 (strata.gemm_precision)");
+  } else {
+    const bool fp16 = options_.gemm_precision == strata::cuda::GemmPrecision::kFp16;
+    const backend::DType type = fp16 ? backend::DType::kF16 : backend::DType::kBF16;
+    ops_->use_companions(type);
+    const bool on = fast_paths_.adopt(
+        kActivations16Name, kActivations16Replaces,
+        "the norms, GELU and SwiGLU write each activation's 16-bit rounding beside it, and every "
+        "product of one block reads an operand from there",
+        [&] {
+          return check_gemm_bias(
+              *this,
+              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                  float* c) -> Result<bool> {
+                return companion_product(ta, tb, m, n, k, a, lda, b, ldb, bias, c);
+              },
+              fp16);
+        });
+    if (!on) ops_->use_companions(backend::DType::kF32);
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
 

@@ -88,6 +88,7 @@ void CudaOps::embedding_forward(float* out, const std::int32_t* tokens,
                                 const std::int32_t* positions, const float* wte, const float* wpe,
                                 std::int64_t rows, std::int64_t seq_len, std::int64_t channels) {
   STRATA_ASSERT(seq_len > 0 && channels > 0);
+  wrote(out, rows * channels);
   STRATA_OPS_CHECK(
       ck::embedding_forward(stream_, out, tokens, positions, wte, wpe, rows, seq_len, channels),
       "embedding_forward");
@@ -106,8 +107,13 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout,
 void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
                                 const float* w, const float* b, std::int64_t rows,
                                 std::int64_t channels, double eps) {
-  STRATA_OPS_CHECK(ck::layernorm_forward(stream_, out, mean, rstd, x, w, b, rows, channels, eps),
-                   "layernorm_forward");
+  const ck::Narrow narrow = narrow_for(out, rows * channels);
+  wrote(mean, rows);
+  wrote(rstd, rows);
+  STRATA_OPS_CHECK(
+      ck::layernorm_forward(stream_, out, mean, rstd, x, w, b, rows, channels, eps, narrow),
+      "layernorm_forward");
+  wrote(out, rows * channels, narrow);
 }
 
 void CudaOps::add_layernorm_forward(float* res, const float* x, float* out, float* mean,
@@ -118,9 +124,14 @@ void CudaOps::add_layernorm_forward(float* res, const float* x, float* out, floa
     return;
   }
   ++fused_norm_calls_;
-  STRATA_OPS_CHECK(
-      ck::add_layernorm_forward(stream_, res, x, out, mean, rstd, w, b, rows, channels, eps),
-      "add_layernorm_forward");
+  const ck::Narrow narrow = narrow_for(out, rows * channels);
+  wrote(res, rows * channels);
+  wrote(mean, rows);
+  wrote(rstd, rows);
+  STRATA_OPS_CHECK(ck::add_layernorm_forward(stream_, res, x, out, mean, rstd, w, b, rows, channels,
+                                             eps, narrow),
+                   "add_layernorm_forward");
+  wrote(out, rows * channels, narrow);
 }
 
 void CudaOps::add_rmsnorm_forward(float* res, const float* x, float* out, float* rstd,
@@ -131,8 +142,13 @@ void CudaOps::add_rmsnorm_forward(float* res, const float* x, float* out, float*
     return;
   }
   ++fused_norm_calls_;
-  STRATA_OPS_CHECK(ck::add_rmsnorm_forward(stream_, res, x, out, rstd, w, rows, channels, eps),
-                   "add_rmsnorm_forward");
+  const ck::Narrow narrow = narrow_for(out, rows * channels);
+  wrote(res, rows * channels);
+  wrote(rstd, rows);
+  STRATA_OPS_CHECK(
+      ck::add_rmsnorm_forward(stream_, res, x, out, rstd, w, rows, channels, eps, narrow),
+      "add_rmsnorm_forward");
+  wrote(out, rows * channels, narrow);
 }
 
 void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
@@ -141,15 +157,20 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 2, "layernorm_backward");
   if (p.chunks == 0) return;
+  const ck::Narrow narrow = narrow_for(dx, rows * channels);
   STRATA_OPS_CHECK(ck::layernorm_backward(stream_, dx, dw, db, dout, x, w, mean, rstd, rows,
-                                          channels, p, scratch_.reduce),
+                                          channels, p, scratch_.reduce, narrow),
                    "layernorm_backward");
+  wrote(dx, rows * channels, narrow);
 }
 
 void CudaOps::rmsnorm_forward(float* out, float* rstd, const float* x, const float* w,
                               std::int64_t rows, std::int64_t channels, double eps) {
-  STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, out, rstd, x, w, rows, channels, eps),
+  const ck::Narrow narrow = narrow_for(out, rows * channels);
+  wrote(rstd, rows);
+  STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, out, rstd, x, w, rows, channels, eps, narrow),
                    "rmsnorm_forward");
+  wrote(out, rows * channels, narrow);
 }
 
 void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
@@ -158,15 +179,19 @@ void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const fl
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "rmsnorm_backward");
   if (p.chunks == 0) return;
-  STRATA_OPS_CHECK(
-      ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p, scratch_.reduce),
-      "rmsnorm_backward");
+  const ck::Narrow narrow = narrow_for(dx, rows * channels);
+  STRATA_OPS_CHECK(ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p,
+                                        scratch_.reduce, narrow),
+                   "rmsnorm_backward");
+  wrote(dx, rows * channels, narrow);
 }
 
 void CudaOps::rmsnorm_heads_forward(float* out, float* rstd, const float* x, const float* w,
                                     std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
                                     std::int64_t x_stride, std::int64_t out_stride, double eps) {
   STRATA_ASSERT(x_stride >= heads * head_dim && out_stride >= heads * head_dim);
+  wrote(out, rows * out_stride);
+  wrote(rstd, rows * heads);
   STRATA_OPS_CHECK(ck::rmsnorm_heads_forward(stream_, out, rstd, x, w, rows, heads, head_dim,
                                              x_stride, out_stride, eps),
                    "rmsnorm_heads_forward");
@@ -180,35 +205,47 @@ void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const 
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
   if (p.chunks == 0) return;
+  wrote(d, rows * d_stride);
   STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
                                               d_stride, x_stride, p, scratch_.reduce),
                    "rmsnorm_heads_backward");
 }
 
 void CudaOps::gelu_forward(float* out, const float* x, std::int64_t n) {
-  STRATA_OPS_CHECK(ck::gelu_forward(stream_, out, x, n), "gelu_forward");
+  const ck::Narrow narrow = narrow_for(out, n);
+  STRATA_OPS_CHECK(ck::gelu_forward(stream_, out, x, n, narrow), "gelu_forward");
+  wrote(out, n, narrow);
 }
 
 void CudaOps::gelu_backward(float* dx, const float* x, const float* dout, std::int64_t n) {
-  STRATA_OPS_CHECK(ck::gelu_backward(stream_, dx, x, dout, n), "gelu_backward");
+  const ck::Narrow narrow = narrow_for(dx, n);
+  STRATA_OPS_CHECK(ck::gelu_backward(stream_, dx, x, dout, n, narrow), "gelu_backward");
+  wrote(dx, n, narrow);
 }
 
 void CudaOps::swiglu_forward(float* out, const float* gate_up, std::int64_t rows,
                              std::int64_t inner) {
-  STRATA_OPS_CHECK(ck::swiglu_forward(stream_, out, gate_up, rows, inner), "swiglu_forward");
+  const ck::Narrow narrow = narrow_for(out, rows * inner);
+  STRATA_OPS_CHECK(ck::swiglu_forward(stream_, out, gate_up, rows, inner, narrow),
+                   "swiglu_forward");
+  wrote(out, rows * inner, narrow);
 }
 
 void CudaOps::swiglu_backward(float* dgate_up, const float* gate_up, const float* dout,
                               std::int64_t rows, std::int64_t inner) {
-  STRATA_OPS_CHECK(ck::swiglu_backward(stream_, dgate_up, gate_up, dout, rows, inner),
+  const ck::Narrow narrow = narrow_for(dgate_up, 2 * rows * inner);
+  STRATA_OPS_CHECK(ck::swiglu_backward(stream_, dgate_up, gate_up, dout, rows, inner, narrow),
                    "swiglu_backward");
+  wrote(dgate_up, 2 * rows * inner, narrow);
 }
 
 void CudaOps::add(float* out, const float* a, const float* b, std::int64_t n) {
+  wrote(out, n);
   STRATA_OPS_CHECK(ck::add(stream_, out, a, b, n), "add");
 }
 
 void CudaOps::add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) {
+  wrote(x, rows * channels);
   STRATA_OPS_CHECK(ck::add_bias(stream_, x, bias, rows, channels), "add_bias");
 }
 
@@ -233,12 +270,14 @@ void check_rope(const backend::RopeShape& s) {
 void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
                            const float* sin) {
   check_rope(shape);
+  wrote(x, shape.rows * shape.stride);
   STRATA_OPS_CHECK(ck::rope(stream_, x, shape, cos, sin, 1.0f), "rope_forward");
 }
 
 void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
                             const float* sin) {
   check_rope(shape);
+  wrote(dx, shape.rows * shape.stride);
   STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f), "rope_backward");
 }
 
@@ -313,6 +352,9 @@ bool CudaOps::staged_ran(cudaError_t result, const char* op) {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
+  const std::int64_t rows = shape.batch * shape.seq_len;
+  wrote(out, rows * shape.out_stride);
+  wrote(lse, rows * shape.heads);
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                              scratch_.sixteen_elements, out, lse, q, k, v, shape),
@@ -341,6 +383,10 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
+  const std::int64_t rows = shape.batch * shape.seq_len;
+  wrote(dq, rows * shape.q_stride);
+  wrote(dk, rows * shape.kv_stride);
+  wrote(dv, rows * shape.kv_stride);
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
@@ -371,6 +417,7 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
 void CudaOps::cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
                                     std::int64_t rows, std::int64_t vocab) {
   STRATA_ASSERT(vocab > 0);
+  wrote(losses, rows);
   STRATA_OPS_CHECK(ck::cross_entropy_forward(stream_, losses, logits, targets, rows, vocab),
                    "cross_entropy_forward");
 }
@@ -378,6 +425,8 @@ void CudaOps::cross_entropy_forward(float* losses, const float* logits, const st
 void CudaOps::cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
                                   std::int64_t rows, std::int64_t vocab, double grad_scale) {
   STRATA_ASSERT(vocab > 0);
+  wrote(logits, rows * vocab);
+  wrote(losses, rows);
   STRATA_OPS_CHECK(ck::cross_entropy_fused(stream_, logits, losses, targets, rows, vocab,
                                            static_cast<float>(grad_scale)),
                    "cross_entropy_fused");
@@ -405,28 +454,33 @@ double CudaOps::sum(const float* x, std::int64_t n) {
 }
 
 void CudaOps::scale(float* x, std::int64_t n, double alpha) {
+  wrote(x, n);
   STRATA_OPS_CHECK(ck::scale(stream_, x, n, static_cast<float>(alpha)), "scale");
 }
 
 void CudaOps::zero(float* x, std::int64_t n) {
   if (n <= 0) return;
+  wrote(x, n);
   STRATA_OPS_CHECK(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float), stream_),
                    "cudaMemsetAsync (zero)");
 }
 
 void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
   if (n <= 0) return;
+  wrote(dst, n);
   STRATA_OPS_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync (copy)");
 }
 
 void CudaOps::cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) {
+  wrote(dst, n);
   STRATA_OPS_CHECK(ck::cast(stream_, dst, ck::kCodeF32, src, static_cast<int>(src_type), n),
                    "cast_from");
 }
 
 void CudaOps::cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) {
+  if (n > 0) wrote_bytes(dst, static_cast<std::uint64_t>(n) * kernels::dtype_bytes(dst_type));
   STRATA_OPS_CHECK(ck::cast(stream_, dst, static_cast<int>(dst_type), src, ck::kCodeF32, n),
                    "cast_to");
 }
@@ -439,6 +493,47 @@ void CudaOps::note_widened(const float* wide, const void* narrow, backend::DType
 
 void CudaOps::forget_widened(const float* wide) {
   gemm_->forget_widened(wide);
+}
+
+void CudaOps::use_companions(backend::DType type) {
+  STRATA_ASSERT(type == backend::DType::kF32 || type == backend::DType::kBF16 ||
+                type == backend::DType::kF16);
+  narrow_type_ = type;
+  gemm_->use_companions(type != backend::DType::kF32);
+  if (type == backend::DType::kF32) pairs_.clear();
+}
+
+void CudaOps::pair_narrow(const float* wide, void* narrow, std::int64_t n) {
+  if (narrow_type_ == backend::DType::kF32 || n < 1) return;
+  unpair_narrow(wide);
+  pairs_.push_back({wide, narrow, n});
+}
+
+void CudaOps::unpair_narrow(const float* wide) {
+  for (const Pair& p : pairs_) {
+    if (p.wide == wide) wrote(p.wide, p.n);  // what the GEMMs knew of it goes too
+  }
+  std::erase_if(pairs_, [wide](const Pair& p) { return p.wide == wide; });
+}
+
+ck::Narrow CudaOps::narrow_for(const float* out, std::int64_t n) const {
+  if (narrow_type_ == backend::DType::kF32 || n < 1) return {};
+  for (const Pair& p : pairs_) {
+    if (out >= p.wide && out + n <= p.wide + p.n) {
+      return {static_cast<std::uint16_t*>(p.narrow) + (out - p.wide),
+              static_cast<int>(narrow_type_)};
+    }
+  }
+  return {};
+}
+
+void CudaOps::wrote(const float* out, std::int64_t n, const ck::Narrow& narrow) {
+  if (n < 1) return;
+  if (narrow.p != nullptr) {
+    gemm_->note_rounded(out, narrow.p, narrow.code, n);
+  } else {
+    gemm_->forget_written(out, static_cast<std::uint64_t>(n) * sizeof(float));
+  }
 }
 
 // ---- CudaOptimizerOps

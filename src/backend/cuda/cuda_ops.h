@@ -113,6 +113,12 @@ class CudaOps final : public backend::Ops<float> {
   void note_widened(const float* wide, const void* narrow, backend::DType type,
                     std::int64_t n) override;
   void forget_widened(const float* wide) override;
+  backend::DType narrow_type() const override { return narrow_type_; }
+  void pair_narrow(const float* wide, void* narrow, std::int64_t n) override;
+  void unpair_narrow(const float* wide) override;
+  // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
+  // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
+  void use_companions(backend::DType type);
 
   // Attention of these head sizes runs the tensor-core flash kernels on inputs rounded to bf16
   // (`bf16`, else fp16) where the shape allows (launch_plan.h's flash_io_takes), the fp32 kernels
@@ -148,6 +154,21 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t fp32_attention_calls() const { return fp32_attention_calls_; }
 
  private:
+  struct Pair {
+    const float* wide = nullptr;
+    void* narrow = nullptr;
+    std::int64_t n = 0;
+  };
+  // The companion for the n values written at `out` (inside one paired buffer), or none.
+  cuda_kernels::Narrow narrow_for(const float* out, std::int64_t n) const;
+  // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
+  // read it; otherwise they forget what they knew of those values.
+  void wrote(const float* out, std::int64_t n, const cuda_kernels::Narrow& narrow = {});
+  // `bytes` at p were written without a companion.
+  void wrote_bytes(const void* p, std::uint64_t bytes) { gemm_->forget_written(p, bytes); }
+
+  backend::DType narrow_type_ = backend::DType::kF32;
+  std::vector<Pair> pairs_;
   void check(cudaError_t result, const char* op, const char* file, int line);
   // Whether a GEMM engine epilogue call is done: it fused, or it failed (reported to the sink);
   // false: the caller runs the unfused ops.
