@@ -21,5 +21,9 @@ struct Narrow {
   std::uint16_t* p = nullptr;
   int code = kCodeBF16;
 };
+// The companions of an attention backward's three gradients (dq, dk, dv).
+struct QkvNarrow {
+  Narrow q, k, v;
+};
 
 }  // namespace strata::cuda_kernels

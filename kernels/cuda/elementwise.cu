@@ -54,9 +54,9 @@ cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha) {
 }
 
 cudaError_t rope(cudaStream_t s, float* x, const RopeShape& shape, const float* cos,
-                 const float* sin, float direction) {
+                 const float* sin, float direction, Narrow narrow) {
   if (shape.rows * shape.heads * shape.head_dim <= 0) return cudaSuccess;
-  return run_rope(CudaLauncher{s}, x, shape, cos, sin, direction);
+  return run_rope(CudaLauncher{s}, x, shape, cos, sin, direction, narrow);
 }
 
 cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,

@@ -226,7 +226,7 @@ __global__ void scale_kernel(float* x, std::int64_t n, float alpha) {
 // One thread per (row, head, d < R/2) pair (d, d + R/2) of the R rotated dimensions: Hugging
 // Face's rotate_half; the head's dimensions past R are left alone.
 __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, const float* cos,
-                            const float* sin, float direction) {
+                            const float* sin, float direction, Narrow narrow) {
   const std::int64_t total = p.rows * p.heads * half;
   const std::int64_t stride = p.stride, heads = p.heads, head_dim = p.head_dim;
   for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
@@ -242,6 +242,8 @@ __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, c
     const float s = direction * sin[t * half + d];
     *x1 = a * c - b * s;
     *x2 = b * c + a * s;
+    store_narrow(narrow, x1 - x, *x1);
+    store_narrow(narrow, x2 - x, *x2);
   }
 }
 
@@ -314,14 +316,21 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
 }
 
 // The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,
-// leading dimension src_ld), exactly.
+// leading dimension src_ld), exactly; with a companion (`also`, leading dimension dst_ld) the
+// values rounded to its type too.
 __global__ void cast_block_from_16_kernel(float* dst, std::int64_t dst_ld, const std::uint16_t* src,
                                           int src_code, std::int64_t src_ld, std::int64_t rows,
-                                          std::int64_t cols) {
+                                          std::int64_t cols, Narrow also) {
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     convert_run(dst + r * dst_ld, src + r * src_ld, src_code, cols, first, stride);
+    if (also.p == nullptr) continue;
+    const Narrow row{also.p + r * dst_ld, also.code};
+    for (std::int64_t c = first; c < cols; c += stride)
+      store_narrow(row, c,
+                   convert_element(src[r * src_ld + c], src_code, static_cast<float*>(nullptr)));
+  }
 }
 
 // The grid of the block casts: threads over columns, 4 to a thread, at most 64 blocks of them;
@@ -394,10 +403,10 @@ auto run_scale(const L& launch, float* x, std::int64_t n, float alpha) {
 
 template <typename L>
 auto run_rope(const L& launch, float* x, const kernels::RopeShape& shape, const float* cos,
-              const float* sin, float direction) {
+              const float* sin, float direction, Narrow narrow = {}) {
   const std::int64_t half = (shape.rotary_dim > 0 ? shape.rotary_dim : shape.head_dim) / 2;
   return launch(rope_kernel, elementwise_grid(shape.rows * shape.heads * half),
-                dim3(kElementwiseThreads), 0, x, shape, half, cos, sin, direction);
+                dim3(kElementwiseThreads), 0, x, shape, half, cos, sin, direction, narrow);
 }
 
 template <typename L>
@@ -419,11 +428,11 @@ auto run_cast_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t
 
 template <typename L>
 auto run_cast_block_from_16(const L& launch, float* dst, std::int64_t dst_ld, const void* src,
-                            int src_code, std::int64_t src_ld, std::int64_t rows,
-                            std::int64_t cols) {
+                            int src_code, std::int64_t src_ld, std::int64_t rows, std::int64_t cols,
+                            Narrow also = {}) {
   return launch(cast_block_from_16_kernel, cast_block_grid(rows, cols), dim3(kElementwiseThreads),
                 0, dst, dst_ld, static_cast<const std::uint16_t*>(src), src_code, src_ld, rows,
-                cols);
+                cols, also);
 }
 
 }  // namespace

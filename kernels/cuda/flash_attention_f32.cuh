@@ -78,13 +78,21 @@ struct Narrow {
   const float* src;
   std::int64_t src_ld, cols;
 };
-// `rows` rows of compact 16-bit `src` widened into fp32 `dst` (leading dimension dst_ld).
+// `rows` rows of compact 16-bit `src` widened into fp32 `dst` (leading dimension dst_ld), and
+// rounded into dst's companion where `also` has one (its pointer at dst's first element).
 struct Widen {
   float* dst;
   std::int64_t dst_ld;
   const std::uint16_t* src;
   std::int64_t cols;
+  cuda_kernels::Narrow also;
 };
+
+// The companion's pointer `offset` elements on (none stays none).
+inline cuda_kernels::Narrow advance(cuda_kernels::Narrow n, std::int64_t offset) {
+  if (n.p != nullptr) n.p += offset;
+  return n;
+}
 
 template <typename L, std::size_t N>
 LaunchResult<L> narrow(const L& launch, int code, std::int64_t rows, const Narrow (&pieces)[N]) {
@@ -100,7 +108,8 @@ template <typename L, std::size_t N>
 LaunchResult<L> widen(const L& launch, int code, std::int64_t rows, const Widen (&pieces)[N]) {
   LaunchResult<L> err{};
   for (const Widen& p : pieces) {
-    err = run_cast_block_from_16(launch, p.dst, p.dst_ld, p.src, code, p.cols, rows, p.cols);
+    err =
+        run_cast_block_from_16(launch, p.dst, p.dst_ld, p.src, code, p.cols, rows, p.cols, p.also);
     if (!launched(err)) return err;
   }
   return err;
@@ -167,7 +176,7 @@ template <typename E, typename L, typename Inner>
 flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* out, float* lse, const float* q, const float* k, const float* v,
-    const kernels::AttentionShape& shape) {
+    const kernels::AttentionShape& shape, Narrow out_narrow = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
@@ -175,7 +184,9 @@ flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
     auto err = inner.forward(o16, lse + p.b0 * shape.heads * io.T, p.q16, p.k16, p.v16,
                              d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
-    const d::Widen result[] = {{out + p.first * shape.out_stride, shape.out_stride, o16, io.hd}};
+    const std::int64_t at = p.first * shape.out_stride;
+    const d::Widen result[] = {
+        {out + at, shape.out_stride, o16, io.hd, d::advance(out_narrow, at)}};
     return d::widen(launch, io.code, p.rows, result);
   });
 }
@@ -184,7 +195,8 @@ template <typename E, typename L, typename Inner>
 flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
-    const float* q, const float* k, const float* v, const kernels::AttentionShape& shape) {
+    const float* q, const float* k, const float* v, const kernels::AttentionShape& shape,
+    QkvNarrow d_narrow = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
@@ -202,9 +214,11 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     err = inner.backward(dq16, dk16, dv16, delta, do16, o16, lse + p.b0 * shape.heads * io.T, p.q16,
                          p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
-    const d::Widen result[] = {{dq + p.first * shape.q_stride, shape.q_stride, dq16, hd},
-                               {dk + p.first * shape.kv_stride, shape.kv_stride, dk16, kvd},
-                               {dv + p.first * shape.kv_stride, shape.kv_stride, dv16, kvd}};
+    const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
+    const d::Widen result[] = {
+        {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
+        {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},
+        {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
     return d::widen(launch, io.code, rows, result);
   });
 }
@@ -214,19 +228,19 @@ template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
     float* lse, const float* q, const float* k, const float* v,
-    const kernels::AttentionShape& shape) {
+    const kernels::AttentionShape& shape, Narrow out_narrow = {}) {
   return run_attention16_forward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
-                                        workspace_elements, out, lse, q, k, v, shape);
+                                        workspace_elements, out, lse, q, k, v, shape, out_narrow);
 }
 
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
-    const float* k, const float* v, const kernels::AttentionShape& shape) {
+    const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {}) {
   return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                          workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
-                                         shape);
+                                         shape, d_narrow);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -269,6 +269,11 @@ void GemmEngine::note_rounded(const float* wide, const void* narrow, int code, s
   twins_.push_back({wide, narrow, code, n, true});
 }
 
+bool GemmEngine::has_companion(const float* p, std::int64_t n, int code) const {
+  bool companion = false;
+  return twin_of(p, 1, n, n, code, &companion) != nullptr && companion;
+}
+
 void GemmEngine::forget_written(const void* p, std::uint64_t bytes) {
   if (twins_.empty() || bytes == 0) return;
   const auto begin = reinterpret_cast<std::uintptr_t>(p);
@@ -300,6 +305,21 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
                                  std::int64_t ldc, const GemmEpilogue& epilogue) {
+  const int code =
+      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
+  // An operand already in 16 bits (a weight's parameters, an activation's companion) is read in
+  // place instead of converted: both, one call without the workspace; one, its blocks are read
+  // where they lie while the other's are converted.
+  bool a_companion = false, b_companion = false;
+  const auto* a16 = static_cast<const std::uint16_t*>(
+      twin_of(a, trans_a ? k : m, trans_a ? m : k, lda, code, &a_companion));
+  const auto* b16 = static_cast<const std::uint16_t*>(
+      twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code, &b_companion));
+  if (b16 != nullptr && !b_companion) ++twin_calls_;
+  companion_reads_ += (a16 != nullptr && a_companion) + (b16 != nullptr && b_companion);
+  if (a16 != nullptr && b16 != nullptr) {
+    return run(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc, code, epilogue);
+  }
   const cuda::GemmBlocking blocking =
       cuda::plan_gemm_blocking(trans_a, trans_b, m, n, k, config_.convert_elements);
   // An epilogue applies only to a product that is one cuBLASLt call (a blocked product would need
@@ -310,8 +330,6 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
     if (epilogue.aux != nullptr) return Status::ok();
     whole = {};
   }
-  const int code =
-      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::uint16_t* b_ws = a_ws + blocking.a_elements;
   auto convert_to = [&](std::uint16_t* dst) {
@@ -320,29 +338,24 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
           stream_, dst, code, copy.dst_ld, copy.src, copy.src_ld, copy.rows, copy.cols));
     };
   };
-  // An operand already in 16 bits (a weight's parameters, an activation's companion) is read in
-  // place instead of converted; only for a product that is one block.
-  bool a_companion = false, b_companion = false;
-  const bool whole_product = blocking.blocks() == 1;
-  const void* a16 = whole_product
-                        ? twin_of(a, trans_a ? k : m, trans_a ? m : k, lda, code, &a_companion)
-                        : nullptr;
-  const void* b16 = whole_product
-                        ? twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code, &b_companion)
-                        : nullptr;
-  if (b16 != nullptr && !b_companion) ++twin_calls_;
-  companion_reads_ += (a16 != nullptr && a_companion) + (b16 != nullptr && b_companion);
+  // A 16-bit operand's block lies at its fp32 block's offset.
+  const std::uint16_t* a_block16 = nullptr;
+  const std::uint16_t* b_block16 = nullptr;
   auto convert_a = [&](const BlockCopy& copy) {
-    return a16 != nullptr ? Status::ok() : convert_to(a_ws)(copy);
+    if (a16 == nullptr) return convert_to(a_ws)(copy);
+    a_block16 = a16 + (copy.src - a);
+    return Status::ok();
   };
   auto convert_b = [&](const BlockCopy& copy) {
-    return b16 != nullptr ? Status::ok() : convert_to(b_ws)(copy);
+    if (b16 == nullptr) return convert_to(b_ws)(copy);
+    b_block16 = b16 + (copy.src - b);
+    return Status::ok();
   };
   return walk_gemm_blocks(blocking, trans_a, trans_b, a, lda, b, ldb, beta, c, ldc, convert_a,
                           convert_b, [&](const BlockProduct& p) {
-                            const void* a_in = a16 != nullptr ? a16 : a_ws;
+                            const void* a_in = a16 != nullptr ? a_block16 : a_ws;
                             const std::int64_t a_ld = a16 != nullptr ? lda : p.a_ld;
-                            const void* b_in = b16 != nullptr ? b16 : b_ws;
+                            const void* b_in = b16 != nullptr ? b_block16 : b_ws;
                             const std::int64_t b_ld = b16 != nullptr ? ldb : p.b_ld;
                             return run(trans_a, trans_b, p.m, p.n, p.k, alpha, a_in, a_ld, b_in,
                                        b_ld, p.beta, p.c, ldc, code, whole);

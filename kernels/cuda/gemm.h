@@ -118,6 +118,9 @@ class GemmEngine {
   // an activation's) overlapping them is forgotten.
   void forget_written(const void* p, std::uint64_t bytes);
   static constexpr int kCompanionsMax = 1024;
+  // Whether the n floats at p lie inside one range noted by note_rounded for 16-bit `code` (their
+  // companion holds their rounding).
+  bool has_companion(const float* p, std::int64_t n, int code) const;
   // Operands read from an activation's companion.
   std::int64_t companion_reads() const { return companion_reads_; }
 

@@ -42,7 +42,7 @@ cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t r
 cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha);
 // direction +1: the forward rotation; -1: its transpose (backward).
 cudaError_t rope(cudaStream_t s, float* x, const RopeShape& shape, const float* cos,
-                 const float* sin, float direction);
+                 const float* sin, float direction, Narrow narrow = {});
 // dst[i] = src[i] converted between DTypeCode types.
 cudaError_t cast(cudaStream_t s, void* dst, int dst_code, const void* src, int src_code,
                  std::int64_t n);
@@ -113,19 +113,21 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // The contracts of attention_forward / attention_backward above, computed by the flash kernels on
 // q, k, v (and out, dO) rounded to bf16 (`bf16`, else fp16) in `workspace` (workspace_elements
 // 16-bit elements, 16-byte aligned; launch_plan.h's plan_flash_io); fp32 accumulation and softmax
-// statistics, results widened to fp32. cudaErrorInvalidValue unless
-// flash_f32_supported(shape, workspace_elements) (flash_attention_f32.cuh: head size 64, 80, 96,
-// 128 or 256, whole GQA groups, one batch row fits the workspace). The backward's bits do not
+// statistics, results widened to fp32 (and rounded into their companions, where given: each
+// Narrow's pointer at its array's first element, with the array's stride). cudaErrorInvalidValue
+// unless flash_f32_supported(shape, workspace_elements) (flash_attention_f32.cuh: head size 64, 80,
+// 96, 128 or 256, whole GQA groups, one batch row fits the workspace). The backward's bits do not
 // depend on timing (flash_attention_backward_kernels.cuh).
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,
-                                        const AttentionShape& shape);
+                                        const AttentionShape& shape, Narrow out_narrow = {});
 cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                          std::int64_t workspace_elements, float* dq, float* dk,
                                          float* dv, const float* dout, const float* out,
                                          const float* lse, const float* q, const float* k,
-                                         const float* v, const AttentionShape& shape);
+                                         const float* v, const AttentionShape& shape,
+                                         QkvNarrow d_narrow = {});
 
 // Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
 // q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
@@ -146,20 +148,23 @@ class Attention16 {
 cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
                                     std::uint16_t* workspace, std::int64_t workspace_elements,
                                     float* out, float* lse, const float* q, const float* k,
-                                    const float* v, const AttentionShape& shape);
+                                    const float* v, const AttentionShape& shape,
+                                    Narrow out_narrow = {});
 cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
                                      std::uint16_t* workspace, std::int64_t workspace_elements,
                                      float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
-                                     const float* k, const float* v, const AttentionShape& shape);
+                                     const float* k, const float* v, const AttentionShape& shape,
+                                     QkvNarrow d_narrow = {});
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
                                   const std::int32_t* targets, std::int64_t rows,
                                   std::int64_t vocab);
+// The gradient rounded into its companion too, where `narrow` has one.
 cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
                                 const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                                float grad_scale);
+                                float grad_scale, Narrow narrow = {});
 // Statistics of n elements in double: result[0] = sum (or sum of squares when `squares`),
 // result[1] = count of non-finite elements (as a double). With `accumulate` the statistics are
 // added to result[], else they overwrite it. `partials` holds 2 * kReduceBlocks doubles. Fixed

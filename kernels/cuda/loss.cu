@@ -15,9 +15,10 @@ cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* lo
 
 cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
                                 const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                                float grad_scale) {
+                                float grad_scale, Narrow narrow) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
-  return run_cross_entropy(CudaLauncher{s}, true, logits, losses, targets, rows, vocab, grad_scale);
+  return run_cross_entropy(CudaLauncher{s}, true, logits, losses, targets, rows, vocab, grad_scale,
+                           narrow);
 }
 
 cudaError_t reduce_stats(cudaStream_t s, const void* x, int code, std::int64_t n, bool squares,

@@ -15,11 +15,12 @@ using cuda::kReduceBlocks;
 using cuda::kReduceThreads;
 
 // One block per row: the row's max, then the sum of exp in double, then the loss (and, fused,
-// the gradient written over the logits). A target of -1 gives loss 0 and a zero gradient row.
+// the gradient written over the logits, and rounded into its companion where `narrow` has one). A
+// target of -1 gives loss 0 and a zero gradient row.
 template <bool kFused>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(float* logits, float* losses, const std::int32_t* targets,
-                         std::int64_t vocab, float grad_scale) {
+                         std::int64_t vocab, float grad_scale, Narrow narrow) {
   __shared__ float max_shared[32];
   __shared__ double sum_shared[32];
   const std::int64_t row = blockIdx.x;
@@ -28,8 +29,10 @@ __global__ void __launch_bounds__(kLossThreads)
   if (target < 0) {  // ignored (-1): no loss and, fused, no gradient; uniform over the block
     if (threadIdx.x == 0) losses[row] = 0.0f;
     if constexpr (kFused) {
-      for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+      for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
         x[j] = 0.0f;
+        store_narrow(narrow, row * vocab + j, 0.0f);
+      }
     }
     return;
   }
@@ -49,6 +52,7 @@ __global__ void __launch_bounds__(kLossThreads)
       float g = expf(x[j] - lse) * grad_scale;
       if (j == target) g -= grad_scale;
       x[j] = g;
+      store_narrow(narrow, row * vocab + j, g);
     }
   }
 }
@@ -98,14 +102,14 @@ __global__ void __launch_bounds__(kReduceThreads)
 template <typename L>
 auto run_cross_entropy(const L& launch, bool fused, float* logits, float* losses,
                        const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                       float grad_scale) {
+                       float grad_scale, Narrow narrow = {}) {
   const dim3 grid(static_cast<unsigned>(rows));
   if (fused) {
     return launch(cross_entropy_kernel<true>, grid, dim3(kLossThreads), 0, logits, losses, targets,
-                  vocab, grad_scale);
+                  vocab, grad_scale, narrow);
   }
   return launch(cross_entropy_kernel<false>, grid, dim3(kLossThreads), 0, logits, losses, targets,
-                vocab, grad_scale);
+                vocab, grad_scale, Narrow{});
 }
 
 template <typename L>

@@ -215,6 +215,7 @@ Status ModelRunner<T>::allocate_companions() {
   const backend::DType type = sizing_ ? backend::DType::kBF16 : ops_->narrow_type();
   if (type == backend::DType::kF32) return Status::ok();
   const std::int64_t n = rows_, c = spec_.hidden_size, in = spec_.intermediate_size;
+  const std::int64_t hd = spec_.num_heads * spec_.head_dim;
   auto pair = [&](T* wide, std::int64_t elements) -> Status {
     const std::int64_t narrow_elements =
         (elements * static_cast<std::int64_t>(kernels::dtype_bytes(type)) + sizeof(T) - 1) /
@@ -225,16 +226,20 @@ Status ModelRunner<T>::allocate_companions() {
     paired_.push_back(wide);
     return Status::ok();
   };
-  // What the GEMMs read: each block's normalised inputs and MLP activation (forward, and the
-  // weight gradients), the MLP's input gradient, the residual gradient, the final norm.
+  // What the GEMMs read: each block's normalised inputs, attention output and MLP activation
+  // (forward, and the weight gradients), the MLP's and the attention's input gradients, the
+  // residual gradient, the final norm, the logits' gradient.
   for (BlockActs<T>& a : acts_) {
     STRATA_TRY(pair(a.ln1, n * c));
+    STRATA_TRY(pair(a.att, n * hd));
     STRATA_TRY(pair(a.ln2, n * c));
     STRATA_TRY(pair(a.act, n * in));
   }
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
+  STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
   STRATA_TRY(pair(dres_[1], n * c));
+  STRATA_TRY(pair(logits_, chunk_rows_ * spec_.vocab_size));
   return pair(lnf_, n * c);
 }
 

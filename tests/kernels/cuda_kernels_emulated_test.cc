@@ -561,6 +561,35 @@ TEST(EmulatedKernels, CompanionsHoldTheRoundingOfEveryValueWritten) {
     return run_rmsnorm_backward(kEmulator, out, dw.data(), d.data(), x.data(), w.data(),
                                 rstd.data(), r, c, plan, scratch.data(), nw);
   });
+  // The rotation of whole heads side by side (every value rewritten), in place, both directions.
+  const std::int64_t t = 9, heads = 3, hd = 16;
+  std::vector<float> cos(static_cast<std::size_t>(t * hd / 2)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), t, hd, 10000.0);
+  const kernels::RopeShape rope{2 * t, heads * hd, t, heads, hd, hd, nullptr};
+  for (const float direction : {1.0f, -1.0f}) {
+    expect_companion("rope", 2 * t * heads * hd, [&](float* out, Narrow nw) {
+      into(out, y, 2 * t * heads * hd);
+      return run_rope(kEmulator, out, rope, cos.data(), sin.data(), direction, nw);
+    });
+  }
+  // Cross-entropy's gradient over the logits, in place (row 2 ignored: a zero row).
+  const std::vector<std::int32_t> targets = {3, 0, -1, 40};
+  const std::int64_t vocab = 41;
+  std::vector<float> losses(targets.size());
+  expect_companion("cross-entropy gradient", 4 * vocab, [&](float* out, Narrow nw) {
+    into(out, x, 4 * vocab);
+    return run_cross_entropy(kEmulator, true, out, losses.data(), targets.data(), 4, vocab, 0.5f,
+                             nw);
+  });
+  // The 16-bit attention's results widened into fp32 (rows of `cols` of a wider source).
+  const std::int64_t cols = 45, src_ld = 52, src_rows = 7;
+  std::vector<std::uint16_t> src16(static_cast<std::size_t>(src_rows * src_ld));
+  kernels::cast_array(src16.data(), kernels::DType::kBF16, x.data(), kernels::DType::kF32,
+                      src_rows * src_ld);
+  expect_companion("widen", src_rows * cols, [&](float* out, Narrow nw) {
+    return run_cast_block_from_16(kEmulator, out, cols, src16.data(), kCodeBF16, src_ld, src_rows,
+                                  cols, nw);
+  });
 }
 
 TEST(EmulatedKernels, FallbackGemmMatchesTheCpu) {

@@ -644,7 +644,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     gemm_->use_weight_twins(true);
     const bool on = fast_paths_.adopt(
         kWeights16Name, kWeights16Replaces,
-        "every product of one block whose B is a weight reads it from the 16-bit parameters", [&] {
+        "every product whose B is a weight reads it from the 16-bit parameters (block by block "
+        "where A is cut into blocks)",
+        [&] {
           return check_gemm_bias(
               *this,
               [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
@@ -687,7 +689,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     const bool on = fast_paths_.adopt(
         kActivations16Name, kActivations16Replaces,
         "the norms, GELU and SwiGLU write each activation's 16-bit rounding beside it, and every "
-        "product of one block reads an operand from there",
+        "product reads an operand from there (block by block where the other is cut into blocks)",
         [&] {
           return check_gemm_bias(
               *this,

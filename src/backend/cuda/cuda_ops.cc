@@ -277,8 +277,16 @@ void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const floa
 void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
                             const float* sin) {
   check_rope(shape);
-  wrote(dx, shape.rows * shape.stride);
-  STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f), "rope_backward");
+  // In place: where the gradient's values all have their companion (the attention's backward
+  // wrote them), the rotation rounds what it changes into it too, and the rest stays there.
+  const std::int64_t extent = shape.rows * shape.stride;
+  ck::Narrow narrow;
+  if (narrow_type_ != backend::DType::kF32 &&
+      gemm_->has_companion(dx, extent, static_cast<int>(narrow_type_))) {
+    narrow = narrow_for(dx, extent);
+  }
+  if (narrow.p == nullptr) wrote(dx, extent);
+  STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f, narrow), "rope_backward");
 }
 
 namespace {
@@ -353,20 +361,28 @@ bool CudaOps::staged_ran(cudaError_t result, const char* op) {
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
   const std::int64_t rows = shape.batch * shape.seq_len;
+  const std::int64_t width = shape.heads * shape.head_dim;
   wrote(out, rows * shape.out_stride);
   wrote(lse, rows * shape.heads);
+  // The 16-bit paths round their output into its companion too, where its rows lie side by side
+  // (every value of the range written).
+  const ck::Narrow narrow =
+      shape.out_stride == width ? narrow_for(out, rows * width) : ck::Narrow{};
   if (takes_cudnn(shape, lse) &&
-      staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                             scratch_.sixteen_elements, out, lse, q, k, v, shape),
-                 "cuDNN attention forward")) {
+      staged_ran(
+          ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                      scratch_.sixteen_elements, out, lse, q, k, v, shape, narrow),
+          "cuDNN attention forward")) {
+    wrote(out, rows * width, narrow);
     return;
   }
   if (takes_flash(shape)) {
     ++flash_calls_;
-    STRATA_OPS_CHECK(
-        ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
-                                        scratch_.sixteen_elements, out, lse, q, k, v, shape),
-        "flash attention forward");
+    STRATA_OPS_CHECK(ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
+                                                     scratch_.sixteen_elements, out, lse, q, k, v,
+                                                     shape, narrow),
+                     "flash attention forward");
+    wrote(out, rows * width, narrow);
     return;
   }
   ++fp32_attention_calls_;
@@ -387,19 +403,30 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
   wrote(dq, rows * shape.q_stride);
   wrote(dk, rows * shape.kv_stride);
   wrote(dv, rows * shape.kv_stride);
+  // dq, dk and dv side by side in every row of one buffer (the model's q/k/v gradient): the 16-bit
+  // paths round them into its companion too, noted as one range once all three are written.
+  const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
+  const std::int64_t stride = hd + 2 * kvd;
+  ck::QkvNarrow narrow;
+  if (dk == dq + hd && dv == dk + kvd && shape.q_stride == stride && shape.kv_stride == stride) {
+    const ck::Narrow all = narrow_for(dq, rows * stride);
+    if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
+  }
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
-                                              q, k, v, shape),
+                                              q, k, v, shape, narrow),
                  "cuDNN attention backward")) {
+    wrote(dq, rows * stride, narrow.q);
     return;
   }
   if (takes_flash(shape)) {
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
                                                       scratch_.sixteen_elements, dq, dk, dv, dout,
-                                                      out, lse, q, k, v, shape),
+                                                      out, lse, q, k, v, shape, narrow),
                      "flash attention backward");
+    wrote(dq, rows * stride, narrow.q);
     return;
   }
   ++fp32_attention_calls_;
@@ -425,11 +452,12 @@ void CudaOps::cross_entropy_forward(float* losses, const float* logits, const st
 void CudaOps::cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
                                   std::int64_t rows, std::int64_t vocab, double grad_scale) {
   STRATA_ASSERT(vocab > 0);
-  wrote(logits, rows * vocab);
+  const ck::Narrow narrow = narrow_for(logits, rows * vocab);
   wrote(losses, rows);
   STRATA_OPS_CHECK(ck::cross_entropy_fused(stream_, logits, losses, targets, rows, vocab,
-                                           static_cast<float>(grad_scale)),
+                                           static_cast<float>(grad_scale), narrow),
                    "cross_entropy_fused");
+  wrote(logits, rows * vocab, narrow);
 }
 
 double CudaOps::reduce(const float* x, std::int64_t n, bool squares) {

@@ -37,6 +37,9 @@ std::map<std::string, std::int64_t> launches_by_family(const std::vector<std::st
 // (with nothing else between them) counts; casts whose next kernel is something else (the flash
 // attention's staging, the parameters' casts) do not.
 std::int64_t casts_before_gemms(const std::vector<std::string>& log);
+// Those casts by kernel name (the part before its template arguments and parameters).
+std::map<std::string, std::int64_t> casts_before_gemms_by_kernel(
+    const std::vector<std::string>& log);
 // For each GEMM kernel, how many of the casts right before it narrow an fp32 operand to 16 bits
 // (cast_block_kernel): GEMMs by that number (0, 1 or 2 operands converted).
 std::map<int, std::int64_t> gemms_by_operands_narrowed(const std::vector<std::string>& log);

@@ -43,6 +43,25 @@ std::int64_t casts_before_gemms(const std::vector<std::string>& log) {
   return total;
 }
 
+std::map<std::string, std::int64_t> casts_before_gemms_by_kernel(
+    const std::vector<std::string>& log) {
+  std::map<std::string, std::int64_t> out;
+  std::vector<std::string> run;  // cast kernels since the last kernel of another family
+  for (const std::string& k : log) {
+    const std::string family = kernel_family(k);
+    if (family == "cast") {
+      run.push_back(k.substr(0, k.find_first_of("<(")));
+      continue;
+    }
+    if (family == "gemm") {
+      for (const std::string& name : run)
+        ++out[name];
+    }
+    run.clear();
+  }
+  return out;
+}
+
 std::map<int, std::int64_t> gemms_by_operands_narrowed(const std::vector<std::string>& log) {
   std::map<int, std::int64_t> out;
   int narrowed = 0;  // cast_block_kernel launches since the last kernel of another family
