@@ -315,6 +315,14 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
 // a copy to pinned memory is not there before its stream is synchronized (or an event after it
 // is), and is there after; a stream that waits on another's event runs that one's work first.
 // A small emulated backend without cuBLASLt (every product the fallback kernel).
+// The fast path `name` as the backend lists it, if it does.
+std::optional<backend::FastPath> listed_path(const backend::Backend& b, const char* name) {
+  for (const backend::FastPath& p : b.fast_paths()) {
+    if (p.name == name) return p;
+  }
+  return std::nullopt;
+}
+
 backend::CudaBackendOptions small_options(cuda::GemmPrecision precision) {
   backend::CudaBackendOptions options;
   options.device_bytes_max = 64ull << 20;
@@ -422,11 +430,8 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   product(w, n);
   EXPECT_EQ(narrowed(), two);
   // Listed as a fast path, on, with the products that took it since the start (2 above).
-  const std::vector<backend::FastPath> paths = b.fast_paths();
-  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
-    return p.name == backend::kWeights16Name;
-  });
-  ASSERT_NE(listed, paths.end());
+  const std::optional<backend::FastPath> listed = listed_path(b, backend::kWeights16Name);
+  ASSERT_TRUE(listed.has_value());
   EXPECT_TRUE(listed->active) << listed->detail;
   EXPECT_EQ(listed->uses, 2);
 }
@@ -440,11 +445,8 @@ TEST(EmulatedCudaBackend, WeightsInSixteenBitsRefusedAtStartAreConverted) {
   backend::fail_fast_path_for_test(std::nullopt);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   backend::Backend& b = **made;
-  const std::vector<backend::FastPath> paths = b.fast_paths();
-  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
-    return p.name == backend::kWeights16Name;
-  });
-  ASSERT_NE(listed, paths.end());
+  const std::optional<backend::FastPath> listed = listed_path(b, backend::kWeights16Name);
+  ASSERT_TRUE(listed.has_value());
   EXPECT_FALSE(listed->active);
   EXPECT_NE(listed->detail.find("check failed"), std::string::npos) << listed->detail;
   const std::int64_t m = 8, n = 16, k = 32;
@@ -525,12 +527,9 @@ TEST(EmulatedCudaBackend, AnActivationWrittenWithItsCompanionIsReadFromIt) {
   ops.unpair_narrow(x);
   ops.gelu_forward(x, pre, m * k);
   EXPECT_EQ(narrowed(m, x), two) << "unpaired";
-  // Listed as a fast path, on, with the operands read from companions since the start (2 above).
-  const std::vector<backend::FastPath> paths = b.fast_paths();
-  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
-    return p.name == backend::kActivations16Name;
-  });
-  ASSERT_NE(listed, paths.end());
+  // Listed as a fast path, on, with the operands read from companions since the start (3 above).
+  const std::optional<backend::FastPath> listed = listed_path(b, backend::kActivations16Name);
+  ASSERT_TRUE(listed.has_value());
   EXPECT_TRUE(listed->active) << listed->detail;
   EXPECT_EQ(listed->uses, 3);
 }
@@ -611,11 +610,8 @@ TEST(EmulatedCudaBackend, ActivationCompanionsRefusedAtStartAreOff) {
   backend::fail_fast_path_for_test(std::nullopt);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   backend::Backend& b = **made;
-  const std::vector<backend::FastPath> paths = b.fast_paths();
-  const auto listed = std::find_if(paths.begin(), paths.end(), [](const backend::FastPath& p) {
-    return p.name == backend::kActivations16Name;
-  });
-  ASSERT_NE(listed, paths.end());
+  const std::optional<backend::FastPath> listed = listed_path(b, backend::kActivations16Name);
+  ASSERT_TRUE(listed.has_value());
   EXPECT_FALSE(listed->active);
   EXPECT_NE(listed->detail.find("check failed"), std::string::npos) << listed->detail;
   backend::Ops<float>& ops = b.ops_f32();

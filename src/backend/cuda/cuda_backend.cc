@@ -80,6 +80,11 @@ class CudaBackend final : public Backend {
   void choose_fast_paths(const OpsScratch& scratch);
   void choose_cudnn(const OpsScratch& scratch, const std::vector<std::int64_t>& flash_sizes,
                     bool bf16);
+  // The weights' check (kWeights16Name): B rounded to 16 bits and noted as the widening of that
+  // copy; the product must read it (the bias then added by the verified kernel).
+  Result<bool> widened_product(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                               const float* bias, float* c, backend::DType type);
   // The activations' companions' check (kActivations16Name): A and B copied into buffers paired
   // with 16-bit companions and written again, unchanged, by a kernel that writes companions
   // (gelu_backward adding GELU'(0) x 0); the product must read both from them (the bias then
@@ -498,6 +503,30 @@ Status CudaBackend::checked_once(const std::string& key, const std::function<Sta
 // The fast paths, each checked on small shapes against its reference (backend/fast_path.h). The
 // checks call the launchers directly, not through the ops, so that a refused launch is the check's
 // result and not the backend's sticky error.
+Result<bool> CudaBackend::widened_product(bool ta, bool tb, std::int64_t m, std::int64_t n,
+                                          std::int64_t k, const float* a, std::int64_t lda,
+                                          const float* b, std::int64_t ldb, const float* bias,
+                                          float* c, backend::DType type) {
+  // B's values are 16-bit values: their 16-bit copy, noted as B's source.
+  const std::int64_t elements = (tb ? n : k) * ldb;
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer b16, allocate_device(static_cast<std::uint64_t>(elements) * 2, "GEMM check", 256));
+  ops_->cast_to(b16.data(), type, b, elements);
+  ops_->note_widened(b, b16.data(), type, elements);
+  const std::int64_t before = gemm_->twin_calls();
+  const Status product = gemm_->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+  ops_->forget_widened(b);
+  STRATA_TRY(product);
+  STRATA_TRY(
+      STRATA_CUDA_CHECK(cuda_kernels::add_bias(stream_of(StreamKind::kCompute), c, bias, m, n)));
+  STRATA_TRY(synchronize(StreamKind::kCompute));  // b16 is freed on return
+  if (gemm_->twin_calls() == before) {
+    return Status(ErrorCode::kUnavailable,
+                  "the product converted B instead of reading its 16-bit copy");
+  }
+  return true;
+}
+
 Result<bool> CudaBackend::companion_product(bool ta, bool tb, std::int64_t m, std::int64_t n,
                                             std::int64_t k, const float* a, std::int64_t lda,
                                             const float* b, std::int64_t ldb, const float* bias,
@@ -634,74 +663,42 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
             },
             !bf16);
       });
-  // Weights read from their 16-bit parameters (Ops::note_widened): 16-bit GEMM inputs only.
-  if (!strata::cuda::converts_operands(options_.gemm_precision)) {
-    fast_paths_.not_applicable(kWeights16Name, kWeights16Replaces,
-                               "the GEMM inputs are fp32 (strata.gemm_precision)");
-  } else {
-    const bool fp16 = options_.gemm_precision == strata::cuda::GemmPrecision::kFp16;
-    const backend::DType type = fp16 ? backend::DType::kF16 : backend::DType::kBF16;
-    gemm_->use_weight_twins(true);
-    const bool on = fast_paths_.adopt(
-        kWeights16Name, kWeights16Replaces,
-        "every product whose B is a weight reads it from the 16-bit parameters (block by block "
-        "where A is cut into blocks)",
-        [&] {
-          return check_gemm_bias(
-              *this,
-              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
-                  float* c) -> Result<bool> {
-                // B's values are 16-bit values: their 16-bit copy, noted as B's source.
-                const std::int64_t elements = (tb ? n : k) * ldb;
-                STRATA_ASSIGN_OR_RETURN(
-                    Buffer b16,
-                    allocate_device(static_cast<std::uint64_t>(elements) * 2, "GEMM check", 256));
-                ops_->cast_to(b16.data(), type, b, elements);
-                ops_->note_widened(b, b16.data(), type, elements);
-                const std::int64_t before = gemm_->twin_calls();
-                const Status product =
-                    gemm_->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
-                ops_->forget_widened(b);
-                STRATA_TRY(product);
-                STRATA_TRY(STRATA_CUDA_CHECK(
-                    cuda_kernels::add_bias(stream_of(StreamKind::kCompute), c, bias, m, n)));
-                STRATA_TRY(synchronize(StreamKind::kCompute));  // b16 is freed on return
-                if (gemm_->twin_calls() == before) {
-                  return Status(ErrorCode::kUnavailable,
-                                "the product converted B instead of reading its 16-bit copy");
-                }
-                return true;
-              },
-              fp16);
-        });
-    gemm_->use_weight_twins(on);
-  }
+  // The GEMMs' 16-bit operands read where they lie, without a conversion: 16-bit GEMM inputs
+  // only; each checked with check_gemm_bias on a product that must read them, and `use` turns the
+  // path on or off.
+  const bool fp16 = options_.gemm_precision == strata::cuda::GemmPrecision::kFp16;
+  const backend::DType sixteen = fp16 ? backend::DType::kF16 : backend::DType::kBF16;
+  auto adopt_16bit_operands = [&](const char* name, const char* replaces, const char* detail,
+                                  const std::function<void(bool)>& use, const GemmBiasFn& product) {
+    if (!strata::cuda::converts_operands(options_.gemm_precision)) {
+      fast_paths_.not_applicable(name, replaces,
+                                 "the GEMM inputs are fp32 (strata.gemm_precision)");
+      return;
+    }
+    use(true);
+    use(fast_paths_.adopt(name, replaces, detail,
+                          [&] { return check_gemm_bias(*this, product, fp16); }));
+  };
+  // Weights read from their 16-bit parameters (Ops::note_widened).
+  adopt_16bit_operands(
+      kWeights16Name, kWeights16Replaces,
+      "every product whose B is a weight reads it from the 16-bit parameters (block by block "
+      "where A is cut into blocks)",
+      [&](bool on) { gemm_->use_weight_twins(on); },
+      [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+          float* c) { return widened_product(ta, tb, m, n, k, a, lda, b, ldb, bias, c, sixteen); });
   // Activations' 16-bit companions (Ops::pair_narrow), written by the kernels that write the
-  // activations and read by the GEMMs: 16-bit GEMM inputs only.
-  if (!strata::cuda::converts_operands(options_.gemm_precision)) {
-    fast_paths_.not_applicable(kActivations16Name, kActivations16Replaces,
-                               "the GEMM inputs are fp32 (strata.gemm_precision)");
-  } else {
-    const bool fp16 = options_.gemm_precision == strata::cuda::GemmPrecision::kFp16;
-    const backend::DType type = fp16 ? backend::DType::kF16 : backend::DType::kBF16;
-    ops_->use_companions(type);
-    const bool on = fast_paths_.adopt(
-        kActivations16Name, kActivations16Replaces,
-        "the norms, GELU and SwiGLU write each activation's 16-bit rounding beside it, and every "
-        "product reads an operand from there (block by block where the other is cut into blocks)",
-        [&] {
-          return check_gemm_bias(
-              *this,
-              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
-                  float* c) -> Result<bool> {
-                return companion_product(ta, tb, m, n, k, a, lda, b, ldb, bias, c);
-              },
-              fp16);
-        });
-    if (!on) ops_->use_companions(backend::DType::kF32);
-  }
+  // activations.
+  adopt_16bit_operands(
+      kActivations16Name, kActivations16Replaces,
+      "the kernels writing an activation a GEMM reads (norms, attention, GELU, SwiGLU, RoPE, "
+      "cross-entropy) write its 16-bit rounding beside it, and every product reads its operands "
+      "from there (block by block where the other is cut into blocks)",
+      [&](bool on) { ops_->use_companions(on ? sixteen : backend::DType::kF32); },
+      [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+          float* c) { return companion_product(ta, tb, m, n, k, a, lda, b, ldb, bias, c); });
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
