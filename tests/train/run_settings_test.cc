@@ -23,6 +23,43 @@ TEST(RunSettings, TheLogitsChunkGrowsWithTheDeviceBudgetOnAGpuOnly) {
   EXPECT_EQ(runner_options(c, shape, false).logits_chunk_bytes, 256 * kMiB);
 }
 
+// The activations' 16-bit companions (Ops::pair_narrow) are planned for a GPU whose GEMMs take
+// 16-bit inputs, and counted by the runner's memory: 2 bytes per element of each paired buffer.
+TEST(RunSettings, ActivationCompanionsArePlannedAndCountedForSixteenBitGemmsOnAGpu) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  model::ModelShape shape;
+  shape.family = model::Family::kGpt2;
+  shape.max_seq_len = 16;
+  shape.hidden_size = 64;
+  shape.intermediate_size = 256;
+  shape.num_layers = 3;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 4;
+  shape.head_dim = 16;
+  shape.vocab_size = 100;
+  EXPECT_FALSE(runner_options(c, shape, false).narrow_companions) << "fp32";
+  c.bf16.enabled = true;
+  EXPECT_TRUE(runner_options(c, shape, false).narrow_companions);
+  EXPECT_FALSE(runner_options(c, shape, true).narrow_companions) << "the CPU backend";
+  c.strata.gemm_precision = config::GemmPrecision::kFp32;
+  EXPECT_FALSE(runner_options(c, shape, false).narrow_companions) << "fp32 GEMM inputs";
+  c.strata.gemm_precision = config::GemmPrecision::kAuto;
+
+  model::RunnerOptions with = runner_options(c, shape, false), without = with;
+  without.narrow_companions = false;
+  const std::uint64_t more = model::ModelRunner<float>::memory_needed(shape, with).device_bytes -
+                             model::ModelRunner<float>::memory_needed(shape, without).device_bytes;
+  // Per layer ln1, att, ln2 (N x C each) and act (N x I); dfc (N x I), dqkv (N x 3C), two
+  // residual gradients and the final norm (N x C each); the logits chunk (all N rows here).
+  const std::uint64_t n = 2 * 16, cc = 64, in = 256, v = 100;
+  auto granule = [](std::uint64_t elements) { return (elements * 2 + 255) / 256 * 256; };
+  const std::uint64_t want = 3 * (3 * granule(n * cc) + granule(n * in)) + granule(n * in) +
+                             granule(n * 3 * cc) + 3 * granule(n * cc) + granule(n * v);
+  EXPECT_EQ(more, want);
+}
+
 TEST(RunSettings, AioConfigMapsOntoTheEngineOptions) {
   config::AioConfig aio;
   aio.block_size = 8 << 20;
