@@ -17,6 +17,15 @@ STRATA_CUDA_NAMESPACE(backend) {
 namespace ck = strata::cuda_kernels;
 namespace plan = strata::cuda;
 
+namespace {
+
+// Elements from the first of `rows` rows of `width` values, `stride` apart, to the last one's end.
+std::int64_t strided(std::int64_t rows, std::int64_t stride, std::int64_t width) {
+  return rows < 1 ? 0 : (rows - 1) * stride + width;
+}
+
+}  // namespace
+
 #define STRATA_OPS_CHECK(call, op) check((call), op, __FILE__, __LINE__)
 
 void CudaOps::check(cudaError_t result, const char* op, const char* file, int line) {
@@ -190,7 +199,7 @@ void CudaOps::rmsnorm_heads_forward(float* out, float* rstd, const float* x, con
                                     std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
                                     std::int64_t x_stride, std::int64_t out_stride, double eps) {
   STRATA_ASSERT(x_stride >= heads * head_dim && out_stride >= heads * head_dim);
-  wrote(out, rows * out_stride);
+  wrote(out, strided(rows, out_stride, heads * head_dim));
   wrote(rstd, rows * heads);
   STRATA_OPS_CHECK(ck::rmsnorm_heads_forward(stream_, out, rstd, x, w, rows, heads, head_dim,
                                              x_stride, out_stride, eps),
@@ -205,7 +214,7 @@ void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const 
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
   if (p.chunks == 0) return;
-  wrote(d, rows * d_stride);
+  wrote(d, strided(rows, d_stride, heads * head_dim));
   STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
                                               d_stride, x_stride, p, scratch_.reduce),
                    "rmsnorm_heads_backward");
@@ -270,7 +279,7 @@ void check_rope(const backend::RopeShape& s) {
 void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const float* cos,
                            const float* sin) {
   check_rope(shape);
-  wrote(x, shape.rows * shape.stride);
+  wrote(x, strided(shape.rows, shape.stride, shape.heads * shape.head_dim));
   STRATA_OPS_CHECK(ck::rope(stream_, x, shape, cos, sin, 1.0f), "rope_forward");
 }
 
@@ -279,7 +288,7 @@ void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const fl
   check_rope(shape);
   // In place: where the gradient's values all have their companion (the attention's backward
   // wrote them), the rotation rounds what it changes into it too, and the rest stays there.
-  const std::int64_t extent = shape.rows * shape.stride;
+  const std::int64_t extent = strided(shape.rows, shape.stride, shape.heads * shape.head_dim);
   ck::Narrow narrow;
   if (narrow_type_ != backend::DType::kF32 &&
       gemm_->has_companion(dx, extent, static_cast<int>(narrow_type_))) {
@@ -362,7 +371,7 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
                                 const float* v, const backend::AttentionShape& shape) {
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t width = shape.heads * shape.head_dim;
-  wrote(out, rows * shape.out_stride);
+  wrote(out, strided(rows, shape.out_stride, width));
   wrote(lse, rows * shape.heads);
   // The 16-bit paths round their output into its companion too, where its rows lie side by side
   // (every value of the range written).
@@ -400,12 +409,12 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const backend::AttentionShape& shape) {
   const std::int64_t rows = shape.batch * shape.seq_len;
-  wrote(dq, rows * shape.q_stride);
-  wrote(dk, rows * shape.kv_stride);
-  wrote(dv, rows * shape.kv_stride);
+  const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
+  wrote(dq, strided(rows, shape.q_stride, hd));
+  wrote(dk, strided(rows, shape.kv_stride, kvd));
+  wrote(dv, strided(rows, shape.kv_stride, kvd));
   // dq, dk and dv side by side in every row of one buffer (the model's q/k/v gradient): the 16-bit
   // paths round them into its companion too, noted as one range once all three are written.
-  const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
   const std::int64_t stride = hd + 2 * kvd;
   ck::QkvNarrow narrow;
   if (dk == dq + hd && dv == dk + kvd && shape.q_stride == stride && shape.kv_stride == stride) {
