@@ -85,7 +85,16 @@ Result<std::unique_ptr<ModelRunner<T>>> ModelRunner<T>::create(backend::Backend&
                   "activation_checkpointing");
   }
   std::unique_ptr<ModelRunner> runner(new ModelRunner(&backend, spec, layout, options));
-  STRATA_TRY(runner->allocate());
+  Status made = runner->allocate();
+  if (!made.is_ok() && made.code() == ErrorCode::kOutOfMemory && options.narrow_companions) {
+    RunnerOptions without = options;
+    without.narrow_companions = false;
+    runner.reset();  // its buffers go back to the arena first
+    runner.reset(new ModelRunner(&backend, spec, layout, without));
+    runner->companions_dropped_ = made.message();
+    made = runner->allocate();
+  }
+  STRATA_TRY(made);
   return runner;
 }
 

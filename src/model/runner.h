@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -66,12 +67,16 @@ class ModelRunner {
   static constexpr std::int32_t kIgnoredTarget = -1;
 
   // Allocates every activation buffer; kOutOfMemory (naming the device budget) if they do not
-  // fit; kInvalidArgument when seq_len exceeds the model's max_seq_len.
+  // fit; kInvalidArgument when seq_len exceeds the model's max_seq_len. The 16-bit companions
+  // (narrow_companions) are a speed-up, not a need: where they do not fit beside the rest, the
+  // runner is made without them and companions_dropped() says why.
   static Result<std::unique_ptr<ModelRunner>> create(backend::Backend& backend,
                                                      const ModelShape& spec,
                                                      const ModelLayout& layout,
                                                      const RunnerOptions& options);
   ~ModelRunner();
+  // Why the companions asked for were left out (empty: they were not, or none were asked for).
+  const std::string& companions_dropped() const { return companions_dropped_; }
 
   // Exactly what create() would allocate, without a backend (the tier plan and `strata
   // estimate` count it).
@@ -168,6 +173,7 @@ class ModelRunner {
   T* logits_ = nullptr;
   T* losses_ = nullptr;
   std::vector<T*> paired_;  // buffers with a 16-bit companion (Ops::pair_narrow)
+  std::string companions_dropped_;
 };
 
 extern template class ModelRunner<float>;

@@ -70,8 +70,7 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   // The same plan the trainer allocates, for rank 0, with the runner's exact activation buffers.
   const model::ModelLayout layout =
       model::build_layout(in.shape, layout_shards(settings.zero_stage, world));
-  const model::RunnerMemory activations =
-      model::ModelRunner<float>::memory_needed(in.shape, runner);
+  model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(in.shape, runner);
   PlanInput plan_input;
   plan_input.settings = settings;
   plan_input.layout = &layout;
@@ -80,7 +79,23 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
   plan_input.activation_host_bytes = activations.host_bytes;
   plan_input.device_budget_bytes = in.device_budget_bytes;
   plan_input.device_is_host = in.device_is_host;
-  const TierPlan plan = make_plan_unchecked(plan_input);
+  TierPlan plan = make_plan_unchecked(plan_input);
+  if (runner.narrow_companions && in.device_budget_bytes > 0 &&
+      plan.device_minimum_bytes > in.device_budget_bytes) {
+    // As the trainer does: the activations' 16-bit companions go first when the working set does
+    // not fit (the GEMMs then convert their activations).
+    model::RunnerOptions without = runner;
+    without.narrow_companions = false;
+    const model::RunnerMemory less = model::ModelRunner<float>::memory_needed(in.shape, without);
+    e.assumptions.push_back(fmt::format(
+        "no 16-bit activation companions: their {} do not fit the device budget beside the "
+        "working set, so the GEMMs convert their activations",
+        format_bytes(activations.device_bytes - less.device_bytes)));
+    activations = less;
+    plan_input.activation_device_bytes = activations.device_bytes;
+    plan_input.activation_host_bytes = activations.host_bytes;
+    plan = make_plan_unchecked(plan_input);
+  }
   for (const PlanItem& item : plan.items)
     e.items.push_back({item.tier, item.what, item.bytes});
   std::int64_t largest = 0;

@@ -126,12 +126,10 @@ Status Trainer::setup() {
                               kMicroBatchTokensMax / s.data.seq_len),
                   "train_micro_batch_size_per_gpu");
   }
-  const model::RunnerOptions runner =
-      runner_options(config_, shape_, backend_->device_memory_is_host());
-
   // Where every byte lives, and the engine that moves it (offload/engine.h: the plan is checked
   // against the budgets before anything is allocated).
-  const model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
+  model::RunnerOptions runner = runner_options(config_, shape_, backend_->device_memory_is_host());
+  model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(
         trace_,
@@ -148,10 +146,33 @@ Status Trainer::setup() {
   spec.activation_host_bytes = activations.host_bytes;
   spec.tier_options.engine_factory = options_.engine_factory;
   spec.tier_options.trace = trace_.get();
-  STRATA_ASSIGN_OR_RETURN(engine_, offload::Engine::create(spec));
+  Result<std::unique_ptr<offload::Engine>> engine = offload::Engine::create(spec);
+  if (!engine.is_ok() && engine.status().code() == ErrorCode::kOutOfMemory &&
+      engine.status().context() == "strata.device_bytes_max" && runner.narrow_companions) {
+    // The activations' 16-bit companions are a speed-up, not a need: where the working set does
+    // not fit the device budget with them, the run goes without (the GEMMs convert instead).
+    model::RunnerOptions without = runner;
+    without.narrow_companions = false;
+    const model::RunnerMemory less = model::ModelRunner<float>::memory_needed(shape_, without);
+    note(fmt::format(
+        "no 16-bit activation companions: their {} do not fit the device budget beside the "
+        "working set, so the GEMMs convert their activations",
+        format_bytes(activations.device_bytes - less.device_bytes)));
+    runner = without;
+    activations = less;
+    spec.activation_device_bytes = activations.device_bytes;
+    spec.activation_host_bytes = activations.host_bytes;
+    engine = offload::Engine::create(spec);
+  }
+  if (!engine.is_ok()) return engine.status();
+  engine_ = std::move(*engine);
   state_ = &engine_->store();
   STRATA_ASSIGN_OR_RETURN(runner_,
                           model::ModelRunner<float>::create(*backend_, shape_, layout_, runner));
+  if (!runner_->companions_dropped().empty()) {
+    note(fmt::format("no 16-bit activation companions ({}); the GEMMs convert their activations",
+                     runner_->companions_dropped()));
+  }
   scaler_ = std::make_unique<optim::LossScaler>(config_);
   schedule_ = std::make_unique<optim::LrSchedule>(config_);
   step_batches_.resize(config_.gradient_accumulation_steps);

@@ -31,6 +31,7 @@
 #include "backend/gemm_check.h"
 #include "backend/norm_check.h"
 #include "config/config.h"
+#include "model/runner.h"
 #include "tests/support/emulated_cuda/emulated_cuda.h"
 #include "tests/support/run_strata.h"
 #include "tests/train/offload_support.h"
@@ -599,6 +600,47 @@ TEST(EmulatedCudaBackend, ProductsCutIntoBlocksReadTheirSixteenBitOperandsInPlac
   EXPECT_LT(b_read.casts, converted.casts);
   EXPECT_TRUE(testing::same_bits(b_read.c, converted.c));
   ops.unpair_narrow(w);
+}
+
+// A runner whose companions do not fit the device arena beside its other buffers is made without
+// them, and says why; with room for them it has them.
+TEST(EmulatedCudaBackend, ARunnerWhoseCompanionsDoNotFitIsMadeWithoutThem) {
+  auto made = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  model::ModelShape shape;
+  shape.family = model::Family::kGpt2;
+  shape.max_seq_len = 32;
+  shape.hidden_size = 128;
+  shape.intermediate_size = 512;
+  shape.num_layers = 2;
+  shape.num_heads = 2;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 64;
+  shape.vocab_size = 96;
+  const model::ModelLayout layout = model::build_layout(shape);
+  model::RunnerOptions with;
+  with.batch = 2;
+  with.seq_len = 32;
+  with.narrow_companions = true;
+  model::RunnerOptions without = with;
+  without.narrow_companions = false;
+  const std::uint64_t need = model::ModelRunner<float>::memory_needed(shape, with).device_bytes;
+  const std::uint64_t less = model::ModelRunner<float>::memory_needed(shape, without).device_bytes;
+  ASSERT_GT(need, less);
+  // Fills the arena but for `room` bytes, then makes the runner.
+  auto runner_with_room = [&](std::uint64_t room) {
+    const backend::MemoryStats device = b.device_memory();
+    const std::uint64_t fill = (device.bytes_max - device.bytes_in_use - room) / 4096 * 4096;
+    auto filler = b.allocate_device(fill, "filler", 256);
+    EXPECT_TRUE(filler.is_ok());
+    auto runner = model::ModelRunner<float>::create(b, shape, layout, with);
+    EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
+    return runner.is_ok() ? (*runner)->companions_dropped() : std::string("failed");
+  };
+  const std::string short_of = runner_with_room(less + (need - less) / 2);
+  EXPECT_NE(short_of.find("16-bit activation companions"), std::string::npos) << short_of;
+  EXPECT_EQ(runner_with_room(need + (64u << 10)), "");
 }
 
 // Refused at start (its check made to fail through the seam), the path is listed off, the ops

@@ -60,6 +60,52 @@ TEST(RunSettings, ActivationCompanionsArePlannedAndCountedForSixteenBitGemmsOnAG
   EXPECT_EQ(more, want);
 }
 
+// Where the working set does not fit the device budget with the companions, the estimate goes
+// without them (as the trainer does) and says so; where it fits, it keeps them.
+TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  c.strata.backend = config::Backend::kCuda;  // an estimate for a GPU, on any machine
+  offload::EstimateInput in;
+  in.shape.family = model::Family::kGpt2;
+  in.shape.max_seq_len = 16;
+  in.shape.hidden_size = 64;
+  in.shape.intermediate_size = 256;
+  in.shape.num_layers = 3;
+  in.shape.num_heads = 4;
+  in.shape.num_kv_heads = 4;
+  in.shape.head_dim = 16;
+  in.shape.vocab_size = 100;
+  in.params = model::total_params(in.shape);
+  model::RunnerOptions with = runner_options(c, in.shape, false), without = with;
+  ASSERT_TRUE(with.narrow_companions);
+  without.narrow_companions = false;
+  const std::uint64_t companions =
+      model::ModelRunner<float>::memory_needed(in.shape, with).device_bytes -
+      model::ModelRunner<float>::memory_needed(in.shape, without).device_bytes;
+  ASSERT_GT(companions, 0u);
+  auto mentions = [](const offload::Estimate& e) {
+    for (const std::string& line : e.assumptions)
+      if (line.find("no 16-bit activation companions") != std::string::npos) return true;
+    return false;
+  };
+  config::Config converting = c;  // fp32 GEMM inputs: no companions planned at all
+  converting.strata.gemm_precision = config::GemmPrecision::kFp32;
+  in.device_budget_bytes = 1ull << 40;
+  const offload::Estimate fits = estimate(c, in);
+  EXPECT_FALSE(mentions(fits));
+  EXPECT_EQ(
+      fits.bytes(offload::Tier::kDevice) - estimate(converting, in).bytes(offload::Tier::kDevice),
+      companions);
+  in.device_budget_bytes = 4096;  // below any working set
+  const offload::Estimate short_of = estimate(c, in);
+  EXPECT_TRUE(mentions(short_of));
+  EXPECT_EQ(short_of.bytes(offload::Tier::kDevice),
+            estimate(converting, in).bytes(offload::Tier::kDevice));
+}
+
 TEST(RunSettings, AioConfigMapsOntoTheEngineOptions) {
   config::AioConfig aio;
   aio.block_size = 8 << 20;
