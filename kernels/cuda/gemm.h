@@ -87,9 +87,10 @@ class GemmEngine {
 
   // `wide` (n floats on the device) holds exactly the values of `narrow` (n elements of 16-bit
   // `code`, kCodeBF16 or kCodeF16) until forget_widened(wide): the parameters' fp32 compute copy
-  // beside the 16-bit parameters it was widened from. A product whose B operand lies inside
-  // `wide`, with 16-bit inputs of the same code, reads it from `narrow` instead of converting it
-  // (the same bits: widening and then rounding a 16-bit value gives it back). Noting a range again
+  // beside the 16-bit parameters it was widened from. A product's operand lying inside `wide`,
+  // with 16-bit inputs of the same code, is read from `narrow` instead of converted (the same
+  // bits: widening and then rounding a 16-bit value gives it back), block by block where the
+  // product is cut into blocks. Noting a range again
   // replaces it; at most kTwinsMax ranges are kept (the oldest is dropped).
   // Off (the default, or after use_weight_twins(false)): note_widened is ignored.
   void use_weight_twins(bool on) {
