@@ -87,7 +87,7 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                    std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
-                                   double* scratch);
+                                   double* scratch, Narrow narrow = {});
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
                           double* scratch);

@@ -67,10 +67,10 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
                                    const float* w, const float* rstd, std::int64_t rows,
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                    std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
-                                   double* scratch) {
+                                   double* scratch, Narrow narrow) {
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
   return run_rmsnorm_heads_backward(CudaLauncher{s}, d, dw, x, w, rstd, rows, heads, head_dim,
-                                    d_stride, x_stride, plan, scratch);
+                                    d_stride, x_stride, plan, scratch, narrow);
 }
 
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,

@@ -160,7 +160,7 @@ __global__ void rmsnorm_heads_forward_kernel(float* out, float* rstd, const floa
 __global__ void rmsnorm_heads_dx_kernel(float* d, const float* x, const float* w, const float* rstd,
                                         std::int64_t rows, std::int64_t heads,
                                         std::int64_t head_dim, std::int64_t d_stride,
-                                        std::int64_t x_stride) {
+                                        std::int64_t x_stride, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (v >= rows * heads) return;
@@ -172,8 +172,10 @@ __global__ void rmsnorm_heads_dx_kernel(float* d, const float* x, const float* w
   for (std::int64_t c = lane; c < head_dim; c += 32)
     dot += static_cast<double>(dr[c] * w[c]) * static_cast<double>(xr[c] * rs);
   const float mdot = static_cast<float>(warp_sum(dot) / static_cast<double>(head_dim));
-  for (std::int64_t c = lane; c < head_dim; c += 32)
+  for (std::int64_t c = lane; c < head_dim; c += 32) {
     dr[c] = rs * (dr[c] * w[c] - (xr[c] * rs) * mdot);
+    store_narrow(narrow, r * d_stride + h * head_dim + c, dr[c]);
+  }
 }
 
 // dw of the per-head RMSNorm, pass 1: like column_partials_kernel over the rows*heads vectors
@@ -437,7 +439,7 @@ auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const floa
                                 const float* w, const float* rstd, std::int64_t rows,
                                 std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                 std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
-                                double* scratch) {
+                                double* scratch, Narrow narrow = {}) {
   const unsigned col_blocks =
       static_cast<unsigned>((head_dim + kColumnThreads - 1) / kColumnThreads);
   auto err =
@@ -450,7 +452,7 @@ auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const floa
                head_dim, 1);
   if (!launched(err)) return err;
   return launch(rmsnorm_heads_dx_kernel, row_grid(rows * heads), dim3(kRowWarps * 32), 0, d, x, w,
-                rstd, rows, heads, head_dim, d_stride, x_stride);
+                rstd, rows, heads, head_dim, d_stride, x_stride, narrow);
 }
 
 template <typename L>

@@ -535,6 +535,67 @@ TEST(EmulatedCudaBackend, AnActivationWrittenWithItsCompanionIsReadFromIt) {
   EXPECT_EQ(listed->uses, 3);
 }
 
+// An op rewriting part of an activation in place (RoPE's and the per-head norms' backward on the
+// q/k/v gradient) keeps its companion current where it was: the next product reads it, with the
+// bits of converting; where it was not, the product converts.
+TEST(EmulatedCudaBackend, InPlaceRewritesKeepACompanionCurrent) {
+  auto made = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  backend::Ops<float>& ops = b.ops_f32();
+  const std::int64_t m = 16, n = 24, k = 64, heads = 2, head_dim = 16;  // 2 heads of 16 in 64
+  // The inputs, back to back: pre (m x k), xin (m x k), w (n x k), rstd (m x heads), norm_w.
+  const std::int64_t inputs = 2 * m * k + n * k + m * heads + head_dim;
+  auto in = b.allocate_device(inputs * 4, "inputs");
+  auto x_buf = b.allocate_device(m * k * 4, "x");
+  auto x16 = b.allocate_device(m * k * 2, "companion");
+  auto out = b.allocate_device(m * n * 4, "c");
+  auto dw = b.allocate_device(head_dim * 4, "dw");
+  auto host = b.allocate_pinned(inputs * 4, "host");
+  ASSERT_TRUE(in.is_ok() && x_buf.is_ok() && x16.is_ok() && out.is_ok() && dw.is_ok() &&
+              host.is_ok());
+  float* pre = in->as<float>();
+  float* xin = pre + m * k;
+  float* w = xin + m * k;
+  float* rstd = w + n * k;
+  float* norm_w = rstd + m * heads;
+  float* x = x_buf->as<float>();
+  float* c = out->as<float>();
+  float* h = host->as<float>();
+  for (std::int64_t i = 0; i < inputs; ++i)
+    h[i] = 0.5f + 0.4f * std::sin(0.7f * static_cast<float>(i));
+  using backend::StreamKind;
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, pre, h, inputs * 4).is_ok());
+  ASSERT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+  auto product = [&](std::vector<float>* result) {
+    emu::clear_launch_log();
+    ops.gemm(false, true, m, n, k, 1.0f, x, k, w, k, 0.0f, c, n);
+    if (result != nullptr) {
+      result->resize(static_cast<std::size_t>(m * n));
+      EXPECT_TRUE(b.copy_async(StreamKind::kCompute, result->data(), c, m * n * 4).is_ok());
+    }
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+    return emu::gemms_by_operands_narrowed(emu::launch_log());
+  };
+  auto rewrite = [&] {  // the per-head norm's backward over both heads, in place on x
+    ops.rmsnorm_heads_backward(x, dw->as<float>(), xin, norm_w, rstd, m, heads, head_dim, k, k);
+  };
+  using Counts = std::map<int, std::int64_t>;
+  std::vector<float> converted, kept;
+  ops.gelu_forward(x, pre, m * k);
+  rewrite();
+  EXPECT_EQ(product(&converted), (Counts{{2, 1}})) << "not paired";
+  ops.pair_narrow(x, x16->data(), m * k);
+  ops.gelu_forward(x, pre, m * k);  // with its companion
+  rewrite();
+  EXPECT_EQ(product(&kept), (Counts{{1, 1}})) << "x read from its companion";
+  EXPECT_TRUE(testing::same_bits(kept, converted));
+  ops.scale(x, m * k, 1.0);  // written without the companion: no longer current
+  rewrite();
+  EXPECT_EQ(product(nullptr), (Counts{{2, 1}}));
+  ops.unpair_narrow(x);
+}
+
 // A product too large for the conversion workspace is cut into blocks; an operand with its 16-bit
 // companion is still read in place, block by block, and with both the product is one call: the
 // same bits each way.

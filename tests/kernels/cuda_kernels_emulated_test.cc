@@ -581,6 +581,20 @@ TEST(EmulatedKernels, CompanionsHoldTheRoundingOfEveryValueWritten) {
     return run_cross_entropy(kEmulator, true, out, losses.data(), targets.data(), 4, vocab, 0.5f,
                              nw);
   });
+  // Qwen3's per-head RMSNorm gradient, in place, every head of every row.
+  const std::int64_t head_rows = 6, head_count = 3, head_dim = 16;
+  const std::int64_t head_width = head_count * head_dim;
+  const cuda::ColumnReducePlan head_plan =
+      cuda::plan_column_reduce(head_rows * head_count, head_dim, 1, 1 << 20);
+  std::vector<double> head_scratch(static_cast<std::size_t>(head_plan.chunks * head_dim));
+  const std::vector<float> head_rstd = random_floats(head_rows * head_count, 66, 0.5f, 1.5f);
+  std::vector<float> head_dw(static_cast<std::size_t>(head_dim));
+  expect_companion("rmsnorm heads dx", head_rows * head_width, [&](float* out, Narrow nw) {
+    into(out, y, head_rows * head_width);
+    return run_rmsnorm_heads_backward(kEmulator, out, head_dw.data(), x.data(), w.data(),
+                                      head_rstd.data(), head_rows, head_count, head_dim, head_width,
+                                      head_width, head_plan, head_scratch.data(), nw);
+  });
   // The 16-bit attention's results widened into fp32 (rows of `cols` of a wider source).
   const std::int64_t cols = 45, src_ld = 52, src_rows = 7;
   std::vector<std::uint16_t> src16(static_cast<std::size_t>(src_rows * src_ld));

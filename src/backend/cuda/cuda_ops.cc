@@ -214,9 +214,9 @@ void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const 
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
   if (p.chunks == 0) return;
-  wrote(d, strided(rows, d_stride, heads * head_dim));
+  const ck::Narrow narrow = rewrite_in_place(d, strided(rows, d_stride, heads * head_dim));
   STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
-                                              d_stride, x_stride, p, scratch_.reduce),
+                                              d_stride, x_stride, p, scratch_.reduce, narrow),
                    "rmsnorm_heads_backward");
 }
 
@@ -286,15 +286,8 @@ void CudaOps::rope_forward(float* x, const backend::RopeShape& shape, const floa
 void CudaOps::rope_backward(float* dx, const backend::RopeShape& shape, const float* cos,
                             const float* sin) {
   check_rope(shape);
-  // In place: where the gradient's values all have their companion (the attention's backward
-  // wrote them), the rotation rounds what it changes into it too, and the rest stays there.
-  const std::int64_t extent = strided(shape.rows, shape.stride, shape.heads * shape.head_dim);
-  ck::Narrow narrow;
-  if (narrow_type_ != backend::DType::kF32 &&
-      gemm_->has_companion(dx, extent, static_cast<int>(narrow_type_))) {
-    narrow = narrow_for(dx, extent);
-  }
-  if (narrow.p == nullptr) wrote(dx, extent);
+  const ck::Narrow narrow =
+      rewrite_in_place(dx, strided(shape.rows, shape.stride, shape.heads * shape.head_dim));
   STRATA_OPS_CHECK(ck::rope(stream_, dx, shape, cos, sin, -1.0f, narrow), "rope_backward");
 }
 
@@ -561,6 +554,16 @@ ck::Narrow CudaOps::narrow_for(const float* out, std::int64_t n) const {
               static_cast<int>(narrow_type_)};
     }
   }
+  return {};
+}
+
+ck::Narrow CudaOps::rewrite_in_place(const float* x, std::int64_t n) {
+  if (narrow_type_ != backend::DType::kF32 &&
+      gemm_->has_companion(x, n, static_cast<int>(narrow_type_))) {
+    const ck::Narrow narrow = narrow_for(x, n);
+    if (narrow.p != nullptr) return narrow;
+  }
+  wrote(x, n);
   return {};
 }
 

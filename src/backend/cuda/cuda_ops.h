@@ -164,6 +164,10 @@ class CudaOps final : public backend::Ops<float> {
   // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
   // read it; otherwise they forget what they knew of those values.
   void wrote(const float* out, std::int64_t n, const cuda_kernels::Narrow& narrow = {});
+  // An op about to rewrite some of the n values at x in place: where all of them have their
+  // companion now (noted with the GEMM engine), it is returned for the op to round what it
+  // changes into, and the note stays; otherwise what the GEMMs knew of them is forgotten.
+  cuda_kernels::Narrow rewrite_in_place(const float* x, std::int64_t n);
   // `bytes` at p were written without a companion.
   void wrote_bytes(const void* p, std::uint64_t bytes) { gemm_->forget_written(p, bytes); }
 
