@@ -32,6 +32,7 @@
 #include "backend/norm_check.h"
 #include "config/config.h"
 #include "model/runner.h"
+#include "tests/model/tiny_models.h"
 #include "tests/support/emulated_cuda/emulated_cuda.h"
 #include "tests/support/run_strata.h"
 #include "tests/train/offload_support.h"
@@ -669,20 +670,11 @@ TEST(EmulatedCudaBackend, ARunnerWhoseCompanionsDoNotFitIsMadeWithoutThem) {
   auto made = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
   backend::Backend& b = **made;
-  model::ModelShape shape;
-  shape.family = model::Family::kGpt2;
-  shape.max_seq_len = 32;
-  shape.hidden_size = 128;
-  shape.intermediate_size = 512;
-  shape.num_layers = 2;
-  shape.num_heads = 2;
-  shape.num_kv_heads = 2;
-  shape.head_dim = 64;
-  shape.vocab_size = 96;
+  const model::ModelShape shape = testing::tiny_gpt2(false);
   const model::ModelLayout layout = model::build_layout(shape);
   model::RunnerOptions with;
   with.batch = 2;
-  with.seq_len = 32;
+  with.seq_len = shape.max_seq_len;
   with.narrow_companions = true;
   model::RunnerOptions without = with;
   without.narrow_companions = false;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/model/tiny_models.h"
+
 namespace strata::train {
 namespace {
 
@@ -29,16 +31,7 @@ TEST(RunSettings, ActivationCompanionsArePlannedAndCountedForSixteenBitGemmsOnAG
   config::Config c;
   c.strata.data.seq_len = 16;
   c.train_micro_batch_size_per_gpu = 2;
-  model::ModelShape shape;
-  shape.family = model::Family::kGpt2;
-  shape.max_seq_len = 16;
-  shape.hidden_size = 64;
-  shape.intermediate_size = 256;
-  shape.num_layers = 3;
-  shape.num_heads = 4;
-  shape.num_kv_heads = 4;
-  shape.head_dim = 16;
-  shape.vocab_size = 100;
+  const model::ModelShape shape = testing::tiny_gpt2(false);
   EXPECT_FALSE(runner_options(c, shape, false).narrow_companions) << "fp32";
   c.bf16.enabled = true;
   EXPECT_TRUE(runner_options(c, shape, false).narrow_companions);
@@ -53,9 +46,13 @@ TEST(RunSettings, ActivationCompanionsArePlannedAndCountedForSixteenBitGemmsOnAG
                              model::ModelRunner<float>::memory_needed(shape, without).device_bytes;
   // Per layer ln1, att, ln2 (N x C each) and act (N x I); dfc (N x I), dqkv (N x 3C), two
   // residual gradients and the final norm (N x C each); the logits chunk (all N rows here).
-  const std::uint64_t n = 2 * 16, cc = 64, in = 256, v = 100;
+  const auto n = static_cast<std::uint64_t>(2 * 16),
+             cc = static_cast<std::uint64_t>(shape.hidden_size);
+  const auto in = static_cast<std::uint64_t>(shape.intermediate_size);
+  const auto v = static_cast<std::uint64_t>(shape.vocab_size);
+  const auto layers = static_cast<std::uint64_t>(shape.num_layers);
   auto granule = [](std::uint64_t elements) { return (elements * 2 + 255) / 256 * 256; };
-  const std::uint64_t want = 3 * (3 * granule(n * cc) + granule(n * in)) + granule(n * in) +
+  const std::uint64_t want = layers * (3 * granule(n * cc) + granule(n * in)) + granule(n * in) +
                              granule(n * 3 * cc) + 3 * granule(n * cc) + granule(n * v);
   EXPECT_EQ(more, want);
 }
@@ -69,15 +66,7 @@ TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {
   c.bf16.enabled = true;
   c.strata.backend = config::Backend::kCuda;  // an estimate for a GPU, on any machine
   offload::EstimateInput in;
-  in.shape.family = model::Family::kGpt2;
-  in.shape.max_seq_len = 16;
-  in.shape.hidden_size = 64;
-  in.shape.intermediate_size = 256;
-  in.shape.num_layers = 3;
-  in.shape.num_heads = 4;
-  in.shape.num_kv_heads = 4;
-  in.shape.head_dim = 16;
-  in.shape.vocab_size = 100;
+  in.shape = testing::tiny_gpt2(false);
   in.params = model::total_params(in.shape);
   model::RunnerOptions with = runner_options(c, in.shape, false), without = with;
   ASSERT_TRUE(with.narrow_companions);
