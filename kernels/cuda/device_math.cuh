@@ -108,6 +108,11 @@ __device__ __forceinline__ std::uint16_t float_to_fp16_bits(float f) {
   return static_cast<std::uint16_t>(sign | r);
 }
 
+// f rounded to nearest even to the 16-bit `code` (kCodeBF16, else fp16).
+__device__ __forceinline__ std::uint16_t float_to_16_bits(float f, int code) {
+  return code == kCodeBF16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f);
+}
+
 // Element i of an array of `code`, widened to float (exact).
 __device__ __forceinline__ float load_as_float(const void* p, int code, std::int64_t i) {
   if (code == kCodeF32) return static_cast<const float*>(p)[i];
@@ -119,17 +124,15 @@ __device__ __forceinline__ float load_as_float(const void* p, int code, std::int
 __device__ __forceinline__ void store_from_float(void* p, int code, std::int64_t i, float v) {
   if (code == kCodeF32) {
     static_cast<float*>(p)[i] = v;
-  } else if (code == kCodeBF16) {
-    static_cast<std::uint16_t*>(p)[i] = float_to_bf16_bits(v);
   } else {
-    static_cast<std::uint16_t*>(p)[i] = float_to_fp16_bits(v);
+    static_cast<std::uint16_t*>(p)[i] = float_to_16_bits(v, code);
   }
 }
 
 // Element i of a kernel's companion output (Narrow), when it has one: v rounded to nearest even.
 __device__ __forceinline__ void store_narrow(const Narrow& narrow, std::int64_t i, float v) {
   if (narrow.p == nullptr) return;
-  narrow.p[i] = narrow.code == kCodeBF16 ? float_to_bf16_bits(v) : float_to_fp16_bits(v);
+  narrow.p[i] = float_to_16_bits(v, narrow.code);
 }
 
 constexpr unsigned kFullMask = 0xffffffffu;

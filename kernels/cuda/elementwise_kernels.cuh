@@ -56,7 +56,7 @@ __device__ __forceinline__ void store_narrow4(const Narrow& narrow, std::int64_t
   if (narrow.p == nullptr) return;
   Group4<std::uint16_t> h;
   for (int j = 0; j < 4; ++j)
-    h.v[j] = narrow.code == kCodeBF16 ? float_to_bf16_bits(v.v[j]) : float_to_fp16_bits(v.v[j]);
+    h.v[j] = float_to_16_bits(v.v[j], narrow.code);
   std::uint16_t* at = narrow.p + i;
   if (reinterpret_cast<std::uintptr_t>(at) % 8 == 0) {
     *reinterpret_cast<Group4<std::uint16_t>*>(at) = h;
@@ -251,7 +251,7 @@ __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, c
 // beside an 8-byte 16-bit one (one element at a time, they ran at a third of the memory's speed).
 // Each element's bits are those of store_from_float(load_as_float(...)), whichever way it goes.
 __device__ __forceinline__ std::uint16_t convert_element(float f, int code, std::uint16_t*) {
-  return code == kCodeBF16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f);
+  return float_to_16_bits(f, code);
 }
 __device__ __forceinline__ float convert_element(std::uint16_t h, int code, float*) {
   return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
