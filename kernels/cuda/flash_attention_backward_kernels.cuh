@@ -6,7 +6,8 @@
 // out_stride; the masking rule is kernels::attention_first_key (causal, sliding window, packed
 // documents). The outputs are 16-bit, not fp32 as attention_kernels.cuh's backward writes: the
 // issue asks for bf16/fp16 in and out, and the strides are that kernel's, so only the element type
-// differs.
+// differs. Where asked (FlashGradsOut), the epilogues also write them widened to fp32, in the
+// caller's layout, so a caller keeping fp32 gradients runs no widening kernel after them.
 //
 // Three kernels, each output element written once, by one thread, after a loop in a fixed order:
 //   1. delta: D_t = sum_d dO_td O_td in fp32, d ascending, one thread per (batch, head, query);
@@ -74,9 +75,14 @@ struct FlashBackwardArgs {
   const std::uint16_t* dout;  // dO, out_stride
   const float* lse;           // (B,H,T), natural log
   float* delta;               // (B,H,T) workspace: written by kernel 1, read by 2 and 3
-  std::uint16_t* dq;          // q_stride
-  std::uint16_t* dk;          // kv_stride
-  std::uint16_t* dv;          // kv_stride
+  std::uint16_t* dq;          // dq_stride; or null (dq_wide only)
+  std::uint16_t* dk;          // dkv_stride; or null (dk_wide only)
+  std::uint16_t* dv;          // dkv_stride; or null (dv_wide only)
+  float* dq_wide;             // or null: dq's 16-bit values widened to fp32 too, dq_stride
+  float* dk_wide;             // likewise, dkv_stride
+  float* dv_wide;             // likewise, dkv_stride
+  std::int64_t dq_stride;     // the outputs' row strides (q_stride and kv_stride, unless the
+  std::int64_t dkv_stride;    // caller's outputs are laid out otherwise: FlashGradsOut)
   std::int64_t seq_len;
   std::int64_t heads;
   std::int64_t kv_heads;
@@ -89,15 +95,6 @@ struct FlashBackwardArgs {
   std::int64_t window;            // 0 = none
   const std::int32_t* positions;  // (B*T) or null
 };
-
-template <typename E>
-__device__ __forceinline__ float flash_widen(std::uint16_t h) {
-  if constexpr (E::kBf16) {
-    return bf16_bits_to_float(h);
-  } else {
-    return fp16_bits_to_float(h);
-  }
-}
 
 // Kernel 1: delta[(b*H + h)*T + t] = sum_d dO_td O_td, d ascending, in fp32. Blocks (chunk of
 // 128 (head, query) pairs, batch).
@@ -169,24 +166,25 @@ __device__ __forceinline__ void flash_mma_ab(MmaAcc (&acc)[kCols / 8], const Mma
 }
 
 // Writes rows of a 16 x kCols C-layout accumulator times `scale`, rounded to 16 bits: this lane's
-// rows row0 + groupID and row0 + groupID + 8 of the warp (those < T) at dst + row * stride.
+// rows row0 + groupID and row0 + groupID + 8 of the warp (those < T) at element
+// `at` + row * stride of `dst` (16-bit) and of `wide` (widened to fp32), either of them null.
 template <typename E, int kCols>
-__device__ __forceinline__ void flash_store_rows(std::uint16_t* dst, std::int64_t stride,
-                                                 std::int64_t row0, std::int64_t T,
-                                                 const MmaAcc (&acc)[kCols / 8], float scale,
-                                                 int lane) {
+__device__ __forceinline__ void flash_store_rows(std::uint16_t* dst, float* wide, std::int64_t at,
+                                                 std::int64_t stride, std::int64_t row0,
+                                                 std::int64_t T, const MmaAcc (&acc)[kCols / 8],
+                                                 float scale, int lane) {
   STRATA_UNROLL
   for (int r = 0; r < 2; ++r) {
     const std::int64_t row = row0 + mma_c_element(lane, 2 * r).row;
     if (row >= T) continue;
-    std::uint16_t* out_row = dst + row * stride;
+    const std::int64_t row_at = at + row * stride;
+    std::uint16_t* out_row = dst != nullptr ? dst + row_at : nullptr;
+    float* wide_row = wide != nullptr ? wide + row_at : nullptr;
     STRATA_UNROLL
     for (int n = 0; n < kCols / 8; ++n) {
       const int col = 8 * n + mma_c_element(lane, 2 * r).col;
-      const std::uint32_t pair =
-          flash_pack<E>(acc[n].reg[2 * r] * scale, acc[n].reg[2 * r + 1] * scale);
-      out_row[col] = static_cast<std::uint16_t>(pair & 0xffffu);
-      out_row[col + 1] = static_cast<std::uint16_t>(pair >> 16);
+      flash_store_pair<E>(out_row, wide_row, col,
+                          flash_pack<E>(acc[n].reg[2 * r] * scale, acc[n].reg[2 * r + 1] * scale));
     }
   }
 }
@@ -311,10 +309,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dkv_kernel(Flas
   cp_async_wait_group<0>();  // the K/V group, when no tile ran
 
   const std::int64_t row0 = s_base + warp * 16;
-  flash_store_rows<E, kCols>(a.dk + b * T * a.kv_stride + g * kD + col0, a.kv_stride, row0, T, dk,
-                             a.scale, lane);
-  flash_store_rows<E, kCols>(a.dv + b * T * a.kv_stride + g * kD + col0, a.kv_stride, row0, T, dv,
-                             1.0f, lane);
+  const std::int64_t at = b * T * a.dkv_stride + g * kD + col0;
+  flash_store_rows<E, kCols>(a.dk, a.dk_wide, at, a.dkv_stride, row0, T, dk, a.scale, lane);
+  flash_store_rows<E, kCols>(a.dv, a.dv_wide, at, a.dkv_stride, row0, T, dv, 1.0f, lane);
 }
 
 // Kernel 3: dQ of one 64-query block of one head.
@@ -408,7 +405,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_dq_kernel(Flash
   }
   cp_async_wait_group<0>();
 
-  flash_store_rows<E, kCols>(a.dq + (b * T) * a.q_stride + h * kD + col0, a.q_stride,
+  flash_store_rows<E, kCols>(a.dq, a.dq_wide, (b * T) * a.dq_stride + h * kD + col0, a.dq_stride,
                              t0 + warp * 16, T, dq, a.scale, lane);
 }
 
@@ -424,8 +421,8 @@ inline FlashBackwardArgs flash_attention_backward_args(const kernels::AttentionS
   a.heads = shape.heads;
   a.kv_heads = shape.kv_heads;
   a.head_dim = shape.head_dim;
-  a.q_stride = shape.q_stride;
-  a.kv_stride = shape.kv_stride;
+  a.q_stride = a.dq_stride = shape.q_stride;
+  a.kv_stride = a.dkv_stride = shape.kv_stride;
   a.out_stride = shape.out_stride;
   a.scale = static_cast<float>(shape.scale);
   a.scale_log2 = static_cast<float>(shape.scale * 1.4426950408889634);
@@ -456,16 +453,33 @@ auto run_flash_attention_backward_d(const L& launch, const FlashBackwardArgs& a,
       dim3(kFlashThreads), flash_dq_smem_bytes(kD), a);
 }
 
+// Where the backward's gradients go besides (or instead of) the 16-bit dq, dk, dv: fp32 arrays
+// receiving their 16-bit values widened (each may be null), and the row strides of both kinds of
+// output (0: the inputs' q_stride and kv_stride).
+struct FlashGradsOut {
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  std::int64_t dq_stride = 0, dkv_stride = 0;
+};
+
 // The backward pass for shape.head_dim (64, 80, 96, 128 or 256; flash_attention_backward_supported
-// checked). WRITES dq, dk, dv (16-bit, strides q_stride / kv_stride) and delta (B*H*T floats of
-// workspace); dout and out have out_stride; lse is the forward's.
+// checked). WRITES dq, dk, dv (16-bit, strides q_stride / kv_stride, or `wide`'s) and delta (B*H*T
+// floats of workspace), and wide.dq, wide.dk, wide.dv where given (then the 16-bit pointer beside
+// each may be null); dout and out have out_stride; lse is the forward's.
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 auto run_flash_attention_backward(const L& launch, std::uint16_t* dq, std::uint16_t* dk,
                                   std::uint16_t* dv, float* delta, const std::uint16_t* dout,
                                   const std::uint16_t* out, const float* lse,
                                   const std::uint16_t* q, const std::uint16_t* k,
-                                  const std::uint16_t* v, const kernels::AttentionShape& shape) {
+                                  const std::uint16_t* v, const kernels::AttentionShape& shape,
+                                  const FlashGradsOut& wide = {}) {
   FlashBackwardArgs a = flash_attention_backward_args(shape);
+  a.dq_wide = wide.dq;
+  a.dk_wide = wide.dk;
+  a.dv_wide = wide.dv;
+  if (wide.dq_stride != 0) a.dq_stride = wide.dq_stride;
+  if (wide.dkv_stride != 0) a.dkv_stride = wide.dkv_stride;
   a.q = q;
   a.k = k;
   a.v = v;

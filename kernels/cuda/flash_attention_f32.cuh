@@ -3,8 +3,10 @@
 // of kernels/cpu/nn_ops.h's attention_forward / attention_backward (fp32 q, k, v, out, dq, dk, dv
 // with their strides; lse (B, H, T) in fp32): each pass rounds its inputs to 16 bits into the
 // workspace, compactly laid out (strides heads * head_dim and kv_heads * head_dim), runs the flash
-// kernels there, and widens the results into the caller's arrays, over launch_plan.h's
-// plan_flash_io (passes of whole batch rows). Generic over the launcher (device_math.cuh), so the
+// kernels there, and writes the results into the caller's arrays, over launch_plan.h's
+// plan_flash_io (passes of whole batch rows): the flash kernels' epilogues write them widened to
+// fp32 (and rounded into their companions) themselves; another 16-bit attention's results are
+// widened by a cast kernel. Generic over the launcher (device_math.cuh), so the
 // emulator tests run exactly this code.
 //
 // The forward's out is 16-bit values widened, so the backward's rounding of out back to 16 bits is
@@ -35,6 +37,18 @@ inline bool flash_f32_supported(const kernels::AttentionShape& s, std::int64_t w
 }
 
 namespace flash_f32_detail {
+
+// Whether `Inner` writes its results into the fp32 arrays itself (FlashInner::kWritesWide).
+template <typename Inner>
+concept WritesWide = requires {
+  requires Inner::kWritesWide;
+};
+
+// The companion pointer where an inner pass rounding to `code` can write it: none wanted, or of
+// the same 16-bit type (else the caller widens, and the widening rounds to the companion's type).
+inline bool same_code(const cuda_kernels::Narrow& n, int code) {
+  return n.p == nullptr || n.code == code;
+}
 
 // The shape of one pass over batch rows [b0, b0 + rows) in the compact 16-bit layout.
 inline kernels::AttentionShape pass_shape(const kernels::AttentionShape& s, std::int64_t b0,
@@ -152,10 +166,27 @@ LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::Atte
 }  // namespace flash_f32_detail
 
 // The 16-bit attention each pass runs on the compact layout: the flash kernels here; another
-// implementation (cuDNN's fused attention, flash_attention.cu) supplies the same two calls.
+// implementation (cuDNN's fused attention, flash_attention.cu) supplies the same two calls. One
+// that also has forward_wide and backward_wide (kWritesWide) writes its results straight into the
+// caller's fp32 arrays and their companions, so no widening kernel runs after it.
 template <typename E, FlashFault kFault, typename L>
 struct FlashInner {
+  static constexpr bool kWritesWide = true;
   const L& launch;
+  // O into `out` (fp32, rows of pass.out_stride) and its 16-bit bits into `o16` (or null), same
+  // rows.
+  auto forward_wide(std::uint16_t* o16, float* out, float* lse, const std::uint16_t* q16,
+                    const std::uint16_t* k16, const std::uint16_t* v16,
+                    const kernels::AttentionShape& pass) const {
+    return run_flash_attention_forward<E, kFault>(launch, o16, lse, q16, k16, v16, pass, out);
+  }
+  auto backward_wide(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* delta,
+                     const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
+                     const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
+                     const kernels::AttentionShape& pass, const FlashGradsOut& wide) const {
+    return run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16, lse,
+                                                   q16, k16, v16, pass, wide);
+  }
   auto forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
                const std::uint16_t* v16, const kernels::AttentionShape& pass) const {
     return run_flash_attention_forward<E, kFault>(launch, o16, lse, q16, k16, v16, pass);
@@ -180,11 +211,21 @@ flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
-    std::uint16_t* o16 = p.rest;
-    auto err = inner.forward(o16, lse + p.b0 * shape.heads * io.T, p.q16, p.k16, p.v16,
-                             d::pass_shape(shape, p.b0, p.batch_rows));
-    if (!launched(err)) return err;
     const std::int64_t at = p.first * shape.out_stride;
+    float* pass_lse = lse + p.b0 * shape.heads * io.T;
+    if constexpr (d::WritesWide<Inner>) {
+      if (d::same_code(out_narrow, io.code)) {
+        // The kernel writes out (and its companion) in the caller's layout.
+        kernels::AttentionShape pass = d::pass_shape(shape, p.b0, p.batch_rows);
+        pass.out_stride = shape.out_stride;
+        return inner.forward_wide(d::advance(out_narrow, at).p, out + at, pass_lse, p.q16, p.k16,
+                                  p.v16, pass);
+      }
+    }
+    std::uint16_t* o16 = p.rest;
+    auto err =
+        inner.forward(o16, pass_lse, p.q16, p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
+    if (!launched(err)) return err;
     const d::Widen result[] = {
         {out + at, shape.out_stride, o16, io.hd, d::advance(out_narrow, at)}};
     return d::widen(launch, io.code, p.rows, result);
@@ -211,10 +252,23 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
                             {do16, dout + p.first * shape.out_stride, shape.out_stride, hd}};
     auto err = d::narrow(launch, io.code, rows, in);
     if (!launched(err)) return err;
-    err = inner.backward(dq16, dk16, dv16, delta, do16, o16, lse + p.b0 * shape.heads * io.T, p.q16,
-                         p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
-    if (!launched(err)) return err;
+    const float* pass_lse = lse + p.b0 * shape.heads * io.T;
     const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
+    if constexpr (d::WritesWide<Inner>) {
+      if (d::same_code(d_narrow.q, io.code) && d::same_code(d_narrow.k, io.code) &&
+          d::same_code(d_narrow.v, io.code)) {
+        // The kernels write dq, dk, dv (and their companions) in the caller's layout.
+        const FlashGradsOut wide{dq + at_q, dk + at_kv, dv + at_kv, shape.q_stride,
+                                 shape.kv_stride};
+        return inner.backward_wide(d::advance(d_narrow.q, at_q).p, d::advance(d_narrow.k, at_kv).p,
+                                   d::advance(d_narrow.v, at_kv).p, delta, do16, o16, pass_lse,
+                                   p.q16, p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows),
+                                   wide);
+      }
+    }
+    err = inner.backward(dq16, dk16, dv16, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
+                         d::pass_shape(shape, p.b0, p.batch_rows));
+    if (!launched(err)) return err;
     const d::Widen result[] = {
         {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
         {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},

@@ -29,7 +29,9 @@
 //   5. wait for V, barrier; O (16 x D per warp) += P V: B from V (stored K x N) by ldmatrix.x4
 //      .trans; D/8 n-tiles, 4 k-steps of 16 keys;
 //   6. barrier (every warp is done with V), start copying the next V tile.
-// The epilogue divides O by the row sum, rounds to 16 bits and writes O and lse.
+// The epilogue divides O by the row sum, rounds to 16 bits and writes O and lse; where asked, it
+// also writes O's 16-bit values widened to fp32 (out_wide), so a caller keeping fp32 activations
+// needs no widening kernel after it (flash_attention_f32.cuh).
 // Launch functions are generic over the launcher (device_math.cuh), so the tests run this source
 // under the SIMT emulator (tests/kernels/flash_attention_emulated_test.cc).
 #pragma once
@@ -78,7 +80,8 @@ struct FlashArgs {
   const std::uint16_t* q;  // (B*T) rows of q_stride: H heads of D
   const std::uint16_t* k;  // (B*T) rows of kv_stride: KV heads of D
   const std::uint16_t* v;  // (B*T) rows of kv_stride: KV heads of D
-  std::uint16_t* out;      // (B*T) rows of out_stride: H heads of D
+  std::uint16_t* out;      // (B*T) rows of out_stride: H heads of D; or null (out_wide only)
+  float* out_wide;         // or null: O's 16-bit values widened to fp32 too, rows of out_stride
   float* lse;              // (B,H,T)
   std::int64_t seq_len;
   std::int64_t heads;
@@ -109,6 +112,34 @@ __device__ __forceinline__ std::uint32_t flash_pack(float lo, float hi) {
     return *reinterpret_cast<const std::uint32_t*>(&h);
   }
 #endif
+}
+
+// A 16-bit value of the kernel's type widened to fp32 (exact).
+template <typename E>
+__device__ __forceinline__ float flash_widen(std::uint16_t h) {
+  if constexpr (E::kBf16) {
+    return bf16_bits_to_float(h);
+  } else {
+    return fp16_bits_to_float(h);
+  }
+}
+
+// Stores two adjacent results packed by flash_pack (`pair`, the first in the low half) at element
+// `at` of a row: the 16-bit bits into `narrow`, their fp32 widening into `wide`; either may be
+// null.
+template <typename E>
+__device__ __forceinline__ void flash_store_pair(std::uint16_t* narrow, float* wide,
+                                                 std::int64_t at, std::uint32_t pair) {
+  const auto lo = static_cast<std::uint16_t>(pair & 0xffffu);
+  const auto hi = static_cast<std::uint16_t>(pair >> 16);
+  if (narrow != nullptr) {
+    narrow[at] = lo;
+    narrow[at + 1] = hi;
+  }
+  if (wide != nullptr) {
+    wide[at] = flash_widen<E>(lo);
+    wide[at + 1] = flash_widen<E>(hi);
+  }
 }
 
 // C-layout tiles (8 columns each) as the A fragments of the next mma, rounded to 16 bits: tiles
@@ -344,13 +375,14 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_forward_kernel(
     l[r] += __shfl_xor_sync(kFullMask, l[r], 2);
     if (row_t[r] >= T) continue;
     const float inv = 1.0f / l[r];
-    std::uint16_t* out_row = a.out + (b * T + row_t[r]) * a.out_stride + h * kD;
+    const std::int64_t row = (b * T + row_t[r]) * a.out_stride + h * kD;
+    std::uint16_t* out_row = a.out != nullptr ? a.out + row : nullptr;
+    float* wide_row = a.out_wide != nullptr ? a.out_wide + row : nullptr;
     STRATA_UNROLL
     for (int n = 0; n < kOTiles; ++n) {
       const int col = 8 * n + mma_c_element(lane, 2 * r).col;
-      const std::uint32_t pair = flash_pack<E>(o[n].reg[2 * r] * inv, o[n].reg[2 * r + 1] * inv);
-      out_row[col] = static_cast<std::uint16_t>(pair & 0xffffu);
-      out_row[col + 1] = static_cast<std::uint16_t>(pair >> 16);
+      flash_store_pair<E>(out_row, wide_row, col,
+                          flash_pack<E>(o[n].reg[2 * r] * inv, o[n].reg[2 * r + 1] * inv));
     }
     if (lane % 4 == 0) {
       a.lse[(b * a.heads + h) * T + row_t[r]] = m[r] * 0.69314718055994531f + logf(l[r]);
@@ -385,12 +417,14 @@ inline FlashArgs flash_attention_args(const kernels::AttentionShape& shape) {
 template <typename E, int kD, FlashFault kFault = FlashFault::kNone, typename L>
 auto run_flash_attention_forward_d(const L& launch, std::uint16_t* out, float* lse,
                                    const std::uint16_t* q, const std::uint16_t* k,
-                                   const std::uint16_t* v, const kernels::AttentionShape& shape) {
+                                   const std::uint16_t* v, const kernels::AttentionShape& shape,
+                                   float* out_wide = nullptr) {
   FlashArgs a = flash_attention_args(shape);
   a.q = q;
   a.k = k;
   a.v = v;
   a.out = out;
+  a.out_wide = out_wide;
   a.lse = lse;
   const dim3 grid(static_cast<unsigned>((shape.seq_len + kFlashRows - 1) / kFlashRows),
                   static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch));
@@ -399,21 +433,29 @@ auto run_flash_attention_forward_d(const L& launch, std::uint16_t* out, float* l
 }
 
 // The forward pass for shape.head_dim (64, 80, 96, 128 or 256; flash_attention_supported checked).
+// `out_wide`, where given, receives O widened to fp32 (rows of shape.out_stride, as out); `out` may
+// then be null.
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 auto run_flash_attention_forward(const L& launch, std::uint16_t* out, float* lse,
                                  const std::uint16_t* q, const std::uint16_t* k,
-                                 const std::uint16_t* v, const kernels::AttentionShape& shape) {
+                                 const std::uint16_t* v, const kernels::AttentionShape& shape,
+                                 float* out_wide = nullptr) {
   switch (shape.head_dim) {
     case 64:
-      return run_flash_attention_forward_d<E, 64, kFault>(launch, out, lse, q, k, v, shape);
+      return run_flash_attention_forward_d<E, 64, kFault>(launch, out, lse, q, k, v, shape,
+                                                          out_wide);
     case 80:
-      return run_flash_attention_forward_d<E, 80, kFault>(launch, out, lse, q, k, v, shape);
+      return run_flash_attention_forward_d<E, 80, kFault>(launch, out, lse, q, k, v, shape,
+                                                          out_wide);
     case 96:
-      return run_flash_attention_forward_d<E, 96, kFault>(launch, out, lse, q, k, v, shape);
+      return run_flash_attention_forward_d<E, 96, kFault>(launch, out, lse, q, k, v, shape,
+                                                          out_wide);
     case 128:
-      return run_flash_attention_forward_d<E, 128, kFault>(launch, out, lse, q, k, v, shape);
+      return run_flash_attention_forward_d<E, 128, kFault>(launch, out, lse, q, k, v, shape,
+                                                           out_wide);
     default:
-      return run_flash_attention_forward_d<E, 256, kFault>(launch, out, lse, q, k, v, shape);
+      return run_flash_attention_forward_d<E, 256, kFault>(launch, out, lse, q, k, v, shape,
+                                                           out_wide);
   }
 }
 

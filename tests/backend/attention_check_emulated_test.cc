@@ -16,6 +16,7 @@
 //
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,6 +185,140 @@ TEST(AttentionCheck, APathRightForwardButWrongBackwardFailsNamingTheGradient) {
   EXPECT_NE(s.message().find("0 dq, 0 dk, 1 dv elements over their bounds"), std::string::npos)
       << s.to_string();
   EXPECT_NE(s.message().find("dv at row 5"), std::string::npos) << s.to_string();
+}
+
+// The flash kernels write the fp32 results (and their companions) themselves: the same bits as the
+// same kernels' 16-bit results widened by the cast kernel (FlashInner without its wide calls,
+// staged as another 16-bit attention is), the companions the rounding of the results, the padding
+// of the caller's rows untouched; a companion of the other 16-bit type is written by the widening
+// as before. Over several passes (one batch row each), bf16 and fp16.
+template <typename E>
+struct WidenedAfter {  // FlashInner's two 16-bit calls only
+  ck::FlashInner<E, ck::FlashFault::kNone, simt::Launcher> flash{kEmulator};
+  int forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
+              const std::uint16_t* v16, const AttentionShape& p) const {
+    return flash.forward(o16, lse, q16, k16, v16, p);
+  }
+  int backward(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* delta,
+               const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
+               const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
+               const AttentionShape& p) const {
+    return flash.backward(dq16, dk16, dv16, delta, do16, o16, lse, q16, k16, v16, p);
+  }
+};
+
+std::vector<float> uniform(std::size_t n, std::uint32_t seed) {
+  std::vector<float> x(n);
+  for (float& v : x) {
+    seed = seed * 1664525u + 1013904223u;
+    v = static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+  }
+  return x;
+}
+
+template <typename E>
+void expect_results_written_in_the_kernels(int companion_code) {
+  SCOPED_TRACE(std::string(E::kBf16 ? "bf16" : "fp16") + " attention, companion code " +
+               std::to_string(companion_code));
+  AttentionShape s{};
+  s.batch = 3;
+  s.seq_len = 70;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.scale = 0.125;
+  const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+  const std::int64_t rows = s.batch * s.seq_len, width = hd + 2 * kvd;
+  s.q_stride = s.kv_stride = width;  // q, k, v side by side, as the model keeps them
+  s.out_stride = hd + 8;             // out's rows padded: the padding must stay as it is
+  const std::vector<float> qkv = uniform(static_cast<std::size_t>(rows * width), 11);
+  const std::vector<float> dout = uniform(static_cast<std::size_t>(rows * s.out_stride), 12);
+  const float* q = qkv.data();
+  const float* k = q + hd;
+  const float* v = k + kvd;
+  const float kUntouched = -1234.5f;
+  const std::int64_t one_row =
+      cuda::plan_flash_io(1, s.seq_len, s.heads, s.kv_heads, s.head_dim, true, 1).per_batch_row;
+  std::vector<std::uint16_t> ws(static_cast<std::size_t>(one_row));  // one batch row per pass
+  const auto elements = static_cast<std::int64_t>(ws.size());
+  ASSERT_TRUE(ck::flash_f32_supported(s, elements));
+
+  struct Results {
+    std::vector<float> out, lse, dqkv;
+    std::vector<std::uint16_t> out16, dqkv16;
+  };
+  auto run = [&](auto&& forward, auto&& backward) {
+    Results r;
+    r.out.assign(static_cast<std::size_t>(rows * s.out_stride), kUntouched);
+    r.lse.assign(static_cast<std::size_t>(rows * s.heads), kUntouched);
+    r.dqkv.assign(static_cast<std::size_t>(rows * width), kUntouched);
+    r.out16.assign(r.out.size(), 0x7e7e);
+    r.dqkv16.assign(r.dqkv.size(), 0x7e7e);
+    const ck::Narrow on{r.out16.data(), companion_code};
+    const ck::QkvNarrow dn{{r.dqkv16.data(), companion_code},
+                           {r.dqkv16.data() + hd, companion_code},
+                           {r.dqkv16.data() + hd + kvd, companion_code}};
+    EXPECT_EQ(forward(r.out.data(), r.lse.data(), on), 0);
+    float* dq = r.dqkv.data();
+    EXPECT_EQ(backward(dq, dq + hd, dq + hd + kvd, r.out.data(), r.lse.data(), dn), 0);
+    return r;
+  };
+  const Results direct = run(
+      [&](float* out, float* lse, ck::Narrow on) {
+        return ck::run_flash_attention_forward_f32<E>(kEmulator, ws.data(), elements, out, lse, q,
+                                                      k, v, s, on);
+      },
+      [&](float* dq, float* dk, float* dv, const float* out, const float* lse, ck::QkvNarrow dn) {
+        return ck::run_flash_attention_backward_f32<E>(kEmulator, ws.data(), elements, dq, dk, dv,
+                                                       dout.data(), out, lse, q, k, v, s, dn);
+      });
+  const WidenedAfter<E> widened;
+  const Results staged = run(
+      [&](float* out, float* lse, ck::Narrow on) {
+        return ck::run_attention16_forward_f32<E>(kEmulator, widened, ws.data(), elements, out, lse,
+                                                  q, k, v, s, on);
+      },
+      [&](float* dq, float* dk, float* dv, const float* out, const float* lse, ck::QkvNarrow dn) {
+        return ck::run_attention16_backward_f32<E>(kEmulator, widened, ws.data(), elements, dq, dk,
+                                                   dv, dout.data(), out, lse, q, k, v, s, dn);
+      });
+  auto same_bits = [](const auto& a, const auto& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])), 0) << what;
+  };
+  same_bits(direct.out, staged.out, "out");
+  same_bits(direct.lse, staged.lse, "lse");
+  same_bits(direct.dqkv, staged.dqkv, "dq, dk, dv");
+  same_bits(direct.out16, staged.out16, "out's companion");
+  same_bits(direct.dqkv16, staged.dqkv16, "the q/k/v gradient's companion");
+  auto rounded = [&](float x) {
+    return companion_code == ck::kCodeBF16 ? kernels::float_to_bf16(x) : kernels::float_to_fp16(x);
+  };
+  int mismatches = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < s.out_stride; ++c) {
+      const auto i = static_cast<std::size_t>(r * s.out_stride + c);
+      if (c >= hd) {  // padding: neither array written
+        mismatches += direct.out[i] != kUntouched || direct.out16[i] != 0x7e7e;
+      } else {
+        mismatches += direct.out16[i] != rounded(direct.out[i]);
+      }
+    }
+    for (std::int64_t c = 0; c < width; ++c) {
+      const auto i = static_cast<std::size_t>(r * width + c);
+      mismatches += direct.dqkv16[i] != rounded(direct.dqkv[i]) || direct.dqkv[i] == kUntouched;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(FlashAttentionF32, TheKernelsWriteTheFp32ResultsAndCompanionsWithTheBitsOfWidening) {
+  expect_results_written_in_the_kernels<ck::FlashBf16>(ck::kCodeBF16);
+  expect_results_written_in_the_kernels<ck::FlashFp16>(ck::kCodeF16);
+}
+
+TEST(FlashAttentionF32, ACompanionOfTheOtherTypeIsWrittenByTheWidening) {
+  expect_results_written_in_the_kernels<ck::FlashBf16>(ck::kCodeF16);
 }
 
 // Another 16-bit attention behind the staging, as cuDNN's is: each pass's compact 16-bit q, k, v

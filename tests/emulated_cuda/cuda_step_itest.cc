@@ -228,6 +228,13 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
     const std::map<int, std::int64_t> want = {{0, micro_batches * (12 * layers + 3)}};
     EXPECT_EQ(narrowed, want) << "step " << step + 1;
     EXPECT_EQ(families.at("gemm"), micro_batches * (12 * layers + 3)) << "step " << step + 1;
+    // The flash kernels write the attention's results into the fp32 activations and their
+    // companions themselves: no widening kernel runs after them. The cast kernels still launched
+    // right before a GEMM are the parameter store's (a unit's 16-bit parameters widened into its
+    // fp32 compute copy, its gradients rounded), one kernel per unit and direction.
+    const auto by_kernel = emu::casts_before_gemms_by_kernel(log);
+    EXPECT_EQ(by_kernel.count("cast_block_from_16_kernel"), 0u) << "step " << step + 1;
+    EXPECT_EQ(by_kernel.count("cast_block_kernel"), 0u) << "step " << step + 1;
     EXPECT_GT(casts, 0) << "step " << step + 1;
   }
 }
