@@ -37,6 +37,12 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
   return run_swiglu_backward(CudaLauncher{s}, dgate_up, gate_up, dout, rows, inner, narrow);
 }
 
+cudaError_t add_rounded(cudaStream_t s, float* acc, const float* g, int code, std::int64_t n,
+                        bool assign) {
+  if (n <= 0) return cudaSuccess;
+  return run_add_rounded(CudaLauncher{s}, acc, g, code, n, assign);
+}
+
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n) {
   if (n <= 0) return cudaSuccess;
   return run_add(CudaLauncher{s}, out, a, b, n);

@@ -197,6 +197,25 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
   }
 }
 
+// acc = g rounded to the 16-bit `code` and widened back (assign), or acc += that: the bits of
+// cast to 16 bits, cast back, then copy or add, in one pass (a gradient kept on the device in the
+// arithmetic of one that leaves it in 16 bits).
+__global__ void add_rounded_kernel(float* acc, const float* g, int code, std::int64_t n,
+                                   bool assign) {
+  const std::int64_t groups = aligned_16(acc) && aligned_16(g) ? n / 4 : 0;
+  for (std::int64_t i = global_thread(); i < groups; i += grid_threads()) {
+    const Float4 x = reinterpret_cast<const Float4*>(g)[i];
+    Float4 o = assign ? Float4{} : reinterpret_cast<const Float4*>(acc)[i];
+    for (int j = 0; j < 4; ++j)
+      o.v[j] = assign ? round_through_16(x.v[j], code) : o.v[j] + round_through_16(x.v[j], code);
+    reinterpret_cast<Float4*>(acc)[i] = o;
+  }
+  for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads()) {
+    const float r = round_through_16(g[i], code);
+    acc[i] = assign ? r : acc[i] + r;
+  }
+}
+
 __global__ void add_kernel(float* out, const float* a, const float* b, std::int64_t n) {
   const std::int64_t groups = aligned_16(out) && aligned_16(a) && aligned_16(b) ? n / 4 : 0;
   for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
@@ -387,6 +406,13 @@ template <typename L>
 auto run_add(const L& launch, float* out, const float* a, const float* b, std::int64_t n) {
   return launch(add_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0, out, a, b,
                 n);
+}
+
+template <typename L>
+auto run_add_rounded(const L& launch, float* acc, const float* g, int code, std::int64_t n,
+                     bool assign) {
+  return launch(add_rounded_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
+                acc, g, code, n, assign);
 }
 
 template <typename L>

@@ -37,6 +37,9 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
                             const float* dout, std::int64_t rows, std::int64_t inner,
                             Narrow narrow = {});
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n);
+// acc = g rounded to the 16-bit `code` and widened back (assign), or acc += that.
+cudaError_t add_rounded(cudaStream_t s, float* acc, const float* g, int code, std::int64_t n,
+                        bool assign);
 cudaError_t add_bias(cudaStream_t s, float* x, const float* bias, std::int64_t rows,
                      std::int64_t channels);
 cudaError_t scale(cudaStream_t s, float* x, std::int64_t n, float alpha);

@@ -149,6 +149,9 @@ class Ops {
   virtual void cast_from(T* dst, const void* src, DType src_type, std::int64_t n) = 0;
   // dst (`dst_type`) = src converted, rounding to nearest even.
   virtual void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) = 0;
+  // acc = g rounded to the 16-bit `type` (nearest even) and widened back (assign), or acc += that:
+  // the bits of cast_to, cast_from, then copy or add, without the 16-bit array between.
+  virtual void add_rounded(T* acc, const T* g, DType type, std::int64_t n, bool assign) = 0;
   // `wide` (n elements) holds exactly the values of `narrow` (n elements of the 16-bit `type`)
   // until forget_widened(wide): a unit's fp32 compute copy beside the 16-bit parameters it was
   // widened from (cast_from), both unchanged in between. A backend whose GEMMs take 16-bit inputs

@@ -127,13 +127,13 @@ Status GradPath::ready(int unit) {
   STRATA_ASSERT_MSG(f != nullptr, "grads_ready of a unit without a gradient frame");
   const UnitPlan& up = plan_.units[static_cast<std::size_t>(unit)];
   const std::int64_t n = up.padded_numel;
-  if (plan_.storage != kernels::DType::kF32) {
+  // A gradient homed on the device never leaves it (offload_optimizer none): on one rank it is
+  // added into its home at once, in stream order, rounded as it would have left (add_on_device).
+  const bool device = up.optim_home == Tier::kDevice;
+  if (plan_.storage != kernels::DType::kF32 && !(device && plan_.world == 1)) {
     // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
     backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
   }
-  // A gradient homed on the device never leaves it (offload_optimizer none): on one rank it is
-  // added into its home at once, in stream order.
-  const bool device = up.optim_home == Tier::kDevice;
   if (device && plan_.world == 1) {
     Job job;
     job.unit = unit;
@@ -217,15 +217,22 @@ void GradPath::add_on_device(const Job& job, Frame* f) {
   backend::Ops<float>& ops = backend_.ops_f32();
   float* acc = tiers_.device_state(u, SlotKind::kGrad);
   float* shard = f->data + up.shard_begin;
-  if (plan_.storage != kernels::DType::kF32) {
-    ops.cast_from(shard,
-                  static_cast<const char*>(f->copy) + u64(up.shard_begin) * plan_.storage_bytes,
-                  plan_.storage, up.shard_numel);
-  }
-  if (job.first) {
-    ops.copy(acc, shard, up.shard_numel);
+  if (plan_.storage != kernels::DType::kF32 && plan_.world == 1) {
+    // One pass: the fp32 gradient rounded to the storage type and added (ready() left the 16-bit
+    // copy unwritten).
+    ops.add_rounded(acc, shard, plan_.storage, up.shard_numel, job.first);
   } else {
-    ops.add(acc, acc, shard, up.shard_numel);
+    if (plan_.storage != kernels::DType::kF32) {
+      // The ranks' sum, reduced in the storage type in the frame's 16-bit copy.
+      ops.cast_from(shard,
+                    static_cast<const char*>(f->copy) + u64(up.shard_begin) * plan_.storage_bytes,
+                    plan_.storage, up.shard_numel);
+    }
+    if (job.first) {
+      ops.copy(acc, shard, up.shard_numel);
+    } else {
+      ops.add(acc, acc, shard, up.shard_numel);
+    }
   }
   if (!job.last) return;
   const std::size_t base = tile_base_[static_cast<std::size_t>(u)];

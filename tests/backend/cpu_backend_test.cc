@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <latch>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <vector>
@@ -165,6 +166,45 @@ TEST(CpuBackend, DoublePrecisionOpsAreAvailable) {
   EXPECT_DOUBLE_EQ(backend->ops<double>()->sum_squares(x.data(), 3), 14.0);
   EXPECT_EQ(backend->compute_threads(), 2);
   EXPECT_NE(backend->description().find("OpenBLAS"), std::string::npos);
+}
+
+// add_rounded: the bits of cast_to, cast_from, then copy or add (the gradient path's one-pass
+// rounding of a gradient kept on the device), in fp32 and fp64, bf16 and fp16.
+template <typename T>
+void expect_add_rounded_is_the_round_trip(Ops<T>& ops, Backend& backend) {
+  const std::int64_t n = 70001;  // several chunks and blocks, and a rest
+  std::vector<T> g(static_cast<std::size_t>(n)), acc(g.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    g[static_cast<std::size_t>(i)] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * 3e4);
+    acc[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(0.11 * static_cast<double>(i)));
+  }
+  g[0] = static_cast<T>(-0.0);
+  g[1] = std::numeric_limits<T>::infinity();
+  g[2] = static_cast<T>(1e-40);
+  for (const DType type : {DType::kBF16, DType::kF16}) {
+    for (const bool assign : {true, false}) {
+      std::vector<std::uint16_t> narrow(g.size());
+      std::vector<T> wide(g.size()), want = acc, got = acc;
+      ops.cast_to(narrow.data(), type, g.data(), n);
+      ops.cast_from(wide.data(), narrow.data(), type, n);
+      if (assign) {
+        ops.copy(want.data(), wide.data(), n);
+      } else {
+        ops.add(want.data(), want.data(), wide.data(), n);
+      }
+      ops.add_rounded(got.data(), g.data(), type, n, assign);
+      ASSERT_TRUE(backend.synchronize(StreamKind::kCompute).is_ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)), 0)
+          << sizeof(T) * 8 << "-bit, " << (type == DType::kBF16 ? "bf16" : "fp16")
+          << (assign ? ", assigned" : ", added");
+    }
+  }
+}
+
+TEST(CpuBackend, AddRoundedHasTheBitsOfTheRoundTripThroughSixteenBits) {
+  auto backend = make(1 << 20);
+  expect_add_rounded_is_the_round_trip(backend->ops_f32(), *backend);
+  expect_add_rounded_is_the_round_trip(*backend->ops<double>(), *backend);
 }
 
 TEST(CpuBackend, RejectsAZeroBudget) {

@@ -327,6 +327,43 @@ TEST(EmulatedKernels, CastsAreTheCpusBits) {
   }
 }
 
+// A gradient kept on the device in the arithmetic of one leaving it in 16 bits: add_rounded gives
+// the bits of cast to 16 bits, cast back, then copy (assign) or add, in one kernel; 4 at a time
+// where both arrays are 16-byte aligned, one at a time from one float off; NaN, infinities,
+// values past fp16's range, subnormals and -0 among them.
+TEST(EmulatedKernels, AddRoundedIsTheRoundTripsBits) {
+  const std::int64_t n = 1003;  // a rest of 3 past the groups of 4
+  std::vector<float> g = random_floats(n + 1, 71, -70000.0f, 70000.0f);
+  g[0] = std::numeric_limits<float>::quiet_NaN();
+  g[1] = -0.0f;
+  g[2] = std::numeric_limits<float>::infinity();
+  g[3] = 65520.0f;
+  g[4] = 1e-40f;
+  g[5] = -3.0e-8f;
+  const std::vector<float> acc0 = random_floats(n + 1, 72, -3.0f, 3.0f);
+  for (DTypeCode code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const bool assign : {true, false}) {
+      for (const std::int64_t off : {0, 1}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "code " << code << (assign ? " assign" : " add") << " offset " << off);
+        std::vector<std::uint16_t> narrow(static_cast<std::size_t>(n));
+        std::vector<float> wide(static_cast<std::size_t>(n));
+        kernels::cast_array(narrow.data(), type, g.data() + off, kernels::DType::kF32, n);
+        kernels::cast_array(wide.data(), kernels::DType::kF32, narrow.data(), type, n);
+        std::vector<float> want = acc0, got = acc0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const auto at = static_cast<std::size_t>(off + i);
+          want[at] = assign ? wide[static_cast<std::size_t>(i)]
+                            : want[at] + wide[static_cast<std::size_t>(i)];
+        }
+        ASSERT_EQ(run_add_rounded(kEmulator, got.data() + off, g.data() + off, code, n, assign), 0);
+        expect_bitwise_equal("add_rounded", got, want);
+      }
+    }
+  }
+}
+
 // The casts move 4 elements at a time where the fp32 side is 16-byte and the 16-bit side 8-byte
 // aligned at the same index, one at a time elsewhere: every alignment of either side, lengths
 // around the group size, and leading dimensions that change the alignment row by row give the

@@ -1,8 +1,10 @@
 // CpuOps: each op is the kernels/cpu kernel run inside the backend's oneTBB arena.
 #include "backend/cpu/cpu_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "common/assert.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
@@ -175,6 +177,31 @@ void CpuOps<T>::cast_to(void* dst, DType dst_type, const T* src, std::int64_t n)
   } else {
     run([&] { k::cast_array(dst, dst_type, src, DType::kF32, n); });
   }
+}
+
+template <typename T>
+void CpuOps<T>::add_rounded(T* acc, const T* g, DType type, std::int64_t n, bool assign) {
+  STRATA_ASSERT(type == DType::kBF16 || type == DType::kF16);
+  run([&] {
+    k::parallel_chunks(n, 1 << 16, [&](std::int64_t i0, std::int64_t i1) {
+      // Through a 16-bit block on the stack: cast_to's rounding, cast_from's widening.
+      constexpr std::int64_t kBlock = 1024;
+      std::uint16_t narrow[kBlock];
+      T wide[kBlock];
+      for (std::int64_t b = i0; b < i1; b += kBlock) {
+        const std::int64_t m = std::min(kBlock, i1 - b);
+        if constexpr (sizeof(T) == 8) {
+          k::narrow_from_f64(narrow, type, g + b, m);
+          k::widen_to_f64(wide, narrow, type, m);
+        } else {
+          k::cast_array(narrow, type, g + b, DType::kF32, m);
+          k::cast_array(wide, DType::kF32, narrow, type, m);
+        }
+        for (std::int64_t i = 0; i < m; ++i)
+          acc[b + i] = assign ? wide[i] : acc[b + i] + wide[i];
+      }
+    });
+  });
 }
 
 template class CpuOps<float>;

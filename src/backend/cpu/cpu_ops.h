@@ -61,6 +61,7 @@ class CpuOps final : public Ops<T> {
   void copy(T* dst, const T* src, std::int64_t n) override;
   void cast_from(T* dst, const void* src, DType src_type, std::int64_t n) override;
   void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) override;
+  void add_rounded(T* acc, const T* g, DType type, std::int64_t n, bool assign) override;
 
  private:
   template <typename Fn>

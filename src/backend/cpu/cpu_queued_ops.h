@@ -157,6 +157,9 @@ class QueuedOps final : public Ops<T> {
   void cast_to(void* dst, DType dst_type, const T* src, std::int64_t n) override {
     queue_->push([=, this] { inner_->cast_to(dst, dst_type, src, n); });
   }
+  void add_rounded(T* acc, const T* g, DType type, std::int64_t n, bool assign) override {
+    queue_->push([=, this] { inner_->add_rounded(acc, g, type, n, assign); });
+  }
 
  private:
   Ops<T>* inner_;

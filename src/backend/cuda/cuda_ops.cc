@@ -515,6 +515,14 @@ void CudaOps::cast_to(void* dst, backend::DType dst_type, const float* src, std:
                    "cast_to");
 }
 
+void CudaOps::add_rounded(float* acc, const float* g, backend::DType type, std::int64_t n,
+                          bool assign) {
+  STRATA_ASSERT(type == backend::DType::kBF16 || type == backend::DType::kF16);
+  wrote(acc, n);
+  STRATA_OPS_CHECK(ck::add_rounded(stream_, acc, g, static_cast<int>(type), n, assign),
+                   "add_rounded");
+}
+
 void CudaOps::note_widened(const float* wide, const void* narrow, backend::DType type,
                            std::int64_t n) {
   if (type == backend::DType::kBF16 || type == backend::DType::kF16)

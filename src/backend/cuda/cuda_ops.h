@@ -110,6 +110,8 @@ class CudaOps final : public backend::Ops<float> {
   void copy(float* dst, const float* src, std::int64_t n) override;
   void cast_from(float* dst, const void* src, backend::DType src_type, std::int64_t n) override;
   void cast_to(void* dst, backend::DType dst_type, const float* src, std::int64_t n) override;
+  void add_rounded(float* acc, const float* g, backend::DType type, std::int64_t n,
+                   bool assign) override;
   void note_widened(const float* wide, const void* narrow, backend::DType type,
                     std::int64_t n) override;
   void forget_widened(const float* wide) override;
