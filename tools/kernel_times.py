@@ -21,7 +21,8 @@ import sys
 
 # Kernel names to families, first match wins. The families are those of the step-time model
 # (src/model/step_time.cc), plus "cast" (zero in the model: casts before GEMMs are what issue 36
-# removes), "reduce" (gradient norms, column sums) and "other".
+# removes), "reduce" (gradient norms, column sums, a device-homed gradient's rounded accumulation)
+# and "other".
 FAMILIES = [
     ("attention", ("attention", "flash", "sdpa", "fmha", "cudnn")),
     ("cast", ("cast",)),
@@ -33,7 +34,7 @@ FAMILIES = [
     ("norm+residual", ("norm", "add_kernel", "residual")),
     ("embedding", ("embedding",)),
     ("adamw", ("adam",)),
-    ("reduce", ("reduce", "column", "partials")),
+    ("reduce", ("reduce", "column", "partials", "add_rounded")),
 ]
 
 

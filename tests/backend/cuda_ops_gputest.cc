@@ -179,6 +179,21 @@ TEST_F(CudaOpsTest, ResidualAddBiasAndBiasGradient) {
   expect_close("dbias", dbias, kFp32Reduction);
 }
 
+// A device-homed gradient rounded to 16 bits and added in one kernel: the CPU's bits, assigned
+// then added, bf16 and fp16, aligned and one float off.
+TEST_F(CudaOpsTest, AddRoundedIsTheCpusBits) {
+  const std::int64_t n = 100003;
+  for (const DType type : {DType::kBF16, DType::kF16}) {
+    Pair acc = random(n + 1, 54), g = random(n + 1, 55, -70000.0f, 70000.0f);
+    both([&](Ops<float>& ops, Side s) {
+      ops.add_rounded(acc(s), g(s), type, n, true);
+      ops.add_rounded(acc(s), g(s) + 1, type, n, false);
+      ops.add_rounded(acc(s) + 1, g(s), type, n, false);
+    });
+    expect_same(type == DType::kBF16 ? "add_rounded bf16" : "add_rounded fp16", acc);
+  }
+}
+
 TEST_F(CudaOpsTest, RotaryEmbeddingOnStridedHeads) {
   const std::int64_t t = 37, rows = 2 * t, heads = 3, d = 64, stride = heads * d + 2 * 2 * d + 5;
   std::vector<float> cos(static_cast<std::size_t>(t * d / 2)), sin(cos.size());
