@@ -527,6 +527,19 @@ Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
   return Status::ok();
 }
 
+WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions& options) {
+  WithoutCompanions w;
+  w.options = options;
+  w.options.narrow_companions = false;
+  w.memory = ModelRunner<float>::memory_needed(spec, w.options);
+  const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
+  w.note = fmt::format(
+      "no 16-bit activation companions: their {} do not fit the device budget beside the "
+      "working set, so the GEMMs convert their activations",
+      format_bytes(with.device_bytes - w.memory.device_bytes));
+  return w;
+}
+
 template class ModelRunner<float>;
 template class ModelRunner<double>;
 

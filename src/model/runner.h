@@ -179,4 +179,15 @@ class ModelRunner {
 extern template class ModelRunner<float>;
 extern template class ModelRunner<double>;
 
+// The activations without their 16-bit companions, for a working set that does not fit the
+// device budget with them (a speed-up, not a need: the GEMMs then convert their activations):
+// the options, what they allocate, and the one line the trainer and `strata estimate` print,
+// naming the bytes the companions would have taken.
+struct WithoutCompanions {
+  RunnerOptions options;
+  RunnerMemory memory;
+  std::string note;
+};
+WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions& options);
+
 }  // namespace strata::model

@@ -84,14 +84,9 @@ Estimate estimate(const PlanSettings& settings, int world, const model::RunnerOp
       plan.device_minimum_bytes > in.device_budget_bytes) {
     // As the trainer does: the activations' 16-bit companions go first when the working set does
     // not fit (the GEMMs then convert their activations).
-    model::RunnerOptions without = runner;
-    without.narrow_companions = false;
-    const model::RunnerMemory less = model::ModelRunner<float>::memory_needed(in.shape, without);
-    e.assumptions.push_back(fmt::format(
-        "no 16-bit activation companions: their {} do not fit the device budget beside the "
-        "working set, so the GEMMs convert their activations",
-        format_bytes(activations.device_bytes - less.device_bytes)));
-    activations = less;
+    const model::WithoutCompanions without = model::without_companions(in.shape, runner);
+    e.assumptions.push_back(without.note);
+    activations = without.memory;
     plan_input.activation_device_bytes = activations.device_bytes;
     plan_input.activation_host_bytes = activations.host_bytes;
     plan = make_plan_unchecked(plan_input);

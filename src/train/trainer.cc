@@ -151,15 +151,10 @@ Status Trainer::setup() {
       engine.status().context() == "strata.device_bytes_max" && runner.narrow_companions) {
     // The activations' 16-bit companions are a speed-up, not a need: where the working set does
     // not fit the device budget with them, the run goes without (the GEMMs convert instead).
-    model::RunnerOptions without = runner;
-    without.narrow_companions = false;
-    const model::RunnerMemory less = model::ModelRunner<float>::memory_needed(shape_, without);
-    note(fmt::format(
-        "no 16-bit activation companions: their {} do not fit the device budget beside the "
-        "working set, so the GEMMs convert their activations",
-        format_bytes(activations.device_bytes - less.device_bytes)));
-    runner = without;
-    activations = less;
+    const model::WithoutCompanions without = model::without_companions(shape_, runner);
+    note(without.note);
+    runner = without.options;
+    activations = without.memory;
     spec.activation_device_bytes = activations.device_bytes;
     spec.activation_host_bytes = activations.host_bytes;
     engine = offload::Engine::create(spec);
