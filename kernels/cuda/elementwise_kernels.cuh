@@ -334,6 +334,25 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
     convert_run(dst + r * dst_ld, src + r * src_ld, dst_code, cols, first, stride);
 }
 
+// Element ranges of one array, for cast_ranges_from_16_kernel (by value: at most kMax a launch).
+struct CastRanges {
+  static constexpr int kMax = 16;
+  int count = 0;
+  std::int64_t begin[kMax] = {};
+  std::int64_t n[kMax] = {};
+};
+
+// dst[b, b + n) = src[b, b + n) (16-bit `code`) widened, exactly, for each range (b, n) of `r`:
+// range blockIdx.y, threads over its elements (4 at a time where aligned, as cast_kernel).
+__global__ void cast_ranges_from_16_kernel(float* dst, const std::uint16_t* src, int code,
+                                           CastRanges r) {
+  const int i = static_cast<int>(blockIdx.y);
+  if (i >= r.count) return;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  convert_run(dst + r.begin[i], src + r.begin[i], code, r.n[i], first, stride);
+}
+
 // The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,
 // leading dimension src_ld), exactly; with a companion (`also`, leading dimension dst_ld) the
 // values rounded to its type too.
@@ -406,6 +425,17 @@ template <typename L>
 auto run_add(const L& launch, float* out, const float* a, const float* b, std::int64_t n) {
   return launch(add_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0, out, a, b,
                 n);
+}
+
+template <typename L>
+auto run_cast_ranges_from_16(const L& launch, float* dst, const void* src, int code,
+                             const CastRanges& r) {
+  std::int64_t most = 1;
+  for (int i = 0; i < r.count; ++i)
+    most = r.n[i] > most ? r.n[i] : most;
+  const dim3 grid(elementwise_grid((most + 3) / 4).x, static_cast<unsigned>(r.count));
+  return launch(cast_ranges_from_16_kernel, grid, dim3(kElementwiseThreads), 0, dst,
+                static_cast<const std::uint16_t*>(src), code, r);
 }
 
 template <typename L>

@@ -240,17 +240,33 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                                                        lda, b, ldb, beta, c, ldc, in_code));
 }
 
-void GemmEngine::make_room(bool companion, int most) {
+bool GemmEngine::make_room(bool companion, int most) {
   const auto kind = [companion](const Twin& t) { return t.companion == companion; };
-  if (std::count_if(twins_.begin(), twins_.end(), kind) < most) return;
-  twins_.erase(std::find_if(twins_.begin(), twins_.end(), kind));
+  if (std::count_if(twins_.begin(), twins_.end(), kind) < most) return true;
+  const auto droppable =
+      std::find_if(twins_.begin(), twins_.end(), [&](const Twin& t) { return kind(t) && !t.only; });
+  if (droppable == twins_.end()) return false;
+  twins_.erase(droppable);
+  return true;
 }
 
 void GemmEngine::note_widened(const float* wide, const void* narrow, int code, std::int64_t n) {
   if (!twins_on_) return;
   forget_widened(wide);
-  make_room(false, kTwinsMax);
-  twins_.push_back({wide, narrow, code, n, false});
+  if (make_room(false, kTwinsMax)) twins_.push_back({wide, narrow, code, n, false, false});
+}
+
+bool GemmEngine::note_weights_only_in_16(const float* wide, const void* narrow, int code,
+                                         std::int64_t n) {
+  const int products_code =
+      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
+  if (!twins_on_ || !cuda::converts_operands(config_.precision) || code != products_code) {
+    return false;
+  }
+  forget_widened(wide);
+  if (!make_room(false, kTwinsMax)) return false;
+  twins_.push_back({wide, narrow, code, n, false, true});
+  return true;
 }
 
 void GemmEngine::forget_widened(const float* wide) {
@@ -266,7 +282,7 @@ void GemmEngine::note_rounded(const float* wide, const void* narrow, int code, s
   if (!companions_on_ || n < 1) return;
   forget_written(wide, static_cast<std::uint64_t>(n) * sizeof(float));
   make_room(true, kCompanionsMax);
-  twins_.push_back({wide, narrow, code, n, true});
+  twins_.push_back({wide, narrow, code, n, true, false});
 }
 
 bool GemmEngine::has_companion(const float* p, std::int64_t n, int code) const {
@@ -279,6 +295,9 @@ void GemmEngine::forget_written(const void* p, std::uint64_t bytes) {
   const auto begin = reinterpret_cast<std::uintptr_t>(p);
   const auto end = begin + bytes;
   std::erase_if(twins_, [begin, end](const Twin& t) {
+    // A copy without its weights keeps its 16-bit range: the parameters did not change, and no
+    // product may read the weights from the copy.
+    if (t.only) return false;
     const auto t_begin = reinterpret_cast<std::uintptr_t>(t.wide);
     const auto t_end = t_begin + static_cast<std::uintptr_t>(t.n) * sizeof(float);
     return t_begin < end && begin < t_end;

@@ -98,6 +98,12 @@ class GemmEngine {
     if (!on) twins_.clear();
   }
   void note_widened(const float* wide, const void* narrow, int code, std::int64_t n);
+  // The same for a copy whose weights were NOT widened (only the tensors other kernels read
+  // were): every operand inside `wide` must be read from `narrow` until forget_widened(wide), so
+  // the range is kept whatever is written into `wide` meanwhile and is never dropped to make room.
+  // false (nothing noted) where that cannot be promised: the twins are off, the products do not
+  // convert fp32 operands to 16-bit `code`, or kTwinsMax such ranges are kept already.
+  bool note_weights_only_in_16(const float* wide, const void* narrow, int code, std::int64_t n);
   void forget_widened(const float* wide);
   static constexpr int kTwinsMax = 64;
   // Products whose B operand was read from a noted 16-bit range.
@@ -199,13 +205,15 @@ class GemmEngine {
     int code = 0;
     std::int64_t n = 0;
     bool companion = false;  // an activation's (note_rounded), else a weight's (note_widened)
+    bool only = false;       // note_weights_only_in_16: the fp32 copy does not hold the weights
   };
   // The 16-bit twin of the matrix at `b` (rows x cols, leading dimension ld, all inside one noted
   // range of this code), or null; *companion tells which kind it is.
   const void* twin_of(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                       int code, bool* companion = nullptr) const;
-  // Drops the oldest range of the kind once `most` of them are kept.
-  void make_room(bool companion, int most);
+  // Drops the oldest range of the kind once `most` of them are kept (never one noted by
+  // note_weights_only_in_16); false where every one of them is such a range.
+  bool make_room(bool companion, int most);
   // The product's output (m rows of n, leading dimension ldc) is about to be written.
   void forget_output(const float* c, std::int64_t m, std::int64_t n, std::int64_t ldc);
 

@@ -161,6 +161,25 @@ class Ops {
     (void)wide, (void)narrow, (void)type, (void)n;
   }
   virtual void forget_widened(const T* wide) { (void)wide; }
+  // dst = src converted from 16-bit `src_type`, over the element ranges [begin[i], begin[i] +
+  // n[i]) only, i < count (the tensors of a unit that other kernels than GEMMs read).
+  virtual void cast_from_ranges(T* dst, const void* src, DType src_type, const std::int64_t* begin,
+                                const std::int64_t* n, int count) {
+    const std::size_t bytes = kernels::dtype_bytes(src_type);
+    for (int i = 0; i < count; ++i) {
+      cast_from(dst + begin[i], static_cast<const char*>(src) + begin[i] * bytes, src_type, n[i]);
+    }
+  }
+  // Like note_widened, for a copy into which only some ranges were widened (cast_from_ranges): the
+  // rest of `wide` does not hold the parameters, and until forget_widened(wide) every GEMM operand
+  // inside `wide` must be read from `narrow`. Returns whether this backend promises that (its
+  // GEMMs read 16-bit operands of `type` in place, and it can keep the range); false, the default,
+  // notes nothing, and the caller widens the whole copy.
+  virtual bool note_widened_weights_only(const T* wide, const void* narrow, DType type,
+                                         std::int64_t n) {
+    (void)wide, (void)narrow, (void)type, (void)n;
+    return false;
+  }
 
   // The 16-bit type this backend's GEMMs round fp32 operands to, where they can read an
   // activation's 16-bit companion (pair_narrow) instead of converting it; kF32 (the default) when

@@ -165,6 +165,11 @@ std::atomic<bool> g_no_flock{[] {
   return env != nullptr && std::strcmp(env, "1") == 0;
 }()};
 
+std::atomic<bool> g_poison_weights{[] {
+  const char* env = std::getenv("STRATA_TEST_POISON_WEIGHTS");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}()};
+
 }  // namespace
 
 void crash_point(const char* name) {
@@ -322,6 +327,14 @@ bool flock_disabled_for_test() {
 
 void set_flock_disabled(bool disabled) {
   g_no_flock.store(disabled);
+}
+
+bool poison_weights_for_test() {
+  return g_poison_weights.load(std::memory_order_relaxed);
+}
+
+void set_poison_weights(bool poison) {
+  g_poison_weights.store(poison);
 }
 
 }  // namespace strata

@@ -31,7 +31,10 @@
 //     name contains NAME until a test releases it (test_barrier() says how), so that a test can
 //     start two processes at the same instant of their start-up rather than after a sleep;
 //   - no flock: STRATA_TEST_NO_FLOCK=1 (or set_flock_disabled()) makes the directory locks
-//     (dir_lock.h) behave as on a file system where flock does not work.
+//     (dir_lock.h) behave as on a file system where flock does not work;
+//   - poisoned weights: STRATA_TEST_POISON_WEIGHTS=1 (or set_poison_weights()) makes the offload
+//     store fill the weights it leaves out of a unit's fp32 compute copy (the GEMMs read them in
+//     16 bits, Ops::note_widened_weights_only) with NaN, so any fp32 read of them shows.
 #pragma once
 
 #include <cstdint>
@@ -130,5 +133,10 @@ void test_barrier(const char* name);
 // set_flock_disabled()).
 bool flock_disabled_for_test();
 void set_flock_disabled(bool disabled);
+
+// Whether the weights left out of an fp32 compute copy are filled with NaN
+// (STRATA_TEST_POISON_WEIGHTS=1 or set_poison_weights()).
+bool poison_weights_for_test();
+void set_poison_weights(bool poison);
 
 }  // namespace strata

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "common/clock.h"
+#include "common/fault_points.h"
 #include "offload/slot_codec.h"
 #include "offload/unit_state.h"
 
@@ -36,6 +38,29 @@ Result<std::unique_ptr<OffloadStore>> OffloadStore::create(TierManager& tiers,
   s->progress_ = std::make_unique<Progress>(pipeline, *s->grads_, *s->scheduler_);
   const TierPlan& p = tiers.plan();
   s->regather_.assign(p.units.size(), 0);
+  // Blocks and the head: the matrices (two dimensions) are GEMM weights, read only by GEMMs;
+  // consecutive other tensors are one range (the alignment gaps between them widen as padding).
+  const model::ModelLayout& layout = tiers.layout();
+  s->ranges_.resize(layout.units.size());
+  for (std::size_t u = 0; u < layout.units.size(); ++u) {
+    const model::UnitLayout& unit = layout.units[u];
+    if (unit.kind == model::UnitKind::kEmbedding) continue;
+    UnitRanges& r = s->ranges_[u];
+    bool joined = false;  // the last range may grow: no matrix since it
+    for (const model::TensorSlot& t : unit.tensors) {
+      if (t.shape.size() == 2) {
+        r.weights_begin.push_back(t.offset);
+        r.weights_n.push_back(t.numel);
+        joined = false;
+      } else if (joined) {
+        r.n.back() = t.offset + t.numel - r.begin.back();
+      } else {
+        r.begin.push_back(t.offset);
+        r.n.push_back(t.numel);
+        joined = true;
+      }
+    }
+  }
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
     for (int i = 0; i < p.classes[k].compute_slots; ++i)
@@ -225,20 +250,18 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
   std::vector<ComputeSlot>& pool = compute_[static_cast<std::size_t>(up.size_class)];
   // The fp32 copy and the 16-bit parameters it came from stay as they are until the unit is
   // released: the backend may read GEMM operands from the 16-bit ones (Ops::note_widened).
-  backend::Ops<float>& ops = tiers_.backend().ops_f32();
   for (ComputeSlot& slot : pool) {
     if (slot.unit == unit) {
       ++slot.users;
-      ops.note_widened(static_cast<const float*>(slot.data), stored, p.storage, up.padded_numel);
+      widen(slot, unit, stored, true);
       return static_cast<const float*>(slot.data);
     }
   }
   for (ComputeSlot& slot : pool) {
     if (slot.users == 0) {
-      ops.cast_from(slot.data, stored, p.storage, up.padded_numel);
-      ops.note_widened(static_cast<const float*>(slot.data), stored, p.storage, up.padded_numel);
       slot.unit = unit;
       slot.users = 1;
+      widen(slot, unit, stored, false);
       return static_cast<const float*>(slot.data);
     }
   }
@@ -247,6 +270,30 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
       ErrorCode::kInternal,
       fmt::format("unit {} needs an fp32 parameter copy but all {} of its size are in use",
                   layout().units[static_cast<std::size_t>(unit)].name, pool.size()));
+}
+
+void OffloadStore::widen(ComputeSlot& slot, int unit, const void* stored, bool again) {
+  const TierPlan& p = tiers_.plan();
+  const std::int64_t n = p.units[static_cast<std::size_t>(unit)].padded_numel;
+  const UnitRanges& r = ranges_[static_cast<std::size_t>(unit)];
+  backend::Ops<float>& ops = tiers_.backend().ops_f32();
+  if (!r.weights_n.empty() && (!again || !slot.whole) &&
+      ops.note_widened_weights_only(slot.data, stored, p.storage, n)) {
+    if (again) return;  // the other tensors are there from the first use
+    ops.cast_from_ranges(slot.data, stored, p.storage, r.begin.data(), r.n.data(),
+                         static_cast<int>(r.n.size()));
+    slot.whole = false;
+    if (poison_weights_for_test()) {
+      for (std::size_t i = 0; i < r.weights_n.size(); ++i) {
+        ops.scale(slot.data + r.weights_begin[i], r.weights_n[i],
+                  std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+    return;
+  }
+  if (!again || !slot.whole) ops.cast_from(slot.data, stored, p.storage, n);
+  slot.whole = true;
+  ops.note_widened(slot.data, stored, p.storage, n);
 }
 
 void OffloadStore::release_params(int unit) {

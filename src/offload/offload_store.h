@@ -128,7 +128,18 @@ class OffloadStore final : public model::UnitStore<float> {
     float* data = nullptr;
     int unit = -1;
     int users = 0;
+    bool whole = true;  // holds every parameter (else the weights only in 16 bits)
   };
+  // A unit's tensors by who reads them: `begin`/`n` the element ranges that kernels other than
+  // GEMMs read (norm weights, biases), `weights_begin`/`weights_n` the matrices only GEMMs read.
+  // Empty weights: the whole unit is widened (the embedding table is read by the lookup).
+  struct UnitRanges {
+    std::vector<std::int64_t> begin, n, weights_begin, weights_n;
+  };
+  // Widens `stored` (the unit's 16-bit parameters) into the slot: where the backend's GEMMs read
+  // the weights from `stored` (Ops::note_widened_weights_only) only the other tensors, else every
+  // one; `again`: the slot holds this unit already, only what it lacks is widened.
+  void widen(ComputeSlot& slot, int unit, const void* stored, bool again);
   OffloadStore(TierManager& tiers, OptimizerPipeline& pipeline, Sharding& sharding);
   // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
   // in flight.
@@ -147,6 +158,7 @@ class OffloadStore final : public model::UnitStore<float> {
   std::unique_ptr<Progress> progress_;
   std::vector<std::uint8_t> regather_;             // per unit: all-gather before the next use
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
+  std::vector<UnitRanges> ranges_;                 // per unit
   StateCounters counters_;
   Status failure_;
   bool last_micro_batch_ = true;

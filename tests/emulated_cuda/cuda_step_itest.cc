@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
 #include "backend/norm_check.h"
+#include "common/fault_points.h"
 #include "config/config.h"
 #include "model/runner.h"
 #include "tests/model/tiny_models.h"
@@ -230,12 +232,44 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
     EXPECT_EQ(families.at("gemm"), micro_batches * (12 * layers + 3)) << "step " << step + 1;
     // The flash kernels write the attention's results into the fp32 activations and their
     // companions themselves: no widening kernel runs after them. The cast kernels still launched
-    // right before a GEMM are the parameter store's (a unit's 16-bit parameters widened into its
-    // fp32 compute copy, its gradients rounded), one kernel per unit and direction.
+    // right before a GEMM are the parameter store's: a block's norm weights and biases widened
+    // into its fp32 compute copy again for the backward (its weights stay in 16 bits, read by the
+    // GEMMs in place: WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt).
     const auto by_kernel = emu::casts_before_gemms_by_kernel(log);
     EXPECT_EQ(by_kernel.count("cast_block_from_16_kernel"), 0u) << "step " << step + 1;
     EXPECT_EQ(by_kernel.count("cast_block_kernel"), 0u) << "step " << step + 1;
     EXPECT_GT(casts, 0) << "step " << step + 1;
+  }
+}
+
+// Where the GEMMs read the weights from the 16-bit parameters, a unit's fp32 compute copy holds
+// only the tensors other kernels read (norm weights, biases): with the weights left out of it
+// filled with NaN (the test seam), training gives the same bits as with every weight widened into
+// the copy (the weights' 16-bit path refused at start: the products convert the copy), parameters
+// streamed from host memory, over two steps (the second reads the updated parameters).
+TEST(EmulatedCudaStep, WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt) {
+  testing::TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    set_poison_weights(true);
+    const TrainedRun apart = train(family, kTiers[1], true, dir.path() + "/apart_" + family, 2);
+    set_poison_weights(false);
+    backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
+    const TrainedRun whole = train(family, kTiers[1], true, dir.path() + "/whole_" + family, 2);
+    backend::fail_fast_path_for_test(std::nullopt);
+    ASSERT_EQ(apart.losses.size(), 2u) << family;
+    ASSERT_EQ(whole.losses.size(), 2u) << family;
+    EXPECT_TRUE(std::isfinite(apart.losses[1])) << family;
+    EXPECT_EQ(apart.losses, whole.losses) << family;
+    EXPECT_TRUE(testing::same_bits(apart.state, whole.state)) << family;
+    const auto ranged = [](const std::vector<std::string>& log) {
+      return std::count_if(log.begin(), log.end(), [](const std::string& k) {
+        return k.rfind("cast_ranges_from_16_kernel", 0) == 0;
+      });
+    };
+    // Every block and the head widen their other tensors only (blocks twice per micro-batch:
+    // forward and backward); the copy holding every weight widens none that way.
+    EXPECT_GT(ranged(apart.launches[1]), 0) << family;
+    EXPECT_EQ(ranged(whole.launches[1]), 0) << family;
   }
 }
 
@@ -443,6 +477,95 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   ASSERT_TRUE(listed.has_value());
   EXPECT_TRUE(listed->active) << listed->detail;
   EXPECT_EQ(listed->uses, 2);
+}
+
+// A compute copy without its weights (Ops::note_widened_weights_only): a product reads the weight
+// from its 16-bit parameters with the bits of the widened copy, though the copy holds NaN, also
+// after a write into the copy and 64 other weights noted since; forgotten, the copy is read (NaN).
+// The backend says no where it cannot promise it: parameters of the other 16-bit type, 64 such
+// copies kept already, fp32 products, the weights' 16-bit path refused at start.
+// cast_from_ranges widens its ranges and nothing else.
+TEST(EmulatedCudaBackend, ACopyWithoutItsWeightsHasThemReadFromTheirSixteenBits) {
+  backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
+  auto made = backend::make_cuda_backend(options);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  backend::Ops<float>& ops = b.ops_f32();
+  const std::int64_t m = 8, n = 16, k = 32;
+  auto a_buf = b.allocate_device(m * k * 4, "a");
+  auto w_buf = b.allocate_device(n * k * 4, "w");
+  auto copy_buf = b.allocate_device(n * k * 4, "copy");
+  auto w16_buf = b.allocate_device(n * k * 2, "w16");
+  auto c_buf = b.allocate_device(m * n * 4, "c");
+  auto host = b.allocate_pinned((m * k + n * k) * 4, "host");
+  ASSERT_TRUE(a_buf.is_ok() && w_buf.is_ok() && copy_buf.is_ok() && w16_buf.is_ok() &&
+              c_buf.is_ok() && host.is_ok());
+  float* a = a_buf->as<float>();
+  float* w = w_buf->as<float>();
+  float* copy = copy_buf->as<float>();
+  float* c = c_buf->as<float>();
+  float* h = host->as<float>();
+  void* w16 = w16_buf->data();
+  for (std::int64_t i = 0; i < m * k + n * k; ++i)
+    h[i] = std::cos(0.29f * static_cast<float>(i)) * 1.3f;
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, a, h, m * k * 4).is_ok());
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, w, h + m * k, n * k * 4).is_ok());
+  ops.cast_to(w16, backend::DType::kBF16, w, n * k);
+  ops.cast_from(w, w16, backend::DType::kBF16, n * k);
+  ops.copy(copy, w, n * k);
+  ops.scale(copy, n * k, std::numeric_limits<double>::quiet_NaN());
+  auto product = [&](const float* weight) {
+    ops.gemm(false, true, m, n, k, 1.0f, a, k, weight, k, 0.0f, c, n);
+    std::vector<float> out(static_cast<std::size_t>(m * n));
+    EXPECT_TRUE(b.copy_async(backend::StreamKind::kCompute, out.data(), c, m * n * 4).is_ok());
+    EXPECT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+    return out;
+  };
+  const std::vector<float> converted = product(w);  // the widened weight, converted
+  ASSERT_TRUE(ops.note_widened_weights_only(copy, w16, backend::DType::kBF16, n * k));
+  EXPECT_EQ(product(copy), converted);
+  ops.zero(copy + 5, 7);  // a write into the copy
+  for (int i = 0; i < 64; ++i)
+    ops.note_widened(w + i, w16, backend::DType::kBF16, 1);
+  EXPECT_EQ(product(copy), converted);
+  ops.forget_widened(copy);
+  EXPECT_TRUE(std::isnan(product(copy)[0]));
+  EXPECT_FALSE(ops.note_widened_weights_only(copy, w16, backend::DType::kF16, n * k));
+  for (int i = 0; i < 64; ++i) {
+    ops.forget_widened(w + i);
+    EXPECT_TRUE(ops.note_widened_weights_only(copy + i, w16, backend::DType::kBF16, 1)) << i;
+  }
+  EXPECT_FALSE(ops.note_widened_weights_only(w, w16, backend::DType::kBF16, n * k));
+  for (int i = 0; i < 64; ++i)
+    ops.forget_widened(copy + i);
+
+  // Ranges [2, 5) and [9, 10) of the 16-bit weight into a zeroed copy.
+  ops.zero(copy, n * k);
+  const std::int64_t begin[] = {2, 9}, count[] = {3, 1};
+  ops.cast_from_ranges(copy, w16, backend::DType::kBF16, begin, count, 2);
+  std::vector<float> got(16), widened(16);
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, got.data(), copy, 64).is_ok());
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, widened.data(), w, 64).is_ok());
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  for (int i = 0; i < 16; ++i) {
+    const bool in = (i >= 2 && i < 5) || i == 9;
+    EXPECT_EQ(got[static_cast<std::size_t>(i)], in ? widened[static_cast<std::size_t>(i)] : 0.0f)
+        << i;
+  }
+
+  for (const bool fp32 : {true, false}) {
+    if (!fp32) backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
+    auto other = backend::make_cuda_backend(
+        small_options(fp32 ? cuda::GemmPrecision::kFp32 : cuda::GemmPrecision::kBf16));
+    backend::fail_fast_path_for_test(std::nullopt);
+    ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+    auto wide = (*other)->allocate_device(64 * 4, "wide");
+    auto narrow = (*other)->allocate_device(64 * 2, "narrow");
+    ASSERT_TRUE(wide.is_ok() && narrow.is_ok());
+    EXPECT_FALSE((*other)->ops_f32().note_widened_weights_only(wide->as<float>(), narrow->data(),
+                                                               backend::DType::kBF16, 64))
+        << (fp32 ? "fp32 products" : "the weights' 16-bit path refused");
+  }
 }
 
 // Refused at start (its check made to fail through the seam), the path is listed off and the

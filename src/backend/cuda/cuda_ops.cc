@@ -533,6 +533,25 @@ void CudaOps::forget_widened(const float* wide) {
   gemm_->forget_widened(wide);
 }
 
+void CudaOps::cast_from_ranges(float* dst, const void* src, backend::DType src_type,
+                               const std::int64_t* begin, const std::int64_t* n, int count) {
+  if (src_type != backend::DType::kBF16 && src_type != backend::DType::kF16) {
+    Ops<float>::cast_from_ranges(dst, src, src_type, begin, n, count);
+    return;
+  }
+  for (int i = 0; i < count; ++i)
+    wrote(dst + begin[i], n[i]);
+  STRATA_OPS_CHECK(
+      ck::cast_ranges_from_16(stream_, dst, src, static_cast<int>(src_type), begin, n, count),
+      "cast_from_ranges");
+}
+
+bool CudaOps::note_widened_weights_only(const float* wide, const void* narrow, backend::DType type,
+                                        std::int64_t n) {
+  if (type != backend::DType::kBF16 && type != backend::DType::kF16) return false;
+  return gemm_->note_weights_only_in_16(wide, narrow, static_cast<int>(type), n);
+}
+
 void CudaOps::use_companions(backend::DType type) {
   STRATA_ASSERT(type == backend::DType::kF32 || type == backend::DType::kBF16 ||
                 type == backend::DType::kF16);

@@ -115,6 +115,10 @@ class CudaOps final : public backend::Ops<float> {
   void note_widened(const float* wide, const void* narrow, backend::DType type,
                     std::int64_t n) override;
   void forget_widened(const float* wide) override;
+  void cast_from_ranges(float* dst, const void* src, backend::DType src_type,
+                        const std::int64_t* begin, const std::int64_t* n, int count) override;
+  bool note_widened_weights_only(const float* wide, const void* narrow, backend::DType type,
+                                 std::int64_t n) override;
   backend::DType narrow_type() const override { return narrow_type_; }
   void pair_narrow(const float* wide, void* narrow, std::int64_t n) override;
   void unpair_narrow(const float* wide) override;
