@@ -113,17 +113,20 @@ __device__ __forceinline__ std::uint16_t float_to_16_bits(float f, int code) {
   return code == kCodeBF16 ? float_to_bf16_bits(f) : float_to_fp16_bits(f);
 }
 
+// The 16-bit `code` value h (kCodeBF16, else fp16) widened to float (exact).
+__device__ __forceinline__ float float_from_16_bits(std::uint16_t h, int code) {
+  return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+}
+
 // f rounded to nearest even to the 16-bit `code` and widened back to float (exact).
 __device__ __forceinline__ float round_through_16(float f, int code) {
-  const std::uint16_t h = float_to_16_bits(f, code);
-  return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+  return float_from_16_bits(float_to_16_bits(f, code), code);
 }
 
 // Element i of an array of `code`, widened to float (exact).
 __device__ __forceinline__ float load_as_float(const void* p, int code, std::int64_t i) {
   if (code == kCodeF32) return static_cast<const float*>(p)[i];
-  const std::uint16_t h = static_cast<const std::uint16_t*>(p)[i];
-  return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+  return float_from_16_bits(static_cast<const std::uint16_t*>(p)[i], code);
 }
 
 // Stores v into element i of an array of `code`, rounding to nearest even.

@@ -39,19 +39,18 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
 
 cudaError_t cast_ranges_from_16(cudaStream_t s, float* dst, const void* src, int code,
                                 const std::int64_t* begin, const std::int64_t* n, int count) {
-  for (int at = 0; at < count; at += CastRanges::kMax) {
-    CastRanges r;
-    for (int i = at; i < count && r.count < CastRanges::kMax; ++i) {
-      if (n[i] <= 0) continue;
-      r.begin[r.count] = begin[i];
-      r.n[r.count] = n[i];
-      ++r.count;
-    }
-    if (r.count == 0) continue;
+  // The non-empty ranges, each once, up to CastRanges::kMax a launch.
+  CastRanges r;
+  for (int i = 0; i < count; ++i) {
+    if (n[i] <= 0) continue;
+    r.begin[r.count] = begin[i];
+    r.n[r.count] = n[i];
+    if (++r.count < CastRanges::kMax) continue;
     const cudaError_t err = run_cast_ranges_from_16(CudaLauncher{s}, dst, src, code, r);
     if (err != cudaSuccess) return err;
+    r = CastRanges{};
   }
-  return cudaSuccess;
+  return r.count == 0 ? cudaSuccess : run_cast_ranges_from_16(CudaLauncher{s}, dst, src, code, r);
 }
 
 cudaError_t add_rounded(cudaStream_t s, float* acc, const float* g, int code, std::int64_t n,

@@ -273,7 +273,7 @@ __device__ __forceinline__ std::uint16_t convert_element(float f, int code, std:
   return float_to_16_bits(f, code);
 }
 __device__ __forceinline__ float convert_element(std::uint16_t h, int code, float*) {
-  return code == kCodeBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+  return float_from_16_bits(h, code);
 }
 
 // The index of a run at `p` (elements of `bytes` each) from which groups of 4 are aligned to

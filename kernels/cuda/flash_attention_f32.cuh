@@ -44,8 +44,8 @@ concept WritesWide = requires {
   requires Inner::kWritesWide;
 };
 
-// The companion pointer where an inner pass rounding to `code` can write it: none wanted, or of
-// the same 16-bit type (else the caller widens, and the widening rounds to the companion's type).
+// Whether an inner pass rounding to `code` can write this companion itself: none is wanted, or it
+// is of the same 16-bit type (else the caller widens, and the widening rounds to its type).
 inline bool same_code(const cuda_kernels::Narrow& n, int code) {
   return n.p == nullptr || n.code == code;
 }
@@ -189,14 +189,13 @@ struct FlashInner {
   }
   auto forward(std::uint16_t* o16, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
                const std::uint16_t* v16, const kernels::AttentionShape& pass) const {
-    return run_flash_attention_forward<E, kFault>(launch, o16, lse, q16, k16, v16, pass);
+    return forward_wide(o16, nullptr, lse, q16, k16, v16, pass);
   }
   auto backward(std::uint16_t* dq16, std::uint16_t* dk16, std::uint16_t* dv16, float* delta,
                 const std::uint16_t* do16, const std::uint16_t* o16, const float* lse,
                 const std::uint16_t* q16, const std::uint16_t* k16, const std::uint16_t* v16,
                 const kernels::AttentionShape& pass) const {
-    return run_flash_attention_backward<E, kFault>(launch, dq16, dk16, dv16, delta, do16, o16, lse,
-                                                   q16, k16, v16, pass);
+    return backward_wide(dq16, dk16, dv16, delta, do16, o16, lse, q16, k16, v16, pass, {});
   }
 };
 

@@ -256,11 +256,14 @@ void GemmEngine::note_widened(const float* wide, const void* narrow, int code, s
   if (make_room(false, kTwinsMax)) twins_.push_back({wide, narrow, code, n, false, false});
 }
 
+int GemmEngine::products_code() const {
+  return config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16
+                                                   : cuda_kernels::kCodeF16;
+}
+
 bool GemmEngine::note_weights_only_in_16(const float* wide, const void* narrow, int code,
                                          std::int64_t n) {
-  const int products_code =
-      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
-  if (!twins_on_ || !cuda::converts_operands(config_.precision) || code != products_code) {
+  if (!twins_on_ || !cuda::converts_operands(config_.precision) || code != products_code()) {
     return false;
   }
   forget_widened(wide);
@@ -324,8 +327,7 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
                                  std::int64_t k, float alpha, const float* a, std::int64_t lda,
                                  const float* b, std::int64_t ldb, float beta, float* c,
                                  std::int64_t ldc, const GemmEpilogue& epilogue) {
-  const int code =
-      config_.precision == GemmPrecision::kBf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
+  const int code = products_code();
   // An operand already in 16 bits (a weight's parameters, an activation's companion) is read in
   // place instead of converted: both, one call without the workspace; one, its blocks are read
   // where they lie while the other's are converted.

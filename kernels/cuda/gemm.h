@@ -211,6 +211,8 @@ class GemmEngine {
   // range of this code), or null; *companion tells which kind it is.
   const void* twin_of(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                       int code, bool* companion = nullptr) const;
+  // The 16-bit type the products convert fp32 operands to (with converts_operands(precision)).
+  int products_code() const;
   // Drops the oldest range of the kind once `most` of them are kept (never one noted by
   // note_weights_only_in_16); false where every one of them is such a range.
   bool make_room(bool companion, int most);
