@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -377,6 +378,39 @@ backend::CudaBackendOptions small_options(cuda::GemmPrecision precision) {
   return options;
 }
 
+// A product's operands on `b`'s device: A (m x k) and a weight W (n x k) with values `value(i)`
+// (A's elements first, then W's), W rounded to 16-bit `type` into W16 and widened back into W (so
+// W holds exactly W16's values), and room for C (m x n). `ok` is false where an allocation failed.
+struct WeightOperands {
+  backend::Buffer a, w, w16, c;
+  bool ok = false;
+};
+WeightOperands weight_operands(backend::Backend& b, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const std::function<float(std::int64_t)>& value,
+                               backend::DType type = backend::DType::kBF16) {
+  WeightOperands o;
+  auto a = b.allocate_device(m * k * 4, "a");
+  auto w = b.allocate_device(n * k * 4, "w");
+  auto w16 = b.allocate_device(n * k * 2, "w16");
+  auto c = b.allocate_device(m * n * 4, "c");
+  auto host = b.allocate_pinned((m * k + n * k) * 4, "operands");
+  if (!a.is_ok() || !w.is_ok() || !w16.is_ok() || !c.is_ok() || !host.is_ok()) return o;
+  float* h = host->as<float>();
+  for (std::int64_t i = 0; i < m * k + n * k; ++i)
+    h[i] = value(i);
+  o.ok = b.copy_async(backend::StreamKind::kCompute, a->data(), h, m * k * 4).is_ok() &&
+         b.copy_async(backend::StreamKind::kCompute, w->data(), h + m * k, n * k * 4).is_ok();
+  backend::Ops<float>& ops = b.ops_f32();
+  ops.cast_to(w16->data(), type, w->as<float>(), n * k);
+  ops.cast_from(w->as<float>(), w16->data(), type, n * k);
+  o.ok = o.ok && b.synchronize(backend::StreamKind::kCompute).is_ok();  // before `host` goes
+  o.a = std::move(*a);
+  o.w = std::move(*w);
+  o.w16 = std::move(*w16);
+  o.c = std::move(*c);
+  return o;
+}
+
 TEST(EmulatedCudaBackend, StreamsRunTheirWorkWhenTheHostWaitsForIt) {
   backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kFp32);
   auto made = backend::make_cuda_backend(options);
@@ -422,23 +456,16 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   backend::Backend& b = **made;
   backend::Ops<float>& ops = b.ops_f32();
   const std::int64_t m = 24, n = 40, k = 32;
-  auto a_buf = b.allocate_device(m * k * 4, "a");
-  auto w_buf = b.allocate_device(n * k * 4, "w");
-  auto w16_buf = b.allocate_device(n * k * 2, "w16");
-  auto c_buf = b.allocate_device(m * n * 4, "c");
-  auto host = b.allocate_pinned((m * k + n * k + m * n) * 4, "host");
-  ASSERT_TRUE(a_buf.is_ok() && w_buf.is_ok() && w16_buf.is_ok() && c_buf.is_ok() && host.is_ok());
-  float* a = a_buf->as<float>();
-  float* w = w_buf->as<float>();
-  float* c = c_buf->as<float>();
-  float* h = host->as<float>();
-  for (std::int64_t i = 0; i < m * k + n * k; ++i)
-    h[i] = std::sin(0.37f * static_cast<float>(i)) * 1.7f;
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, a, h, m * k * 4).is_ok());
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, w, h + m * k, n * k * 4).is_ok());
   // The 16-bit weight, and the fp32 one widened from it.
-  ops.cast_to(w16_buf->data(), backend::DType::kBF16, w, n * k);
-  ops.cast_from(w, w16_buf->data(), backend::DType::kBF16, n * k);
+  WeightOperands x = weight_operands(
+      b, m, n, k, [](std::int64_t i) { return std::sin(0.37f * static_cast<float>(i)) * 1.7f; });
+  auto host = b.allocate_pinned(m * n * 4, "host");
+  ASSERT_TRUE(x.ok && host.is_ok());
+  float* a = x.a.as<float>();
+  float* w = x.w.as<float>();
+  float* c = x.c.as<float>();
+  float* h = host->as<float>();
+  void* w16 = x.w16.data();
   // C = A W^T (the forward's product), read back; with the launch log of the product alone.
   auto product = [&](const float* weight, std::int64_t rows) {
     ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
@@ -453,7 +480,7 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   product(w, n);
   ASSERT_EQ(narrowed(), two);
   const std::vector<float> converted(h, h + m * n);
-  ops.note_widened(w, w16_buf->data(), backend::DType::kBF16, n * k);
+  ops.note_widened(w, w16, backend::DType::kBF16, n * k);
   product(w, n);
   EXPECT_EQ(narrowed(), one);
   EXPECT_EQ(std::memcmp(h, converted.data(), converted.size() * 4), 0) << "not the same bits";
@@ -461,14 +488,14 @@ TEST(EmulatedCudaBackend, AWeightWidenedFromSixteenBitsIsReadFromThem) {
   product(w + 8 * k, n - 8);
   EXPECT_EQ(narrowed(), one);
   // A range that ends before the weight does: converted.
-  ops.note_widened(w, w16_buf->data(), backend::DType::kBF16, n * k - 1);
+  ops.note_widened(w, w16, backend::DType::kBF16, n * k - 1);
   product(w, n);
   EXPECT_EQ(narrowed(), two);
   // fp16 bits are no bf16 operand.
-  ops.note_widened(w, w16_buf->data(), backend::DType::kF16, n * k);
+  ops.note_widened(w, w16, backend::DType::kF16, n * k);
   product(w, n);
   EXPECT_EQ(narrowed(), two);
-  ops.note_widened(w, w16_buf->data(), backend::DType::kBF16, n * k);
+  ops.note_widened(w, w16, backend::DType::kBF16, n * k);
   ops.forget_widened(w);
   product(w, n);
   EXPECT_EQ(narrowed(), two);
@@ -492,26 +519,15 @@ TEST(EmulatedCudaBackend, ACopyWithoutItsWeightsHasThemReadFromTheirSixteenBits)
   backend::Backend& b = **made;
   backend::Ops<float>& ops = b.ops_f32();
   const std::int64_t m = 8, n = 16, k = 32;
-  auto a_buf = b.allocate_device(m * k * 4, "a");
-  auto w_buf = b.allocate_device(n * k * 4, "w");
+  WeightOperands x = weight_operands(
+      b, m, n, k, [](std::int64_t i) { return std::cos(0.29f * static_cast<float>(i)) * 1.3f; });
   auto copy_buf = b.allocate_device(n * k * 4, "copy");
-  auto w16_buf = b.allocate_device(n * k * 2, "w16");
-  auto c_buf = b.allocate_device(m * n * 4, "c");
-  auto host = b.allocate_pinned((m * k + n * k) * 4, "host");
-  ASSERT_TRUE(a_buf.is_ok() && w_buf.is_ok() && copy_buf.is_ok() && w16_buf.is_ok() &&
-              c_buf.is_ok() && host.is_ok());
-  float* a = a_buf->as<float>();
-  float* w = w_buf->as<float>();
+  ASSERT_TRUE(x.ok && copy_buf.is_ok());
+  float* a = x.a.as<float>();
+  float* w = x.w.as<float>();
   float* copy = copy_buf->as<float>();
-  float* c = c_buf->as<float>();
-  float* h = host->as<float>();
-  void* w16 = w16_buf->data();
-  for (std::int64_t i = 0; i < m * k + n * k; ++i)
-    h[i] = std::cos(0.29f * static_cast<float>(i)) * 1.3f;
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, a, h, m * k * 4).is_ok());
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, w, h + m * k, n * k * 4).is_ok());
-  ops.cast_to(w16, backend::DType::kBF16, w, n * k);
-  ops.cast_from(w, w16, backend::DType::kBF16, n * k);
+  float* c = x.c.as<float>();
+  void* w16 = x.w16.data();
   ops.copy(copy, w, n * k);
   ops.scale(copy, n * k, std::numeric_limits<double>::quiet_NaN());
   auto product = [&](const float* weight) {
@@ -539,16 +555,22 @@ TEST(EmulatedCudaBackend, ACopyWithoutItsWeightsHasThemReadFromTheirSixteenBits)
   for (int i = 0; i < 64; ++i)
     ops.forget_widened(copy + i);
 
-  // Ranges [2, 5) and [9, 10) of the 16-bit weight into a zeroed copy.
+  // Ranges [2, 5), [9, 10) and every other element of [20, 56) of the 16-bit weight into a zeroed
+  // copy: 20 ranges (more than one launch takes), and empty ones, which are skipped.
   ops.zero(copy, n * k);
-  const std::int64_t begin[] = {2, 9}, count[] = {3, 1};
-  ops.cast_from_ranges(copy, w16, backend::DType::kBF16, begin, count, 2);
-  std::vector<float> got(16), widened(16);
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, got.data(), copy, 64).is_ok());
-  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, widened.data(), w, 64).is_ok());
+  std::vector<std::int64_t> begin = {2, 9, 12}, count = {3, 1, 0};
+  for (std::int64_t i = 20; i < 56; i += 2) {
+    begin.push_back(i);
+    count.push_back(i == 30 ? 0 : 1);
+  }
+  ops.cast_from_ranges(copy, w16, backend::DType::kBF16, begin.data(), count.data(),
+                       static_cast<int>(begin.size()));
+  std::vector<float> got(64), widened(64);
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, got.data(), copy, 256).is_ok());
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, widened.data(), w, 256).is_ok());
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
-  for (int i = 0; i < 16; ++i) {
-    const bool in = (i >= 2 && i < 5) || i == 9;
+  for (int i = 0; i < 64; ++i) {
+    const bool in = (i >= 2 && i < 5) || i == 9 || (i >= 20 && i < 56 && i % 2 == 0 && i != 30);
     EXPECT_EQ(got[static_cast<std::size_t>(i)], in ? widened[static_cast<std::size_t>(i)] : 0.0f)
         << i;
   }
@@ -582,20 +604,14 @@ TEST(EmulatedCudaBackend, WeightsInSixteenBitsRefusedAtStartAreConverted) {
   EXPECT_FALSE(listed->active);
   EXPECT_NE(listed->detail.find("check failed"), std::string::npos) << listed->detail;
   const std::int64_t m = 8, n = 16, k = 32;
-  auto a = b.allocate_device(m * k * 4, "a");
-  auto w = b.allocate_device(n * k * 4, "w");
-  auto w16 = b.allocate_device(n * k * 2, "w16");
-  auto c = b.allocate_device(m * n * 4, "c");
-  ASSERT_TRUE(a.is_ok() && w.is_ok() && w16.is_ok() && c.is_ok());
+  WeightOperands x = weight_operands(b, m, n, k, [](std::int64_t) { return 0.0f; });
+  ASSERT_TRUE(x.ok);
   backend::Ops<float>& ops = b.ops_f32();
-  ops.zero(a->as<float>(), m * k);
-  ops.zero(w->as<float>(), n * k);
-  ops.cast_to(w16->data(), backend::DType::kBF16, w->as<float>(), n * k);
-  ops.note_widened(w->as<float>(), w16->data(), backend::DType::kBF16, n * k);
+  ops.note_widened(x.w.as<float>(), x.w16.data(), backend::DType::kBF16, n * k);
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
   emu::clear_launch_log();
-  ops.gemm(false, true, m, n, k, 1.0f, a->as<float>(), k, w->as<float>(), k, 0.0f, c->as<float>(),
-           n);
+  ops.gemm(false, true, m, n, k, 1.0f, x.a.as<float>(), k, x.w.as<float>(), k, 0.0f,
+           x.c.as<float>(), n);
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
   EXPECT_EQ(emu::gemms_by_operands_narrowed(emu::launch_log()),
             (std::map<int, std::int64_t>{{2, 1}}));
