@@ -38,13 +38,15 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
 }
 
 cudaError_t cast_ranges_from_16(cudaStream_t s, float* dst, const void* src, int code,
-                                const std::int64_t* begin, const std::int64_t* n, int count) {
+                                const std::int64_t* begin, const std::int64_t* n, int count,
+                                const std::int64_t* at) {
   // The non-empty ranges, each once, up to CastRanges::kMax a launch.
   CastRanges r;
   for (int i = 0; i < count; ++i) {
     if (n[i] <= 0) continue;
     r.begin[r.count] = begin[i];
     r.n[r.count] = n[i];
+    r.at[r.count] = at[i];
     if (++r.count < CastRanges::kMax) continue;
     const cudaError_t err = run_cast_ranges_from_16(CudaLauncher{s}, dst, src, code, r);
     if (err != cudaSuccess) return err;

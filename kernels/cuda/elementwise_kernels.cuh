@@ -334,15 +334,17 @@ __global__ void cast_block_kernel(std::uint16_t* dst, int dst_code, std::int64_t
     convert_run(dst + r * dst_ld, src + r * src_ld, dst_code, cols, first, stride);
 }
 
-// Element ranges of one array, for cast_ranges_from_16_kernel (by value: at most kMax a launch).
+// Element ranges of one array, for cast_ranges_from_16_kernel (by value: at most kMax a launch):
+// src's [begin, begin + n) to dst's [at, at + n).
 struct CastRanges {
   static constexpr int kMax = 16;
   int count = 0;
   std::int64_t begin[kMax] = {};
   std::int64_t n[kMax] = {};
+  std::int64_t at[kMax] = {};
 };
 
-// dst[b, b + n) = src[b, b + n) (16-bit `code`) widened, exactly, for each range (b, n) of `r`:
+// dst[a, a + n) = src[b, b + n) (16-bit `code`) widened, exactly, for each range (b, n, a) of `r`:
 // range blockIdx.y, threads over its elements (4 at a time where aligned, as cast_kernel).
 __global__ void cast_ranges_from_16_kernel(float* dst, const std::uint16_t* src, int code,
                                            CastRanges r) {
@@ -350,7 +352,7 @@ __global__ void cast_ranges_from_16_kernel(float* dst, const std::uint16_t* src,
   if (i >= r.count) return;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  convert_run(dst + r.begin[i], src + r.begin[i], code, r.n[i], first, stride);
+  convert_run(dst + r.at[i], src + r.begin[i], code, r.n[i], first, stride);
 }
 
 // The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,

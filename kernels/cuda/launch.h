@@ -37,10 +37,11 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
                             const float* dout, std::int64_t rows, std::int64_t inner,
                             Narrow narrow = {});
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n);
-// dst[begin[i], begin[i] + n[i]) = src's 16-bit `code` elements there, widened, for i < count
-// (one launch per 16 ranges).
+// dst[at[i], at[i] + n[i]) = src's 16-bit `code` elements [begin[i], begin[i] + n[i]), widened,
+// for i < count (one launch per 16 ranges).
 cudaError_t cast_ranges_from_16(cudaStream_t s, float* dst, const void* src, int code,
-                                const std::int64_t* begin, const std::int64_t* n, int count);
+                                const std::int64_t* begin, const std::int64_t* n, int count,
+                                const std::int64_t* at);
 // acc = g rounded to the 16-bit `code` and widened back (assign), or acc += that.
 cudaError_t add_rounded(cudaStream_t s, float* acc, const float* g, int code, std::int64_t n,
                         bool assign);

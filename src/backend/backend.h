@@ -124,6 +124,20 @@ class Backend {
   // stream a side may also be ordinary (pageable) host memory: that copy has completed when
   // copy_async returns.
   virtual Status copy_async(StreamKind stream, void* dst, const void* src, std::uint64_t bytes) = 0;
+  // Whether narrow_async runs here: a kernel queued on a copy stream, beside the compute stream's
+  // work (the CUDA backend); false (the default, the CPU backend, whose copy streams are a thread
+  // each): callers round on the compute stream (Ops::cast_to) instead.
+  virtual bool narrows_on_copy_streams() const { return false; }
+  // dst (n elements of 16-bit `type`) = device fp32 src rounded to nearest even (Ops::cast_to's
+  // bits), in order with `stream`'s other work, so that a copy of dst queued after it on the same
+  // stream sends the result while the compute stream goes on. Only where
+  // narrows_on_copy_streams().
+  virtual Status narrow_async(StreamKind stream, void* dst, DType type, const float* src,
+                              std::int64_t n) {
+    (void)stream, (void)dst, (void)type, (void)src, (void)n;
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{} does not narrow on its copy streams", name()));
+  }
 
   // ---- compute --------------------------------------------------------------------------------
   // Model ops in float, on the compute stream.

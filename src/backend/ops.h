@@ -161,13 +161,14 @@ class Ops {
     (void)wide, (void)narrow, (void)type, (void)n;
   }
   virtual void forget_widened(const T* wide) { (void)wide; }
-  // dst = src converted from 16-bit `src_type`, over the element ranges [begin[i], begin[i] +
-  // n[i]) only, i < count (the tensors of a unit that other kernels than GEMMs read).
+  // dst[at[i], at[i] + n[i]) = src's elements [begin[i], begin[i] + n[i]) converted from 16-bit
+  // `src_type`, i < count (the tensors of a unit that other kernels than GEMMs read: widened in
+  // place, at == begin, or packed apart from the unit's copy, note_kept_apart).
   virtual void cast_from_ranges(T* dst, const void* src, DType src_type, const std::int64_t* begin,
-                                const std::int64_t* n, int count) {
+                                const std::int64_t* n, int count, const std::int64_t* at) {
     const std::size_t bytes = kernels::dtype_bytes(src_type);
     for (int i = 0; i < count; ++i) {
-      cast_from(dst + begin[i], static_cast<const char*>(src) + begin[i] * bytes, src_type, n[i]);
+      cast_from(dst + at[i], static_cast<const char*>(src) + begin[i] * bytes, src_type, n[i]);
     }
   }
   // Like note_widened, for a copy into which only some ranges were widened (cast_from_ranges): the
@@ -178,6 +179,17 @@ class Ops {
   virtual bool note_widened_weights_only(const T* wide, const void* narrow, DType type,
                                          std::int64_t n) {
     (void)wide, (void)narrow, (void)type, (void)n;
+    return false;
+  }
+  // For a copy noted by note_widened_weights_only: its other tensors, the element ranges
+  // [begin[i], begin[i] + n[i]) of `wide` (norm weights, biases), are not widened into it either
+  // but kept at apart[at[i], at[i] + n[i]) (widened there once per change of the parameters,
+  // cast_from_ranges), and until forget_widened(wide) every kernel reading a parameter inside
+  // those ranges reads it from `apart`. Returns whether this backend promises that (false, the
+  // default: nothing is noted, and the caller widens them into `wide`). The ranges are copied.
+  virtual bool note_kept_apart(const T* wide, const T* apart, const std::int64_t* begin,
+                               const std::int64_t* n, const std::int64_t* at, int count) {
+    (void)wide, (void)apart, (void)begin, (void)n, (void)at, (void)count;
     return false;
   }
 

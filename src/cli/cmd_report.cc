@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/apart_check.h"
 #include "backend/attention_check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fast_path.h"
@@ -46,7 +47,8 @@ std::vector<backend::FastPath> check_fast_paths() {
       backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why},
       backend::FastPath{backend::kGemmDgeluName, backend::kGemmDgeluReplaces, false, why},
       backend::FastPath{backend::kWeights16Name, backend::kWeights16Replaces, false, why},
-      backend::FastPath{backend::kActivations16Name, backend::kActivations16Replaces, false, why}};
+      backend::FastPath{backend::kActivations16Name, backend::kActivations16Replaces, false, why},
+      backend::FastPath{backend::kKeptApartName, backend::kKeptApartReplaces, false, why}};
 }
 
 struct ReportOptions {

@@ -33,8 +33,9 @@
 //   - no flock: STRATA_TEST_NO_FLOCK=1 (or set_flock_disabled()) makes the directory locks
 //     (dir_lock.h) behave as on a file system where flock does not work;
 //   - poisoned weights: STRATA_TEST_POISON_WEIGHTS=1 (or set_poison_weights()) makes the offload
-//     store fill the weights it leaves out of a unit's fp32 compute copy (the GEMMs read them in
-//     16 bits, Ops::note_widened_weights_only) with NaN, so any fp32 read of them shows.
+//     store fill what it leaves out of a unit's fp32 compute copy with NaN: the weights (the GEMMs
+//     read them in 16 bits, Ops::note_widened_weights_only) and, kept apart, the norm weights and
+//     biases (Ops::note_kept_apart), so any fp32 read of them shows.
 #pragma once
 
 #include <cstdint>
@@ -134,7 +135,8 @@ void test_barrier(const char* name);
 bool flock_disabled_for_test();
 void set_flock_disabled(bool disabled);
 
-// Whether the weights left out of an fp32 compute copy are filled with NaN
+// Whether what is left out of an fp32 compute copy (weights; kept apart, the rest) is filled with
+// NaN
 // (STRATA_TEST_POISON_WEIGHTS=1 or set_poison_weights()).
 bool poison_weights_for_test();
 void set_poison_weights(bool poison);

@@ -130,10 +130,12 @@ Status GradPath::ready(int unit) {
   // A gradient homed on the device never leaves it (offload_optimizer none): on one rank it is
   // added into its home at once, in stream order, rounded as it would have left (add_on_device).
   const bool device = up.optim_home == Tier::kDevice;
-  if (plan_.storage != kernels::DType::kF32 && !(device && plan_.world == 1)) {
-    // The gradient leaves the device in the parameters' type, as a 16-bit .grad would.
-    backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
-  }
+  // The gradient leaves the device in the parameters' type, as a 16-bit .grad would. On one rank
+  // a backend that can round it on the copy stream does, right before the copy, beside the next
+  // unit's backward (narrow_async); otherwise it is rounded here, on the compute stream.
+  const bool leaves_16 = plan_.storage != kernels::DType::kF32 && !(device && plan_.world == 1);
+  const bool narrow_on_copy = leaves_16 && plan_.world == 1 && backend_.narrows_on_copy_streams();
+  if (leaves_16 && !narrow_on_copy) backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
   if (device && plan_.world == 1) {
     Job job;
     job.unit = unit;
@@ -179,9 +181,13 @@ Status GradPath::ready(int unit) {
     jobs_.push_back(job);
     return Status::ok();
   }
-  // The copy reads what the backward's kernels and the cast above write.
+  // The copy reads what the backward's kernels and the rounding write.
   if (!planted_race("grad.d2h_waits_for_compute")) {
     STRATA_TRY(backend_.wait(backend::StreamKind::kDeviceToHost, computed_));
+  }
+  if (narrow_on_copy) {
+    STRATA_TRY(backend_.narrow_async(backend::StreamKind::kDeviceToHost, f->copy, plan_.storage,
+                                     f->data, n));
   }
   STRATA_TRY(send_home(job, f));
   jobs_.push_back(job);

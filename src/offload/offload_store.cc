@@ -38,33 +38,15 @@ Result<std::unique_ptr<OffloadStore>> OffloadStore::create(TierManager& tiers,
   s->progress_ = std::make_unique<Progress>(pipeline, *s->grads_, *s->scheduler_);
   const TierPlan& p = tiers.plan();
   s->regather_.assign(p.units.size(), 0);
-  // Blocks and the head: the matrices (two dimensions) are GEMM weights, read only by GEMMs;
-  // consecutive other tensors are one range (the alignment gaps between them widen as padding).
   const model::ModelLayout& layout = tiers.layout();
-  s->ranges_.resize(layout.units.size());
-  for (std::size_t u = 0; u < layout.units.size(); ++u) {
-    const model::UnitLayout& unit = layout.units[u];
-    if (unit.kind == model::UnitKind::kEmbedding) continue;
-    UnitRanges& r = s->ranges_[u];
-    bool joined = false;  // the last range may grow: no matrix since it
-    for (const model::TensorSlot& t : unit.tensors) {
-      if (t.shape.size() == 2) {
-        r.weights_begin.push_back(t.offset);
-        r.weights_n.push_back(t.numel);
-        joined = false;
-      } else if (joined) {
-        r.n.back() = t.offset + t.numel - r.begin.back();
-      } else {
-        r.begin.push_back(t.offset);
-        r.n.push_back(t.numel);
-        joined = true;
-      }
-    }
-  }
+  s->ranges_.reserve(layout.units.size());
+  for (const model::UnitLayout& unit : layout.units)
+    s->ranges_.push_back(unit_ranges(unit));
+  s->apart_current_.assign(layout.units.size(), 0);
   s->compute_.resize(p.classes.size());
   for (std::size_t k = 0; k < p.classes.size(); ++k) {
     for (int i = 0; i < p.classes[k].compute_slots; ++i)
-      s->compute_[k].push_back(ComputeSlot{tiers.compute_slot(static_cast<int>(k), i), -1, 0});
+      s->compute_[k].push_back(ComputeSlot{tiers.compute_slot(static_cast<int>(k), i)});
   }
   return s;
 }
@@ -77,6 +59,7 @@ float* OffloadStore::fill_buffer(SlotKind kind, int unit) {
 
 Status OffloadStore::store(SlotKind kind, int unit, const float* src) {
   if (!failure_.is_ok()) return failure_;
+  apart_current_[static_cast<std::size_t>(unit)] = 0;  // the parameters may change
   return guard(write_unit_state(tiers_, kind, unit, src));
 }
 
@@ -92,6 +75,7 @@ Result<const void*> OffloadStore::view_stored(SlotKind kind, int unit) {
 
 Status OffloadStore::store_stored(SlotKind kind, int unit, const void* stored) {
   if (!failure_.is_ok()) return failure_;
+  apart_current_[static_cast<std::size_t>(unit)] = 0;
   const UnitPlan& up = tiers_.plan().units[static_cast<std::size_t>(unit)];
   if (up.optim_home == Tier::kNvme) {
     void* scratch = stored_as_fp32(tiers_.plan(), kind) ? static_cast<void*>(tiers_.unit_scratch())
@@ -129,6 +113,7 @@ Status OffloadStore::refresh(bool zero_moments) {
     }
     STRATA_TRY(tiers_.refresh_params(u));
     scheduler_->invalidate(u);
+    apart_current_[static_cast<std::size_t>(u)] = 0;
     regather_[static_cast<std::size_t>(u)] = sharding_.regathers_params(u);
   }
   for (auto& pool : compute_) {
@@ -162,6 +147,7 @@ Status OffloadStore::start_optimizer(const PipelineStep& step, bool wait) {
   for (int u = 0; u < units(); ++u) {
     scheduler_->invalidate(u);
     regather_[static_cast<std::size_t>(u)] = sharding_.regathers_params(u);
+    apart_current_[static_cast<std::size_t>(u)] = 0;
   }
   for (auto& pool : compute_) {
     for (ComputeSlot& slot : pool) {
@@ -274,26 +260,49 @@ Result<const float*> OffloadStore::acquire_params(int unit) {
 
 void OffloadStore::widen(ComputeSlot& slot, int unit, const void* stored, bool again) {
   const TierPlan& p = tiers_.plan();
-  const std::int64_t n = p.units[static_cast<std::size_t>(unit)].padded_numel;
-  const UnitRanges& r = ranges_[static_cast<std::size_t>(unit)];
+  const auto u = static_cast<std::size_t>(unit);
+  const std::int64_t n = p.units[u].padded_numel;
+  const UnitRanges& r = ranges_[u];
   backend::Ops<float>& ops = tiers_.backend().ops_f32();
-  if (!r.weights_n.empty() && (!again || !slot.whole) &&
-      ops.note_widened_weights_only(slot.data, stored, p.storage, n)) {
-    if (again) return;  // the other tensors are there from the first use
-    ops.cast_from_ranges(slot.data, stored, p.storage, r.begin.data(), r.n.data(),
-                         static_cast<int>(r.n.size()));
-    slot.whole = false;
-    if (poison_weights_for_test()) {
-      for (std::size_t i = 0; i < r.weights_n.size(); ++i) {
-        ops.scale(slot.data + r.weights_begin[i], r.weights_n[i],
-                  std::numeric_limits<double>::quiet_NaN());
-      }
-    }
+  const auto count = static_cast<int>(r.n.size());
+  if (again && slot.holds == Holds::kAll) {
+    ops.note_widened(slot.data, stored, p.storage, n);
     return;
   }
-  if (!again || !slot.whole) ops.cast_from(slot.data, stored, p.storage, n);
-  slot.whole = true;
-  ops.note_widened(slot.data, stored, p.storage, n);
+  if (r.weights_n.empty() || !ops.note_widened_weights_only(slot.data, stored, p.storage, n)) {
+    ops.cast_from(slot.data, stored, p.storage, n);
+    slot.holds = Holds::kAll;
+    ops.note_widened(slot.data, stored, p.storage, n);
+    return;
+  }
+  // The GEMMs read the weights from `stored`. The other tensors are read from their area apart,
+  // widened there once per change of the parameters, or else widened into the copy.
+  float* apart = tiers_.kept_apart(unit);
+  if (apart != nullptr &&
+      ops.note_kept_apart(slot.data, apart, r.begin.data(), r.n.data(), r.at.data(), count)) {
+    if (!apart_current_[u]) {
+      ops.cast_from_ranges(apart, stored, p.storage, r.begin.data(), r.n.data(), count,
+                           r.at.data());
+      apart_current_[u] = 1;
+    }
+    if (again) return;
+    slot.holds = Holds::kNothing;
+  } else {
+    if (again && slot.holds == Holds::kOthers) return;
+    ops.cast_from_ranges(slot.data, stored, p.storage, r.begin.data(), r.n.data(), count,
+                         r.begin.data());
+    slot.holds = Holds::kOthers;
+  }
+  if (poison_weights_for_test()) {
+    // Whatever the copy does not hold: NaN.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (slot.holds == Holds::kNothing) {
+      ops.scale(slot.data, n, nan);
+    } else {
+      for (std::size_t i = 0; i < r.weights_n.size(); ++i)
+        ops.scale(slot.data + r.weights_begin[i], r.weights_n[i], nan);
+    }
+  }
 }
 
 void OffloadStore::release_params(int unit) {

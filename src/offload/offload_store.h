@@ -124,21 +124,21 @@ class OffloadStore final : public model::UnitStore<float> {
   Status grads_ready(int unit) override;
 
  private:
+  // What a compute slot's fp32 copy holds of its unit: every parameter; the tensors other than
+  // the weights (the GEMMs read those from the 16-bit parameters, Ops::note_widened_weights_only);
+  // none (the others are read from their area apart too, Ops::note_kept_apart).
+  enum class Holds { kAll, kOthers, kNothing };
   struct ComputeSlot {
     float* data = nullptr;
     int unit = -1;
     int users = 0;
-    bool whole = true;  // holds every parameter (else the weights only in 16 bits)
+    Holds holds = Holds::kAll;
   };
-  // A unit's tensors by who reads them: `begin`/`n` the element ranges that kernels other than
-  // GEMMs read (norm weights, biases), `weights_begin`/`weights_n` the matrices only GEMMs read.
-  // Empty weights: the whole unit is widened (the embedding table is read by the lookup).
-  struct UnitRanges {
-    std::vector<std::int64_t> begin, n, weights_begin, weights_n;
-  };
-  // Widens `stored` (the unit's 16-bit parameters) into the slot: where the backend's GEMMs read
-  // the weights from `stored` (Ops::note_widened_weights_only) only the other tensors, else every
-  // one; `again`: the slot holds this unit already, only what it lacks is widened.
+  // Makes the slot's copy of `unit` readable from `stored` (its 16-bit parameters): the weights
+  // read by the GEMMs from `stored` where the backend promises it, the other tensors from the
+  // unit's area apart (TierManager::kept_apart, widened there at the first use after a change of
+  // the parameters) where it promises that too, else what it does not promise widened into the
+  // copy. `again`: the slot holds this unit already, only what it lacks is widened.
   void widen(ComputeSlot& slot, int unit, const void* stored, bool again);
   OffloadStore(TierManager& tiers, OptimizerPipeline& pipeline, Sharding& sharding);
   // Waits for unit u's parameters (`whole`: every write of its update) from the optimizer step
@@ -159,6 +159,8 @@ class OffloadStore final : public model::UnitStore<float> {
   std::vector<std::uint8_t> regather_;             // per unit: all-gather before the next use
   std::vector<std::vector<ComputeSlot>> compute_;  // per size class
   std::vector<UnitRanges> ranges_;                 // per unit
+  // Per unit: its area apart holds the present parameters' widening (cleared when they change).
+  std::vector<std::uint8_t> apart_current_;
   StateCounters counters_;
   Status failure_;
   bool last_micro_batch_ = true;

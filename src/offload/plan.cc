@@ -26,11 +26,11 @@ std::uint64_t grad_frame_bytes(const TierPlan& p, std::int64_t numel) {
 }
 
 struct DeviceSums {
-  std::uint64_t homes = 0, persistent = 0, frames = 0, compute = 0, grads = 0;
+  std::uint64_t homes = 0, persistent = 0, frames = 0, compute = 0, grads = 0, apart = 0;
   std::uint64_t state[4] = {0, 0, 0, 0};  // master, exp_avg, exp_avg_sq, grad homed on the device
   std::uint64_t total(std::uint64_t activations) const {
-    return homes + persistent + frames + compute + grads + activations + state[0] + state[1] +
-           state[2] + state[3];
+    return homes + persistent + frames + compute + grads + apart + activations + state[0] +
+           state[1] + state[2] + state[3];
   }
 };
 
@@ -55,6 +55,7 @@ DeviceSums device_sums(const TierPlan& p) {
     s.compute += u64(k.compute_slots) * u64(k.numel) * 4;
     s.grads += u64(k.grad_frames) * grad_frame_bytes(p, k.numel);
   }
+  s.apart = u64(p.apart_numel) * 4;
   return s;
 }
 
@@ -123,6 +124,7 @@ void add_items(TierPlan& p, const PlanInput& in) {
   add(Tier::kDevice, "persistent units (below stage3_param_persistence_threshold)", d.persistent);
   add(Tier::kDevice, "parameter frames (units in flight: in use, cached and prefetched)", d.frames);
   add(Tier::kDevice, "fp32 compute copies of 16-bit parameters", d.compute);
+  add(Tier::kDevice, "fp32 norm weights and biases, kept apart from the compute copies", d.apart);
   add(Tier::kDevice,
       p.storage_bytes < 4
           ? fmt::format("gradient frames (fp32, and the {} copy that leaves)", dtype)
@@ -301,6 +303,30 @@ std::uint64_t TierPlan::pipeline_bytes() const {
               : 0);
 }
 
+UnitRanges unit_ranges(const model::UnitLayout& unit) {
+  UnitRanges r;
+  if (unit.kind == model::UnitKind::kEmbedding) return r;
+  bool joined = false;  // the last range may grow: no matrix since it
+  for (const model::TensorSlot& t : unit.tensors) {
+    if (t.shape.size() == 2) {
+      r.weights_begin.push_back(t.offset);
+      r.weights_n.push_back(t.numel);
+      joined = false;
+    } else if (joined) {
+      r.n.back() = t.offset + t.numel - r.begin.back();
+    } else {
+      r.begin.push_back(t.offset);
+      r.n.push_back(t.numel);
+      joined = true;
+    }
+  }
+  for (const std::int64_t n : r.n) {
+    r.at.push_back(r.apart_numel);
+    r.apart_numel += ceil_div(n, 4) * 4;
+  }
+  return r;
+}
+
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind) {
   const UnitPlan& u = plan.units[static_cast<std::size_t>(unit)];
   return kind == SlotKind::kParam ? u.param_home : u.optim_home;
@@ -456,6 +482,17 @@ TierPlan build_plan(const PlanInput& in) {
     k.compute_slots = p.storage_bytes < 4 && !in.optimizer_only ? (holds_pair ? 2 : 1) : 0;
     k.grad_frames_base = in.optimizer_only ? 0 : holds_pair ? 2 : 1;
     k.grad_frames = k.grad_frames_base;
+  }
+  // The norm weights and biases kept apart from the compute copies (OffloadStore::widen), one
+  // area for every unit: a copy's slot is reused while its unit's other tensors stay widened. Not
+  // where the device is the host (the CPU backend's products read fp32 copies widened whole).
+  if (p.storage_bytes < 4 && !in.optimizer_only && !in.device_is_host) {
+    for (std::size_t u = 0; u < p.units.size(); ++u) {
+      const UnitRanges r = unit_ranges(layout.units[u]);
+      if (r.weights_n.empty() || r.apart_numel == 0) continue;
+      p.units[u].apart_offset = p.apart_numel;
+      p.apart_numel += r.apart_numel;
+    }
   }
   p.device_minimum_bytes = device_sums(p).total(in.activation_device_bytes);
   if (!in.optimizer_only)

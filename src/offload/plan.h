@@ -107,6 +107,9 @@ struct UnitPlan {
   // array is the parameters' home (no second copy to keep equal).
   bool params_in_master = false;
   std::int64_t tiles = 0;  // optimizer tiles of the shard
+  // Where the unit's norm weights and biases are kept apart in fp32 (UnitRanges), elements into
+  // TierPlan::apart_numel; -1: none (fp32 parameters, the embedding, no matrices).
+  std::int64_t apart_offset = -1;
   // The unit's id in its stochastic-rounding keys (kernels::rounding_key): its index, unless the
   // caller holds some of a larger set of units and names them by their ids there (a Python
   // optimizer shard: the bits match one process holding every unit).
@@ -179,6 +182,10 @@ struct TierPlan {
   bool pipeline_copy_out = false;  // storage-type copy-out buffers (params not in host memory)
   int grad_write_buffers = 0;      // fp32 write-behind tiles for NVMe-homed gradients
   bool unit_scratch = false;       // one fp32 unit for loading, saving and initialising
+  // Device fp32 elements holding every unit's norm weights and biases apart from the compute
+  // copies (UnitPlan::apart_offset), with 16-bit parameters, a model runner and a device apart
+  // from the host; 0 otherwise.
+  std::int64_t apart_numel = 0;
   // With compressed state: a second scratch of the largest shard's slot as stored (state
   // decoded from / encoded into it; 0 otherwise).
   std::uint64_t raw_scratch_bytes = 0;
@@ -223,6 +230,18 @@ struct TierPlan {
 
 // The tier of `kind` for unit `u`.
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind);
+
+// A unit's tensors by who reads them: the element ranges [begin[i], begin[i] + n[i]) that kernels
+// other than GEMMs read (norm weights, biases: the tensors of other than two dimensions, each run
+// of consecutive ones one range with the alignment gaps between them), packed at at[i] into
+// apart_numel elements (each range 16-byte aligned) when kept apart, and the matrices
+// [weights_begin[j], weights_begin[j] + weights_n[j]) only GEMMs read. The embedding unit (its
+// table read by the lookup) has neither: it is widened whole.
+struct UnitRanges {
+  std::vector<std::int64_t> begin, n, at, weights_begin, weights_n;
+  std::int64_t apart_numel = 0;
+};
+UnitRanges unit_ranges(const model::UnitLayout& unit);
 
 // Lines for the start-up log: where each kind of state lives, tiles, frames, staging.
 std::vector<std::string> describe_plan(const TierPlan& plan,

@@ -112,6 +112,11 @@ Status TierManager::allocate_device() {
                                                      "persistent parameter frame"));
     }
   }
+  if (p.apart_numel > 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        void* a, device(u64(p.apart_numel) * 4, "fp32 norm weights and biases kept apart"));
+    apart_ = static_cast<float*>(a);
+  }
   frames_.resize(p.classes.size());
   compute_.resize(p.classes.size());
   grads_.resize(p.classes.size());
@@ -385,6 +390,10 @@ void* TierManager::persistent_frame(int unit) const {
 float* TierManager::compute_slot(int size_class, int i) const {
   return static_cast<float*>(
       compute_[static_cast<std::size_t>(size_class)][static_cast<std::size_t>(i)]);
+}
+float* TierManager::kept_apart(int unit) const {
+  const std::int64_t at = plan_.units[static_cast<std::size_t>(unit)].apart_offset;
+  return at < 0 || apart_ == nullptr ? nullptr : apart_ + at;
 }
 float* TierManager::grad_frame(int size_class, int i) const {
   return static_cast<float*>(

@@ -131,6 +131,8 @@ class TierManager {
   void* param_frame(int size_class, int i) const;
   void* persistent_frame(int unit) const;
   float* compute_slot(int size_class, int i) const;
+  // The unit's norm weights and biases kept apart in fp32 (UnitPlan::apart_offset), or null.
+  float* kept_apart(int unit) const;
   float* grad_frame(int size_class, int i) const;
   // The storage-type copy of a gradient frame (16-bit storage only; else the frame itself).
   void* grad_frame_copy(int size_class, int i) const;
@@ -164,6 +166,7 @@ class TierManager {
   std::vector<float*> device_state_;      // per unit: 4 arrays (device home) or null
   std::vector<std::vector<void*>> frames_, compute_, grads_;  // per class
   std::vector<void*> persistent_;                             // per unit or null
+  float* apart_ = nullptr;                                    // plan_.apart_numel
   std::vector<void*> param_staging_, grad_staging_;
   std::vector<void*> grad_write_;
   char* pipeline_ = nullptr;

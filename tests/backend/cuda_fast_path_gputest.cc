@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 
+#include "backend/apart_check.h"
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
@@ -127,6 +128,34 @@ TEST(CudaFastPaths, ActivationCompanionsAreOnWith16BitGemms) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// The norm weights and biases kept apart (the start-up check passed) with 16-bit GEMMs, whose
+// weights' path it needs; the check passes again on the backend's own ops, counting the
+// parameters it read from the area apart; with fp32 GEMM inputs the path does not apply.
+TEST(CudaFastPaths, ParametersKeptApartAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kKeptApartName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    KeptApartPath apart;
+    apart.note = [&](const float* wide, const float* kept, const std::int64_t* begin,
+                     const std::int64_t* n, const std::int64_t* at, int count) {
+      return gpu.ops_f32().note_kept_apart(wide, kept, begin, n, at, count);
+    };
+    apart.forget = [&](const float* wide) { gpu.ops_f32().forget_widened(wide); };
+    const std::int64_t before = path->uses;
+    const Status s = check_kept_apart(gpu, apart);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    // LayerNorm's weight and bias, RMSNorm's weight, the product's bias.
+    EXPECT_EQ(find_path(gpu.fast_paths(), kKeptApartName)->uses - before, 4);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kKeptApartName);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/apart_check.h"
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fast_path.h"
@@ -126,6 +127,7 @@ struct TrainedRun {
   std::vector<float> before, after;                 // masters
   std::vector<float> state;                         // masters and moments after the last step
   std::vector<std::vector<std::string> > launches;  // per step (emulated runs)
+  std::vector<std::vector<std::string> > compute;   // the same, the compute stream's only
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -146,6 +148,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     EXPECT_TRUE(trainer->finish_step().is_ok());
     run.losses.push_back(report->loss);
     run.launches.push_back(emu::launch_log());
+    run.compute.push_back(emu::compute_stream_log());
   }
   run.after = masters(*trainer);
   run.state = testing::state_bytes(*trainer);
@@ -204,9 +207,9 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
     std::string line;
     for (const auto& [f, n] : families)
       line += " " + f + "=" + std::to_string(n);
-    const std::int64_t casts = emu::casts_before_gemms(log);
+    const std::int64_t casts = emu::casts_before_gemms(runs[0].compute[step]);
     std::string cast_names;
-    for (const auto& [name, n] : emu::casts_before_gemms_by_kernel(log))
+    for (const auto& [name, n] : emu::casts_before_gemms_by_kernel(runs[0].compute[step]))
       cast_names += " " + name + "=" + std::to_string(n);
     std::printf("%s step %zu: %zu kernels:%s; casts before GEMMs %lld:%s\n", family.c_str(),
                 step + 1, log.size(), line.c_str(), static_cast<long long>(casts),
@@ -232,14 +235,25 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
     EXPECT_EQ(narrowed, want) << "step " << step + 1;
     EXPECT_EQ(families.at("gemm"), micro_batches * (12 * layers + 3)) << "step " << step + 1;
     // The flash kernels write the attention's results into the fp32 activations and their
-    // companions themselves: no widening kernel runs after them. The cast kernels still launched
-    // right before a GEMM are the parameter store's: a block's norm weights and biases widened
-    // into its fp32 compute copy again for the backward (its weights stay in 16 bits, read by the
-    // GEMMs in place: WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt).
-    const auto by_kernel = emu::casts_before_gemms_by_kernel(log);
-    EXPECT_EQ(by_kernel.count("cast_block_from_16_kernel"), 0u) << "step " << step + 1;
-    EXPECT_EQ(by_kernel.count("cast_block_kernel"), 0u) << "step " << step + 1;
-    EXPECT_GT(casts, 0) << "step " << step + 1;
+    // companions themselves: no widening kernel runs after them. The parameter store widens a
+    // block's norm weights and biases into their area apart once per step, before the block's
+    // first norm, not into its compute copy at every use (the backward's starts with a GEMM):
+    // WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt. No cast kernel runs right before a GEMM.
+    EXPECT_EQ(casts, 0) << "step " << step + 1;
+    // Parameters on the host (or NVMe) send their gradients home in 16 bits, each rounded on the
+    // copy stream that sends it (Backend::narrow_async), beside the next unit's backward: the only
+    // kernels off the compute stream, one per unit and micro-batch, and none before a GEMM there.
+    const std::vector<std::string>& host = runs[1].launches[step];
+    const std::vector<std::string>& host_compute = runs[1].compute[step];
+    EXPECT_EQ(emu::casts_before_gemms(host_compute), 0) << "step " << step + 1;
+    EXPECT_EQ(std::count(host.begin(), host.end(), std::string("cast_kernel")) -
+                  std::count(host_compute.begin(), host_compute.end(), std::string("cast_kernel")),
+              micro_batches * (layers + 2))
+        << "step " << step + 1;
+    EXPECT_EQ(host.size() - host_compute.size(),
+              static_cast<std::size_t>(micro_batches * (layers + 2)))
+        << "step " << step + 1;
+    EXPECT_EQ(runs[0].compute[step], log) << "step " << step + 1;
   }
 }
 
@@ -253,6 +267,10 @@ TEST(EmulatedCudaStep, WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt) {
   for (const std::string family : {"gpt2", "llama"}) {
     set_poison_weights(true);
     const TrainedRun apart = train(family, kTiers[1], true, dir.path() + "/apart_" + family, 2);
+    // The norm weights and biases widened into the copy instead (params_kept_apart refused).
+    backend::fail_fast_path_for_test(std::string(backend::kKeptApartName));
+    const TrainedRun in_copy = train(family, kTiers[1], true, dir.path() + "/in_copy_" + family, 2);
+    backend::fail_fast_path_for_test(std::nullopt);
     set_poison_weights(false);
     backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
     const TrainedRun whole = train(family, kTiers[1], true, dir.path() + "/whole_" + family, 2);
@@ -262,14 +280,21 @@ TEST(EmulatedCudaStep, WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt) {
     EXPECT_TRUE(std::isfinite(apart.losses[1])) << family;
     EXPECT_EQ(apart.losses, whole.losses) << family;
     EXPECT_TRUE(testing::same_bits(apart.state, whole.state)) << family;
+    EXPECT_EQ(in_copy.losses, whole.losses) << family;
+    EXPECT_TRUE(testing::same_bits(in_copy.state, whole.state)) << family;
     const auto ranged = [](const std::vector<std::string>& log) {
       return std::count_if(log.begin(), log.end(), [](const std::string& k) {
         return k.rfind("cast_ranges_from_16_kernel", 0) == 0;
       });
     };
-    // Every block and the head widen their other tensors only (blocks twice per micro-batch:
-    // forward and backward); the copy holding every weight widens none that way.
-    EXPECT_GT(ranged(apart.launches[1]), 0) << family;
+    // Apart, a block's other tensors are widened once per step (at its first use after the
+    // update). In the copy, at every use whose slot (one per size class) held another unit: 2L - 1
+    // in the first micro-batch (each forward, each backward but the last block's), 2L - 2 in each
+    // later one (block 0 is still in the slot from the backward). The copy holding every weight
+    // widens none that way.
+    const std::int64_t micro_batches = 2, layers = 2;
+    EXPECT_EQ(ranged(apart.launches[1]), layers) << family;
+    EXPECT_EQ(ranged(in_copy.launches[1]), micro_batches * (2 * layers - 2) + 1) << family;
     EXPECT_EQ(ranged(whole.launches[1]), 0) << family;
   }
 }
@@ -564,16 +589,36 @@ TEST(EmulatedCudaBackend, ACopyWithoutItsWeightsHasThemReadFromTheirSixteenBits)
     count.push_back(i == 30 ? 0 : 1);
   }
   ops.cast_from_ranges(copy, w16, backend::DType::kBF16, begin.data(), count.data(),
-                       static_cast<int>(begin.size()));
+                       static_cast<int>(begin.size()), begin.data());
   std::vector<float> got(64), widened(64);
   ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, got.data(), copy, 256).is_ok());
   ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, widened.data(), w, 256).is_ok());
   ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  std::vector<float> packed_want(64, 0.0f);
+  std::vector<std::int64_t> at;
+  std::int64_t packed = 0;
   for (int i = 0; i < 64; ++i) {
     const bool in = (i >= 2 && i < 5) || i == 9 || (i >= 20 && i < 56 && i % 2 == 0 && i != 30);
     EXPECT_EQ(got[static_cast<std::size_t>(i)], in ? widened[static_cast<std::size_t>(i)] : 0.0f)
         << i;
   }
+  // The same ranges packed elsewhere, the last first, one element apart (at[i]).
+  at.assign(begin.size(), 0);
+  for (std::size_t i = begin.size(); i-- > 0;) {
+    at[i] = 1 + packed;
+    packed += count[i] + 1;
+  }
+  for (std::size_t i = 0; i < begin.size(); ++i) {
+    for (std::int64_t j = 0; j < count[i]; ++j)
+      packed_want[static_cast<std::size_t>(at[i] + j)] =
+          widened[static_cast<std::size_t>(begin[i] + j)];
+  }
+  ops.zero(copy, n * k);
+  ops.cast_from_ranges(copy, w16, backend::DType::kBF16, begin.data(), count.data(),
+                       static_cast<int>(begin.size()), at.data());
+  ASSERT_TRUE(b.copy_async(backend::StreamKind::kCompute, got.data(), copy, 256).is_ok());
+  ASSERT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+  EXPECT_EQ(got, packed_want);
 
   for (const bool fp32 : {true, false}) {
     if (!fp32) backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
@@ -588,6 +633,135 @@ TEST(EmulatedCudaBackend, ACopyWithoutItsWeightsHasThemReadFromTheirSixteenBits)
                                                                backend::DType::kBF16, 64))
         << (fp32 ? "fp32 products" : "the weights' 16-bit path refused");
   }
+}
+
+// A copy's norm weights and biases kept apart (Ops::note_kept_apart, the params_kept_apart path):
+// every op reading a parameter (LayerNorm and RMSNorm forward, fused with the residual add and
+// backward, the heads' RMSNorm both ways, add_bias, the products with a bias) reads it from the
+// area apart, with the bits of reading it there directly, though the copy holds NaN; forgotten,
+// the copy is read (NaN). A tensor running past the end of its range is an error, not a silent
+// read. The backend says no once 64 copies are noted, and when the path was refused at start.
+TEST(EmulatedCudaBackend, ParametersKeptApartAreReadFromTheirArea) {
+  auto made = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  backend::Ops<float>& ops = b.ops_f32();
+  const std::optional<backend::FastPath> listed = listed_path(b, backend::kKeptApartName);
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_TRUE(listed->active) << listed->detail;
+  const std::int64_t rows = 4, c = 24, heads = 2, hd = 12, inner = 16;
+  // The copy: weight and bias of a norm, 32 elements of a matrix, then a bias and a head norm's
+  // weight; apart, packed after an 8-element gap.
+  const std::int64_t n = 3 * c + 32 + hd;
+  const std::vector<std::int64_t> begin = {0, 2 * c + 32}, count = {2 * c, c + hd},
+                                  at = {8, 8 + 2 * c};
+  std::vector<float> params(static_cast<std::size_t>(8 + 3 * c + hd));
+  for (std::size_t i = 0; i < params.size(); ++i)
+    params[i] = 0.6f + 0.3f * std::sin(0.7f * static_cast<float>(i));
+  std::vector<float> inputs(static_cast<std::size_t>(rows * c * 2 + rows * inner + inner * c));
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    inputs[i] = std::cos(0.37f * static_cast<float>(i)) * 1.2f;
+  auto copy_buf = b.allocate_device(n * 4, "copy");
+  auto apart_buf = b.allocate_device(params.size() * 4, "apart");
+  auto in_buf = b.allocate_device(inputs.size() * 4, "inputs");
+  const std::int64_t out_n = 20 * rows * c;
+  auto out_buf = b.allocate_device(2 * out_n * 4, "outputs");
+  ASSERT_TRUE(copy_buf.is_ok() && apart_buf.is_ok() && in_buf.is_ok() && out_buf.is_ok());
+  float* copy = copy_buf->as<float>();
+  float* apart = apart_buf->as<float>();
+  const float* x = in_buf->as<float>();
+  const float* dout = x + rows * c;
+  const float* a = dout + rows * c;
+  const float* w = a + rows * inner;
+  ASSERT_TRUE(
+      b.copy_async(backend::StreamKind::kCompute, apart, params.data(), params.size() * 4).is_ok());
+  ASSERT_TRUE(
+      b.copy_async(backend::StreamKind::kCompute, in_buf->data(), inputs.data(), inputs.size() * 4)
+          .is_ok());
+  ops.zero(copy, n);
+  ops.scale(copy, n, std::numeric_limits<double>::quiet_NaN());
+  // Every op reading the parameters at norm_w, norm_b, bias and head_w, into out (out_n floats,
+  // 17 slices of rows x c).
+  const auto run = [&](float* out, const float* norm_w, const float* norm_b, const float* bias,
+                       const float* head_w) {
+    ops.zero(out, out_n);
+    float* o = out;
+    const auto next = [&o, rows, c] {
+      float* p = o;
+      o += rows * c;
+      return p;
+    };
+    float* stats = next();
+    ops.layernorm_forward(next(), stats, stats + rows, x, norm_w, norm_b, rows, c, 1e-5);
+    float* dx = next();
+    float* dw = next();
+    float* db = next();
+    ops.layernorm_backward(dx, dw, db, dout, x, norm_w, stats, stats + rows, rows, c);
+    float* res = next();
+    ops.copy(res, x, rows * c);
+    ops.add_layernorm_forward(res, dout, next(), stats + 2 * rows, stats + 3 * rows, norm_w, norm_b,
+                              rows, c, 1e-5);
+    ops.rmsnorm_forward(next(), stats + 4 * rows, x, norm_w, rows, c, 1e-5);
+    float* rms_dx = next();
+    float* rms_dw = next();
+    ops.rmsnorm_backward(rms_dx, rms_dw, dout, x, norm_w, stats + 4 * rows, rows, c);
+    float* heads_out = next();
+    ops.rmsnorm_heads_forward(heads_out, stats + 5 * rows, x, head_w, rows, heads, hd, c, c, 1e-5);
+    float* d = next();
+    ops.copy(d, dout, rows * c);
+    ops.rmsnorm_heads_backward(d, next(), x, head_w, stats + 5 * rows, rows, heads, hd, c, c);
+    float* biased = next();
+    ops.copy(biased, x, rows * c);
+    ops.add_bias(biased, bias, rows, c);
+    ops.gemm_bias(false, false, rows, c, inner, a, inner, w, c, bias, next());
+    float* pre = next();
+    float* act = next();
+    ops.gemm_bias_gelu(false, false, rows, c, inner, a, inner, w, c, bias, pre, act);
+  };
+  const auto host = [&](const float* out) {
+    std::vector<float> v(static_cast<std::size_t>(out_n));
+    EXPECT_TRUE(b.copy_async(backend::StreamKind::kCompute, v.data(), out, out_n * 4).is_ok());
+    EXPECT_TRUE(b.synchronize(backend::StreamKind::kCompute).is_ok());
+    return v;
+  };
+  float* want = out_buf->as<float>();
+  float* got = want + out_n;
+  run(want, apart + 8, apart + 8 + c, apart + 8 + 2 * c, apart + 8 + 3 * c);
+  const std::vector<float> direct = host(want);
+  ASSERT_TRUE(ops.note_kept_apart(copy, apart, begin.data(), count.data(), at.data(), 2));
+  run(got, copy, copy + c, copy + 2 * c + 32, copy + 3 * c + 32);
+  const std::vector<float> through = host(got);
+  EXPECT_EQ(std::memcmp(direct.data(), through.data(), direct.size() * 4), 0);
+  EXPECT_FALSE(std::isnan(through[static_cast<std::size_t>(rows * c)]));
+  ops.forget_widened(copy);
+  ops.layernorm_forward(got, got + rows * c, got + 2 * rows * c, x, copy, copy + c, rows, c, 1e-5);
+  EXPECT_TRUE(std::isnan(host(got)[0]));
+  // 64 copies at once, no more.
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_TRUE(ops.note_kept_apart(copy + i, apart, begin.data(), count.data(), at.data(), 2))
+        << i;
+  }
+  EXPECT_FALSE(ops.note_kept_apart(got, apart, begin.data(), count.data(), at.data(), 2));
+  for (int i = 1; i < 64; ++i)
+    ops.forget_widened(copy + i);
+  // The norm's weight read one element into its bias's range: past the range's end.
+  ops.layernorm_forward(got, got + rows * c, got + 2 * rows * c, x, copy + c + 1, copy, rows, c,
+                        1e-5);
+  const Status past = b.synchronize(backend::StreamKind::kCompute);
+  EXPECT_NE(past.to_string().find("before the end of a range kept apart"), std::string::npos)
+      << past.to_string();
+
+  backend::fail_fast_path_for_test(std::string(backend::kKeptApartName));
+  auto refused = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
+  const std::optional<backend::FastPath> off = listed_path(**refused, backend::kKeptApartName);
+  ASSERT_TRUE(off.has_value());
+  EXPECT_FALSE(off->active);
+  auto wide = (*refused)->allocate_device(n * 4, "wide");
+  ASSERT_TRUE(wide.is_ok());
+  EXPECT_FALSE((*refused)->ops_f32().note_kept_apart(wide->as<float>(), apart, begin.data(),
+                                                     count.data(), at.data(), 2));
 }
 
 // Refused at start (its check made to fail through the seam), the path is listed off and the

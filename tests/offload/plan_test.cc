@@ -178,6 +178,47 @@ TEST(TierPlan, SmallUnitsBelowThePersistenceThresholdGetFramesOfTheirOwn) {
   EXPECT_EQ(head_class.param_frames, 0);  // its own frame is not a shared one
 }
 
+// Each block's norm weights and biases (GPT-2's: two LayerNorms, four biases) get a place in one
+// device area apart from the compute copies, 16-byte aligned, in unit order, and the plan lists
+// its bytes; the embedding (widened whole) and the tied head (a LayerNorm only, no matrices) get
+// none; fp32 parameters (nothing to widen) and a device that is the host get no area at all.
+TEST(TierPlan, NormWeightsAndBiasesGetAnAreaApartFromTheComputeCopies) {
+  Fixture f;
+  const TierPlan p = f.plan();
+  std::int64_t at = 0;
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    const UnitRanges r = unit_ranges(f.layout.units[u]);
+    if (f.layout.units[u].kind != model::UnitKind::kBlock) {
+      EXPECT_EQ(p.units[u].apart_offset, -1) << u;
+      continue;
+    }
+    EXPECT_EQ(p.units[u].apart_offset, at) << u;
+    // ln_1 weight and bias, the qkv bias; the projection's bias, ln_2; fc's bias; its projection's.
+    std::int64_t others = 0;
+    for (const std::int64_t n : r.n)
+      others += n;
+    EXPECT_EQ(others, 4 * 64 + 3 * 64 + 64 + 4 * 64 + 64) << u;
+    ASSERT_EQ(r.at.size(), r.n.size());
+    for (std::size_t i = 0; i < r.at.size(); ++i)
+      EXPECT_EQ(r.at[i] % 4, 0) << u;
+    EXPECT_EQ(r.weights_n.size(), 4u) << u;
+    at += r.apart_numel;
+  }
+  EXPECT_EQ(p.apart_numel, at);
+  EXPECT_GT(at, 0);
+  std::uint64_t listed = 0;
+  for (const PlanItem& item : p.items) {
+    if (item.what.find("kept apart") != std::string::npos) listed += item.bytes;
+  }
+  EXPECT_EQ(listed, static_cast<std::uint64_t>(at) * 4);
+  EXPECT_EQ(f.plan(0, true).apart_numel, 0);  // the CPU backend reads copies widened whole
+  f.config.bf16.enabled = false;
+  const TierPlan fp32 = f.plan();
+  EXPECT_EQ(fp32.apart_numel, 0);
+  for (const UnitPlan& u : fp32.units)
+    EXPECT_EQ(u.apart_offset, -1);
+}
+
 TEST(TierPlan, PrefetchFramesFollowTheBucketTheLiveCapAndTheBudget) {
   Fixture f;
   f.config.zero_optimization.offload_param.device = config::OffloadDevice::kCpu;

@@ -162,6 +162,7 @@ TEST(Offload, DeviceBudgetBelowTheMinimumWorkingSetFailsAtStartNamingIt) {
   pi.settings = train::plan_settings(config);
   pi.layout = &layout;
   pi.activation_device_bytes = acts.device_bytes;
+  pi.device_is_host = true;  // the run's CPU backend
   const std::uint64_t minimum = offload::make_plan_unchecked(pi).device_minimum_bytes;
   config.strata.device_bytes_max = minimum - 1;
   train::TrainerOptions options;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/apart_check.h"
 #include "backend/arena.h"
 #include "backend/attention_check.h"
 #include "backend/cpu/cpu_backend.h"
@@ -231,6 +232,19 @@ class CudaBackend final : public Backend {
     return STRATA_CUDA_CHECK(cudaLaunchHostFunc(stream_of(stream), fn, arg));
   }
 
+  bool narrows_on_copy_streams() const override {
+    return true;
+  }
+  Status narrow_async(StreamKind stream, void* dst, DType type, const float* src,
+                      std::int64_t n) override {
+    STRATA_ASSERT(type == DType::kBF16 || type == DType::kF16);
+    STRATA_TRY(sticky());
+    if (n <= 0) return Status::ok();
+    gemm_->forget_written(dst, static_cast<std::uint64_t>(n) * 2);  // as Ops::cast_to
+    return STRATA_CUDA_CHECK(cuda_kernels::cast(stream_of(stream), dst, static_cast<int>(type), src,
+                                                cuda_kernels::kCodeF32, n));
+  }
+
   Status copy_async(StreamKind stream, void* dst, const void* src, std::uint64_t bytes) override {
     if (bytes == 0) return Status::ok();
     STRATA_ASSERT(dst != nullptr && src != nullptr);
@@ -264,6 +278,8 @@ class CudaBackend final : public Backend {
         p.uses = gemm_->twin_calls();
       } else if (p.name == kActivations16Name) {
         p.uses = gemm_->companion_reads();
+      } else if (p.name == kKeptApartName) {
+        p.uses = ops_->apart_reads();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -699,7 +715,27 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
       [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
           float* c) { return companion_product(ta, tb, m, n, k, a, lda, b, ldb, bias, c); });
+  // A unit's norm weights and biases kept apart from its compute copy (Ops::note_kept_apart): only
+  // where the copy leaves out the weights already (their products read the 16-bit parameters).
+  if (!fast_paths_.active(kWeights16Name)) {
+    fast_paths_.not_applicable(kKeptApartName, kKeptApartReplaces,
+                               "the weights are widened into the compute copy (" +
+                                   std::string(kWeights16Name) + " is off)");
+  } else {
+    ops_->use_kept_apart(true);
+    KeptApartPath apart;
+    apart.note = [&](const float* wide, const float* kept, const std::int64_t* begin,
+                     const std::int64_t* n, const std::int64_t* at,
+                     int count) { return ops_->note_kept_apart(wide, kept, begin, n, at, count); };
+    apart.forget = [&](const float* wide) { ops_->forget_widened(wide); };
+    ops_->use_kept_apart(fast_paths_.adopt(
+        kKeptApartName, kKeptApartReplaces,
+        "the norms' weights and biases and the products' biases of every block and the head, "
+        "widened into an fp32 area of their own once per change of the parameters and read there",
+        [&] { return check_kept_apart(*this, apart); }));
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
+  ops_->reset_apart_reads();
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;

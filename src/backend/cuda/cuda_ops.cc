@@ -66,6 +66,7 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         const float* bias, float* c) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  bias = param(bias, n);
   if (!epilogue_done(gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c))) {
     add_bias(c, bias, m, n);  // C holds the product alone
   }
@@ -75,6 +76,7 @@ void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::in
                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
                              std::int64_t ldb, const float* bias, float* pre, float* act) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  bias = param(bias, n);
   if (epilogue_done(
           gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre, act))) {
     return;
@@ -116,6 +118,8 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout,
 void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
                                 const float* w, const float* b, std::int64_t rows,
                                 std::int64_t channels, double eps) {
+  w = param(w, channels);
+  b = param(b, channels);
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(mean, rows);
   wrote(rstd, rows);
@@ -133,6 +137,8 @@ void CudaOps::add_layernorm_forward(float* res, const float* x, float* out, floa
     return;
   }
   ++fused_norm_calls_;
+  w = param(w, channels);
+  b = param(b, channels);
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(res, rows * channels);
   wrote(mean, rows);
@@ -151,6 +157,7 @@ void CudaOps::add_rmsnorm_forward(float* res, const float* x, float* out, float*
     return;
   }
   ++fused_norm_calls_;
+  w = param(w, channels);
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(res, rows * channels);
   wrote(rstd, rows);
@@ -166,6 +173,7 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 2, "layernorm_backward");
   if (p.chunks == 0) return;
+  w = param(w, channels);
   const ck::Narrow narrow = narrow_for(dx, rows * channels);
   STRATA_OPS_CHECK(ck::layernorm_backward(stream_, dx, dw, db, dout, x, w, mean, rstd, rows,
                                           channels, p, scratch_.reduce, narrow),
@@ -175,6 +183,7 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
 
 void CudaOps::rmsnorm_forward(float* out, float* rstd, const float* x, const float* w,
                               std::int64_t rows, std::int64_t channels, double eps) {
+  w = param(w, channels);
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(rstd, rows);
   STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, out, rstd, x, w, rows, channels, eps, narrow),
@@ -188,6 +197,7 @@ void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const fl
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "rmsnorm_backward");
   if (p.chunks == 0) return;
+  w = param(w, channels);
   const ck::Narrow narrow = narrow_for(dx, rows * channels);
   STRATA_OPS_CHECK(ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p,
                                         scratch_.reduce, narrow),
@@ -199,6 +209,7 @@ void CudaOps::rmsnorm_heads_forward(float* out, float* rstd, const float* x, con
                                     std::int64_t rows, std::int64_t heads, std::int64_t head_dim,
                                     std::int64_t x_stride, std::int64_t out_stride, double eps) {
   STRATA_ASSERT(x_stride >= heads * head_dim && out_stride >= heads * head_dim);
+  w = param(w, head_dim);
   wrote(out, strided(rows, out_stride, heads * head_dim));
   wrote(rstd, rows * heads);
   STRATA_OPS_CHECK(ck::rmsnorm_heads_forward(stream_, out, rstd, x, w, rows, heads, head_dim,
@@ -214,6 +225,7 @@ void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const 
   if (rows <= 0 || heads <= 0 || head_dim <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows * heads, head_dim, 1, "rmsnorm_heads_backward");
   if (p.chunks == 0) return;
+  w = param(w, head_dim);
   const ck::Narrow narrow = rewrite_in_place(d, strided(rows, d_stride, heads * head_dim));
   STRATA_OPS_CHECK(ck::rmsnorm_heads_backward(stream_, d, dw, x, w, rstd, rows, heads, head_dim,
                                               d_stride, x_stride, p, scratch_.reduce, narrow),
@@ -254,6 +266,7 @@ void CudaOps::add(float* out, const float* a, const float* b, std::int64_t n) {
 }
 
 void CudaOps::add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t channels) {
+  bias = param(bias, channels);
   wrote(x, rows * channels);
   STRATA_OPS_CHECK(ck::add_bias(stream_, x, bias, rows, channels), "add_bias");
 }
@@ -531,19 +544,57 @@ void CudaOps::note_widened(const float* wide, const void* narrow, backend::DType
 
 void CudaOps::forget_widened(const float* wide) {
   gemm_->forget_widened(wide);
+  std::erase_if(aparts_, [wide](const Apart& a) { return a.wide == wide; });
 }
 
 void CudaOps::cast_from_ranges(float* dst, const void* src, backend::DType src_type,
-                               const std::int64_t* begin, const std::int64_t* n, int count) {
+                               const std::int64_t* begin, const std::int64_t* n, int count,
+                               const std::int64_t* at) {
   if (src_type != backend::DType::kBF16 && src_type != backend::DType::kF16) {
-    Ops<float>::cast_from_ranges(dst, src, src_type, begin, n, count);
+    Ops<float>::cast_from_ranges(dst, src, src_type, begin, n, count, at);
     return;
   }
   for (int i = 0; i < count; ++i)
-    wrote(dst + begin[i], n[i]);
+    wrote(dst + at[i], n[i]);
   STRATA_OPS_CHECK(
-      ck::cast_ranges_from_16(stream_, dst, src, static_cast<int>(src_type), begin, n, count),
+      ck::cast_ranges_from_16(stream_, dst, src, static_cast<int>(src_type), begin, n, count, at),
       "cast_from_ranges");
+}
+
+bool CudaOps::note_kept_apart(const float* wide, const float* apart, const std::int64_t* begin,
+                              const std::int64_t* n, const std::int64_t* at, int count) {
+  if (!kept_apart_) return false;
+  std::erase_if(aparts_, [wide](const Apart& a) { return a.wide == wide; });
+  if (static_cast<int>(aparts_.size()) >= kApartMax) return false;
+  aparts_.push_back({wide, apart, std::vector<std::int64_t>(begin, begin + count),
+                     std::vector<std::int64_t>(n, n + count),
+                     std::vector<std::int64_t>(at, at + count)});
+  return true;
+}
+
+const float* CudaOps::param(const float* p, std::int64_t n) {
+  if (aparts_.empty() || p == nullptr) return p;
+  // Addresses as integers: p may lie in no noted copy at all.
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  for (const Apart& a : aparts_) {
+    for (std::size_t i = 0; i < a.begin.size(); ++i) {
+      const auto first = reinterpret_cast<std::uintptr_t>(a.wide + a.begin[i]);
+      const auto last = first + static_cast<std::uintptr_t>(a.n[i]) * sizeof(float);
+      if (at < first || at >= last) continue;
+      const auto offset = static_cast<std::int64_t>((at - first) / sizeof(float));
+      if (offset + n > a.n[i]) {
+        sink_->add(Status(ErrorCode::kInternal,
+                          fmt::format("a parameter of {} elements starts {} elements before the "
+                                      "end of a range kept apart from its compute copy",
+                                      n, a.n[i] - offset),
+                          "CUDA"));
+        return p;
+      }
+      ++apart_reads_;
+      return a.apart + a.at[i] + offset;
+    }
+  }
+  return p;
 }
 
 bool CudaOps::note_widened_weights_only(const float* wide, const void* narrow, backend::DType type,

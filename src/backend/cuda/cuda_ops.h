@@ -116,9 +116,23 @@ class CudaOps final : public backend::Ops<float> {
                     std::int64_t n) override;
   void forget_widened(const float* wide) override;
   void cast_from_ranges(float* dst, const void* src, backend::DType src_type,
-                        const std::int64_t* begin, const std::int64_t* n, int count) override;
+                        const std::int64_t* begin, const std::int64_t* n, int count,
+                        const std::int64_t* at) override;
   bool note_widened_weights_only(const float* wide, const void* narrow, backend::DType type,
                                  std::int64_t n) override;
+  bool note_kept_apart(const float* wide, const float* apart, const std::int64_t* begin,
+                       const std::int64_t* n, const std::int64_t* at, int count) override;
+  // note_kept_apart promises (on) or refuses (off, the default): every op reading a parameter (the
+  // norms' weights and biases, the biases of add_bias and of the bias epilogues) reads it through
+  // param(). At most kApartMax copies are noted at once.
+  void use_kept_apart(bool on) {
+    kept_apart_ = on;
+    if (!on) aparts_.clear();
+  }
+  static constexpr int kApartMax = 64;
+  // Parameters read from where they were kept apart.
+  std::int64_t apart_reads() const { return apart_reads_; }
+  void reset_apart_reads() { apart_reads_ = 0; }
   backend::DType narrow_type() const override { return narrow_type_; }
   void pair_narrow(const float* wide, void* narrow, std::int64_t n) override;
   void unpair_narrow(const float* wide) override;
@@ -174,11 +188,23 @@ class CudaOps final : public backend::Ops<float> {
   // companion now (noted with the GEMM engine), it is returned for the op to round what it
   // changes into, and the note stays; otherwise what the GEMMs knew of them is forgotten.
   cuda_kernels::Narrow rewrite_in_place(const float* x, std::int64_t n);
+  struct Apart {
+    const float* wide = nullptr;
+    const float* apart = nullptr;
+    std::vector<std::int64_t> begin, n, at;
+  };
+  // Where a kernel reads the parameter tensor of n elements at p: its place apart where p lies in
+  // a range kept apart (note_kept_apart), else p. A tensor straddling such a range's end is
+  // reported to the sink (it would be read half from a copy that does not hold it).
+  const float* param(const float* p, std::int64_t n);
   // `bytes` at p were written without a companion.
   void wrote_bytes(const void* p, std::uint64_t bytes) { gemm_->forget_written(p, bytes); }
 
   backend::DType narrow_type_ = backend::DType::kF32;
   std::vector<Pair> pairs_;
+  bool kept_apart_ = false;
+  std::vector<Apart> aparts_;
+  std::int64_t apart_reads_ = 0;
   void check(cudaError_t result, const char* op, const char* file, int line);
   // Whether a GEMM engine epilogue call is done: it fused, or it failed (reported to the sink);
   // false: the caller runs the unfused ops.

@@ -26,6 +26,9 @@ void enqueue(EmulatedCudaStream* stream, std::function<bool()> work);
 
 // The kernels launched since the last clear, by name (e.g. "cast_block_kernel"), in order.
 std::vector<std::string> launch_log();
+// The same, only the kernels launched on the stream the GEMMs run on (the compute stream: the
+// kernels a GEMM waits behind; a copy stream's run beside them).
+std::vector<std::string> compute_stream_log();
 void clear_launch_log();
 
 // The family a kernel belongs to, for counting a step's launches ("gemm", "cast", "attention",

@@ -23,6 +23,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ namespace {
 struct Log {
   std::mutex mutex;
   std::vector<std::string> kernels;
+  std::vector<const void*> streams;          // each launch's stream
   std::map<const void*, std::string> names;  // kernel address -> name, as found
 };
 
@@ -124,12 +126,13 @@ std::string name_of(const void* kernel) {
 
 }  // namespace
 
-void record_launch(const void* kernel) {
+void record_launch(const void* kernel, const void* stream) {
   Log& l = launches();
   std::lock_guard<std::mutex> lock(l.mutex);
   auto it = l.names.find(kernel);
   if (it == l.names.end()) it = l.names.emplace(kernel, name_of(kernel)).first;
   l.kernels.push_back(it->second);
+  l.streams.push_back(stream);
 }
 
 std::vector<std::string> launch_log() {
@@ -137,9 +140,24 @@ std::vector<std::string> launch_log() {
   return launches().kernels;
 }
 
+std::vector<std::string> compute_stream_log() {
+  Log& l = launches();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  std::set<const void*> gemm_streams;
+  for (std::size_t i = 0; i < l.kernels.size(); ++i) {
+    if (kernel_family(l.kernels[i]) == "gemm") gemm_streams.insert(l.streams[i]);
+  }
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < l.kernels.size(); ++i) {
+    if (gemm_streams.count(l.streams[i]) != 0) out.push_back(l.kernels[i]);
+  }
+  return out;
+}
+
 void clear_launch_log() {
   std::lock_guard<std::mutex> lock(launches().mutex);
   launches().kernels.clear();
+  launches().streams.clear();
 }
 
 }  // namespace strata::testing::emulated_cuda
@@ -153,7 +171,7 @@ struct CudaLauncher {
   template <typename Kernel, typename... Args>
   cudaError_t operator()(Kernel kernel, dim3 grid, dim3 block, std::size_t smem,
                          Args... args) const {
-    testing::emulated_cuda::record_launch(reinterpret_cast<const void*>(kernel));
+    testing::emulated_cuda::record_launch(reinterpret_cast<const void*>(kernel), stream);
     testing::emulated_cuda::enqueue(stream, [=] {
       static std::mutex one_machine;
       std::lock_guard<std::mutex> lock(one_machine);
