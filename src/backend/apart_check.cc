@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -18,34 +17,24 @@ constexpr std::int64_t kRows = 3;
 constexpr std::int64_t kChannels = 40;  // not a multiple of 32: a partial warp
 constexpr std::int64_t kInner = 24;     // the product's inner dimension
 
-// The first element where the two outputs' bits differ, or a NaN (a read of the copy).
+// The first element where the two outputs' bits differ (a NaN: a read of the copy).
 Status compare(Backend& backend, const char* op, const Buffer& want, const Buffer& got,
                std::int64_t n) {
-  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
-  STRATA_TRY(copy_to_host(backend, &a, want));
-  STRATA_TRY(copy_to_host(backend, &b, got));
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{} over {} rows of {} channels, its parameters kept apart: "
-                                "output[{}] is {}, reading them in place gives {} (the bits must "
-                                "match)",
-                                op, kRows, kChannels, i, b[i], a[i]));
-    }
-  }
-  return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, n));
+  if (d.index < 0) return Status::ok();
+  return Status(ErrorCode::kInternal,
+                fmt::format("{} over {} rows of {} channels, its parameters kept apart: "
+                            "output[{}] is {}, reading them in place gives {} (the bits must "
+                            "match)",
+                            op, kRows, kChannels, d.index, d.got, d.want));
 }
 
 }  // namespace
 
 Status check_kept_apart(Backend& backend, const KeptApartPath& path) {
   std::mt19937_64 rng(9301);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto draw = [&](std::int64_t count, float scale, float offset) {
-    std::vector<float> v(static_cast<std::size_t>(count));
-    for (float& x : v)
-      x = offset + scale * normal(rng);
-    return v;
+    return normal_values(rng, count, scale, offset);
   };
   // The unit's copy: LayerNorm's weight and bias side by side, a matrix (8 elements, never read
   // by these ops), then the bias; all NaN, as nothing was widened into it. Apart, packed: weight,

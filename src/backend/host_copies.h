@@ -1,10 +1,13 @@
 // Copies between host vectors and a backend's device memory for the backends' start-up checks
-// (attention_check.cc, gemm_check.cc): through the compute stream, from and to ordinary (pageable)
-// host memory, so each copy has completed when the call returns (Backend::copy_async).
+// (attention_check.cc, gemm_check.cc, norm_check.cc, apart_check.cc): through the compute stream,
+// from and to ordinary (pageable) host memory, so each copy has completed when the call returns
+// (Backend::copy_async); and the checks' random inputs and bitwise comparison.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "backend/backend.h"
@@ -29,6 +32,39 @@ template <typename T>
 Status copy_to_host(Backend& backend, std::vector<T>* host, const Buffer& buffer) {
   return backend.copy_async(StreamKind::kCompute, host->data(), buffer.data(),
                             host->size() * sizeof(T));
+}
+
+// `count` values offset + scale * N(0, 1) from `rng`: a check's inputs.
+inline std::vector<float> normal_values(std::mt19937_64& rng, std::int64_t count, float scale,
+                                        float offset) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(std::max<std::int64_t>(count, 0)));
+  for (float& x : v)
+    x = offset + scale * normal(rng);
+  return v;
+}
+
+// The first of n floats whose bits differ between two device buffers (index -1: none), with
+// both values.
+struct BitsDiffer {
+  std::int64_t index = -1;
+  float want = 0.0f, got = 0.0f;
+};
+inline Result<BitsDiffer> first_bits_differ(Backend& backend, const Buffer& want, const Buffer& got,
+                                            std::int64_t n) {
+  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+  STRATA_TRY(copy_to_host(backend, &a, want));
+  STRATA_TRY(copy_to_host(backend, &b, got));
+  BitsDiffer d;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      d.index = static_cast<std::int64_t>(i);
+      d.want = a[i];
+      d.got = b[i];
+      break;
+    }
+  }
+  return d;
 }
 
 }  // namespace strata::backend

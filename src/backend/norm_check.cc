@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,30 +34,20 @@ Result<Run> prepare(Backend& backend, const std::vector<float>& res, std::int64_
 // The first element of `name` where the two runs' bits differ.
 Status compare(Backend& backend, const char* norm, const Shape& s, const char* name,
                const Buffer& want, const Buffer& got, std::int64_t n) {
-  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
-  STRATA_TRY(copy_to_host(backend, &a, want));
-  STRATA_TRY(copy_to_host(backend, &b, got));
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{} over {} rows of {} channels: {}[{}] is {}, the verified path "
-                                "gives {} (the bits must match)",
-                                norm, s.rows, s.channels, name, i, b[i], a[i]));
-    }
-  }
-  return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, n));
+  if (d.index < 0) return Status::ok();
+  return Status(ErrorCode::kInternal,
+                fmt::format("{} over {} rows of {} channels: {}[{}] is {}, the verified path "
+                            "gives {} (the bits must match)",
+                            norm, s.rows, s.channels, name, d.index, d.got, d.want));
 }
 
 Status check_shape(Backend& backend, const ResidualNormPath& reference,
                    const ResidualNormPath& fused, const Shape& s, bool rms) {
   const std::int64_t n = s.rows * s.channels;
   std::mt19937_64 rng(9100 + static_cast<std::uint64_t>(n));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto draw = [&](std::int64_t count, float scale, float offset) {
-    std::vector<float> v(static_cast<std::size_t>(count));
-    for (float& x : v)
-      x = offset + scale * normal(rng);
-    return v;
+    return normal_values(rng, count, scale, offset);
   };
   const std::vector<float> res0 = draw(n, 2.0f, 0.5f), x = draw(n, 1.0f, 0.0f);
   const std::vector<float> w = draw(s.channels, 0.2f, 1.0f), b = draw(s.channels, 0.1f, 0.0f);
