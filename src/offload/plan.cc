@@ -20,11 +20,6 @@ std::uint64_t u64(std::int64_t v) {
   return static_cast<std::uint64_t>(v);
 }
 
-// Bytes of one gradient frame: fp32, plus the storage-type copy that leaves the device.
-std::uint64_t grad_frame_bytes(const TierPlan& p, std::int64_t numel) {
-  return u64(numel) * (4 + (p.storage_bytes < 4 ? p.storage_bytes : 0));
-}
-
 struct DeviceSums {
   std::uint64_t homes = 0, persistent = 0, frames = 0, compute = 0, grads = 0, apart = 0;
   std::uint64_t state[4] = {0, 0, 0, 0};  // master, exp_avg, exp_avg_sq, grad homed on the device
@@ -53,7 +48,7 @@ DeviceSums device_sums(const TierPlan& p) {
   for (const SizeClass& k : p.classes) {
     s.frames += u64(k.param_frames) * u64(k.numel) * p.storage_bytes;
     s.compute += u64(k.compute_slots) * u64(k.numel) * 4;
-    s.grads += u64(k.grad_frames) * grad_frame_bytes(p, k.numel);
+    s.grads += u64(k.grad_frames) * grad_frame_bytes(p, k);
   }
   s.apart = u64(p.apart_numel) * 4;
   return s;
@@ -125,10 +120,11 @@ void add_items(TierPlan& p, const PlanInput& in) {
   add(Tier::kDevice, "parameter frames (units in flight: in use, cached and prefetched)", d.frames);
   add(Tier::kDevice, "fp32 compute copies of 16-bit parameters", d.compute);
   add(Tier::kDevice, "fp32 norm weights and biases, kept apart from the compute copies", d.apart);
+  const bool grad_copies = std::any_of(p.classes.begin(), p.classes.end(),
+                                       [](const SizeClass& k) { return k.grad_copy; });
   add(Tier::kDevice,
-      p.storage_bytes < 4
-          ? fmt::format("gradient frames (fp32, and the {} copy that leaves)", dtype)
-          : std::string("gradient frames (fp32)"),
+      grad_copies ? fmt::format("gradient frames (fp32, and the {} copy that leaves)", dtype)
+                  : std::string("gradient frames (fp32)"),
       d.grads);
   // Optimizer state: one host mapping, each array followed by a 4 KiB stagger; on the device,
   // one allocation per unit and kind.
@@ -327,6 +323,10 @@ UnitRanges unit_ranges(const model::UnitLayout& unit) {
   return r;
 }
 
+std::uint64_t grad_frame_bytes(const TierPlan& plan, const SizeClass& k) {
+  return u64(k.numel) * (4 + (k.grad_copy ? plan.storage_bytes : 0));
+}
+
 Tier home_of(const TierPlan& plan, int unit, SlotKind kind) {
   const UnitPlan& u = plan.units[static_cast<std::size_t>(unit)];
   return kind == SlotKind::kParam ? u.param_home : u.optim_home;
@@ -482,6 +482,11 @@ TierPlan build_plan(const PlanInput& in) {
     k.compute_slots = p.storage_bytes < 4 && !in.optimizer_only ? (holds_pair ? 2 : 1) : 0;
     k.grad_frames_base = in.optimizer_only ? 0 : holds_pair ? 2 : 1;
     k.grad_frames = k.grad_frames_base;
+    // As GradPath::ready: a gradient homed on the device of the only rank never leaves it.
+    k.grad_copy = p.storage_bytes < 4 && std::any_of(k.units.begin(), k.units.end(), [&](int u) {
+                    return !(p.units[static_cast<std::size_t>(u)].optim_home == Tier::kDevice &&
+                             in.world == 1);
+                  });
   }
   // The norm weights and biases kept apart from the compute copies (OffloadStore::widen), one
   // area for every unit: a copy's slot is reused while its unit's other tensors stay widened. Not

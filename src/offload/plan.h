@@ -127,6 +127,10 @@ struct SizeClass {
   int compute_slots = 0;  // fp32 copies of 16-bit parameters
   int grad_frames = 0;    // fp32 gradient buffers (plus a storage-type copy for 16-bit)
   int grad_frames_base = 0;
+  // The gradient frames carry the 16-bit copy a gradient leaves the device in: 16-bit storage and
+  // a member whose gradient leaves (not homed on the device of the only rank, where it is rounded
+  // and added in place, GradPath::add_on_device).
+  bool grad_copy = false;
 };
 
 struct PlanItem {
@@ -242,6 +246,9 @@ struct UnitRanges {
   std::int64_t apart_numel = 0;
 };
 UnitRanges unit_ranges(const model::UnitLayout& unit);
+
+// Bytes of one gradient frame of class k: fp32, plus the storage-type copy where k.grad_copy.
+std::uint64_t grad_frame_bytes(const TierPlan& plan, const SizeClass& k);
 
 // Lines for the start-up log: where each kind of state lives, tiles, frames, staging.
 std::vector<std::string> describe_plan(const TierPlan& plan,

@@ -130,8 +130,7 @@ Status TierManager::allocate_device() {
       STRATA_ASSIGN_OR_RETURN(void* f, device(u64(c.numel) * 4, "fp32 parameter copies"));
       compute_[k].push_back(f);
     }
-    const std::uint64_t grad_bytes =
-        u64(c.numel) * (4 + (p.storage_bytes < 4 ? p.storage_bytes : 0));
+    const std::uint64_t grad_bytes = grad_frame_bytes(p, c);
     for (int i = 0; i < c.grad_frames; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* f, device(grad_bytes, "gradient frames"));
       backend_.ops_f32().zero(static_cast<float*>(f), c.numel);
@@ -402,7 +401,8 @@ float* TierManager::grad_frame(int size_class, int i) const {
 void* TierManager::grad_frame_copy(int size_class, int i) const {
   float* f = grad_frame(size_class, i);
   if (plan_.storage_bytes == 4) return f;
-  return f + plan_.classes[static_cast<std::size_t>(size_class)].numel;
+  const SizeClass& k = plan_.classes[static_cast<std::size_t>(size_class)];
+  return k.grad_copy ? static_cast<void*>(f + k.numel) : nullptr;
 }
 
 IoCounters TierManager::io_counters() const {

@@ -134,7 +134,8 @@ class TierManager {
   // The unit's norm weights and biases kept apart in fp32 (UnitPlan::apart_offset), or null.
   float* kept_apart(int unit) const;
   float* grad_frame(int size_class, int i) const;
-  // The storage-type copy of a gradient frame (16-bit storage only; else the frame itself).
+  // The storage-type copy of a gradient frame (16-bit storage; the frame itself for fp32; null
+  // where its class has none, SizeClass::grad_copy).
   void* grad_frame_copy(int size_class, int i) const;
 
   // ---- accounting -----------------------------------------------------------------------------

@@ -95,6 +95,20 @@ TEST(TierPlan, OptimizerNoneOnAGpuKeepsTheStateOnTheDeviceBesideTheParameters) {
   EXPECT_FALSE(p.pipeline_copy_out);  // device Adam writes the parameters itself
   EXPECT_EQ(p.grad_write_buffers, 0);
   EXPECT_TRUE(p.notes.empty());
+  // The gradients never leave the device (rounded and added in place): their frames are fp32
+  // alone, without the bf16 copy a leaving gradient needs, which the host optimizer's frames have.
+  std::uint64_t frames = 0, with_copy = 0;
+  f.config.strata.device_optimizer = config::DeviceOptimizer::kOff;
+  const TierPlan host = f.plan();
+  for (std::size_t k = 0; k < p.classes.size(); ++k) {
+    EXPECT_FALSE(p.classes[k].grad_copy) << k;
+    EXPECT_TRUE(host.classes[k].grad_copy) << k;
+    frames += static_cast<std::uint64_t>(p.classes[k].grad_frames * p.classes[k].numel) * 4;
+    with_copy +=
+        static_cast<std::uint64_t>(host.classes[k].grad_frames * host.classes[k].numel) * 6;
+  }
+  EXPECT_EQ(item_bytes(p, Tier::kDevice, "gradient frames (fp32)"), frames);
+  EXPECT_EQ(item_bytes(host, Tier::kDevice, "gradient frames (fp32, and the bf16 copy"), with_copy);
 }
 
 TEST(TierPlan, OptimizerNoneStaysOnTheHostWhereTheDeviceOptimizerIsNotWanted) {
