@@ -130,13 +130,14 @@ Status GradPath::ready(int unit) {
   // A gradient homed on the device never leaves it (offload_optimizer none): on one rank it is
   // added into its home at once, in stream order, rounded as it would have left (add_on_device).
   const bool device = up.optim_home == Tier::kDevice;
+  const bool stays = gradient_stays_on_device(plan_, unit);
   // The gradient leaves the device in the parameters' type, as a 16-bit .grad would. On one rank
   // a backend that can round it on the copy stream does, right before the copy, beside the next
   // unit's backward (narrow_async); otherwise it is rounded here, on the compute stream.
-  const bool leaves_16 = plan_.storage != kernels::DType::kF32 && !(device && plan_.world == 1);
+  const bool leaves_16 = plan_.storage != kernels::DType::kF32 && !stays;
   const bool narrow_on_copy = leaves_16 && plan_.world == 1 && backend_.narrows_on_copy_streams();
   if (leaves_16 && !narrow_on_copy) backend_.ops_f32().cast_to(f->copy, plan_.storage, f->data, n);
-  if (device && plan_.world == 1) {
+  if (stays) {
     Job job;
     job.unit = unit;
     job.first = first_;

@@ -323,6 +323,10 @@ UnitRanges unit_ranges(const model::UnitLayout& unit) {
   return r;
 }
 
+bool gradient_stays_on_device(const TierPlan& plan, int unit) {
+  return plan.units[static_cast<std::size_t>(unit)].optim_home == Tier::kDevice && plan.world == 1;
+}
+
 std::uint64_t grad_frame_bytes(const TierPlan& plan, const SizeClass& k) {
   return u64(k.numel) * (4 + (k.grad_copy ? plan.storage_bytes : 0));
 }
@@ -482,10 +486,8 @@ TierPlan build_plan(const PlanInput& in) {
     k.compute_slots = p.storage_bytes < 4 && !in.optimizer_only ? (holds_pair ? 2 : 1) : 0;
     k.grad_frames_base = in.optimizer_only ? 0 : holds_pair ? 2 : 1;
     k.grad_frames = k.grad_frames_base;
-    // As GradPath::ready: a gradient homed on the device of the only rank never leaves it.
-    k.grad_copy = p.storage_bytes < 4 && std::any_of(k.units.begin(), k.units.end(), [&](int u) {
-                    return !(p.units[static_cast<std::size_t>(u)].optim_home == Tier::kDevice &&
-                             in.world == 1);
+    k.grad_copy = p.storage_bytes < 4 && !std::all_of(k.units.begin(), k.units.end(), [&](int u) {
+                    return gradient_stays_on_device(p, u);
                   });
   }
   // The norm weights and biases kept apart from the compute copies (OffloadStore::widen), one

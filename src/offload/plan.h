@@ -247,6 +247,10 @@ struct UnitRanges {
 };
 UnitRanges unit_ranges(const model::UnitLayout& unit);
 
+// Whether unit u's gradient stays on the device: homed there (offload_optimizer none) on the only
+// rank, it is added into its home in place (GradPath::add_on_device) and never leaves.
+bool gradient_stays_on_device(const TierPlan& plan, int unit);
+
 // Bytes of one gradient frame of class k: fp32, plus the storage-type copy where k.grad_copy.
 std::uint64_t grad_frame_bytes(const TierPlan& plan, const SizeClass& k);
 
