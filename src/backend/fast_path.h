@@ -6,7 +6,7 @@
 // on or off, in `strata report` and `strata bench step --json` (Backend::fast_paths()).
 //
 // Test seam: STRATA_TEST_FAST_PATH_FAIL=NAME makes every fast path whose name contains NAME fail
-// its check as if it had found a mismatch, so that a machine with the device shows the fallback
+// its check as if it had found a mismatch (NAME,NAME2,...: any of them), so that a machine with the device shows the fallback
 // (tools/gpu_checks.sh). fail_fast_path_for_test() does the same from a test.
 #pragma once
 
@@ -74,7 +74,8 @@ Json::Value fast_paths_json(const std::vector<FastPath>& paths);
 // One line per path: "  flash_attention: on (head sizes ...)" / "  NAME: off: REASON; REPLACES".
 std::string fast_paths_text(const std::vector<FastPath>& paths);
 
-// Makes fast paths whose name contains `name_contains` fail their check (nullopt: none); the
+// Makes fast paths whose name contains `name_contains` (or one of its comma-separated parts) fail
+// their check (nullopt: none); the
 // STRATA_TEST_FAST_PATH_FAIL variable does the same for a whole process.
 void fail_fast_path_for_test(std::optional<std::string> name_contains);
 

@@ -110,6 +110,25 @@ TEST(FastPaths, TheTestSeamFailsTheNamedPathWithoutRunningItsCheck) {
   EXPECT_NE(r.warnings[0].find("STRATA_TEST_FAST_PATH_FAIL"), std::string::npos);
 }
 
+TEST(FastPaths, TheTestSeamFailsEachOfCommaSeparatedNames) {
+  Recorder r;
+  FastPaths paths(r.sink());
+  fail_fast_path_for_test("flash,logits_16");
+  const bool flash =
+      paths.adopt("flash_attention", "fp32 kernels", "all", [] { return Status::ok(); });
+  const bool logits =
+      paths.adopt("logits_16bit", "fp32 logits", "all", [] { return Status::ok(); });
+  const bool other = paths.adopt("fused_gelu", "GELU", "all", [] { return Status::ok(); });
+  fail_fast_path_for_test(",");  // empty parts name nothing
+  const bool empty = paths.adopt("gemm_bias", "bias kernel", "all", [] { return Status::ok(); });
+  fail_fast_path_for_test(std::nullopt);
+  EXPECT_FALSE(flash);
+  EXPECT_FALSE(logits);
+  EXPECT_TRUE(other);
+  EXPECT_TRUE(empty);
+  EXPECT_EQ(r.warnings.size(), 2u);
+}
+
 TEST(FlashAttentionChoice, EveryHeadSizeThatPassesItsCheckRunsFlash) {
   Recorder r;
   FastPaths paths(r.sink());
