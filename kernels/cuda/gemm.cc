@@ -149,8 +149,8 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
                                                    u(key.trans_b ? key.n : key.k), key.ldb)));
   STRATA_TRY(STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_b, in, u(key.trans_a ? key.m : key.k),
                                                    u(key.trans_a ? key.k : key.m), key.lda)));
-  STRATA_TRY(
-      STRATA_CUBLAS_CHECK(api.layout_create(&e.layout_c, CUDA_R_32F, u(key.n), u(key.m), key.ldc)));
+  STRATA_TRY(STRATA_CUBLAS_CHECK(
+      api.layout_create(&e.layout_c, data_type(key.out_code), u(key.n), u(key.m), key.ldc)));
   // cuBLAS's A is our B, so the alignments swap too.
   const std::uint32_t align_a = static_cast<std::uint32_t>(key.align_b);
   const std::uint32_t align_b = static_cast<std::uint32_t>(key.align_a);
@@ -183,9 +183,10 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
 
 Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        float alpha, const void* a, std::int64_t lda, const void* b,
-                       std::int64_t ldb, float beta, float* c, std::int64_t ldc, int in_code,
-                       const GemmEpilogue& epilogue) {
+                       std::int64_t ldb, float beta, void* c, std::int64_t ldc, int in_code,
+                       const GemmEpilogue& epilogue, int out_code) {
   const float* bias = epilogue.bias;
+  STRATA_ASSERT(out_code == cuda_kernels::kCodeF32 || (bias == nullptr && !epilogue.dgelu));
   if (api_ != nullptr && k > 0) {
     Key key;
     key.trans_a = trans_a;
@@ -197,6 +198,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     key.ldb = ldb;
     key.ldc = ldc;
     key.in_code = in_code;
+    key.out_code = out_code;
     key.align_a = static_cast<int>(alignment_of(a));
     key.align_b = static_cast<int>(alignment_of(b));
     key.align_c = static_cast<int>(alignment_of(c));
@@ -236,8 +238,83 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     }
   }
   ++fallback_calls_;
-  return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(stream_, trans_a, trans_b, m, n, k, alpha, a,
-                                                       lda, b, ldb, beta, c, ldc, in_code));
+  return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(
+      stream_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code, out_code));
+}
+
+int GemmEngine::sixteen_code() const {
+  return cuda::converts_operands(config_.precision) ? products_code() : -1;
+}
+
+Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, std::int64_t cols,
+                                           std::int64_t ld, std::int64_t* ld16,
+                                           std::uint16_t** workspace, const char* what) {
+  const int code = products_code();
+  bool companion = false;
+  if (const void* twin = twin_of(x, rows, cols, ld, code, &companion)) {
+    if (companion) {
+      ++companion_reads_;
+    } else {
+      ++twin_calls_;
+    }
+    *ld16 = ld;
+    return twin;
+  }
+  const auto* base = static_cast<const std::uint16_t*>(config_.convert_workspace);
+  const std::int64_t used = *workspace - base;
+  // Each converted operand starts on a block boundary (the alignment cuBLASLt is promised).
+  const std::int64_t start =
+      (used + kWorkspaceBlockAlign - 1) / kWorkspaceBlockAlign * kWorkspaceBlockAlign;
+  if (start + rows * cols > config_.convert_elements) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("a product written in 16 bits needs its {} ({} x {}) in 16 bits: it "
+                              "has no 16-bit copy and does not fit the conversion workspace ({} "
+                              "elements) whole",
+                              what, rows, cols, config_.convert_elements));
+  }
+  std::uint16_t* dst = *workspace + (start - used);
+  STRATA_TRY(STRATA_CUDA_CHECK(
+      cuda_kernels::cast_block_to_16(stream_, dst, code, cols, x, ld, rows, cols)));
+  *workspace = dst + rows * cols;
+  *ld16 = cols;
+  return static_cast<const void*>(dst);
+}
+
+Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                              std::int64_t ldb, void* c, std::int64_t ldc) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
+  if (!cuda::converts_operands(config_.precision)) {
+    return Status(ErrorCode::kUnavailable,
+                  "a product written in 16 bits needs 16-bit GEMM inputs (bf16 or fp16)");
+  }
+  if (m == 0 || n == 0) return Status::ok();
+  auto* workspace = static_cast<std::uint16_t*>(config_.convert_workspace);
+  std::int64_t lda16 = 0, ldb16 = 0;
+  STRATA_ASSIGN_OR_RETURN(const void* a16, operand_16(a, trans_a ? k : m, trans_a ? m : k, lda,
+                                                      &lda16, &workspace, "A operand"));
+  STRATA_ASSIGN_OR_RETURN(const void* b16, operand_16(b, trans_b ? n : k, trans_b ? k : n, ldb,
+                                                      &ldb16, &workspace, "B operand"));
+  return run(trans_a, trans_b, m, n, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c, ldc, products_code(),
+             {}, products_code());
+}
+
+Status GemmEngine::gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                std::int64_t k, float alpha, const void* a16, std::int64_t lda,
+                                const float* b, std::int64_t ldb, float beta, float* c,
+                                std::int64_t ldc) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
+  if (!cuda::converts_operands(config_.precision)) {
+    return Status(ErrorCode::kUnavailable,
+                  "a product reading a 16-bit operand needs 16-bit GEMM inputs (bf16 or fp16)");
+  }
+  if (m == 0 || n == 0) return Status::ok();
+  forget_output(c, m, n, ldc);
+  auto* workspace = static_cast<std::uint16_t*>(config_.convert_workspace);
+  std::int64_t ldb16 = 0;
+  STRATA_ASSIGN_OR_RETURN(const void* b16, operand_16(b, trans_b ? n : k, trans_b ? k : n, ldb,
+                                                      &ldb16, &workspace, "B operand"));
+  return run(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb16, beta, c, ldc, products_code());
 }
 
 bool GemmEngine::make_room(bool companion, int most) {

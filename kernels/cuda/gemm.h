@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_namespace.h"
+#include "kernels/cuda/dtype_codes.h"
 #include "kernels/cuda/launch_plan.h"
 
 STRATA_CUDA_NAMESPACE(cuda) {
@@ -56,6 +57,24 @@ class GemmEngine {
   Status gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
               float beta, float* c, std::int64_t ldc);
+
+  // The products' 16-bit type with bf16/fp16 inputs (cuda_kernels::kCodeBF16 or kCodeF16); -1
+  // with fp32 or tf32 inputs.
+  int sixteen_code() const;
+  // C(m,n) (leading dimension ldc) = op(A) op(B) in the products' 16-bit type: the fp32
+  // accumulation rounded once to nearest even (cuBLASLt's D in bf16/fp16, or the fallback kernel
+  // storing it so). Each operand is read from its 16-bit range where it has one (a weight's, an
+  // activation's companion) and is otherwise converted whole into the conversion workspace. Only
+  // with 16-bit inputs (kUnavailable otherwise), and kUnavailable where an operand to convert does
+  // not fit the workspace whole (the product is never cut along k: each output is rounded once).
+  Status gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
+                    std::int64_t ldc);
+  // C = alpha op(A) op(B) + beta C (fp32) with A given in the products' 16-bit type (an array
+  // written by gemm_to_16 or a 16-bit kernel), B as for gemm_to_16.
+  Status gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float alpha, const void* a16, std::int64_t lda, const float* b,
+                      std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
   // C(m,n) = op(A) op(B) + bias(n) on every row (C contiguous, beta 0). With the bias epilogue on
   // (use_bias_epilogue) cuBLASLt adds the bias in the GEMM's epilogue and this returns true. It
@@ -155,6 +174,7 @@ class GemmEngine {
     bool trans_a = false, trans_b = false;
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     int in_code = 0;
+    int out_code = 0;  // C's and D's element type (kCodeF32 but in gemm_to_16)
     int align_a = 0, align_b = 0, align_c = 0;
     // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 3
     // CUBLASLT_EPILOGUE_DGELU
@@ -178,10 +198,17 @@ class GemmEngine {
   // One call on operands of element type in_code (fp32, bf16 or fp16): cuBLASLt, or the fallback.
   // With an epilogue (beta 0): cuBLASLt's, where it has an algorithm for it, setting *applied.
   // Where it has none, a bias epilogue runs the plain product and a GELU epilogue runs nothing.
+  // C is of element type out_code (fp32 unless given; no epilogue with a 16-bit C).
   Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
              float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
-             float beta, float* c, std::int64_t ldc, int in_code,
-             const GemmEpilogue& epilogue = {});
+             float beta, void* c, std::int64_t ldc, int in_code, const GemmEpilogue& epilogue = {},
+             int out_code = cuda_kernels::kCodeF32);
+  // The operand x (rows x cols as stored, leading dimension ld) in the products' 16-bit type: its
+  // 16-bit range (*ld16 = ld), or converted whole at *workspace (*ld16 = cols), which then moves
+  // past it; `what` names it in the error where it does not fit.
+  Result<const void*> operand_16(const float* x, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t ld, std::int64_t* ld16, std::uint16_t** workspace,
+                                 const char* what);
   // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).

@@ -1,7 +1,7 @@
 // A plain shared-memory tiled GEMM (16 x 16 tiles, fp32 accumulation) for any strides, alignment
-// and transposition, with its launch function (generic over the launcher, see device_math.cuh):
-// the fallback when cuBLASLt offers no algorithm for a shape, and a second implementation the
-// GEMM tests can compare against.
+// and transposition, C in fp32 or rounded once to 16 bits (out_code), with its launch function
+// (generic over the launcher, see device_math.cuh): the fallback when cuBLASLt offers no algorithm
+// for a shape, and a second implementation the GEMM tests can compare against.
 #pragma once
 
 #include "kernels/cuda/cuda_namespace.h"
@@ -14,8 +14,8 @@ constexpr int kTileSide = 16;
 
 __global__ void gemm_fallback_kernel(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                      std::int64_t k, float alpha, const void* a, std::int64_t lda,
-                                     const void* b, std::int64_t ldb, float beta, float* c,
-                                     std::int64_t ldc, int code) {
+                                     const void* b, std::int64_t ldb, float beta, void* c,
+                                     std::int64_t ldc, int code, int out_code) {
   __shared__ float as[kTileSide][kTileSide + 1];
   __shared__ float bs[kTileSide][kTileSide + 1];
   const int tx = threadIdx.x;
@@ -41,8 +41,10 @@ __global__ void gemm_fallback_kernel(bool trans_a, bool trans_b, std::int64_t m,
       __syncthreads();
     }
     if (row < m && col < n) {
-      float* out = c + row * ldc + col;
-      *out = beta == 0.0f ? alpha * acc : alpha * acc + beta * *out;
+      const std::int64_t at = row * ldc + col;
+      const float v =
+          beta == 0.0f ? alpha * acc : alpha * acc + beta * load_as_float(c, out_code, at);
+      store_from_float(c, out_code, at, v);
     }
   }
 }
@@ -50,13 +52,14 @@ __global__ void gemm_fallback_kernel(bool trans_a, bool trans_b, std::int64_t m,
 template <typename L>
 auto run_gemm_fallback(const L& launch, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                        std::int64_t k, float alpha, const void* a, std::int64_t lda, const void* b,
-                       std::int64_t ldb, float beta, float* c, std::int64_t ldc, int in_code) {
+                       std::int64_t ldb, float beta, void* c, std::int64_t ldc, int in_code,
+                       int out_code = kCodeF32) {
   const std::int64_t x_blocks = (n + kTileSide - 1) / kTileSide;
   const std::int64_t y_blocks = (m + kTileSide - 1) / kTileSide;
   const dim3 grid(static_cast<unsigned>(x_blocks),
                   static_cast<unsigned>(y_blocks < 65535 ? y_blocks : 65535));
   return launch(gemm_fallback_kernel, grid, dim3(kTileSide, kTileSide), 0, trans_a, trans_b, m, n,
-                k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
+                k, alpha, a, lda, b, ldb, beta, c, ldc, in_code, out_code);
 }
 
 }  // namespace

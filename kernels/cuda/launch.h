@@ -173,6 +173,15 @@ cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* lo
 cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
                                 const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                                 float grad_scale, Narrow narrow = {});
+// Cross-entropy of logits held in 16 bits alone (`code`, kCodeBF16 or kCodeF16; rows of `vocab`
+// values, `ld` apart):
+// losses[r] in fp32 from one pass over the row (a running max and sum of exp, the sum in double)
+// and, with `fused`, the gradient times grad_scale written over the logits in the same 16 bits (a
+// second pass). A target of -1 gives loss 0 and a zero gradient row. The logits are never widened
+// into an fp32 array: the head's loss reads each logit twice, 2 bytes each time.
+cudaError_t cross_entropy_16(cudaStream_t s, bool fused, void* logits, std::int64_t ld, int code,
+                             float* losses, const std::int32_t* targets, std::int64_t rows,
+                             std::int64_t vocab, float grad_scale);
 // Statistics of n elements in double: result[0] = sum (or sum of squares when `squares`),
 // result[1] = count of non-finite elements (as a double). With `accumulate` the statistics are
 // added to result[], else they overwrite it. `partials` holds 2 * kReduceBlocks doubles. Fixed
@@ -190,10 +199,12 @@ cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* maste
 
 // ---- GEMM fallback (gemm_fallback.cu) ----
 // Row-major C(m,n) = alpha op(A) op(B) + beta C for any strides and alignment, fp32 accumulation;
-// A and B are fp32 or 16-bit (`in_code`). Used where cuBLASLt has no algorithm (and in tests).
+// A and B are fp32 or 16-bit (`in_code`); C is fp32 or 16-bit (`out_code`: the fp32 result
+// rounded to nearest even once, beta reading C widened). Used where cuBLASLt has no algorithm (and
+// in tests).
 cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64_t m,
                           std::int64_t n, std::int64_t k, float alpha, const void* a,
-                          std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,
-                          std::int64_t ldc, int in_code);
+                          std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c,
+                          std::int64_t ldc, int in_code, int out_code = kCodeF32);
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

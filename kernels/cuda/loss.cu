@@ -21,6 +21,17 @@ cudaError_t cross_entropy_fused(cudaStream_t s, float* logits, float* losses,
                            narrow);
 }
 
+cudaError_t cross_entropy_16(cudaStream_t s, bool fused, void* logits, std::int64_t ld, int code,
+                             float* losses, const std::int32_t* targets, std::int64_t rows,
+                             std::int64_t vocab, float grad_scale) {
+  if (rows <= 0 || vocab <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff || ld < vocab || (code != kCodeBF16 && code != kCodeF16)) {
+    return cudaErrorInvalidValue;
+  }
+  return run_cross_entropy_16(CudaLauncher{s}, fused, logits, ld, code, losses, targets, rows,
+                              vocab, grad_scale);
+}
+
 cudaError_t reduce_stats(cudaStream_t s, const void* x, int code, std::int64_t n, bool squares,
                          double* partials, double* result, bool accumulate) {
   if (n < 0) return cudaErrorInvalidValue;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/assert.h"
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/nn_ops.h"
 
@@ -135,6 +136,40 @@ class Ops {
   // Losses, then logits overwritten with their gradient times grad_scale.
   virtual void cross_entropy_fused(T* logits, T* losses, const std::int32_t* targets,
                                    std::int64_t rows, std::int64_t vocab, double grad_scale) = 0;
+
+  // The head's logits held in narrow_type() alone, never in fp32 (fast path `logits_16bit`):
+  // whether this backend promises the three ops below. false (the default): they must not be
+  // called, and the head computes fp32 logits (cross_entropy_fused).
+  virtual bool logits_in_narrow() const { return false; }
+  // C(m,n) (leading dimension ldc, narrow_type()) = op(A) op(B), accumulated in fp32 and rounded
+  // once to nearest even.
+  virtual void gemm_to_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                              std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                              std::int64_t ldb, void* c, std::int64_t ldc) {
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
+        (void)c, (void)ldc;
+    STRATA_ASSERT_MSG(false, "gemm_to_narrow on a backend without logits_in_narrow()");
+  }
+  // C = alpha op(A) op(B) + beta C with A in narrow_type() (a gemm_to_narrow output).
+  virtual void gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                std::int64_t k, T alpha, const void* a, std::int64_t lda,
+                                const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda,
+        (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+    STRATA_ASSERT_MSG(false, "gemm_from_narrow on a backend without logits_in_narrow()");
+  }
+  // cross_entropy_forward (gradient false) or cross_entropy_fused (true) on logits in
+  // narrow_type(), rows `ld` elements apart (ld >= vocab; the columns past vocab are neither read
+  // nor written): losses in T, the gradient times grad_scale written over the logits in
+  // narrow_type(). The statistics are fp32 (the sum of exp in double).
+  virtual void cross_entropy_narrow(bool gradient, void* logits, std::int64_t ld, T* losses,
+                                    const std::int32_t* targets, std::int64_t rows,
+                                    std::int64_t vocab, double grad_scale) {
+    (void)gradient, (void)logits, (void)ld, (void)losses, (void)targets, (void)rows, (void)vocab,
+        (void)grad_scale;
+    STRATA_ASSERT_MSG(false, "cross_entropy_narrow on a backend without logits_in_narrow()");
+  }
+
   // Sum of squares in double, fixed order (waits for the result).
   virtual double sum_squares(const T* x, std::int64_t n) = 0;
   // Sum in double, fixed order (waits for the result).

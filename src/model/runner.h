@@ -170,7 +170,15 @@ class ModelRunner {
   T* lnf_ = nullptr;
   T* meanf_ = nullptr;
   T* rstdf_ = nullptr;
-  T* logits_ = nullptr;
+  T* logits_ = nullptr;  // fp32 logits chunk (null with narrow_logits_)
+  // The logits chunk in the ops' narrow_type() alone (Ops::logits_in_narrow; never while sizing:
+  // memory_needed counts the fp32 chunk and its companion, which a backend refusing the path
+  // needs).
+  void* logits16_ = nullptr;
+  // Its rows' stride: the vocabulary rounded up to 8 elements, so that every row starts 16-byte
+  // aligned (cuBLASLt's fast kernels need it; GPT-2's 50257 would not be).
+  std::int64_t logits16_ld_ = 0;
+  bool narrow_logits_ = false;
   T* losses_ = nullptr;
   std::vector<T*> paired_;  // buffers with a 16-bit companion (Ops::pair_narrow)
   std::string companions_dropped_;

@@ -103,8 +103,8 @@ StepPrediction predict_step(const ModelShape& s, std::int64_t batch, std::int64_
     memory("rope", layers * 4.0 * (q_width + kv_width) * kActivationBytes * tokens,
            "4 (q + k widths) per token per block");
   }
-  // Cross-entropy over vocabulary chunks: the bf16 logits read twice forward (max and sum, in
-  // one chunked pass they are read once per chunk pair) and their gradient written once: 3 V.
+  // Cross-entropy of the 16-bit logits (logits_16bit, cross_entropy_16): one pass for the running
+  // max and sum, a second reading them again to write the gradient over them: 3 V.
   memory("cross-entropy", 3.0 * vocab * kActivationBytes * tokens,
          "3 V per token (logits read twice, their gradient written)");
   // Embedding gather forward, scatter-add of its gradient backward (fp32 gradient).

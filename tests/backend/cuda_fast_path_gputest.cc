@@ -21,6 +21,7 @@
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
+#include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
@@ -158,6 +159,50 @@ TEST(CudaFastPaths, ParametersKeptApartAreOnWith16BitGemms) {
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kKeptApartName);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// The head's logits in 16 bits: on with bf16 and fp16 GEMM inputs (its check passed at start);
+// its check passes again through the backend's own ops, whose cross-entropy counts the rows it
+// read in 16 bits (6 rows, twice). Not applicable with fp32 GEMMs.
+TEST(CudaFastPaths, LogitsIn16BitsAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kLogits16Name);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    Ops<float>& ops = gpu.ops_f32();
+    ASSERT_TRUE(ops.logits_in_narrow());
+    NarrowLogitsPath logits;
+    logits.type = precision == GemmPrecision::kBf16 ? DType::kBF16 : DType::kF16;
+    logits.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                           const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                           void* c, std::int64_t ldc) {
+      ops.gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+      return Status::ok();  // errors reach the check's synchronize
+    };
+    logits.from_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                             float alpha, const void* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+      ops.gemm_from_narrow(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return Status::ok();
+    };
+    logits.cross_entropy = [&](bool gradient, void* x, std::int64_t ld, float* losses,
+                               const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                               double grad_scale) {
+      ops.cross_entropy_narrow(gradient, x, ld, losses, targets, rows, vocab, grad_scale);
+      return Status::ok();
+    };
+    const std::int64_t before = path->uses;
+    const Status s = check_narrow_logits(gpu, logits);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kLogits16Name)->uses - before, 12);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kLogits16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_FALSE(fp32.ops_f32().logits_in_narrow());
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 

@@ -661,6 +661,36 @@ TEST(EmulatedKernels, FallbackGemmMatchesTheCpu) {
   }
 }
 
+// C written in 16 bits (the head's logits): each element the fp32 result of the same kernel rounded
+// once to nearest even, bit for bit; with beta, C is read widened.
+TEST(EmulatedKernels, FallbackGemmWritesItsResultRoundedTo16Bits) {
+  const std::int64_t m = 21, n = 37, k = 45, ldc = n + 3;
+  const std::vector<float> a = random_floats(m * k, 24), b = random_floats(n * k, 25);
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const float beta : {0.0f, 0.5f}) {
+      std::vector<float> c0 = random_floats(m * ldc, 26);
+      std::vector<std::uint16_t> c16(c0.size());
+      kernels::cast_array(c16.data(), type, c0.data(), kernels::DType::kF32,
+                          static_cast<std::int64_t>(c0.size()));
+      std::vector<float> wide(c0.size());
+      kernels::cast_array(wide.data(), kernels::DType::kF32, c16.data(), type,
+                          static_cast<std::int64_t>(c0.size()));
+      ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                                  beta, c16.data(), ldc, kCodeF32, code),
+                0);
+      ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                                  beta, wide.data(), ldc, kCodeF32),
+                0);
+      std::vector<std::uint16_t> want(c0.size());
+      kernels::cast_array(want.data(), type, wide.data(), kernels::DType::kF32,
+                          static_cast<std::int64_t>(c0.size()));
+      for (std::size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(c16[i], want[i]) << "code " << code << " beta " << beta << " element " << i;
+    }
+  }
+}
+
 TEST(EmulatedKernels, AdamIsTheCpusBitsAndSkipsNonFiniteTiles) {
   const std::size_t n = 3000;
   std::vector<float> p = random_floats(n, 20), m = random_floats(n, 21, -0.01f, 0.01f);

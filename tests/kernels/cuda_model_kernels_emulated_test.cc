@@ -12,8 +12,10 @@
 #include "kernels/cuda/loss_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 //
+#include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cast.h"
 #include "kernels/cpu/nn_ops.h"
 #include "support/gpu_support.h"
 
@@ -128,8 +130,7 @@ TEST(EmulatedModelKernels, PerHeadRmsNormMatchesTheCpu) {
   expect_all_close("out", out, out_w, Tolerance{1e-6, 1e-5});
   expect_all_close("rstd", rstd, rstd_w, Tolerance{1e-6, 1e-5});
   // Several chunks of vectors in the weight gradient's reduction.
-  const cuda::ColumnReducePlan plan =
-      cuda::plan_column_reduce(rows * heads, d, 1, 1 << 20);
+  const cuda::ColumnReducePlan plan = cuda::plan_column_reduce(rows * heads, d, 1, 1 << 20);
   ASSERT_GT(plan.chunks, 1);
   std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * d));
   std::vector<float> g = random_floats(x.size(), 36), g_w = g;
@@ -159,6 +160,72 @@ TEST(EmulatedModelKernels, IgnoredTargetsCountForNothing) {
   EXPECT_EQ(losses[3], 0.0f);
   for (std::int64_t j = 0; j < vocab; ++j)
     ASSERT_EQ(logits[vocab + j], 0.0f) << j;
+}
+
+// The loss of logits held in 16 bits alone: one pass for the statistics (a running max and sum),
+// one for the gradient written over the logits in the same type. Against the CPU's fused
+// cross-entropy of the same values widened: losses within 1e-5 (relative), the gradient within one
+// unit in the last place of the CPU's rounded, ignored rows 0; a row of -inf but the target and a
+// vocabulary longer than the block's threads (every thread's running max rescaled) included.
+TEST(EmulatedModelKernels, CrossEntropyOf16BitLogitsMatchesTheCpusOfTheSameValues) {
+  const std::int64_t rows = 5, vocab = 700, ld = 704;  // rows padded to 8 elements, as the head's
+  const std::uint16_t pad = 0xffff;  // a NaN in both types: the padding is neither read nor written
+  const std::vector<std::int32_t> targets = {5, -1, 699, 0, 350};
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    std::vector<float> x = random_floats(rows * vocab, 44, -8.0f, 8.0f);
+    for (std::int64_t j = 0; j < vocab; ++j) {  // row 3: the target alone is finite
+      if (j != 0) x[static_cast<std::size_t>(3 * vocab + j)] = -INFINITY;
+      // row 4: rising, so each thread's max grows at every element it reads
+      x[static_cast<std::size_t>(4 * vocab + j)] = -4.0f + 8.0f * static_cast<float>(j) / vocab;
+    }
+    std::vector<std::uint16_t> packed16(x.size());
+    kernels::cast_array(packed16.data(), type, x.data(), kernels::DType::kF32,
+                        static_cast<std::int64_t>(x.size()));
+    std::vector<float> wide(x.size());
+    kernels::cast_array(wide.data(), kernels::DType::kF32, packed16.data(), type,
+                        static_cast<std::int64_t>(x.size()));
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows * ld), pad);
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(packed16.begin() + r * vocab, vocab, bits.begin() + r * ld);
+    std::vector<float> losses(rows, 7.0f), plain(rows, 7.0f), want_losses(rows);
+    std::vector<std::uint16_t> untouched = bits;
+    ASSERT_EQ(run_cross_entropy_16(kEmulator, false, untouched.data(), ld, code, plain.data(),
+                                   targets.data(), rows, vocab, 0.0f),
+              0);
+    EXPECT_EQ(untouched, bits) << "the loss alone wrote the logits";
+    ASSERT_EQ(run_cross_entropy_16(kEmulator, true, bits.data(), ld, code, losses.data(),
+                                   targets.data(), rows, vocab, 0.5f),
+              0);
+    kernels::cross_entropy_fused(wide.data(), want_losses.data(), targets.data(), rows, vocab, 0.5);
+    expect_all_close("losses", losses, want_losses, Tolerance{1e-6, 1e-5});
+    expect_all_close("losses without the gradient", plain, want_losses, Tolerance{1e-6, 1e-5});
+    EXPECT_EQ(losses[1], 0.0f);
+    EXPECT_EQ(losses[3], 0.0f);  // -inf elsewhere: the target's probability is 1
+    std::vector<std::uint16_t> want16(x.size());
+    kernels::cast_array(want16.data(), type, wide.data(), kernels::DType::kF32,
+                        static_cast<std::int64_t>(x.size()));
+    const double ulp = code == kCodeBF16 ? 0x1p-7 : 0x1p-10;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < ld; ++j) {
+        const std::uint16_t h = bits[static_cast<std::size_t>(r * ld + j)];
+        if (j >= vocab) {
+          ASSERT_EQ(h, pad) << "code " << code << " row " << r << " padding " << j;
+          continue;
+        }
+        if (r == 1) {
+          ASSERT_EQ(h, 0) << "ignored row, column " << j;
+          continue;
+        }
+        float got = 0.0f, want = 0.0f;
+        const std::uint16_t w = want16[static_cast<std::size_t>(r * vocab + j)];
+        kernels::cast_array(&got, kernels::DType::kF32, &h, type, 1);
+        kernels::cast_array(&want, kernels::DType::kF32, &w, type, 1);
+        ASSERT_LE(std::fabs(got - want), ulp * std::fabs(want) + 1e-7)
+            << "code " << code << " row " << r << " column " << j;
+      }
+    }
+  }
 }
 
 TEST(EmulatedModelKernels, PositionEmbeddingGradientAtPackedPositionsIsTheCpusBits) {

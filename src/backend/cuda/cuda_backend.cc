@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
 #include "backend/gemm_check.h"
+#include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
@@ -280,6 +281,8 @@ class CudaBackend final : public Backend {
         p.uses = gemm_->companion_reads();
       } else if (p.name == kKeptApartName) {
         p.uses = ops_->apart_reads();
+      } else if (p.name == kLogits16Name) {
+        p.uses = ops_->narrow_logit_rows();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -734,8 +737,43 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "widened into an fp32 area of their own once per change of the parameters and read there",
         [&] { return check_kept_apart(*this, apart); }));
   }
+  // The head's logits in 16 bits alone (Ops::logits_in_narrow): where both the weights and the
+  // activations are read in 16 bits already, so the logits' product never converts an operand.
+  if (!fast_paths_.active(kWeights16Name) || !fast_paths_.active(kActivations16Name)) {
+    fast_paths_.not_applicable(
+        kLogits16Name, kLogits16Replaces,
+        fmt::format("the head's operands are not both read in 16 bits ({} or {} is off)",
+                    kWeights16Name, kActivations16Name));
+  } else {
+    NarrowLogitsPath logits;
+    logits.type = sixteen;
+    logits.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                           const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                           void* c, std::int64_t ldc) {
+      return gemm_->gemm_to_16(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    };
+    logits.from_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                             float alpha, const void* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+      return gemm_->gemm_from_16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    };
+    logits.cross_entropy = [&](bool gradient, void* x, std::int64_t ld, float* losses,
+                               const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                               double grad_scale) {
+      return STRATA_CUDA_CHECK(
+          cuda_kernels::cross_entropy_16(stream, gradient, x, ld, gemm_->sixteen_code(), losses,
+                                         targets, rows, vocab, static_cast<float>(grad_scale)));
+    };
+    ops_->use_narrow_logits(fast_paths_.adopt(
+        kLogits16Name, kLogits16Replaces,
+        "the head's logits written in 16 bits by their product, read twice by the cross-entropy "
+        "(one pass for its statistics, one for the gradient written over them) and by the two "
+        "products of the gradient; no fp32 logits",
+        [&] { return check_narrow_logits(*this, logits); }));
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_apart_reads();
+  ops_->reset_narrow_logit_rows();
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;

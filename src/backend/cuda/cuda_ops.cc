@@ -475,6 +475,35 @@ void CudaOps::cross_entropy_fused(float* logits, float* losses, const std::int32
   wrote(logits, rows * vocab, narrow);
 }
 
+void CudaOps::gemm_to_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, void* c, std::int64_t ldc) {
+  STRATA_ASSERT(logits_in_narrow());
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
+  sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc));
+}
+
+void CudaOps::gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                               std::int64_t k, float alpha, const void* a, std::int64_t lda,
+                               const float* b, std::int64_t ldb, float beta, float* c,
+                               std::int64_t ldc) {
+  STRATA_ASSERT(logits_in_narrow());
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
+  sink_->add(gemm_->gemm_from_16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+}
+
+void CudaOps::cross_entropy_narrow(bool gradient, void* logits, std::int64_t ld, float* losses,
+                                   const std::int32_t* targets, std::int64_t rows,
+                                   std::int64_t vocab, double grad_scale) {
+  STRATA_ASSERT(logits_in_narrow() && vocab > 0 && ld >= vocab);
+  wrote(losses, rows);
+  narrow_logit_rows_ += rows;
+  STRATA_OPS_CHECK(
+      ck::cross_entropy_16(stream_, gradient, logits, ld, gemm_->sixteen_code(), losses, targets,
+                           rows, vocab, static_cast<float>(grad_scale)),
+      "cross_entropy_16");
+}
+
 double CudaOps::reduce(const float* x, std::int64_t n, bool squares) {
   if (n <= 0) return 0.0;
   const double nan = std::numeric_limits<double>::quiet_NaN();

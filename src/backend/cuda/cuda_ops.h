@@ -134,6 +134,24 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t apart_reads() const { return apart_reads_; }
   void reset_apart_reads() { apart_reads_ = 0; }
   backend::DType narrow_type() const override { return narrow_type_; }
+  // The head's logits in narrow_type() alone (fast path logits_16bit): on only with the
+  // activations' companions on (narrow_type() bf16 or fp16, the GEMMs' input type).
+  void use_narrow_logits(bool on) { narrow_logits_ = on; }
+  bool logits_in_narrow() const override {
+    return narrow_logits_ && narrow_type_ != backend::DType::kF32;
+  }
+  void gemm_to_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
+                      std::int64_t ldc) override;
+  void gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                        float alpha, const void* a, std::int64_t lda, const float* b,
+                        std::int64_t ldb, float beta, float* c, std::int64_t ldc) override;
+  void cross_entropy_narrow(bool gradient, void* logits, std::int64_t ld, float* losses,
+                            const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                            double grad_scale) override;
+  // Rows of logits whose loss read them in 16 bits (cross_entropy_narrow).
+  std::int64_t narrow_logit_rows() const { return narrow_logit_rows_; }
+  void reset_narrow_logit_rows() { narrow_logit_rows_ = 0; }
   void pair_narrow(const float* wide, void* narrow, std::int64_t n) override;
   void unpair_narrow(const float* wide) override;
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
@@ -202,6 +220,8 @@ class CudaOps final : public backend::Ops<float> {
 
   backend::DType narrow_type_ = backend::DType::kF32;
   std::vector<Pair> pairs_;
+  bool narrow_logits_ = false;
+  std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;
   std::int64_t apart_reads_ = 0;
