@@ -201,11 +201,11 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(lnf_, alloc(n * c, "final norm"));
   STRATA_ASSIGN_OR_RETURN(meanf_, alloc(n, "final norm"));
   STRATA_ASSIGN_OR_RETURN(rstdf_, alloc(n, "final norm"));
-  narrow_logits_ = !sizing_ && options_.narrow_companions && ops_->logits_in_narrow();
+  narrow_logits_ =
+      options_.narrow_logits && options_.narrow_companions && (sizing_ || ops_->logits_in_narrow());
   if (narrow_logits_) {
     logits16_ld_ = (spec_.vocab_size + 7) / 8 * 8;
-    const std::int64_t bytes = chunk_rows_ * logits16_ld_ *
-                               static_cast<std::int64_t>(kernels::dtype_bytes(ops_->narrow_type()));
+    const std::int64_t bytes = chunk_rows_ * logits16_ld_ * 2;  // bf16 or fp16
     STRATA_ASSIGN_OR_RETURN(T * chunk,
                             alloc((bytes + static_cast<std::int64_t>(sizeof(T)) - 1) / sizeof(T),
                                   "logits chunk (16-bit)"));
@@ -580,6 +580,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   WithoutCompanions w;
   w.options = options;
   w.options.narrow_companions = false;
+  w.options.narrow_logits = false;  // they need the companions' 16-bit operands
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

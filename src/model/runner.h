@@ -51,6 +51,11 @@ struct RunnerOptions {
   // input gradients, the MLP's activation and its gradient), allocated when the backend's ops
   // take them (narrow_type() 16-bit) and counted by memory_needed: 2 bytes per element of each.
   bool narrow_companions = false;
+  // The head's logits chunk in the ops' 16-bit type alone (Ops::logits_in_narrow, fast path
+  // logits_16bit), counted so by memory_needed: 2 bytes per logit in rows padded to 8 elements,
+  // where the fp32 chunk and its companion take 6. Only with narrow_companions, and only where the
+  // backend's ops promise it (the trainer asks them); otherwise the fp32 chunk.
+  bool narrow_logits = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -171,9 +176,7 @@ class ModelRunner {
   T* meanf_ = nullptr;
   T* rstdf_ = nullptr;
   T* logits_ = nullptr;  // fp32 logits chunk (null with narrow_logits_)
-  // The logits chunk in the ops' narrow_type() alone (Ops::logits_in_narrow; never while sizing:
-  // memory_needed counts the fp32 chunk and its companion, which a backend refusing the path
-  // needs).
+  // The logits chunk in the ops' narrow_type() alone (RunnerOptions::narrow_logits).
   void* logits16_ = nullptr;
   // Its rows' stride: the vocabulary rounded up to 8 elements, so that every row starts 16-byte
   // aligned (cuBLASLt's fast kernels need it; GPT-2's 50257 would not be).

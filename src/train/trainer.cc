@@ -129,6 +129,8 @@ Status Trainer::setup() {
   // Where every byte lives, and the engine that moves it (offload/engine.h: the plan is checked
   // against the budgets before anything is allocated).
   model::RunnerOptions runner = runner_options(config_, shape_, backend_->device_memory_is_host());
+  // The head's logits in 16 bits alone where the backend's ops took that fast path at start.
+  runner.narrow_logits = runner.narrow_companions && backend_->ops_f32().logits_in_narrow();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

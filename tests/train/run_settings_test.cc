@@ -57,6 +57,37 @@ TEST(RunSettings, ActivationCompanionsArePlannedAndCountedForSixteenBitGemmsOnAG
   EXPECT_EQ(more, want);
 }
 
+// The head's logits in 16 bits alone (RunnerOptions::narrow_logits, which the trainer asks of the
+// backend's ops) are counted as such: the fp32 chunk and its companion give way to 2 bytes per
+// logit in rows padded to 8 elements. The settings alone leave it off (they cannot know whether the
+// backend took the path), and without the companions it counts nothing.
+TEST(RunSettings, LogitsIn16BitsAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  const model::ModelShape shape = testing::tiny_gpt2(false);
+  const model::RunnerOptions with = runner_options(c, shape, false);
+  ASSERT_TRUE(with.narrow_companions);
+  EXPECT_FALSE(with.narrow_logits);
+  model::RunnerOptions narrow = with;
+  narrow.narrow_logits = true;
+  auto device = [&](const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  const auto n = static_cast<std::uint64_t>(2 * 16);  // every row in one chunk
+  const auto v = static_cast<std::uint64_t>(shape.vocab_size);
+  const std::uint64_t ld = (v + 7) / 8 * 8;
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  EXPECT_EQ(device(with) - device(narrow),
+            granule(n * v * 4) + granule(n * v * 2) - granule(n * ld * 2));
+  model::RunnerOptions plain = with, plain_narrow = with;
+  plain.narrow_companions = plain_narrow.narrow_companions = false;
+  plain_narrow.narrow_logits = true;
+  EXPECT_EQ(device(plain_narrow), device(plain));
+  EXPECT_FALSE(model::without_companions(shape, narrow).options.narrow_logits);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {
