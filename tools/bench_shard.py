@@ -29,6 +29,7 @@ Usage: bench_shard.py [--ranks N] [--stage 1|2|3] [--gradient-sum ordered|backen
                       [--layers L] [--steps S] [--warmup W] [--json]
 """
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -54,6 +55,9 @@ def parse(argv):
 
 
 def _worker(rank, args, init, out):
+    # A rank that dies on a signal (an abort in native code) prints every thread's Python stack to
+    # stderr first, which the caller shows: where it was is the first thing to know.
+    faulthandler.enable(all_threads=True)
     import torch
     import torch.distributed as dist
     from strata.torch import OffloadAdamW, offload_parameters
