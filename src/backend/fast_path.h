@@ -6,8 +6,9 @@
 // on or off, in `strata report` and `strata bench step --json` (Backend::fast_paths()).
 //
 // Test seam: STRATA_TEST_FAST_PATH_FAIL=NAME makes every fast path whose name contains NAME fail
-// its check as if it had found a mismatch (NAME,NAME2,...: any of them), so that a machine with the device shows the fallback
-// (tools/gpu_checks.sh). fail_fast_path_for_test() does the same from a test.
+// its check as if it had found a mismatch (NAME,NAME2,...: any of them), so that a machine with the
+// device shows the fallback (tools/gpu_checks.sh). fail_fast_path_for_test() does the same from a
+// test.
 #pragma once
 
 #include <cstdint>

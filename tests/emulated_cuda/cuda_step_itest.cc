@@ -338,9 +338,9 @@ TEST(EmulatedCudaStepFallback, ActivationCompanionsRefusedAtStartGiveTheSameBits
 // The head's logits in 16 bits alone (logits_16bit): the loss and its gradient are those of the
 // logits rounded to bf16, so against the fp32 logits (the path refused at start) the losses agree
 // within 1e-4 of their value and the update within 10 % of its norm (measured: 5e-5 and 3.6 %, the
-// first AdamW steps turning small gradient differences into whole-step ones), not to the bit. The step
-// launches the same kernels, one cross-entropy per chunk reading the 16-bit logits in place of the
-// fp32 one, and the path counts every row of every micro-batch.
+// first AdamW steps turning small gradient differences into whole-step ones), not to the bit. The
+// step launches the same kernels, one cross-entropy per chunk reading the 16-bit logits in place of
+// the fp32 one, and the path counts every row of every micro-batch.
 TEST(EmulatedCudaStepFallback, LogitsIn16BitsTrackTheFp32Logits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
