@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/host_copies.h"
-#include "kernels/cpu/float16.h"
+#include "kernels/cpu/cast.h"
 
 namespace strata::backend {
 namespace {
@@ -22,14 +22,6 @@ constexpr std::int64_t kHidden = 40;
 constexpr double kGradScale = 0.25;
 constexpr std::uint16_t kPad = 0xffff;  // a NaN in bf16 and fp16: what the padding must keep
 
-float widen(std::uint16_t h, DType type) {
-  return type == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
-
-std::uint16_t narrow(float f, DType type) {
-  return type == DType::kBF16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
-}
-
 // The spacing of the type's values relative to their magnitude: one unit in the last place of v
 // is at most this times |v|.
 double ulp_relative(DType type) {
@@ -40,17 +32,17 @@ double ulp_relative(DType type) {
 std::vector<float> widened(const std::vector<std::uint16_t>& h, DType type) {
   std::vector<float> f(static_cast<std::size_t>(kRows * kVocab));
   for (std::int64_t r = 0; r < kRows; ++r)
-    for (std::int64_t j = 0; j < kVocab; ++j)
-      f[static_cast<std::size_t>(r * kVocab + j)] =
-          widen(h[static_cast<std::size_t>(r * kLd + j)], type);
+    kernels::cast_array(f.data() + r * kVocab, DType::kF32, h.data() + r * kLd, type, kVocab);
   return f;
 }
 
 // v rounded to the type and widened back.
 std::vector<float> rounded(const std::vector<float>& v, DType type) {
+  const auto n = static_cast<std::int64_t>(v.size());
+  std::vector<std::uint16_t> h(v.size());
   std::vector<float> f(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i)
-    f[i] = widen(narrow(v[i], type), type);
+  kernels::cast_array(h.data(), type, v.data(), DType::kF32, n);
+  kernels::cast_array(f.data(), DType::kF32, h.data(), type, n);
   return f;
 }
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/units.h"
-#include "kernels/cpu/float16.h"
+#include "kernels/cpu/cast.h"
 #include "model/rope.h"
 
 namespace strata::model {
@@ -201,9 +201,8 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(lnf_, alloc(n * c, "final norm"));
   STRATA_ASSIGN_OR_RETURN(meanf_, alloc(n, "final norm"));
   STRATA_ASSIGN_OR_RETURN(rstdf_, alloc(n, "final norm"));
-  narrow_logits_ =
-      options_.narrow_logits && options_.narrow_companions && (sizing_ || ops_->logits_in_narrow());
-  if (narrow_logits_) {
+  if (options_.narrow_logits && options_.narrow_companions &&
+      (sizing_ || ops_->logits_in_narrow())) {
     logits16_ld_ = (spec_.vocab_size + 7) / 8 * 8;
     const std::int64_t bytes = chunk_rows_ * logits16_ld_ * 2;  // bf16 or fp16
     STRATA_ASSIGN_OR_RETURN(T * chunk,
@@ -261,7 +260,7 @@ Status ModelRunner<T>::allocate_companions() {
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
   STRATA_TRY(pair(dres_[1], n * c));
-  if (!narrow_logits_) STRATA_TRY(pair(logits_, chunk_rows_ * spec_.vocab_size));
+  if (logits16_ == nullptr) STRATA_TRY(pair(logits_, chunk_rows_ * spec_.vocab_size));
   return pair(lnf_, n * c);
 }
 
@@ -434,7 +433,6 @@ void ModelRunner<T>::release_head(UnitStore<T>& store) {
 template <typename T>
 Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
-  const std::int64_t ld16 = logits16_ld_;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
   STRATA_TRY(forward_blocks(store, true));
 
@@ -455,15 +453,16 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   T* dlnf = scratch_.dln;
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    if (narrow_logits_) {
+    if (logits16_ != nullptr) {
       // The logits and their gradient in 16 bits alone, in place.
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_, ld16);
-      ops_->cross_entropy_narrow(true, logits16_, ld16, losses_ + r0, targets_ + r0, rows, v,
-                                 grad_scale);
-      ops_->gemm_from_narrow(false, false, rows, c, v, T(1), logits16_, ld16, weight, c, T(0),
-                             dlnf + r0 * c, c);
-      ops_->gemm_from_narrow(true, false, v, c, rows, T(1), logits16_, ld16, lnf_ + r0 * c, c, T(1),
-                             weight_grad, c);
+      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
+                           logits16_ld_);
+      ops_->cross_entropy_narrow(true, logits16_, logits16_ld_, losses_ + r0, targets_ + r0, rows,
+                                 v, grad_scale);
+      ops_->gemm_from_narrow(false, false, rows, c, v, T(1), logits16_, logits16_ld_, weight, c,
+                             T(0), dlnf + r0 * c, c);
+      ops_->gemm_from_narrow(true, false, v, c, rows, T(1), logits16_, logits16_ld_, lnf_ + r0 * c,
+                             c, T(1), weight_grad, c);
       continue;
     }
     ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
@@ -527,13 +526,14 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
 template <typename T>
 Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
-  const std::int64_t ld16 = logits16_ld_;
   STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    if (narrow_logits_) {
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_, ld16);
-      ops_->cross_entropy_narrow(false, logits16_, ld16, losses_ + r0, targets_ + r0, rows, v, 0.0);
+    if (logits16_ != nullptr) {
+      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
+                           logits16_ld_);
+      ops_->cross_entropy_narrow(false, logits16_, logits16_ld_, losses_ + r0, targets_ + r0, rows,
+                                 v, 0.0);
       continue;
     }
     ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
@@ -547,24 +547,22 @@ Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
 template <typename T>
 Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
   const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
-  const std::int64_t ld16 = logits16_ld_;
   STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
-    if (narrow_logits_) {
+    if (logits16_ != nullptr) {
       // The logits as the head computes them (rounded to 16 bits), widened here.
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_, ld16);
-      std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows * ld16));
+      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
+                           logits16_ld_);
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows * logits16_ld_));
       STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, bits.data(), logits16_,
                                       bits.size() * sizeof(std::uint16_t)));
       STRATA_TRY(backend_->synchronize(backend::StreamKind::kCompute));
-      const bool bf16 = ops_->narrow_type() == backend::DType::kBF16;
+      std::vector<float> row(static_cast<std::size_t>(v));
       for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < v; ++j) {
-          const std::uint16_t h = bits[static_cast<std::size_t>(r * ld16 + j)];
-          out[(r0 + r) * v + j] =
-              static_cast<T>(bf16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h));
-        }
+        kernels::cast_array(row.data(), backend::DType::kF32, bits.data() + r * logits16_ld_,
+                            ops_->narrow_type(), v);
+        std::copy(row.begin(), row.end(), out + (r0 + r) * v);
       }
       continue;
     }

@@ -176,12 +176,12 @@ class ModelRunner {
   T* meanf_ = nullptr;
   T* rstdf_ = nullptr;
   T* logits_ = nullptr;  // fp32 logits chunk (null with narrow_logits_)
-  // The logits chunk in the ops' narrow_type() alone (RunnerOptions::narrow_logits).
+  // The logits chunk in the ops' narrow_type() alone (RunnerOptions::narrow_logits); null: the
+  // fp32 chunk (logits_) instead.
   void* logits16_ = nullptr;
   // Its rows' stride: the vocabulary rounded up to 8 elements, so that every row starts 16-byte
   // aligned (cuBLASLt's fast kernels need it; GPT-2's 50257 would not be).
   std::int64_t logits16_ld_ = 0;
-  bool narrow_logits_ = false;
   T* losses_ = nullptr;
   std::vector<T*> paired_;  // buffers with a 16-bit companion (Ops::pair_narrow)
   std::string companions_dropped_;
