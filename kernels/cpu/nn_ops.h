@@ -145,6 +145,18 @@ struct AttentionShape {
   const std::int32_t* positions = nullptr;  // (B*T) positions in their documents, or null
 };
 
+// RoPE applied to an attention's q and k as the attention reads them, the arrays left unrotated
+// (the CUDA flash path's staging, Ops::attention_rotates): rope_forward's tables cos and sin
+// (rotary_dim / 2 values per position) and rotary width (even, <= head_dim; 0: head_dim), at the
+// attention's positions (AttentionShape::positions, else t within its sequence). None where cos
+// is null.
+template <typename T>
+struct QkRotation {
+  const T* cos = nullptr;
+  const T* sin = nullptr;
+  std::int64_t rotary_dim = 0;
+};
+
 // The first key query row t of batch row b sees (see above). `A` is an AttentionShape or a CUDA
 // attention kernel's argument struct (positions, seq_len and window are read): one rule for the
 // CPU reference and every CUDA attention kernel, which call it in device code.

@@ -242,6 +242,17 @@ __global__ void scale_kernel(float* x, std::int64_t n, float alpha) {
     x[i] *= alpha;
 }
 
+// RoPE's rotation of the pair (a, b) = (x[d], x[d + R/2]) by (c, s): a c - b s (first) and
+// b c + a s (second), each computed the one way every kernel that rotates computes it (a rounded
+// product, then a fused multiply-add), so no compiler contraction can make the in-place rotation
+// and the rotation while rounding to 16 bits (rope_block_to_16_kernel) differ by a bit.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s) {
+  return __fmaf_rn(a, c, -__fmul_rn(b, s));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s) {
+  return __fmaf_rn(b, c, __fmul_rn(a, s));
+}
+
 // One thread per (row, head, d < R/2) pair (d, d + R/2) of the R rotated dimensions: Hugging
 // Face's rotate_half; the head's dimensions past R are left alone.
 __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, const float* cos,
@@ -259,10 +270,48 @@ __global__ void rope_kernel(float* x, kernels::RopeShape p, std::int64_t half, c
     const float b = *x2;
     const float c = cos[t * half + d];
     const float s = direction * sin[t * half + d];
-    *x1 = a * c - b * s;
-    *x2 = b * c + a * s;
+    *x1 = rope_first(a, b, c, s);
+    *x2 = rope_second(a, b, c, s);
     store_narrow(narrow, x1 - x, *x1);
     store_narrow(narrow, x2 - x, *x2);
+  }
+}
+
+// What rope_block_to_16_kernel rotates: heads of head_dim values side by side in each row, the
+// first 2 half of each rotated by the row's position (positions[r], else r % seq_len) in the
+// tables cos, sin (half values per position).
+struct RopeRows {
+  std::int64_t heads = 0, head_dim = 0, half = 0, seq_len = 0;
+  const std::int32_t* positions = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+};
+
+// dst (rows x heads * head_dim, 16-bit dst_code, leading dimension dst_ld) = src (fp32, leading
+// dimension src_ld) rotated forward as rope_kernel rotates it in place, then rounded to nearest
+// even: the bits of rope_kernel followed by cast_block_kernel, in one pass that leaves src
+// unrotated. Threads over a row's columns (x), blocks over rows (y, grid-stride); each thread
+// reads its element's partner too.
+__global__ void rope_block_to_16_kernel(std::uint16_t* dst, int dst_code, std::int64_t dst_ld,
+                                        const float* src, std::int64_t src_ld, std::int64_t rows,
+                                        RopeRows p) {
+  const std::int64_t cols = p.heads * p.head_dim, half = p.half;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* x = src + r * src_ld;
+    const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
+    for (std::int64_t j = first; j < cols; j += stride) {
+      // A row's columns fit 32 bits (its heads), where the remainder is one cheap instruction.
+      const std::int64_t d = static_cast<std::int32_t>(j) % static_cast<std::int32_t>(p.head_dim);
+      float v = x[j];
+      if (d < 2 * half) {
+        const std::int64_t e = d < half ? d : d - half;
+        const float c = p.cos[t * half + e], s = p.sin[t * half + e];
+        v = d < half ? rope_first(v, x[j + half], c, s) : rope_second(x[j - half], v, c, s);
+      }
+      dst[r * dst_ld + j] = float_to_16_bits(v, dst_code);
+    }
   }
 }
 
@@ -465,6 +514,16 @@ auto run_rope(const L& launch, float* x, const kernels::RopeShape& shape, const 
   const std::int64_t half = (shape.rotary_dim > 0 ? shape.rotary_dim : shape.head_dim) / 2;
   return launch(rope_kernel, elementwise_grid(shape.rows * shape.heads * half),
                 dim3(kElementwiseThreads), 0, x, shape, half, cos, sin, direction, narrow);
+}
+
+// `rows` rows of fp32 `src` rotated (RopeRows) and rounded into 16-bit `dst`.
+template <typename L>
+auto run_rope_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t dst_ld,
+                          const float* src, std::int64_t src_ld, std::int64_t rows,
+                          const RopeRows& rope) {
+  return launch(rope_block_to_16_kernel, cast_block_grid(rows, rope.heads * rope.head_dim),
+                dim3(kElementwiseThreads), 0, static_cast<std::uint16_t*>(dst), dst_code, dst_ld,
+                src, src_ld, rows, rope);
 }
 
 template <typename L>

@@ -8,14 +8,17 @@ STRATA_CUDA_NAMESPACE(cuda_kernels) {
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,
-                                        const AttentionShape& shape, Narrow out_narrow) {
+                                        const AttentionShape& shape, Narrow out_narrow,
+                                        const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_forward_f32<FlashBf16>(launch, workspace, workspace_elements,
-                                                           out, lse, q, k, v, shape, out_narrow)
+                                                           out, lse, q, k, v, shape, out_narrow,
+                                                           rope)
               : run_flash_attention_forward_f32<FlashFp16>(launch, workspace, workspace_elements,
-                                                           out, lse, q, k, v, shape, out_narrow);
+                                                           out, lse, q, k, v, shape, out_narrow,
+                                                           rope);
 }
 
 cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
@@ -23,31 +26,32 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          float* dv, const float* dout, const float* out,
                                          const float* lse, const float* q, const float* k,
                                          const float* v, const AttentionShape& shape,
-                                         QkvNarrow d_narrow) {
+                                         QkvNarrow d_narrow,
+                                         const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_backward_f32<FlashBf16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow)
+                                                            shape, d_narrow, rope)
               : run_flash_attention_backward_f32<FlashFp16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow);
+                                                            shape, d_narrow, rope);
 }
 
 cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
                                     std::uint16_t* workspace, std::int64_t workspace_elements,
                                     float* out, float* lse, const float* q, const float* k,
-                                    const float* v, const AttentionShape& shape,
-                                    Narrow out_narrow) {
+                                    const float* v, const AttentionShape& shape, Narrow out_narrow,
+                                    const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   // Attention16's two calls are flash_attention_f32.cuh's inner ones.
   const CudaLauncher launch{s};
   return bf16 ? run_attention16_forward_f32<FlashBf16>(launch, inner, workspace, workspace_elements,
-                                                       out, lse, q, k, v, shape, out_narrow)
+                                                       out, lse, q, k, v, shape, out_narrow, rope)
               : run_attention16_forward_f32<FlashFp16>(launch, inner, workspace, workspace_elements,
-                                                       out, lse, q, k, v, shape, out_narrow);
+                                                       out, lse, q, k, v, shape, out_narrow, rope);
 }
 
 cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
@@ -55,16 +59,16 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& shape,
-                                     QkvNarrow d_narrow) {
+                                     QkvNarrow d_narrow, const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
   return bf16 ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace,
                                                         workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow)
+                                                        lse, q, k, v, shape, d_narrow, rope)
               : run_attention16_backward_f32<FlashFp16>(launch, inner, workspace,
                                                         workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow);
+                                                        lse, q, k, v, shape, d_narrow, rope);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

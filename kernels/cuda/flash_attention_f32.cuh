@@ -9,6 +9,11 @@
 // widened by a cast kernel. Generic over the launcher (device_math.cuh), so the
 // emulator tests run exactly this code.
 //
+// With a QkRotation (RoPE fused into the staging, Ops::attention_rotates), q and k are rotated as
+// they are rounded (rope_block_to_16_kernel): the bits of rope_kernel in place, then the plain
+// staging; the caller's q and k stay unrotated, and dq, dk are the gradients with respect to the
+// rotated q and k (rope_kernel's backward follows), as without it.
+//
 // The forward's out is 16-bit values widened, so the backward's rounding of out back to 16 bits is
 // exact; dq, dk, dv are WRITTEN (the padding columns of the caller's strides are not touched).
 #pragma once
@@ -136,11 +141,29 @@ struct Pass {
   std::uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr, *rest = nullptr;
 };
 
-// For each pass of io.plan: rounds the pass's q, k, v into the workspace, then runs body(pass).
+// q's or k's rows of one pass rotated by `rope` as they are rounded (rope_block_to_16_kernel).
+template <typename L>
+LaunchResult<L> narrow_rotated(const L& launch, int code, const kernels::AttentionShape& shape,
+                               const kernels::QkRotation<float>& rope, std::int64_t first,
+                               std::int64_t rows, std::int64_t heads, const Narrow& piece) {
+  RopeRows r;
+  r.heads = heads;
+  r.head_dim = shape.head_dim;
+  r.half = (rope.rotary_dim > 0 ? rope.rotary_dim : shape.head_dim) / 2;
+  r.seq_len = shape.seq_len;
+  r.positions = shape.positions != nullptr ? shape.positions + first : nullptr;
+  r.cos = rope.cos;
+  r.sin = rope.sin;
+  return run_rope_block_to_16(launch, piece.dst, code, piece.cols, piece.src, piece.src_ld, rows,
+                              r);
+}
+
+// For each pass of io.plan: rounds the pass's q, k, v into the workspace (q and k rotated first
+// where `rope` has tables), then runs body(pass).
 template <typename L, typename Body>
 LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::AttentionShape& shape,
                               std::uint16_t* workspace, const float* q, const float* k,
-                              const float* v, Body&& body) {
+                              const float* v, const kernels::QkRotation<float>& rope, Body&& body) {
   LaunchResult<L> err{};
   for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
     Pass p;
@@ -155,7 +178,17 @@ LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::Atte
     const Narrow in[] = {{p.q16, q + p.first * shape.q_stride, shape.q_stride, io.hd},
                          {p.k16, k + p.first * shape.kv_stride, shape.kv_stride, io.kvd},
                          {p.v16, v + p.first * shape.kv_stride, shape.kv_stride, io.kvd}};
-    err = narrow(launch, io.code, p.rows, in);
+    if (rope.cos != nullptr) {
+      // A pass holds whole sequences, so row r of it is at r % T (without positions).
+      err = narrow_rotated(launch, io.code, shape, rope, p.first, p.rows, shape.heads, in[0]);
+      if (!launched(err)) return err;
+      err = narrow_rotated(launch, io.code, shape, rope, p.first, p.rows, shape.kv_heads, in[1]);
+      if (!launched(err)) return err;
+      const Narrow values[] = {in[2]};
+      err = narrow(launch, io.code, p.rows, values);
+    } else {
+      err = narrow(launch, io.code, p.rows, in);
+    }
     if (!launched(err)) return err;
     err = body(p);
     if (!launched(err)) return err;
@@ -206,10 +239,11 @@ template <typename E, typename L, typename Inner>
 flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* out, float* lse, const float* q, const float* k, const float* v,
-    const kernels::AttentionShape& shape, Narrow out_narrow = {}) {
+    const kernels::AttentionShape& shape, Narrow out_narrow = {},
+    const kernels::QkRotation<float>& rope = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
-  return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
+  return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
     const std::int64_t at = p.first * shape.out_stride;
     float* pass_lse = lse + p.b0 * shape.heads * io.T;
     if constexpr (d::WritesWide<Inner>) {
@@ -236,10 +270,10 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
     const float* q, const float* k, const float* v, const kernels::AttentionShape& shape,
-    QkvNarrow d_narrow = {}) {
+    QkvNarrow d_narrow = {}, const kernels::QkRotation<float>& rope = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
-  return d::for_each_pass(launch, io, shape, workspace, q, k, v, [&](const d::Pass& p) {
+  return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
     const std::int64_t rows = p.rows, hd = io.hd, kvd = io.kvd;
     std::uint16_t* dq16 = p.rest;
     std::uint16_t* dk16 = dq16 + rows * hd;
@@ -281,19 +315,22 @@ template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
     float* lse, const float* q, const float* k, const float* v,
-    const kernels::AttentionShape& shape, Narrow out_narrow = {}) {
+    const kernels::AttentionShape& shape, Narrow out_narrow = {},
+    const kernels::QkRotation<float>& rope = {}) {
   return run_attention16_forward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
-                                        workspace_elements, out, lse, q, k, v, shape, out_narrow);
+                                        workspace_elements, out, lse, q, k, v, shape, out_narrow,
+                                        rope);
 }
 
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
 flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
-    const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {}) {
+    const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {},
+    const kernels::QkRotation<float>& rope = {}) {
   return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                          workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
-                                         shape, d_narrow);
+                                         shape, d_narrow, rope);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -125,17 +125,20 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // Narrow's pointer at its array's first element, with the array's stride). cudaErrorInvalidValue
 // unless flash_f32_supported(shape, workspace_elements) (flash_attention_f32.cuh: head size 64, 80,
 // 96, 128 or 256, whole GQA groups, one batch row fits the workspace). The backward's bits do not
-// depend on timing (flash_attention_backward_kernels.cuh).
+// depend on timing (flash_attention_backward_kernels.cuh). With `rope`'s tables, q and k are
+// rotated as they are staged (flash_attention_f32.cuh; the arrays keep their values).
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,
-                                        const AttentionShape& shape, Narrow out_narrow = {});
+                                        const AttentionShape& shape, Narrow out_narrow = {},
+                                        const kernels::QkRotation<float>& rope = {});
 cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                          std::int64_t workspace_elements, float* dq, float* dk,
                                          float* dv, const float* dout, const float* out,
                                          const float* lse, const float* q, const float* k,
                                          const float* v, const AttentionShape& shape,
-                                         QkvNarrow d_narrow = {});
+                                         QkvNarrow d_narrow = {},
+                                         const kernels::QkRotation<float>& rope = {});
 
 // Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
 // q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
@@ -157,13 +160,15 @@ cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16
                                     std::uint16_t* workspace, std::int64_t workspace_elements,
                                     float* out, float* lse, const float* q, const float* k,
                                     const float* v, const AttentionShape& shape,
-                                    Narrow out_narrow = {});
+                                    Narrow out_narrow = {},
+                                    const kernels::QkRotation<float>& rope = {});
 cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
                                      std::uint16_t* workspace, std::int64_t workspace_elements,
                                      float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& shape,
-                                     QkvNarrow d_narrow = {});
+                                     QkvNarrow d_narrow = {},
+                                     const kernels::QkRotation<float>& rope = {});
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,
