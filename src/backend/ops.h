@@ -130,6 +130,32 @@ class Ops {
   virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
                                   const T* q, const T* k, const T* v,
                                   const AttentionShape& shape) = 0;
+  // RoPE fused into the attention (fast path `rope_in_attention`): whether attention of this
+  // shape can take q and k unrotated and rotate them as it reads them (the two ops below). false
+  // (the default): they must not be called, and rope_forward rotates q and k in place first. The
+  // answer is the same for the forward and the backward of one shape.
+  virtual bool attention_rotates(const AttentionShape& shape) const {
+    (void)shape;
+    return false;
+  }
+  // attention_forward and attention_backward of q and k rotated by rope_forward with these tables
+  // (rope: cos, sin and the rotary width; the attention's positions), which are read unrotated and
+  // left so: out, lse, dq, dk and dv are those of the rotated q and k (dq and dk with respect to
+  // the rotated q and k: rope_backward follows, as without the fusion).
+  virtual void attention_forward_rotated(T* out, T* lse, const T* q, const T* k, const T* v,
+                                         const AttentionShape& shape,
+                                         const kernels::QkRotation<T>& rope) {
+    (void)out, (void)lse, (void)q, (void)k, (void)v, (void)shape, (void)rope;
+    STRATA_ASSERT_MSG(false, "attention_forward_rotated where attention_rotates() is false");
+  }
+  virtual void attention_backward_rotated(T* dq, T* dk, T* dv, const T* dout, const T* out,
+                                          const T* lse, const T* q, const T* k, const T* v,
+                                          const AttentionShape& shape,
+                                          const kernels::QkRotation<T>& rope) {
+    (void)dq, (void)dk, (void)dv, (void)dout, (void)out, (void)lse, (void)q, (void)k, (void)v,
+        (void)shape, (void)rope;
+    STRATA_ASSERT_MSG(false, "attention_backward_rotated where attention_rotates() is false");
+  }
   // losses[r] = cross-entropy of logits row r (0 for a target of -1).
   virtual void cross_entropy_forward(T* losses, const T* logits, const std::int32_t* targets,
                                      std::int64_t rows, std::int64_t vocab) = 0;

@@ -60,6 +60,15 @@ kernels::RopeShape rope_shape(const BlockContext<T>& ctx, std::int64_t heads) {
 }
 
 template <typename T>
+kernels::QkRotation<T> qk_rotation(const BlockContext<T>& ctx) {
+  kernels::QkRotation<T> r;
+  r.cos = ctx.rope_cos;
+  r.sin = ctx.rope_sin;
+  r.rotary_dim = rotary_dim(*ctx.spec);
+  return r;
+}
+
+template <typename T>
 void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, const T* x, T* out,
                   const BlockActs<T>& a) {
   using namespace gpt2;
@@ -143,11 +152,18 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
     ops.rmsnorm_heads_forward(a.qkv + hd, a.qk_rstd + n * s.num_heads, proj + hd, p(slot.k_norm), n,
                               s.num_kv_heads, s.head_dim, qkv, qkv, eps);
   }
-  // q's heads and k's follow each other in every row: one rotation over both.
-  ops.rope_forward(a.qkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
-                   ctx.rope_sin);
-  ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd,
-                        attention_shape(ctx, u.layer));
+  const kernels::AttentionShape att = attention_shape(ctx, u.layer);
+  if (ops.attention_rotates(att)) {
+    // The attention rotates q and k as it reads them: a.qkv keeps them unrotated, and the
+    // backward's attention rotates them again alike.
+    ops.attention_forward_rotated(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd, att,
+                                  qk_rotation(ctx));
+  } else {
+    // q's heads and k's follow each other in every row: one rotation over both.
+    ops.rope_forward(a.qkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
+                     ctx.rope_sin);
+    ops.attention_forward(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd, att);
+  }
   linear(ops, n, c, hd, a.att, p(slot.o_w), bias(slot.o_b), a.res1);
   ops.add_rmsnorm_forward(a.res1, x, a.ln2, a.rstd2, p(slot.post_norm), n, c, eps);
   linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
@@ -181,8 +197,15 @@ void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w,
   ops.gemm(false, false, n, hd, c, T(1), dout, c, p(slot.o_w), hd, T(0), sc.datt, hd);
   ops.gemm(true, false, c, hd, n, T(1), dout, c, a.att, hd, T(1), gp(slot.o_w), hd);
   if (slot.o_b >= 0) ops.bias_backward(gp(slot.o_b), dout, n, c);
-  ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
-                         a.qkv + hd, proj + hd + kvd, attention_shape(ctx, u.layer));
+  const kernels::AttentionShape att = attention_shape(ctx, u.layer);
+  if (ops.attention_rotates(att)) {
+    ops.attention_backward_rotated(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse,
+                                   a.qkv, a.qkv + hd, proj + hd + kvd, att, qk_rotation(ctx));
+  } else {
+    ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
+                           a.qkv + hd, proj + hd + kvd, att);
+  }
+  // dq and dk are the rotated q's and k's gradients either way.
   ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
                     ctx.rope_sin);
   if (s.arch.qk_norm) {

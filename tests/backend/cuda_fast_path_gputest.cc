@@ -23,6 +23,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/rope_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
 #include "support/residual_norm_support.h"
@@ -203,6 +204,66 @@ TEST(CudaFastPaths, LogitsIn16BitsAreOnWith16BitGemms) {
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_FALSE(fp32.ops_f32().logits_in_narrow());
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// RoPE in the attention's staging: on with 16-bit GEMMs (the flash attention on; its check passed
+// at start); its check passes again through the backend's own ops (the rope op, then attention,
+// against attention_*_rotated), which count the rotated calls (2 cases, forward and backward), at
+// head sizes 64 and 128. cuDNN's attention is refused, so both run the flash kernels (cuDNN's
+// backward need not give the same bits twice). Not applicable with fp32 GEMMs (no flash attention).
+TEST(CudaFastPaths, RopeInTheAttentionsStagingIsOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    fail_fast_path_for_test("cudnn");
+    auto made = testing::make_gpu_backend(with(precision));
+    fail_fast_path_for_test(std::nullopt);
+    if (!made.backend) GTEST_SKIP() << "no GPU: " << made.skip_reason;
+    Backend& gpu = *made.backend;
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kRopeAttentionName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    Ops<float>& ops = gpu.ops_f32();
+    RopeAttentionPaths rope;
+    rope.rotate = [&](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+      ops.rope_forward(x, shape, cos, sin);
+      return Status::ok();  // errors reach the check's synchronize
+    };
+    rope.attention.forward = [&](float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const AttentionShape& shape) {
+      ops.attention_forward(out, lse, q, k, v, shape);
+      return Status::ok();
+    };
+    rope.attention.backward = [&](float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v, const AttentionShape& shape) {
+      ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, shape);
+      return Status::ok();
+    };
+    rope.forward_rotated = [&](float* out, float* lse, const float* q, const float* k,
+                               const float* v, const AttentionShape& shape,
+                               const kernels::QkRotation<float>& r) {
+      EXPECT_TRUE(ops.attention_rotates(shape));
+      ops.attention_forward_rotated(out, lse, q, k, v, shape, r);
+      return Status::ok();
+    };
+    rope.backward_rotated = [&](float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, const float* k,
+                                const float* v, const AttentionShape& shape,
+                                const kernels::QkRotation<float>& r) {
+      ops.attention_backward_rotated(dq, dk, dv, dout, out, lse, q, k, v, shape, r);
+      return Status::ok();
+    };
+    for (const std::int64_t head_dim : {64, 128}) {
+      const std::int64_t before = find_path(gpu.fast_paths(), kRopeAttentionName)->uses;
+      const Status s = check_rope_in_attention(gpu, rope, head_dim);
+      EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
+      EXPECT_EQ(find_path(gpu.fast_paths(), kRopeAttentionName)->uses - before, 4);
+    }
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kRopeAttentionName);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 

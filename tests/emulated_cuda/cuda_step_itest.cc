@@ -34,6 +34,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "config/config.h"
 #include "model/runner.h"
@@ -130,6 +131,7 @@ struct TrainedRun {
   std::vector<std::vector<std::string> > launches;  // per step (emulated runs)
   std::vector<std::vector<std::string> > compute;   // the same, the compute stream's only
   std::int64_t narrow_logit_rows = -1;              // the logits_16bit path's uses, where it is on
+  std::int64_t rotated_attention_calls = -1;        // the rope_in_attention path's, where it is on
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -156,6 +158,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
   run.state = testing::state_bytes(*trainer);
   for (const backend::FastPath& p : trainer->backend().fast_paths()) {
     if (p.name == backend::kLogits16Name && p.active) run.narrow_logit_rows = p.uses;
+    if (p.name == backend::kRopeAttentionName && p.active) run.rotated_attention_calls = p.uses;
   }
   return run;
 }
@@ -400,6 +403,44 @@ TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheS
   EXPECT_EQ(refused.launches[0].size(), fused.launches[0].size() + 4);
 }
 
+// RoPE fused into the attention's staging (rope_in_attention) gives the bits of the rope kernel
+// followed by the staging, so a Llama run with it refused at start gives the same losses and state
+// to the bit. With it on, the forward's rope kernel is gone: each attention call rounds q and k
+// rotated (two rope_block_to_16 kernels in place of two of its three casts), the backward's rope
+// kernel stays, and the path counts each attention call, forward and backward. GPT-2 has no RoPE:
+// the path is on and unused.
+TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
+  testing::TempDir dir;
+  const TrainedRun fused = train("llama", kTiers[0], true, dir.path() + "/fused", 2);
+  backend::fail_fast_path_for_test(std::string(backend::kRopeAttentionName));
+  const TrainedRun refused = train("llama", kTiers[0], true, dir.path() + "/refused", 2);
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_EQ(fused.launches.size(), 2u);
+  ASSERT_EQ(refused.launches.size(), 2u);
+  EXPECT_TRUE(testing::same_bits(refused.state, fused.state));
+  EXPECT_EQ(refused.losses, fused.losses);
+  const auto count = [](const std::vector<std::string>& log, const char* kernel) {
+    return std::count(log.begin(), log.end(), std::string(kernel));
+  };
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
+  for (int step = 0; step < 2; ++step) {
+    const auto& on = fused.launches[step];
+    const auto& off = refused.launches[step];
+    EXPECT_EQ(count(on, "rope_kernel"), blocks) << "step " << step + 1;  // the backward's
+    EXPECT_EQ(count(off, "rope_kernel"), 2 * blocks) << "step " << step + 1;
+    EXPECT_EQ(count(on, "rope_block_to_16_kernel"), 2 * 2 * blocks) << "step " << step + 1;
+    EXPECT_EQ(count(off, "rope_block_to_16_kernel"), 0) << "step " << step + 1;
+    EXPECT_EQ(count(on, "cast_block_kernel") + 4 * blocks, count(off, "cast_block_kernel"))
+        << "step " << step + 1;
+    EXPECT_EQ(on.size() + blocks, off.size()) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(fused.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(fused.rotated_attention_calls, 2 * 2 * blocks);
+  EXPECT_EQ(refused.rotated_attention_calls, -1);
+  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
+  EXPECT_EQ(gpt2.rotated_attention_calls, 0);
+}
+
 // The backend's start: the fast paths are checked by the emulated kernels, each attention check
 // once per process (a second backend does not run it again), the cheap residual-norm check every
 // time; without cuBLASLt the epilogues are not applicable.
@@ -428,6 +469,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_NE(paths["flash_attention"].detail.find("bf16, head sizes 64;"), std::string::npos)
       << paths["flash_attention"].detail;
   EXPECT_TRUE(paths["fused_residual_norm"].active) << paths["fused_residual_norm"].detail;
+  EXPECT_TRUE(paths["rope_in_attention"].active) << paths["rope_in_attention"].detail;
   for (const char* epilogue :
        {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue", "gemm_dgelu_epilogue"}) {
     ASSERT_EQ(paths.count(epilogue), 1u) << epilogue;

@@ -23,6 +23,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -283,6 +284,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->apart_reads();
       } else if (p.name == kLogits16Name) {
         p.uses = ops_->narrow_logit_rows();
+      } else if (p.name == kRopeAttentionName) {
+        p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
         p.uses = gemm_->bias_fused();
         p.declined = gemm_->bias_unfused();
@@ -617,6 +620,47 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   ops_->use_flash_attention(bf16, head_sizes);
   choose_cudnn(scratch, head_sizes, bf16);
 
+  // RoPE fused into the 16-bit attention's staging: checked bit for bit against the rope kernel
+  // followed by the flash attention, at one head size the flash attention took (the staging does
+  // not depend on it).
+  if (head_sizes.empty()) {
+    fast_paths_.not_applicable(kRopeAttentionName, kRopeAttentionReplaces,
+                               fmt::format("{} is off (its 16-bit staging is where q and k would "
+                                           "be rotated)",
+                                           kFlashAttentionName));
+  } else {
+    RopeAttentionPaths rope;
+    rope.rotate = [&](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+      return STRATA_CUDA_CHECK(cuda_kernels::rope(stream, x, shape, cos, sin, 1.0f));
+    };
+    rope.attention = flash;
+    rope.forward_rotated = [&](float* out, float* lse, const float* q, const float* k,
+                               const float* v, const AttentionShape& shape,
+                               const kernels::QkRotation<float>& r) {
+      return STRATA_CUDA_CHECK(cuda_kernels::flash_attention_forward_f32(
+          stream, bf16, scratch.sixteen, scratch.sixteen_elements, out, lse, q, k, v, shape, {},
+          r));
+    };
+    rope.backward_rotated = [&](float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, const float* k,
+                                const float* v, const AttentionShape& shape,
+                                const kernels::QkRotation<float>& r) {
+      return STRATA_CUDA_CHECK(cuda_kernels::flash_attention_backward_f32(
+          stream, bf16, scratch.sixteen, scratch.sixteen_elements, dq, dk, dv, dout, out, lse, q, k,
+          v, shape, {}, r));
+    };
+    const std::int64_t head_dim = head_sizes.front();
+    ops_->use_rope_in_attention(fast_paths_.adopt(
+        kRopeAttentionName, kRopeAttentionReplaces,
+        "q and k rotated as the 16-bit attention (flash or cuDNN) rounds them, with the bits of "
+        "the rope kernel then the rounding; the activations keep them unrotated",
+        [&] {
+          return checked_once(fmt::format("{}:{}:{}:{}", kRopeAttentionName, bf16 ? "bf16" : "fp16",
+                                          head_dim, scratch.sixteen_elements),
+                              [&] { return check_rope_in_attention(*this, rope, head_dim); });
+        }));
+  }
+
   // The bias in cuBLASLt's epilogue (gemm_bias): checked through the engine itself.
   if (!gemm_->has_cublaslt()) {
     fast_paths_.not_applicable(kGemmBiasName, kGemmBiasReplaces,
@@ -774,6 +818,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_apart_reads();
   ops_->reset_narrow_logit_rows();
+  ops_->reset_rotated_attention_calls();
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;

@@ -373,8 +373,53 @@ bool CudaOps::staged_ran(cudaError_t result, const char* op) {
   return true;
 }
 
+namespace {
+
+// Whether an attention call rotates q and k in its staging (the rotation's width checked).
+bool rotating(const backend::AttentionShape& shape, const kernels::QkRotation<float>& rope) {
+  if (rope.cos == nullptr) return false;
+  const std::int64_t rotary = rope.rotary_dim > 0 ? rope.rotary_dim : shape.head_dim;
+  STRATA_ASSERT(rotary % 2 == 0 && rotary <= shape.head_dim && rope.sin != nullptr);
+  return true;
+}
+
+}  // namespace
+
+bool CudaOps::attention_rotates(const backend::AttentionShape& shape) const {
+  return rope_in_attention_ && takes_flash(shape);
+}
+
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const backend::AttentionShape& shape) {
+  attention_forward_impl(out, lse, q, k, v, shape, {});
+}
+
+void CudaOps::attention_forward_rotated(float* out, float* lse, const float* q, const float* k,
+                                        const float* v, const backend::AttentionShape& shape,
+                                        const kernels::QkRotation<float>& rope) {
+  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr && rope.sin != nullptr);
+  attention_forward_impl(out, lse, q, k, v, shape, rope);
+}
+
+void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q, const float* k,
+                                 const float* v, const backend::AttentionShape& shape) {
+  attention_backward_impl(dq, dk, dv, dout, out, lse, q, k, v, shape, {});
+}
+
+void CudaOps::attention_backward_rotated(float* dq, float* dk, float* dv, const float* dout,
+                                         const float* out, const float* lse, const float* q,
+                                         const float* k, const float* v,
+                                         const backend::AttentionShape& shape,
+                                         const kernels::QkRotation<float>& rope) {
+  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr && rope.sin != nullptr);
+  attention_backward_impl(dq, dk, dv, dout, out, lse, q, k, v, shape, rope);
+}
+
+void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, const backend::AttentionShape& shape,
+                                     const kernels::QkRotation<float>& rope) {
+  if (rotating(shape, rope)) ++rotated_attention_calls_;
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t width = shape.heads * shape.head_dim;
   wrote(out, strided(rows, shape.out_stride, width));
@@ -384,10 +429,10 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
   const ck::Narrow narrow =
       shape.out_stride == width ? narrow_for(out, rows * width) : ck::Narrow{};
   if (takes_cudnn(shape, lse) &&
-      staged_ran(
-          ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                      scratch_.sixteen_elements, out, lse, q, k, v, shape, narrow),
-          "cuDNN attention forward")) {
+      staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                             scratch_.sixteen_elements, out, lse, q, k, v, shape,
+                                             narrow, rope),
+                 "cuDNN attention forward")) {
     wrote(out, rows * width, narrow);
     return;
   }
@@ -395,11 +440,13 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
                                                      scratch_.sixteen_elements, out, lse, q, k, v,
-                                                     shape, narrow),
+                                                     shape, narrow, rope),
                      "flash attention forward");
     wrote(out, rows * width, narrow);
     return;
   }
+  // The fp32 kernels read q and k as they are: attention_rotates() promised the staging.
+  STRATA_ASSERT(rope.cos == nullptr);
   ++fp32_attention_calls_;
   plan::AttentionLaunch launch;
   const Status ok = attention_launch(shape, &launch);
@@ -411,9 +458,12 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
                    "attention_forward");
 }
 
-void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* out, const float* lse, const float* q, const float* k,
-                                 const float* v, const backend::AttentionShape& shape) {
+void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const float* dout,
+                                      const float* out, const float* lse, const float* q,
+                                      const float* k, const float* v,
+                                      const backend::AttentionShape& shape,
+                                      const kernels::QkRotation<float>& rope) {
+  if (rotating(shape, rope)) ++rotated_attention_calls_;
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
   wrote(dq, strided(rows, shape.q_stride, hd));
@@ -430,7 +480,7 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
-                                              q, k, v, shape, narrow),
+                                              q, k, v, shape, narrow, rope),
                  "cuDNN attention backward")) {
     wrote(dq, rows * stride, narrow.q);
     return;
@@ -439,11 +489,12 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
                                                       scratch_.sixteen_elements, dq, dk, dv, dout,
-                                                      out, lse, q, k, v, shape, narrow),
+                                                      out, lse, q, k, v, shape, narrow, rope),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;
   }
+  STRATA_ASSERT(rope.cos == nullptr);
   ++fp32_attention_calls_;
   plan::AttentionLaunch launch;
   const Status ok = attention_launch(shape, &launch);

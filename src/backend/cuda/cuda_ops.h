@@ -99,6 +99,16 @@ class CudaOps final : public backend::Ops<float> {
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const backend::AttentionShape& shape) override;
+  // With use_rope_in_attention on, every shape the 16-bit staging takes (takes_flash).
+  bool attention_rotates(const backend::AttentionShape& shape) const override;
+  void attention_forward_rotated(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const backend::AttentionShape& shape,
+                                 const kernels::QkRotation<float>& rope) override;
+  void attention_backward_rotated(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v,
+                                  const backend::AttentionShape& shape,
+                                  const kernels::QkRotation<float>& rope) override;
   void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
                              std::int64_t rows, std::int64_t vocab) override;
   void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
@@ -167,6 +177,12 @@ class CudaOps final : public backend::Ops<float> {
   }
   // Whether attention of this shape runs the flash kernels.
   bool takes_flash(const backend::AttentionShape& shape) const;
+  // RoPE fused into the 16-bit attention's staging (fast path rope_in_attention; off by default):
+  // q and k rotated as they are rounded, with the bits of the rope kernel followed by the staging.
+  void use_rope_in_attention(bool on) { rope_in_attention_ = on; }
+  // Attention calls (forward and backward) that rotated q and k in their staging.
+  std::int64_t rotated_attention_calls() const { return rotated_attention_calls_; }
+  void reset_rotated_attention_calls() { rotated_attention_calls_ = 0; }
   // The residual add fused into the norm after it (one kernel; its bits are those of the two).
   void use_fused_residual_norm(bool on) { fused_norm_ = on; }
   std::int64_t fused_norm_calls() const { return fused_norm_calls_; }
@@ -235,6 +251,15 @@ class CudaOps final : public backend::Ops<float> {
   cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
                                      const char* op);
   double reduce(const float* x, std::int64_t n, bool squares);
+  // attention_forward / attention_backward, rotating q and k in the staging where `rope` is given
+  // (only where takes_flash holds).
+  void attention_forward_impl(float* out, float* lse, const float* q, const float* k,
+                              const float* v, const backend::AttentionShape& shape,
+                              const kernels::QkRotation<float>& rope);
+  void attention_backward_impl(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                               const float* lse, const float* q, const float* k, const float* v,
+                               const backend::AttentionShape& shape,
+                               const kernels::QkRotation<float>& rope);
 
   cudaStream_t stream_;
   cuda::GemmEngine* gemm_;
@@ -247,6 +272,8 @@ class CudaOps final : public backend::Ops<float> {
   StagedAttention cudnn_;
   bool fused_norm_ = false;
   std::int64_t fused_norm_calls_ = 0;
+  bool rope_in_attention_ = false;
+  std::int64_t rotated_attention_calls_ = 0;
   std::int64_t cudnn_calls_ = 0;
 };
 

@@ -1,0 +1,160 @@
+// RoPE fused into the flash attention's 16-bit staging (kernels/cuda/flash_attention_f32.cuh with
+// a QkRotation: rope_block_to_16_kernel rounding q and k rotated) run by the SIMT emulator on the
+// CPU backend's memory, through the fast path's start-up check (backend/rope_check.h): it gives the
+// bits of rope_kernel in place followed by the plain staging and the same flash kernels, emulated
+// the same way, in bf16 and fp16, with the whole workspace in one pass and with one batch row per
+// pass (the packed documents' positions then start mid-array); its q and k are left unrotated.
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "support/simt_emulator.h"
+// The kernel headers after the emulator (they pick up its built-ins).
+#include "kernels/cuda/flash_attention_f32.cuh"
+//
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/rope_check.h"
+#include "support/cpu_backend_support.h"
+
+namespace strata::backend {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+TEST(RopeInAttentionEmulated, SkippedUnderAddressSanitizer) {
+  GTEST_SKIP() << "the SIMT emulator's fibers are not supported under AddressSanitizer";
+}
+#else
+
+namespace ck = cuda_kernels;
+const simt::Launcher kEmulator;
+
+Status launched(int rc, const char* what) {
+  if (rc == 0) return Status::ok();
+  return Status(ErrorCode::kInternal, std::string(what) + ": the emulated launch failed");
+}
+
+// A workspace for one direction of the shape: room for every batch row at once, or for one
+// (`one_row`).
+std::vector<std::uint16_t>& workspace_for(std::vector<std::uint16_t>* ws, const AttentionShape& s,
+                                          bool one_row, bool backward) {
+  const auto plan =
+      cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, backward, 1);
+  ws->assign(static_cast<std::size_t>(plan.per_batch_row * (one_row ? 1 : s.batch)), 0);
+  return *ws;
+}
+
+// The verified path (rope_kernel, then the flash path) and the fused one, both emulated.
+template <typename E>
+RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
+  RopeAttentionPaths p;
+  p.rotate = [](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+    return launched(ck::run_rope(kEmulator, x, shape, cos, sin, 1.0f), "rope");
+  };
+  p.attention.forward = [ws, one_row](float* out, float* lse, const float* q, const float* k,
+                                      const float* v, const AttentionShape& s) {
+    std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, false);
+    return launched(
+        ck::run_flash_attention_forward_f32<E>(
+            kEmulator, w.data(), static_cast<std::int64_t>(w.size()), out, lse, q, k, v, s),
+        "forward");
+  };
+  p.attention.backward = [ws, one_row](float* dq, float* dk, float* dv, const float* dout,
+                                       const float* out, const float* lse, const float* q,
+                                       const float* k, const float* v, const AttentionShape& s) {
+    std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, true);
+    return launched(ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(),
+                                                            static_cast<std::int64_t>(w.size()), dq,
+                                                            dk, dv, dout, out, lse, q, k, v, s),
+                    "backward");
+  };
+  p.forward_rotated = [ws, one_row](float* out, float* lse, const float* q, const float* k,
+                                    const float* v, const AttentionShape& s,
+                                    const kernels::QkRotation<float>& rope) {
+    std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, false);
+    const std::int64_t n = static_cast<std::int64_t>(w.size());
+    EXPECT_EQ(
+        cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, false, n).passes,
+        one_row ? s.batch : 1);
+    return launched(ck::run_flash_attention_forward_f32<E>(kEmulator, w.data(), n, out, lse, q, k,
+                                                           v, s, {}, rope),
+                    "rotated forward");
+  };
+  p.backward_rotated = [ws, one_row](float* dq, float* dk, float* dv, const float* dout,
+                                     const float* out, const float* lse, const float* q,
+                                     const float* k, const float* v, const AttentionShape& s,
+                                     const kernels::QkRotation<float>& rope) {
+    std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, true);
+    const std::int64_t n = static_cast<std::int64_t>(w.size());
+    EXPECT_EQ(
+        cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, true, n).passes,
+        one_row ? s.batch : 1);
+    return launched(ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(), n, dq, dk, dv,
+                                                            dout, out, lse, q, k, v, s, {}, rope),
+                    "rotated backward");
+  };
+  return p;
+}
+
+TEST(RopeInAttentionEmulated, TheFusedStagingGivesTheBitsOfTheRopeKernelThenTheStaging) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  std::vector<std::uint16_t> ws;
+  for (const bool one_row : {false, true}) {
+    const Status bf16 =
+        check_rope_in_attention(*backend, emulated<ck::FlashBf16>(&ws, one_row), 64);
+    EXPECT_TRUE(bf16.is_ok()) << "bf16, one batch row per pass " << one_row << ": "
+                              << bf16.to_string();
+  }
+  const Status fp16 = check_rope_in_attention(*backend, emulated<ck::FlashFp16>(&ws, true), 80);
+  EXPECT_TRUE(fp16.is_ok()) << "fp16: " << fp16.to_string();
+}
+
+// The rotation while rounding, alone, against rope_kernel then cast_block_kernel: the same bits
+// for every element, with the head's dimensions past the rotary width copied, rows at a stride
+// wider than the heads, and positions.
+TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) {
+  const std::int64_t rows = 9, heads = 3, head_dim = 24, rotary = 16, stride = 80, seq = 9;
+  std::vector<float> x(static_cast<std::size_t>(rows * stride));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = 0.37f * static_cast<float>(i % 29) - 4.1f + 1e-3f * static_cast<float>(i);
+  std::vector<float> cos(static_cast<std::size_t>(seq * rotary / 2)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), seq, rotary, 500.0);
+  const std::vector<std::int32_t> positions = {0, 1, 2, 0, 1, 2, 3, 4, 0};
+  for (const int code : {ck::kCodeBF16, ck::kCodeF16}) {
+    std::vector<float> rotated = x;
+    const kernels::RopeShape shape{rows, stride, seq, heads, head_dim, rotary, positions.data()};
+    ASSERT_EQ(ck::run_rope(kEmulator, rotated.data(), shape, cos.data(), sin.data(), 1.0f), 0);
+    const std::int64_t cols = heads * head_dim, ld = cols + 8;
+    std::vector<std::uint16_t> want(static_cast<std::size_t>(rows * ld), 0xffff);
+    std::vector<std::uint16_t> got = want;
+    ASSERT_EQ(ck::run_cast_block_to_16(kEmulator, want.data(), code, ld, rotated.data(), stride,
+                                       rows, cols),
+              0);
+    ck::RopeRows r;
+    r.heads = heads;
+    r.head_dim = head_dim;
+    r.half = rotary / 2;
+    r.seq_len = seq;
+    r.positions = positions.data();
+    r.cos = cos.data();
+    r.sin = sin.data();
+    const std::vector<float> before = x;
+    ASSERT_EQ(ck::run_rope_block_to_16(kEmulator, got.data(), code, ld, x.data(), stride, rows, r),
+              0);
+    EXPECT_EQ(got, want) << "code " << code;
+    EXPECT_EQ(x, before);  // the source stays unrotated
+    // Not a copy: the rotation changed what was rounded.
+    std::vector<std::uint16_t> plain(want.size(), 0xffff);
+    ASSERT_EQ(
+        ck::run_cast_block_to_16(kEmulator, plain.data(), code, ld, x.data(), stride, rows, cols),
+        0);
+    EXPECT_NE(plain, want);
+  }
+}
+
+#endif
+
+}  // namespace
+}  // namespace strata::backend
