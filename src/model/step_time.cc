@@ -99,9 +99,11 @@ StepPrediction predict_step(const ModelShape& s, std::int64_t batch, std::int64_
          gated ? "8 I per token per block (fused SwiGLU forward 3, backward 5)"
                : "2 I per token per block (GELU epilogue's saved pre-activation, written, read)");
   if (s.family != config::ModelFamily::kGpt2) {
-    // RoPE fused into the q/k layout: forward and backward each read and write q and k once.
-    memory("rope", layers * 4.0 * (q_width + kv_width) * kActivationBytes * tokens,
-           "4 (q + k widths) per token per block");
+    // RoPE: the forward's rotation rides in the attention's read of q and k (rope_in_attention,
+    // no bytes of its own); the backward rotates dq and dk back in place, one read and one write.
+    memory("rope", layers * 2.0 * (q_width + kv_width) * kActivationBytes * tokens,
+           "2 (q + k widths) per token per block (the backward's rotation of dq, dk; the "
+           "forward's is in the attention's staging)");
   }
   // Cross-entropy of the 16-bit logits (logits_16bit, cross_entropy_16): one pass for the running
   // max and sum, a second reading them again to write the gradient over them: 3 V.
