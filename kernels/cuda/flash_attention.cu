@@ -26,17 +26,17 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          float* dv, const float* dout, const float* out,
                                          const float* lse, const float* q, const float* k,
                                          const float* v, const AttentionShape& shape,
-                                         QkvNarrow d_narrow,
-                                         const kernels::QkRotation<float>& rope) {
+                                         QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
+                                         const std::uint16_t* out16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_backward_f32<FlashBf16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow, rope)
+                                                            shape, d_narrow, rope, out16)
               : run_flash_attention_backward_f32<FlashFp16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow, rope);
+                                                            shape, d_narrow, rope, out16);
 }
 
 cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
@@ -59,16 +59,17 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& shape,
-                                     QkvNarrow d_narrow, const kernels::QkRotation<float>& rope) {
+                                     QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
+                                     const std::uint16_t* out16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
   const CudaLauncher launch{s};
   return bf16 ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace,
                                                         workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow, rope)
+                                                        lse, q, k, v, shape, d_narrow, rope, out16)
               : run_attention16_backward_f32<FlashFp16>(launch, inner, workspace,
                                                         workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow, rope);
+                                                        lse, q, k, v, shape, d_narrow, rope, out16);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -15,7 +15,10 @@
 // rotated q and k (rope_kernel's backward follows), as without it.
 //
 // The forward's out is 16-bit values widened, so the backward's rounding of out back to 16 bits is
-// exact; dq, dk, dv are WRITTEN (the padding columns of the caller's strides are not touched).
+// exact; where the caller has those 16 bits already (`out16`: out's companion, compact rows of
+// heads * head_dim, 16-byte aligned, out_stride equal to that width), the backward reads them
+// instead of rounding out again; dq, dk, dv are WRITTEN (the padding columns of the caller's
+// strides are not touched).
 #pragma once
 
 #include <algorithm>
@@ -270,7 +273,8 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
     const float* q, const float* k, const float* v, const kernels::AttentionShape& shape,
-    QkvNarrow d_narrow = {}, const kernels::QkRotation<float>& rope = {}) {
+    QkvNarrow d_narrow = {}, const kernels::QkRotation<float>& rope = {},
+    const std::uint16_t* out16 = nullptr) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
@@ -278,12 +282,22 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     std::uint16_t* dq16 = p.rest;
     std::uint16_t* dk16 = dq16 + rows * hd;
     std::uint16_t* dv16 = dk16 + rows * kvd;
-    std::uint16_t* o16 = dv16 + rows * kvd;
-    std::uint16_t* do16 = o16 + rows * hd;
+    std::uint16_t* o16_room = dv16 + rows * kvd;
+    std::uint16_t* do16 = o16_room + rows * hd;
     auto* delta = reinterpret_cast<float*>(do16 + rows * hd);
-    const d::Narrow in[] = {{o16, out + p.first * shape.out_stride, shape.out_stride, hd},
-                            {do16, dout + p.first * shape.out_stride, shape.out_stride, hd}};
-    auto err = d::narrow(launch, io.code, rows, in);
+    const d::Narrow dout_in = {do16, dout + p.first * shape.out_stride, shape.out_stride, hd};
+    d::LaunchResult<L> err{};
+    const std::uint16_t* o16 = o16_room;
+    if (out16 != nullptr) {
+      // out's 16-bit bits are there already (its companion, compact rows): read in place.
+      o16 = out16 + p.first * hd;
+      const d::Narrow in[] = {dout_in};
+      err = d::narrow(launch, io.code, rows, in);
+    } else {
+      const d::Narrow in[] = {{o16_room, out + p.first * shape.out_stride, shape.out_stride, hd},
+                              dout_in};
+      err = d::narrow(launch, io.code, rows, in);
+    }
     if (!launched(err)) return err;
     const float* pass_lse = lse + p.b0 * shape.heads * io.T;
     const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
@@ -327,10 +341,10 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
     const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {},
-    const kernels::QkRotation<float>& rope = {}) {
+    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr) {
   return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                          workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
-                                         shape, d_narrow, rope);
+                                         shape, d_narrow, rope, out16);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

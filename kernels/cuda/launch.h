@@ -126,19 +126,19 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // unless flash_f32_supported(shape, workspace_elements) (flash_attention_f32.cuh: head size 64, 80,
 // 96, 128 or 256, whole GQA groups, one batch row fits the workspace). The backward's bits do not
 // depend on timing (flash_attention_backward_kernels.cuh). With `rope`'s tables, q and k are
-// rotated as they are staged (flash_attention_f32.cuh; the arrays keep their values).
+// rotated as they are staged (flash_attention_f32.cuh; the arrays keep their values). With
+// `out16` (out's 16-bit companion, compact, 16-byte aligned), the backward reads out's 16 bits from
+// it instead of rounding out again.
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,
                                         const AttentionShape& shape, Narrow out_narrow = {},
                                         const kernels::QkRotation<float>& rope = {});
-cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
-                                         std::int64_t workspace_elements, float* dq, float* dk,
-                                         float* dv, const float* dout, const float* out,
-                                         const float* lse, const float* q, const float* k,
-                                         const float* v, const AttentionShape& shape,
-                                         QkvNarrow d_narrow = {},
-                                         const kernels::QkRotation<float>& rope = {});
+cudaError_t flash_attention_backward_f32(
+    cudaStream_t s, bool bf16, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
+    float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
+    const float* k, const float* v, const AttentionShape& shape, QkvNarrow d_narrow = {},
+    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr);
 
 // Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
 // q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
@@ -168,7 +168,8 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& shape,
                                      QkvNarrow d_narrow = {},
-                                     const kernels::QkRotation<float>& rope = {});
+                                     const kernels::QkRotation<float>& rope = {},
+                                     const std::uint16_t* out16 = nullptr);
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

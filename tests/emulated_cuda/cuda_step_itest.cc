@@ -957,6 +957,82 @@ TEST(EmulatedCudaBackend, AnActivationWrittenWithItsCompanionIsReadFromIt) {
   EXPECT_EQ(listed->uses, 3);
 }
 
+// The flash attention's output written with its companion (the forward's epilogue rounds it there):
+// the backward's 16-bit staging reads out's bits from the companion instead of rounding out again
+// (one cast_block_kernel fewer: it rounds dout alone), with the same bits; the activations' path
+// counts the read. Written since without its companion, out is rounded again.
+TEST(EmulatedCudaBackend, TheAttentionBackwardReadsItsOutputFromItsCompanion) {
+  auto made = backend::make_cuda_backend(small_options(cuda::GemmPrecision::kBf16));
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  backend::Backend& b = **made;
+  backend::Ops<float>& ops = b.ops_f32();
+  ASSERT_EQ(ops.narrow_type(), backend::DType::kBF16);
+  backend::AttentionShape shape;
+  shape.batch = 2;
+  shape.seq_len = 32;
+  shape.heads = 2;
+  shape.kv_heads = 1;
+  shape.head_dim = 64;
+  const std::int64_t rows = 64, width = 128, stride = 256;  // q, k, v side by side
+  shape.q_stride = shape.kv_stride = stride;
+  shape.out_stride = width;
+  shape.scale = 0.125;
+  auto qkv_buf = b.allocate_device(rows * stride * 4, "qkv");
+  auto out_buf = b.allocate_device(rows * width * 4, "out");
+  auto out16_buf = b.allocate_device(rows * width * 2, "out16");
+  auto lse_buf = b.allocate_device(rows * 2 * 4, "lse");
+  auto dout_buf = b.allocate_device(rows * width * 4, "dout");
+  auto d_buf = b.allocate_device(rows * stride * 4, "dqkv");
+  ASSERT_TRUE(qkv_buf.is_ok() && out_buf.is_ok() && out16_buf.is_ok() && lse_buf.is_ok() &&
+              dout_buf.is_ok() && d_buf.is_ok());
+  std::vector<float> host(static_cast<std::size_t>(rows * stride + rows * width));
+  for (std::size_t i = 0; i < host.size(); ++i)
+    host[i] = std::sin(0.61f * static_cast<float>(i)) * 1.7f;
+  using backend::StreamKind;
+  float* qkv = qkv_buf->as<float>();
+  float* out = out_buf->as<float>();
+  float* lse = lse_buf->as<float>();
+  float* dout = dout_buf->as<float>();
+  float* d = d_buf->as<float>();
+  ASSERT_TRUE(b.copy_async(StreamKind::kCompute, qkv, host.data(), rows * stride * 4).is_ok());
+  ASSERT_TRUE(
+      b.copy_async(StreamKind::kCompute, dout, host.data() + rows * stride, rows * width * 4)
+          .is_ok());
+  // The backward's launches and its q/k/v gradient, after a forward.
+  const auto backward = [&](std::vector<float>* grads) {
+    ops.attention_forward(out, lse, qkv, qkv + width, qkv + width + 64, shape);
+    emu::clear_launch_log();
+    ops.attention_backward(d, d + width, d + width + 64, dout, out, lse, qkv, qkv + width,
+                           qkv + width + 64, shape);
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+    const std::vector<std::string> log = emu::launch_log();
+    grads->assign(static_cast<std::size_t>(rows * stride), 0.0f);
+    EXPECT_TRUE(b.copy_async(StreamKind::kCompute, grads->data(), d, rows * stride * 4).is_ok());
+    return log;
+  };
+  const auto casts = [](const std::vector<std::string>& log) {
+    return std::count(log.begin(), log.end(), std::string("cast_block_kernel"));
+  };
+  std::vector<float> rounded, read;
+  const std::vector<std::string> unpaired = backward(&rounded);
+  ASSERT_TRUE(std::any_of(unpaired.begin(), unpaired.end(),
+                          [](const std::string& k) { return k.rfind("flash_attention", 0) == 0; }));
+  const std::int64_t uses = listed_path(b, backend::kActivations16Name)->uses;
+  ops.pair_narrow(out, out16_buf->data(), rows * width);
+  const std::vector<std::string> paired = backward(&read);
+  EXPECT_EQ(casts(paired) + 1, casts(unpaired)) << "out was rounded again";
+  EXPECT_TRUE(testing::same_bits(read, rounded));
+  EXPECT_EQ(listed_path(b, backend::kActivations16Name)->uses - uses, 1);
+  // out rewritten without its companion (one row), then the backward alone: rounded again.
+  ops.scale(out + width, width, 1.0);
+  emu::clear_launch_log();
+  ops.attention_backward(d, d + width, d + width + 64, dout, out, lse, qkv, qkv + width,
+                         qkv + width + 64, shape);
+  EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+  EXPECT_EQ(casts(emu::launch_log()), casts(unpaired)) << "read from a stale companion";
+  ops.unpair_narrow(out);
+}
+
 // An op rewriting part of an activation in place (RoPE's and the per-head norms' backward on the
 // q/k/v gradient) keeps its companion current where it was: the next product reads it, with the
 // bits of converting; where it was not, the product converts.

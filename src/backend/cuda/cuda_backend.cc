@@ -279,7 +279,9 @@ class CudaBackend final : public Backend {
       } else if (p.name == kWeights16Name) {
         p.uses = gemm_->twin_calls();
       } else if (p.name == kActivations16Name) {
-        p.uses = gemm_->companion_reads();
+        // GEMM operands, and attention outputs the backward's 16-bit staging read, from their
+        // companions.
+        p.uses = gemm_->companion_reads() + ops_->staged_companion_reads();
       } else if (p.name == kKeptApartName) {
         p.uses = ops_->apart_reads();
       } else if (p.name == kLogits16Name) {
@@ -819,6 +821,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   ops_->reset_apart_reads();
   ops_->reset_narrow_logit_rows();
   ops_->reset_rotated_attention_calls();
+  ops_->reset_staged_companion_reads();
 
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;

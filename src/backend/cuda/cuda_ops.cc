@@ -458,6 +458,18 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
                    "attention_forward");
 }
 
+const std::uint16_t* CudaOps::staged_companion(const float* out,
+                                               const backend::AttentionShape& shape) const {
+  const std::int64_t width = shape.heads * shape.head_dim;
+  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+  if (shape.out_stride != width || static_cast<int>(narrow_type_) != code) return nullptr;
+  const std::int64_t n = shape.batch * shape.seq_len * width;
+  if (!gemm_->has_companion(out, n, code)) return nullptr;
+  const ck::Narrow companion = narrow_for(out, n);
+  if (reinterpret_cast<std::uintptr_t>(companion.p) % 16 != 0) return nullptr;
+  return companion.p;
+}
+
 void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const float* dout,
                                       const float* out, const float* lse, const float* q,
                                       const float* k, const float* v,
@@ -477,19 +489,22 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     const ck::Narrow all = narrow_for(dq, rows * stride);
     if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
   }
+  const std::uint16_t* out16 = staged_companion(out, shape);
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
-                                              q, k, v, shape, narrow, rope),
+                                              q, k, v, shape, narrow, rope, out16),
                  "cuDNN attention backward")) {
+    if (out16 != nullptr) ++staged_companion_reads_;
     wrote(dq, rows * stride, narrow.q);
     return;
   }
   if (takes_flash(shape)) {
     ++flash_calls_;
-    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
-                                                      scratch_.sixteen_elements, dq, dk, dv, dout,
-                                                      out, lse, q, k, v, shape, narrow, rope),
+    if (out16 != nullptr) ++staged_companion_reads_;
+    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(
+                         stream_, flash_bf16_, scratch_.sixteen, scratch_.sixteen_elements, dq, dk,
+                         dv, dout, out, lse, q, k, v, shape, narrow, rope, out16),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;

@@ -205,6 +205,10 @@ class CudaOps final : public backend::Ops<float> {
   // Calls of each path so far (forward and backward count one each).
   std::int64_t cudnn_calls() const { return cudnn_calls_; }
   std::int64_t flash_calls() const { return flash_calls_; }
+  // 16-bit attention backwards that read the forward's output from its companion instead of
+  // rounding it again (the activations' companions, pair_narrow).
+  std::int64_t staged_companion_reads() const { return staged_companion_reads_; }
+  void reset_staged_companion_reads() { staged_companion_reads_ = 0; }
   std::int64_t fp32_attention_calls() const { return fp32_attention_calls_; }
 
  private:
@@ -251,6 +255,11 @@ class CudaOps final : public backend::Ops<float> {
   cuda::ColumnReducePlan reduce_plan(std::int64_t rows, std::int64_t cols, int arrays,
                                      const char* op);
   double reduce(const float* x, std::int64_t n, bool squares);
+  // The 16-bit staging's copy of the attention output `out` where it can read it in place: out's
+  // companion, current (every value written with it), in the attention's 16-bit type, compact
+  // (out_stride the heads' width) and 16-byte aligned; else null (the staging rounds out).
+  const std::uint16_t* staged_companion(const float* out,
+                                        const backend::AttentionShape& shape) const;
   // attention_forward / attention_backward, rotating q and k in the staging where `rope` is given
   // (only where takes_flash holds).
   void attention_forward_impl(float* out, float* lse, const float* q, const float* k,
@@ -272,6 +281,7 @@ class CudaOps final : public backend::Ops<float> {
   StagedAttention cudnn_;
   bool fused_norm_ = false;
   std::int64_t fused_norm_calls_ = 0;
+  std::int64_t staged_companion_reads_ = 0;
   bool rope_in_attention_ = false;
   std::int64_t rotated_attention_calls_ = 0;
   std::int64_t cudnn_calls_ = 0;
