@@ -285,32 +285,66 @@ struct RopeRows {
   const std::int32_t* positions = nullptr;
   const float* cos = nullptr;
   const float* sin = nullptr;
+  float direction = 1.0f;  // rope_kernel's: 1 the rotation, -1 its transpose (the backward's)
 };
 
+// The element j of a row (heads of head_dim values side by side; load(i) gives its element i as a
+// float) rotated as rope_kernel rotates it in place, by the row's position t: the first 2 half of
+// each head in pairs (d, d + half).
+template <typename Load>
+__device__ __forceinline__ float rope_element(const Load& load, std::int64_t j, std::int64_t t,
+                                              const RopeRows& p) {
+  // A row's columns fit 32 bits (its heads), where the remainder is one cheap instruction.
+  const std::int64_t d = static_cast<std::int32_t>(j) % static_cast<std::int32_t>(p.head_dim);
+  const std::int64_t half = p.half;
+  if (d >= 2 * half) return load(j);
+  const std::int64_t e = d < half ? d : d - half;
+  const float c = p.cos[t * half + e], s = p.direction * p.sin[t * half + e];
+  return d < half ? rope_first(load(j), load(j + half), c, s)
+                  : rope_second(load(j - half), load(j), c, s);
+}
+
 // dst (rows x heads * head_dim, 16-bit dst_code, leading dimension dst_ld) = src (fp32, leading
-// dimension src_ld) rotated forward as rope_kernel rotates it in place, then rounded to nearest
-// even: the bits of rope_kernel followed by cast_block_kernel, in one pass that leaves src
+// dimension src_ld) rotated as rope_kernel rotates it in place (p.direction), then rounded to
+// nearest even: the bits of rope_kernel followed by cast_block_kernel, in one pass that leaves src
 // unrotated. Threads over a row's columns (x), blocks over rows (y, grid-stride); each thread
 // reads its element's partner too.
 __global__ void rope_block_to_16_kernel(std::uint16_t* dst, int dst_code, std::int64_t dst_ld,
                                         const float* src, std::int64_t src_ld, std::int64_t rows,
                                         RopeRows p) {
-  const std::int64_t cols = p.heads * p.head_dim, half = p.half;
+  const std::int64_t cols = p.heads * p.head_dim;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float* x = src + r * src_ld;
     const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
+    const auto load = [x](std::int64_t i) { return x[i]; };
+    for (std::int64_t j = first; j < cols; j += stride)
+      dst[r * dst_ld + j] = float_to_16_bits(rope_element(load, j, t, p), dst_code);
+  }
+}
+
+// The converse, for the gradients: dst (rows x heads * head_dim fp32, leading dimension dst_ld) =
+// src (16-bit src_code, leading dimension src_ld) widened, then rotated as rope_kernel rotates it
+// in place (p.direction -1: its backward), and rounded into dst's companion `also` where it has
+// one: the bits of cast_block_from_16_kernel followed by rope_kernel. Each thread widens its
+// element's partner itself (a second 16-bit read), so dst is written once.
+__global__ void rope_block_from_16_kernel(float* dst, std::int64_t dst_ld, const std::uint16_t* src,
+                                          int src_code, std::int64_t src_ld, std::int64_t rows,
+                                          RopeRows p, Narrow also) {
+  const std::int64_t cols = p.heads * p.head_dim;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::uint16_t* x = src + r * src_ld;
+    const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
+    const Narrow row{also.p != nullptr ? also.p + r * dst_ld : nullptr, also.code};
+    // The elements widened (exactly): the values of the fp32 array rope_kernel would read.
+    const auto load = [x, src_code](std::int64_t i) { return float_from_16_bits(x[i], src_code); };
     for (std::int64_t j = first; j < cols; j += stride) {
-      // A row's columns fit 32 bits (its heads), where the remainder is one cheap instruction.
-      const std::int64_t d = static_cast<std::int32_t>(j) % static_cast<std::int32_t>(p.head_dim);
-      float v = x[j];
-      if (d < 2 * half) {
-        const std::int64_t e = d < half ? d : d - half;
-        const float c = p.cos[t * half + e], s = p.sin[t * half + e];
-        v = d < half ? rope_first(v, x[j + half], c, s) : rope_second(x[j - half], v, c, s);
-      }
-      dst[r * dst_ld + j] = float_to_16_bits(v, dst_code);
+      const float v = rope_element(load, j, t, p);
+      dst[r * dst_ld + j] = v;
+      store_narrow(row, j, v);
     }
   }
 }
@@ -524,6 +558,17 @@ auto run_rope_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t
   return launch(rope_block_to_16_kernel, cast_block_grid(rows, rope.heads * rope.head_dim),
                 dim3(kElementwiseThreads), 0, static_cast<std::uint16_t*>(dst), dst_code, dst_ld,
                 src, src_ld, rows, rope);
+}
+
+// `rows` rows of 16-bit `src` widened, rotated (RopeRows, its direction) into fp32 `dst`, and
+// rounded into dst's companion where `also` has one.
+template <typename L>
+auto run_rope_block_from_16(const L& launch, float* dst, std::int64_t dst_ld, const void* src,
+                            int src_code, std::int64_t src_ld, std::int64_t rows,
+                            const RopeRows& rope, Narrow also = {}) {
+  return launch(rope_block_from_16_kernel, cast_block_grid(rows, rope.heads * rope.head_dim),
+                dim3(kElementwiseThreads), 0, dst, dst_ld, static_cast<const std::uint16_t*>(src),
+                src_code, src_ld, rows, rope, also);
 }
 
 template <typename L>

@@ -11,8 +11,10 @@
 //
 // With a QkRotation (RoPE fused into the staging, Ops::attention_rotates), q and k are rotated as
 // they are rounded (rope_block_to_16_kernel): the bits of rope_kernel in place, then the plain
-// staging; the caller's q and k stay unrotated, and dq, dk are the gradients with respect to the
-// rotated q and k (rope_kernel's backward follows), as without it.
+// staging; the caller's q and k stay unrotated. The backward's dq and dk are then the gradients
+// with respect to the unrotated q and k: the attention writes them in 16 bits into the workspace,
+// and rope_block_from_16_kernel widens them and rotates them back (the bits of the widening
+// followed by rope_kernel's backward in place), writing their companions too.
 //
 // The forward's out is 16-bit values widened, so the backward's rounding of out back to 16 bits is
 // exact; where the caller has those 16 bits already (`out16`: out's companion, compact rows of
@@ -144,11 +146,10 @@ struct Pass {
   std::uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr, *rest = nullptr;
 };
 
-// q's or k's rows of one pass rotated by `rope` as they are rounded (rope_block_to_16_kernel).
-template <typename L>
-LaunchResult<L> narrow_rotated(const L& launch, int code, const kernels::AttentionShape& shape,
-                               const kernels::QkRotation<float>& rope, std::int64_t first,
-                               std::int64_t rows, std::int64_t heads, const Narrow& piece) {
+// The rotation of `heads` heads of the rows from `first` on, in `direction`.
+inline RopeRows rope_rows(const kernels::AttentionShape& shape,
+                          const kernels::QkRotation<float>& rope, std::int64_t first,
+                          std::int64_t heads, float direction) {
   RopeRows r;
   r.heads = heads;
   r.head_dim = shape.head_dim;
@@ -157,8 +158,27 @@ LaunchResult<L> narrow_rotated(const L& launch, int code, const kernels::Attenti
   r.positions = shape.positions != nullptr ? shape.positions + first : nullptr;
   r.cos = rope.cos;
   r.sin = rope.sin;
+  r.direction = direction;
+  return r;
+}
+
+// q's or k's rows of one pass rotated by `rope` as they are rounded (rope_block_to_16_kernel).
+template <typename L>
+LaunchResult<L> narrow_rotated(const L& launch, int code, const kernels::AttentionShape& shape,
+                               const kernels::QkRotation<float>& rope, std::int64_t first,
+                               std::int64_t rows, std::int64_t heads, const Narrow& piece) {
   return run_rope_block_to_16(launch, piece.dst, code, piece.cols, piece.src, piece.src_ld, rows,
-                              r);
+                              rope_rows(shape, rope, first, heads, 1.0f));
+}
+
+// dq's or dk's rows of one pass widened and rotated back (rope_block_from_16_kernel: the
+// transpose of the rotation, rope_kernel's backward), with their companion where given.
+template <typename L>
+LaunchResult<L> widen_rotated(const L& launch, int code, const kernels::AttentionShape& shape,
+                              const kernels::QkRotation<float>& rope, std::int64_t first,
+                              std::int64_t rows, std::int64_t heads, const Widen& piece) {
+  return run_rope_block_from_16(launch, piece.dst, piece.dst_ld, piece.src, code, piece.cols, rows,
+                                rope_rows(shape, rope, first, heads, -1.0f), piece.also);
 }
 
 // For each pass of io.plan: rounds the pass's q, k, v into the workspace (q and k rotated first
@@ -302,8 +322,8 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     const float* pass_lse = lse + p.b0 * shape.heads * io.T;
     const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
     if constexpr (d::WritesWide<Inner>) {
-      if (d::same_code(d_narrow.q, io.code) && d::same_code(d_narrow.k, io.code) &&
-          d::same_code(d_narrow.v, io.code)) {
+      if (rope.cos == nullptr && d::same_code(d_narrow.q, io.code) &&
+          d::same_code(d_narrow.k, io.code) && d::same_code(d_narrow.v, io.code)) {
         // The kernels write dq, dk, dv (and their companions) in the caller's layout.
         const FlashGradsOut wide{dq + at_q, dk + at_kv, dv + at_kv, shape.q_stride,
                                  shape.kv_stride};
@@ -316,6 +336,19 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     err = inner.backward(dq16, dk16, dv16, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
                          d::pass_shape(shape, p.b0, p.batch_rows));
     if (!launched(err)) return err;
+    if (rope.cos != nullptr) {
+      // dv widened, then dq and dk rotated back as they are widened (the rotation's transpose).
+      const d::Widen values[] = {
+          {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
+      err = d::widen(launch, io.code, rows, values);
+      if (!launched(err)) return err;
+      err = d::widen_rotated(launch, io.code, shape, rope, p.first, rows, shape.heads,
+                             {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)});
+      if (!launched(err)) return err;
+      return d::widen_rotated(
+          launch, io.code, shape, rope, p.first, rows, shape.kv_heads,
+          {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
+    }
     const d::Widen result[] = {
         {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
         {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},

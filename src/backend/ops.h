@@ -140,8 +140,9 @@ class Ops {
   }
   // attention_forward and attention_backward of q and k rotated by rope_forward with these tables
   // (rope: cos, sin and the rotary width; the attention's positions), which are read unrotated and
-  // left so: out, lse, dq, dk and dv are those of the rotated q and k (dq and dk with respect to
-  // the rotated q and k: rope_backward follows, as without the fusion).
+  // left so: out, lse and dv are those of the rotated q and k, and dq, dk those rope_backward gives
+  // from the rotated q's and k's gradients (the gradients with respect to the unrotated q and k:
+  // no rope_backward follows).
   virtual void attention_forward_rotated(T* out, T* lse, const T* q, const T* k, const T* v,
                                          const AttentionShape& shape,
                                          const kernels::QkRotation<T>& rope) {

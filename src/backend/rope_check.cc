@@ -112,6 +112,7 @@ Status check_case(Backend& backend, const RopeAttentionPaths& paths, std::int64_
                    .backward(d[0], d[1], d[2], d_out.as<float>(), ref_out.as<float>(),
                              ref_lse.as<float>(), x[0], x[1], x[2], shape)
                    .with_context(verified));
+    STRATA_TRY(paths.rotate_back(d[0], rope, rotation.cos, rotation.sin).with_context(verified));
   }
   {
     const std::vector<float*> x = qkv_of(got_qkv), d = qkv_of(got_d);

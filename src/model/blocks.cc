@@ -155,7 +155,7 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   const kernels::AttentionShape att = attention_shape(ctx, u.layer);
   if (ops.attention_rotates(att)) {
     // The attention rotates q and k as it reads them: a.qkv keeps them unrotated, and the
-    // backward's attention rotates them again alike.
+    // backward's attention rotates them again alike (and its dq, dk back).
     ops.attention_forward_rotated(a.att, a.lse, a.qkv, a.qkv + hd, proj + hd + kvd, att,
                                   qk_rotation(ctx));
   } else {
@@ -199,15 +199,15 @@ void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w,
   if (slot.o_b >= 0) ops.bias_backward(gp(slot.o_b), dout, n, c);
   const kernels::AttentionShape att = attention_shape(ctx, u.layer);
   if (ops.attention_rotates(att)) {
+    // dq and dk come back rotated back: the unrotated q's and k's gradients.
     ops.attention_backward_rotated(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse,
                                    a.qkv, a.qkv + hd, proj + hd + kvd, att, qk_rotation(ctx));
   } else {
     ops.attention_backward(sc.dqkv, sc.dqkv + hd, sc.dqkv + hd + kvd, sc.datt, a.att, a.lse, a.qkv,
                            a.qkv + hd, proj + hd + kvd, att);
+    ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
+                      ctx.rope_sin);
   }
-  // dq and dk are the rotated q's and k's gradients either way.
-  ops.rope_backward(sc.dqkv, rope_shape(ctx, s.num_heads + s.num_kv_heads), ctx.rope_cos,
-                    ctx.rope_sin);
   if (s.arch.qk_norm) {
     ops.rmsnorm_heads_backward(sc.dqkv, gp(slot.q_norm), proj, p(slot.q_norm), a.qk_rstd, n,
                                s.num_heads, s.head_dim, qkv, qkv);

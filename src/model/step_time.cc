@@ -99,11 +99,9 @@ StepPrediction predict_step(const ModelShape& s, std::int64_t batch, std::int64_
          gated ? "8 I per token per block (fused SwiGLU forward 3, backward 5)"
                : "2 I per token per block (GELU epilogue's saved pre-activation, written, read)");
   if (s.family != config::ModelFamily::kGpt2) {
-    // RoPE: the forward's rotation rides in the attention's read of q and k (rope_in_attention,
-    // no bytes of its own); the backward rotates dq and dk back in place, one read and one write.
-    memory("rope", layers * 2.0 * (q_width + kv_width) * kActivationBytes * tokens,
-           "2 (q + k widths) per token per block (the backward's rotation of dq, dk; the "
-           "forward's is in the attention's staging)");
+    // RoPE rides in the attention's staging (rope_in_attention): q and k rotated as they are
+    // read, dq and dk rotated back as they are written; no bytes of its own.
+    memory("rope", 0.0, "none: q, k rotated as the attention reads them, dq, dk as it writes them");
   }
   // Cross-entropy of the 16-bit logits (logits_16bit, cross_entropy_16): one pass for the running
   // max and sum, a second reading them again to write the gradient over them: 3 V.

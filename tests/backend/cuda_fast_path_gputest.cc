@@ -228,6 +228,10 @@ TEST(CudaFastPaths, RopeInTheAttentionsStagingIsOnWith16BitGemms) {
       ops.rope_forward(x, shape, cos, sin);
       return Status::ok();  // errors reach the check's synchronize
     };
+    rope.rotate_back = [&](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+      ops.rope_backward(x, shape, cos, sin);
+      return Status::ok();
+    };
     rope.attention.forward = [&](float* out, float* lse, const float* q, const float* k,
                                  const float* v, const AttentionShape& shape) {
       ops.attention_forward(out, lse, q, k, v, shape);

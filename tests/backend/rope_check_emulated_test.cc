@@ -11,6 +11,7 @@
 //
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
   RopeAttentionPaths p;
   p.rotate = [](float* x, const RopeShape& shape, const float* cos, const float* sin) {
     return launched(ck::run_rope(kEmulator, x, shape, cos, sin, 1.0f), "rope");
+  };
+  p.rotate_back = [](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+    return launched(ck::run_rope(kEmulator, x, shape, cos, sin, -1.0f), "rope backward");
   };
   p.attention.forward = [ws, one_row](float* out, float* lse, const float* q, const float* k,
                                       const float* v, const AttentionShape& s) {
@@ -113,7 +117,8 @@ TEST(RopeInAttentionEmulated, TheFusedStagingGivesTheBitsOfTheRopeKernelThenTheS
 
 // The rotation while rounding, alone, against rope_kernel then cast_block_kernel: the same bits
 // for every element, with the head's dimensions past the rotary width copied, rows at a stride
-// wider than the heads, and positions.
+// wider than the heads, and positions; and the widening rotated back (rope_block_from_16_kernel)
+// against cast_block_from_16_kernel then rope_kernel's backward, with the companion.
 TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) {
   const std::int64_t rows = 9, heads = 3, head_dim = 24, rotary = 16, stride = 80, seq = 9;
   std::vector<float> x(static_cast<std::size_t>(rows * stride));
@@ -151,6 +156,40 @@ TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) 
         ck::run_cast_block_to_16(kEmulator, plain.data(), code, ld, x.data(), stride, rows, cols),
         0);
     EXPECT_NE(plain, want);
+
+    // Back: the 16-bit values widened, rotated back (the rope kernel's backward) and rounded into
+    // the companion, against cast_block_from_16_kernel then rope_kernel's backward in place.
+    std::vector<float> wide_want(x.size(), -7.0f), wide_got(x.size(), -7.0f);
+    std::vector<std::uint16_t> also_want(x.size(), 0xffff), also_got(x.size(), 0xffff);
+    ASSERT_EQ(ck::run_cast_block_from_16(kEmulator, wide_want.data(), stride, want.data(), code, ld,
+                                         rows, cols),
+              0);
+    ASSERT_EQ(ck::run_rope(kEmulator, wide_want.data(), shape, cos.data(), sin.data(), -1.0f,
+                           ck::Narrow{also_want.data(), code}),
+              0);
+    r.direction = -1.0f;
+    ASSERT_EQ(ck::run_rope_block_from_16(kEmulator, wide_got.data(), stride, want.data(), code, ld,
+                                         rows, r, ck::Narrow{also_got.data(), code}),
+              0);
+    EXPECT_TRUE(std::memcmp(wide_got.data(), wide_want.data(), x.size() * 4) == 0)
+        << "code " << code;
+    // The companion: every rotated element rounded (rope_kernel rounds only the pairs it rotates,
+    // so compare those, and the rest against the widened values' rounding).
+    for (std::int64_t row = 0; row < rows; ++row) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::size_t i = static_cast<std::size_t>(row * stride + j);
+        if (j % head_dim < rotary) {
+          EXPECT_EQ(also_got[i], also_want[i]) << "row " << row << " column " << j;
+        } else {
+          EXPECT_EQ(also_got[i], want[static_cast<std::size_t>(row * ld + j)])
+              << "row " << row << " column " << j;
+        }
+      }
+      for (std::int64_t j = cols; j < stride; ++j) {  // past the heads: untouched
+        EXPECT_EQ(wide_got[static_cast<std::size_t>(row * stride + j)], -7.0f);
+        EXPECT_EQ(also_got[static_cast<std::size_t>(row * stride + j)], 0xffff);
+      }
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // The start-up check of RoPE fused into the attention's staging (backend/rope_check.h) on the CPU
 // backend, with fakes built from the verified ops (a CPU backend's memory is the host's): the
-// faithful fake (q and k copied, rotated by rope_forward, then the verified attention) passes with
-// the bits of the verified path; a fake leaving q and k rotated in place, one ignoring the packed
-// documents' positions, one rotating the whole head, one rotating the wrong way, one whose backward
-// reads q and k unrotated and one whose op fails each fail, naming the case and the tensor.
+// faithful fake (q and k copied, rotated by rope_forward, then the verified attention, then dq and
+// dk rotated back by rope_backward) passes with the bits of the verified path; a fake leaving q and
+// k rotated in place, one ignoring the packed documents' positions, one rotating the whole head,
+// one rotating the wrong way, one whose backward reads q and k unrotated, one that does not rotate
+// dq and dk back and one whose op fails each fail, naming the case and the tensor.
 // FastPaths then lists the path off with one warning naming it.
 #include "backend/rope_check.h"
 
@@ -25,6 +26,7 @@ enum class Fault {
   kWholeHead,
   kWrongWay,
   kBackwardUnrotated,
+  kNotRotatedBack,
   kFails
 };
 
@@ -57,6 +59,10 @@ RopeAttentionPaths paths(Backend& backend, Fault fault) {
   RopeAttentionPaths p;
   p.rotate = [ops](float* x, const RopeShape& shape, const float* cos, const float* sin) {
     ops->rope_forward(x, shape, cos, sin);
+    return Status::ok();
+  };
+  p.rotate_back = [ops](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+    ops->rope_backward(x, shape, cos, sin);
     return Status::ok();
   };
   p.attention.forward = [ops](float* out, float* lse, const float* q, const float* k,
@@ -95,11 +101,22 @@ RopeAttentionPaths paths(Backend& backend, Fault fault) {
                                     const kernels::QkRotation<float>& rope) {
     if (fault == Fault::kBackwardUnrotated || fault == Fault::kRotatesInPlace) {
       ops->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
-      return Status::ok();
+    } else {
+      const std::vector<float> qr = rotated(*ops, q, s.q_stride, s.heads, s, rope, fault);
+      const std::vector<float> kr = rotated(*ops, k, s.kv_stride, s.kv_heads, s, rope, fault);
+      ops->attention_backward(dq, dk, dv, dout, out, lse, qr.data(), kr.data(), v, s);
     }
-    const std::vector<float> qr = rotated(*ops, q, s.q_stride, s.heads, s, rope, fault);
-    const std::vector<float> kr = rotated(*ops, k, s.kv_stride, s.kv_heads, s, rope, fault);
-    ops->attention_backward(dq, dk, dv, dout, out, lse, qr.data(), kr.data(), v, s);
+    if (fault == Fault::kNotRotatedBack) return Status::ok();
+    // dq and dk rotated back in place, each at its own stride.
+    const std::int64_t rows = s.batch * s.seq_len;
+    const std::int64_t rotary = fault == Fault::kWholeHead ? s.head_dim : rope.rotary_dim;
+    const std::int32_t* positions = fault == Fault::kIgnoresPositions ? nullptr : s.positions;
+    ops->rope_backward(
+        dq, RopeShape{rows, s.q_stride, s.seq_len, s.heads, s.head_dim, rotary, positions},
+        rope.cos, rope.sin);
+    ops->rope_backward(
+        dk, RopeShape{rows, s.kv_stride, s.seq_len, s.kv_heads, s.head_dim, rotary, positions},
+        rope.cos, rope.sin);
     return Status::ok();
   };
   return p;
@@ -128,6 +145,7 @@ TEST(RopeAttentionCheck, EachFaultFailsNamingTheCaseAndTheTensor) {
        "width 32): out["},
       {Fault::kWrongWay, "GQA, whole head rotated (head size 64, rotary width 64): out["},
       {Fault::kBackwardUnrotated, "GQA, whole head rotated (head size 64, rotary width 64): dqkv["},
+      {Fault::kNotRotatedBack, "GQA, whole head rotated (head size 64, rotary width 64): dqkv["},
       {Fault::kFails, "the staging failed to launch"},
   };
   for (const auto& c : cases) {

@@ -404,11 +404,13 @@ TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheS
 }
 
 // RoPE fused into the attention's staging (rope_in_attention) gives the bits of the rope kernel
-// followed by the staging, so a Llama run with it refused at start gives the same losses and state
-// to the bit. With it on, the forward's rope kernel is gone: each attention call rounds q and k
-// rotated (two rope_block_to_16 kernels in place of two of its three casts), the backward's rope
-// kernel stays, and the path counts each attention call, forward and backward. GPT-2 has no RoPE:
-// the path is on and unused.
+// followed by the staging, and of the widening followed by the rope kernel's backward, so a Llama
+// run with it refused at start gives the same losses and state to the bit. With it on, no rope
+// kernel runs: each attention call rounds q and k rotated (two rope_block_to_16 kernels in place of
+// two of its three casts), the backward widens dq and dk rotated back (two rope_block_from_16) and
+// dv (a widening the flash epilogue did itself before: one launch more a block in all), and the
+// path counts each attention call, forward and backward. GPT-2 has no RoPE: the path is on and
+// unused.
 TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   testing::TempDir dir;
   const TrainedRun fused = train("llama", kTiers[0], true, dir.path() + "/fused", 2);
@@ -426,13 +428,19 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   for (int step = 0; step < 2; ++step) {
     const auto& on = fused.launches[step];
     const auto& off = refused.launches[step];
-    EXPECT_EQ(count(on, "rope_kernel"), blocks) << "step " << step + 1;  // the backward's
+    EXPECT_EQ(count(on, "rope_kernel"), 0) << "step " << step + 1;
     EXPECT_EQ(count(off, "rope_kernel"), 2 * blocks) << "step " << step + 1;
     EXPECT_EQ(count(on, "rope_block_to_16_kernel"), 2 * 2 * blocks) << "step " << step + 1;
-    EXPECT_EQ(count(off, "rope_block_to_16_kernel"), 0) << "step " << step + 1;
+    EXPECT_EQ(count(on, "rope_block_from_16_kernel"), 2 * blocks) << "step " << step + 1;
+    EXPECT_EQ(count(off, "rope_block_to_16_kernel") + count(off, "rope_block_from_16_kernel"), 0)
+        << "step " << step + 1;
     EXPECT_EQ(count(on, "cast_block_kernel") + 4 * blocks, count(off, "cast_block_kernel"))
         << "step " << step + 1;
-    EXPECT_EQ(on.size() + blocks, off.size()) << "step " << step + 1;
+    // dv widened by a kernel where the flash epilogue wrote it widened itself.
+    EXPECT_EQ(count(on, "cast_block_from_16_kernel"),
+              count(off, "cast_block_from_16_kernel") + blocks)
+        << "step " << step + 1;
+    EXPECT_EQ(on.size(), off.size() + blocks) << "step " << step + 1;
     EXPECT_EQ(emu::casts_before_gemms(fused.compute[step]), 0) << "step " << step + 1;
   }
   EXPECT_EQ(fused.rotated_attention_calls, 2 * 2 * blocks);

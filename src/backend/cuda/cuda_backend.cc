@@ -636,6 +636,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
       return STRATA_CUDA_CHECK(cuda_kernels::rope(stream, x, shape, cos, sin, 1.0f));
     };
     rope.attention = flash;
+    rope.rotate_back = [&](float* x, const RopeShape& shape, const float* cos, const float* sin) {
+      return STRATA_CUDA_CHECK(cuda_kernels::rope(stream, x, shape, cos, sin, -1.0f));
+    };
     rope.forward_rotated = [&](float* out, float* lse, const float* q, const float* k,
                                const float* v, const AttentionShape& shape,
                                const kernels::QkRotation<float>& r) {
@@ -654,8 +657,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     const std::int64_t head_dim = head_sizes.front();
     ops_->use_rope_in_attention(fast_paths_.adopt(
         kRopeAttentionName, kRopeAttentionReplaces,
-        "q and k rotated as the 16-bit attention (flash or cuDNN) rounds them, with the bits of "
-        "the rope kernel then the rounding; the activations keep them unrotated",
+        "q and k rotated as the 16-bit attention (flash or cuDNN) rounds them, and dq, dk rotated "
+        "back as it widens them, with the bits of the rope kernel and the staging; the "
+        "activations keep q and k unrotated",
         [&] {
           return checked_once(fmt::format("{}:{}:{}:{}", kRopeAttentionName, bf16 ? "bf16" : "fp16",
                                           head_dim, scratch.sixteen_elements),
