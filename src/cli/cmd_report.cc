@@ -9,12 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "backend/apart_check.h"
-#include "backend/attention_check.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda_fast_paths.h"
 #include "backend/fast_path.h"
-#include "backend/gemm_check.h"
-#include "backend/norm_check.h"
 #include "cli/command.h"
 #include "io/probe.h"
 #include "sys/report.h"
@@ -39,16 +36,7 @@ std::vector<backend::FastPath> check_fast_paths() {
   } else {
     why = "not checked: this build has no CUDA backend";
   }
-  return {
-      backend::FastPath{backend::kFlashAttentionName, backend::kFlashAttentionReplaces, false, why},
-      backend::FastPath{backend::kCudnnAttentionName, backend::kCudnnAttentionReplaces, false, why},
-      backend::FastPath{backend::kResidualNormName, backend::kResidualNormReplaces, false, why},
-      backend::FastPath{backend::kGemmBiasName, backend::kGemmBiasReplaces, false, why},
-      backend::FastPath{backend::kGemmBiasGeluName, backend::kGemmBiasGeluReplaces, false, why},
-      backend::FastPath{backend::kGemmDgeluName, backend::kGemmDgeluReplaces, false, why},
-      backend::FastPath{backend::kWeights16Name, backend::kWeights16Replaces, false, why},
-      backend::FastPath{backend::kActivations16Name, backend::kActivations16Replaces, false, why},
-      backend::FastPath{backend::kKeptApartName, backend::kKeptApartReplaces, false, why}};
+  return backend::cuda_fast_paths_unchecked(why);
 }
 
 struct ReportOptions {

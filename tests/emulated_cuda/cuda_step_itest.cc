@@ -30,6 +30,7 @@
 #include "backend/apart_check.h"
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda_fast_paths.h"
 #include "backend/fast_path.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
@@ -487,6 +488,15 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   }
   EXPECT_EQ((*second)->name(), "cuda:0");
   EXPECT_NE((*second)->description().find("SIMT emulator"), std::string::npos);
+  // What `strata report` lists without a GPU is every path the backend checks, with the same
+  // "replaces".
+  std::map<std::string, std::string> unchecked;
+  for (const backend::FastPath& p : backend::cuda_fast_paths_unchecked("why"))
+    unchecked[p.name] = p.replaces;
+  std::map<std::string, std::string> checked;
+  for (const auto& [name, p] : paths)
+    checked[name] = p.replaces;
+  EXPECT_EQ(unchecked, checked);
 }
 
 // The emulated streams hold their work until the host waits for it, so that a missing wait shows:
