@@ -453,10 +453,9 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   T* dlnf = scratch_.dln;
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    head_logits(r0, rows, weight);
     if (logits16_ != nullptr) {
       // The logits and their gradient in 16 bits alone, in place.
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
-                           logits16_ld_);
       ops_->cross_entropy_narrow(true, logits16_, logits16_ld_, losses_ + r0, targets_ + r0, rows,
                                  v, grad_scale);
       ops_->gemm_from_narrow(false, false, rows, c, v, T(1), logits16_, logits16_ld_, weight, c,
@@ -465,7 +464,6 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
                              c, T(1), weight_grad, c);
       continue;
     }
-    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
     ops_->cross_entropy_fused(logits_, losses_ + r0, targets_ + r0, rows, v, grad_scale);
     ops_->gemm(false, false, rows, c, v, T(1), logits_, v, weight, c, T(0), dlnf + r0 * c, c);
     ops_->gemm(true, false, v, c, rows, T(1), logits_, v, lnf_ + r0 * c, c, T(1), weight_grad, c);
@@ -525,18 +523,16 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
 
 template <typename T>
 Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
-  const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
+  const std::int64_t n = rows_, v = spec_.vocab_size;
   STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    head_logits(r0, rows, weight);
     if (logits16_ != nullptr) {
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
-                           logits16_ld_);
       ops_->cross_entropy_narrow(false, logits16_, logits16_ld_, losses_ + r0, targets_ + r0, rows,
                                  v, 0.0);
       continue;
     }
-    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
     ops_->cross_entropy_forward(losses_ + r0, logits_, targets_ + r0, rows, v);
   }
   const double loss_sum = ops_->sum(losses_, n);
@@ -545,15 +541,25 @@ Result<double> ModelRunner<T>::evaluate(UnitStore<T>& store) {
 }
 
 template <typename T>
+void ModelRunner<T>::head_logits(std::int64_t r0, std::int64_t rows, const T* weight) {
+  const std::int64_t c = spec_.hidden_size, v = spec_.vocab_size;
+  if (logits16_ != nullptr) {
+    ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
+                         logits16_ld_);
+  } else {
+    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
+  }
+}
+
+template <typename T>
 Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
-  const std::int64_t n = rows_, c = spec_.hidden_size, v = spec_.vocab_size;
+  const std::int64_t n = rows_, v = spec_.vocab_size;
   STRATA_ASSIGN_OR_RETURN(const T* weight, forward_to_head(store));
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
+    head_logits(r0, rows, weight);
     if (logits16_ != nullptr) {
       // The logits as the head computes them (rounded to 16 bits), widened here.
-      ops_->gemm_to_narrow(false, true, rows, v, c, lnf_ + r0 * c, c, weight, c, logits16_,
-                           logits16_ld_);
       std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows * logits16_ld_));
       STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, bits.data(), logits16_,
                                       bits.size() * sizeof(std::uint16_t)));
@@ -566,7 +572,6 @@ Status ModelRunner<T>::logits(UnitStore<T>& store, T* out) {
       }
       continue;
     }
-    ops_->gemm(false, true, rows, v, c, T(1), lnf_ + r0 * c, c, weight, c, T(0), logits_, v);
     STRATA_TRY(backend_->copy_async(backend::StreamKind::kCompute, out + r0 * v, logits_,
                                     static_cast<std::uint64_t>(rows * v) * sizeof(T)));
   }

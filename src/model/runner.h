@@ -143,6 +143,9 @@ class ModelRunner {
   // Final norm into lnf_; returns the head's parameters and the logits weight.
   Status head_norm(const T* head_params);
   const T* head_weight(const T* head_params, const T* embedding_params) const;
+  // The head's product for rows [r0, r0 + rows): the chunk's logits, in logits16_ (the ops'
+  // 16-bit type) where the runner keeps them so, else in logits_.
+  void head_logits(std::int64_t r0, std::int64_t rows, const T* weight);
   // Inference up to the head: the blocks forward, the head's (and a tied embedding's) parameters
   // acquired, the final norm into lnf_; returns the logits weight, held until release_head().
   Result<const T*> forward_to_head(UnitStore<T>& store);
@@ -175,7 +178,7 @@ class ModelRunner {
   T* lnf_ = nullptr;
   T* meanf_ = nullptr;
   T* rstdf_ = nullptr;
-  T* logits_ = nullptr;  // fp32 logits chunk (null with narrow_logits_)
+  T* logits_ = nullptr;  // fp32 logits chunk (null where logits16_ is set)
   // The logits chunk in the ops' narrow_type() alone (RunnerOptions::narrow_logits); null: the
   // fp32 chunk (logits_) instead.
   void* logits16_ = nullptr;

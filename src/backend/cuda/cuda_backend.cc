@@ -622,9 +622,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   ops_->use_flash_attention(bf16, head_sizes);
   choose_cudnn(scratch, head_sizes, bf16);
 
-  // RoPE fused into the 16-bit attention's staging: checked bit for bit against the rope kernel
-  // followed by the flash attention, at one head size the flash attention took (the staging does
-  // not depend on it).
+  // RoPE fused into the 16-bit attention's staging: checked bit for bit against the rope kernel,
+  // the flash attention and the rope kernel's backward, at one head size the flash attention took
+  // (the staging does not depend on it).
   if (head_sizes.empty()) {
     fast_paths_.not_applicable(kRopeAttentionName, kRopeAttentionReplaces,
                                fmt::format("{} is off (its 16-bit staging is where q and k would "

@@ -397,7 +397,7 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_forward_rotated(float* out, float* lse, const float* q, const float* k,
                                         const float* v, const backend::AttentionShape& shape,
                                         const kernels::QkRotation<float>& rope) {
-  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr && rope.sin != nullptr);
+  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr);  // rotating() checks the rest
   attention_forward_impl(out, lse, q, k, v, shape, rope);
 }
 
@@ -412,7 +412,7 @@ void CudaOps::attention_backward_rotated(float* dq, float* dk, float* dv, const 
                                          const float* k, const float* v,
                                          const backend::AttentionShape& shape,
                                          const kernels::QkRotation<float>& rope) {
-  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr && rope.sin != nullptr);
+  STRATA_ASSERT(attention_rotates(shape) && rope.cos != nullptr);  // rotating() checks the rest
   attention_backward_impl(dq, dk, dv, dout, out, lse, q, k, v, shape, rope);
 }
 

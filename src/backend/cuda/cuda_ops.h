@@ -178,7 +178,8 @@ class CudaOps final : public backend::Ops<float> {
   // Whether attention of this shape runs the flash kernels.
   bool takes_flash(const backend::AttentionShape& shape) const;
   // RoPE fused into the 16-bit attention's staging (fast path rope_in_attention; off by default):
-  // q and k rotated as they are rounded, with the bits of the rope kernel followed by the staging.
+  // q and k rotated as they are rounded, and dq, dk rotated back as they are widened, with the
+  // bits of the rope kernels around the plain staging.
   void use_rope_in_attention(bool on) { rope_in_attention_ = on; }
   // Attention calls (forward and backward) that rotated q and k in their staging.
   std::int64_t rotated_attention_calls() const { return rotated_attention_calls_; }
