@@ -26,6 +26,7 @@
 #include "kernels/cpu/float16.h"
 #include "kernels/cpu/nn_ops.h"
 #include "support/cpu_backend_support.h"
+#include "support/emulated_launch.h"
 
 namespace strata::backend {
 namespace {
@@ -44,10 +45,7 @@ std::unique_ptr<Backend> cpu_backend() {
   return testing::small_cpu_backend(256ull << 20);
 }
 
-Status launched(int rc, const char* what) {
-  if (rc == 0) return Status::ok();
-  return Status(ErrorCode::kInternal, std::string(what) + ": the emulated launch failed");
-}
+using testing::emulated_launched;
 
 // The flash path on fp32 arrays as the CUDA backend runs it, under the emulator, with a workspace
 // of `elements` 16-bit elements (kFault: the tests' mutated kernel).
@@ -57,18 +55,20 @@ AttentionPath emulated_flash(std::vector<std::uint16_t>* workspace) {
   path.forward = [workspace](float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttentionShape& s) {
     EXPECT_TRUE(ck::flash_f32_supported(s, static_cast<std::int64_t>(workspace->size())));
-    return launched(ck::run_flash_attention_forward_f32<E, kFault>(
-                        kEmulator, workspace->data(), static_cast<std::int64_t>(workspace->size()),
-                        out, lse, q, k, v, s),
-                    "forward");
+    return emulated_launched(
+        ck::run_flash_attention_forward_f32<E, kFault>(kEmulator, workspace->data(),
+                                                       static_cast<std::int64_t>(workspace->size()),
+                                                       out, lse, q, k, v, s),
+        "forward");
   };
   path.backward = [workspace](float* dq, float* dk, float* dv, const float* dout, const float* out,
                               const float* lse, const float* q, const float* k, const float* v,
                               const AttentionShape& s) {
-    return launched(ck::run_flash_attention_backward_f32<E, kFault>(
-                        kEmulator, workspace->data(), static_cast<std::int64_t>(workspace->size()),
-                        dq, dk, dv, dout, out, lse, q, k, v, s),
-                    "backward");
+    return emulated_launched(
+        ck::run_flash_attention_backward_f32<E, kFault>(
+            kEmulator, workspace->data(), static_cast<std::int64_t>(workspace->size()), dq, dk, dv,
+            dout, out, lse, q, k, v, s),
+        "backward");
   };
   return path;
 }
@@ -402,15 +402,16 @@ AttentionPath staged(std::vector<std::uint16_t>* workspace, HostInner inner) {
   AttentionPath path;
   path.forward = [workspace, inner](float* out, float* lse, const float* q, const float* k,
                                     const float* v, const AttentionShape& s) {
-    return launched(ck::run_attention16_forward_f32<E>(kEmulator, inner, workspace->data(),
-                                                       static_cast<std::int64_t>(workspace->size()),
-                                                       out, lse, q, k, v, s),
-                    "forward");
+    return emulated_launched(
+        ck::run_attention16_forward_f32<E>(kEmulator, inner, workspace->data(),
+                                           static_cast<std::int64_t>(workspace->size()), out, lse,
+                                           q, k, v, s),
+        "forward");
   };
   path.backward = [workspace, inner](float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& s) {
-    return launched(
+    return emulated_launched(
         ck::run_attention16_backward_f32<E>(kEmulator, inner, workspace->data(),
                                             static_cast<std::int64_t>(workspace->size()), dq, dk,
                                             dv, dout, out, lse, q, k, v, s),

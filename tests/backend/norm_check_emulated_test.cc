@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/norm_check.h"
 #include "support/cpu_backend_support.h"
+#include "support/emulated_launch.h"
 
 namespace strata::backend {
 namespace {
@@ -30,10 +31,7 @@ TEST(ResidualNormEmulated, SkippedUnderAddressSanitizer) {
 namespace ck = cuda_kernels;
 const simt::Launcher kEmulator;
 
-Status launched(int rc, const char* what) {
-  if (rc == 0) return Status::ok();
-  return Status(ErrorCode::kInternal, std::string(what) + ": the emulated launch failed");
-}
+using testing::emulated_launched;
 
 TEST(ResidualNormEmulated, TheFusedKernelsGiveTheBitsOfTheAddAndTheNormKernels) {
   std::unique_ptr<Backend> made = testing::small_cpu_backend(64ull << 20);
@@ -44,27 +42,28 @@ TEST(ResidualNormEmulated, TheFusedKernelsGiveTheBitsOfTheAddAndTheNormKernels) 
   two_kernels.layernorm = [](float* res, const float* x, float* out, float* mean, float* rstd,
                              const float* w, const float* b, std::int64_t rows,
                              std::int64_t channels, double eps) {
-    STRATA_TRY(launched(ck::run_add(kEmulator, res, res, x, rows * channels), "add"));
-    return launched(
+    STRATA_TRY(emulated_launched(ck::run_add(kEmulator, res, res, x, rows * channels), "add"));
+    return emulated_launched(
         ck::run_layernorm_forward(kEmulator, out, mean, rstd, res, w, b, rows, channels, eps),
         "layernorm_forward");
   };
   two_kernels.rmsnorm = [](float* res, const float* x, float* out, float* rstd, const float* w,
                            std::int64_t rows, std::int64_t channels, double eps) {
-    STRATA_TRY(launched(ck::run_add(kEmulator, res, res, x, rows * channels), "add"));
-    return launched(ck::run_rmsnorm_forward(kEmulator, out, rstd, res, w, rows, channels, eps),
-                    "rmsnorm_forward");
+    STRATA_TRY(emulated_launched(ck::run_add(kEmulator, res, res, x, rows * channels), "add"));
+    return emulated_launched(
+        ck::run_rmsnorm_forward(kEmulator, out, rstd, res, w, rows, channels, eps),
+        "rmsnorm_forward");
   };
   one_kernel.layernorm = [](float* res, const float* x, float* out, float* mean, float* rstd,
                             const float* w, const float* b, std::int64_t rows,
                             std::int64_t channels, double eps) {
-    return launched(ck::run_add_layernorm_forward(kEmulator, res, x, out, mean, rstd, w, b, rows,
-                                                  channels, eps),
-                    "add_layernorm_forward");
+    return emulated_launched(ck::run_add_layernorm_forward(kEmulator, res, x, out, mean, rstd, w, b,
+                                                           rows, channels, eps),
+                             "add_layernorm_forward");
   };
   one_kernel.rmsnorm = [](float* res, const float* x, float* out, float* rstd, const float* w,
                           std::int64_t rows, std::int64_t channels, double eps) {
-    return launched(
+    return emulated_launched(
         ck::run_add_rmsnorm_forward(kEmulator, res, x, out, rstd, w, rows, channels, eps),
         "add_rmsnorm_forward");
   };

@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/rope_check.h"
 #include "support/cpu_backend_support.h"
+#include "support/emulated_launch.h"
 
 namespace strata::backend {
 namespace {
@@ -32,10 +33,7 @@ TEST(RopeInAttentionEmulated, SkippedUnderAddressSanitizer) {
 namespace ck = cuda_kernels;
 const simt::Launcher kEmulator;
 
-Status launched(int rc, const char* what) {
-  if (rc == 0) return Status::ok();
-  return Status(ErrorCode::kInternal, std::string(what) + ": the emulated launch failed");
-}
+using testing::emulated_launched;
 
 // A workspace for one direction of the shape: room for every batch row at once, or for one
 // (`one_row`).
@@ -52,15 +50,15 @@ template <typename E>
 RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
   RopeAttentionPaths p;
   p.rotate = [](float* x, const RopeShape& shape, const float* cos, const float* sin) {
-    return launched(ck::run_rope(kEmulator, x, shape, cos, sin, 1.0f), "rope");
+    return emulated_launched(ck::run_rope(kEmulator, x, shape, cos, sin, 1.0f), "rope");
   };
   p.rotate_back = [](float* x, const RopeShape& shape, const float* cos, const float* sin) {
-    return launched(ck::run_rope(kEmulator, x, shape, cos, sin, -1.0f), "rope backward");
+    return emulated_launched(ck::run_rope(kEmulator, x, shape, cos, sin, -1.0f), "rope backward");
   };
   p.attention.forward = [ws, one_row](float* out, float* lse, const float* q, const float* k,
                                       const float* v, const AttentionShape& s) {
     std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, false);
-    return launched(
+    return emulated_launched(
         ck::run_flash_attention_forward_f32<E>(
             kEmulator, w.data(), static_cast<std::int64_t>(w.size()), out, lse, q, k, v, s),
         "forward");
@@ -69,10 +67,10 @@ RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
                                        const float* out, const float* lse, const float* q,
                                        const float* k, const float* v, const AttentionShape& s) {
     std::vector<std::uint16_t>& w = workspace_for(ws, s, one_row, true);
-    return launched(ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(),
-                                                            static_cast<std::int64_t>(w.size()), dq,
-                                                            dk, dv, dout, out, lse, q, k, v, s),
-                    "backward");
+    return emulated_launched(ck::run_flash_attention_backward_f32<E>(
+                                 kEmulator, w.data(), static_cast<std::int64_t>(w.size()), dq, dk,
+                                 dv, dout, out, lse, q, k, v, s),
+                             "backward");
   };
   p.forward_rotated = [ws, one_row](float* out, float* lse, const float* q, const float* k,
                                     const float* v, const AttentionShape& s,
@@ -82,9 +80,9 @@ RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
     EXPECT_EQ(
         cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, false, n).passes,
         one_row ? s.batch : 1);
-    return launched(ck::run_flash_attention_forward_f32<E>(kEmulator, w.data(), n, out, lse, q, k,
-                                                           v, s, {}, rope),
-                    "rotated forward");
+    return emulated_launched(ck::run_flash_attention_forward_f32<E>(kEmulator, w.data(), n, out,
+                                                                    lse, q, k, v, s, {}, rope),
+                             "rotated forward");
   };
   p.backward_rotated = [ws, one_row](float* dq, float* dk, float* dv, const float* dout,
                                      const float* out, const float* lse, const float* q,
@@ -95,9 +93,10 @@ RopeAttentionPaths emulated(std::vector<std::uint16_t>* ws, bool one_row) {
     EXPECT_EQ(
         cuda::plan_flash_io(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, true, n).passes,
         one_row ? s.batch : 1);
-    return launched(ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(), n, dq, dk, dv,
-                                                            dout, out, lse, q, k, v, s, {}, rope),
-                    "rotated backward");
+    return emulated_launched(
+        ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(), n, dq, dk, dv, dout, out, lse,
+                                                q, k, v, s, {}, rope),
+        "rotated backward");
   };
   return p;
 }

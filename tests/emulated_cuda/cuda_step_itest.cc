@@ -255,8 +255,7 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
     const std::vector<std::string>& host = runs[1].launches[step];
     const std::vector<std::string>& host_compute = runs[1].compute[step];
     EXPECT_EQ(emu::casts_before_gemms(host_compute), 0) << "step " << step + 1;
-    EXPECT_EQ(std::count(host.begin(), host.end(), std::string("cast_kernel")) -
-                  std::count(host_compute.begin(), host_compute.end(), std::string("cast_kernel")),
+    EXPECT_EQ(emu::launches_of(host, "cast_kernel") - emu::launches_of(host_compute, "cast_kernel"),
               micro_batches * (layers + 2))
         << "step " << step + 1;
     EXPECT_EQ(host.size() - host_compute.size(),
@@ -366,14 +365,13 @@ TEST(EmulatedCudaStepFallback, LogitsIn16BitsTrackTheFp32Logits) {
         "%.4f of its norm\n",
         family.c_str(), narrow.losses[0], narrow.losses[1], wide.losses[0], wide.losses[1],
         difference);
-    const auto count = [](const std::vector<std::string>& log, const char* kernel) {
-      return std::count(log.begin(), log.end(), std::string(kernel));
-    };
     const std::int64_t micro_batches = 2, rows = 2 * 32;  // one logits chunk per micro-batch
     for (int step = 0; step < 2; ++step) {
-      EXPECT_EQ(count(narrow.launches[step], "cross_entropy_16_kernel"), micro_batches) << family;
-      EXPECT_EQ(count(narrow.launches[step], "cross_entropy_kernel"), 0) << family;
-      EXPECT_EQ(count(wide.launches[step], "cross_entropy_kernel"), micro_batches) << family;
+      EXPECT_EQ(emu::launches_of(narrow.launches[step], "cross_entropy_16_kernel"), micro_batches)
+          << family;
+      EXPECT_EQ(emu::launches_of(narrow.launches[step], "cross_entropy_kernel"), 0) << family;
+      EXPECT_EQ(emu::launches_of(wide.launches[step], "cross_entropy_kernel"), micro_batches)
+          << family;
       EXPECT_EQ(emu::launches_by_family(narrow.launches[step]),
                 emu::launches_by_family(wide.launches[step]))
           << family;
@@ -396,11 +394,9 @@ TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheS
   ASSERT_EQ(refused.launches.size(), 1u);
   EXPECT_TRUE(testing::same_bits(refused.state, fused.state));
   EXPECT_EQ(refused.losses[0], fused.losses[0]);
-  const auto adds = [](const std::vector<std::string>& log) {
-    return std::count(log.begin(), log.end(), std::string("add_kernel"));
-  };
   // One step: one more add per block and micro-batch (2 layers x 2 micro-batches).
-  EXPECT_EQ(adds(refused.launches[0]), adds(fused.launches[0]) + 4);
+  EXPECT_EQ(emu::launches_of(refused.launches[0], "add_kernel"),
+            emu::launches_of(fused.launches[0], "add_kernel") + 4);
   EXPECT_EQ(refused.launches[0].size(), fused.launches[0].size() + 4);
 }
 
@@ -422,24 +418,25 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   ASSERT_EQ(refused.launches.size(), 2u);
   EXPECT_TRUE(testing::same_bits(refused.state, fused.state));
   EXPECT_EQ(refused.losses, fused.losses);
-  const auto count = [](const std::vector<std::string>& log, const char* kernel) {
-    return std::count(log.begin(), log.end(), std::string(kernel));
-  };
   const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
   for (int step = 0; step < 2; ++step) {
     const auto& on = fused.launches[step];
     const auto& off = refused.launches[step];
-    EXPECT_EQ(count(on, "rope_kernel"), 0) << "step " << step + 1;
-    EXPECT_EQ(count(off, "rope_kernel"), 2 * blocks) << "step " << step + 1;
-    EXPECT_EQ(count(on, "rope_block_to_16_kernel"), 2 * 2 * blocks) << "step " << step + 1;
-    EXPECT_EQ(count(on, "rope_block_from_16_kernel"), 2 * blocks) << "step " << step + 1;
-    EXPECT_EQ(count(off, "rope_block_to_16_kernel") + count(off, "rope_block_from_16_kernel"), 0)
+    EXPECT_EQ(emu::launches_of(on, "rope_kernel"), 0) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "rope_kernel"), 2 * blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "rope_block_to_16_kernel"), 2 * 2 * blocks)
         << "step " << step + 1;
-    EXPECT_EQ(count(on, "cast_block_kernel") + 4 * blocks, count(off, "cast_block_kernel"))
+    EXPECT_EQ(emu::launches_of(on, "rope_block_from_16_kernel"), 2 * blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "rope_block_to_16_kernel") +
+                  emu::launches_of(off, "rope_block_from_16_kernel"),
+              0)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "cast_block_kernel") + 4 * blocks,
+              emu::launches_of(off, "cast_block_kernel"))
         << "step " << step + 1;
     // dv widened by a kernel where the flash epilogue wrote it widened itself.
-    EXPECT_EQ(count(on, "cast_block_from_16_kernel"),
-              count(off, "cast_block_from_16_kernel") + blocks)
+    EXPECT_EQ(emu::launches_of(on, "cast_block_from_16_kernel"),
+              emu::launches_of(off, "cast_block_from_16_kernel") + blocks)
         << "step " << step + 1;
     EXPECT_EQ(on.size(), off.size() + blocks) << "step " << step + 1;
     EXPECT_EQ(emu::casts_before_gemms(fused.compute[step]), 0) << "step " << step + 1;
@@ -1028,9 +1025,6 @@ TEST(EmulatedCudaBackend, TheAttentionBackwardReadsItsOutputFromItsCompanion) {
     EXPECT_TRUE(b.copy_async(StreamKind::kCompute, grads->data(), d, rows * stride * 4).is_ok());
     return log;
   };
-  const auto casts = [](const std::vector<std::string>& log) {
-    return std::count(log.begin(), log.end(), std::string("cast_block_kernel"));
-  };
   std::vector<float> rounded, read;
   const std::vector<std::string> unpaired = backward(&rounded);
   ASSERT_TRUE(std::any_of(unpaired.begin(), unpaired.end(),
@@ -1038,7 +1032,9 @@ TEST(EmulatedCudaBackend, TheAttentionBackwardReadsItsOutputFromItsCompanion) {
   const std::int64_t uses = listed_path(b, backend::kActivations16Name)->uses;
   ops.pair_narrow(out, out16_buf->data(), rows * width);
   const std::vector<std::string> paired = backward(&read);
-  EXPECT_EQ(casts(paired) + 1, casts(unpaired)) << "out was rounded again";
+  EXPECT_EQ(emu::launches_of(paired, "cast_block_kernel") + 1,
+            emu::launches_of(unpaired, "cast_block_kernel"))
+      << "out was rounded again";
   EXPECT_TRUE(testing::same_bits(read, rounded));
   EXPECT_EQ(listed_path(b, backend::kActivations16Name)->uses - uses, 1);
   // out rewritten without its companion (one row), then the backward alone: rounded again.
@@ -1047,7 +1043,9 @@ TEST(EmulatedCudaBackend, TheAttentionBackwardReadsItsOutputFromItsCompanion) {
   ops.attention_backward(d, d + width, d + width + 64, dout, out, lse, qkv, qkv + width,
                          qkv + width + 64, shape);
   EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
-  EXPECT_EQ(casts(emu::launch_log()), casts(unpaired)) << "read from a stale companion";
+  EXPECT_EQ(emu::launches_of(emu::launch_log(), "cast_block_kernel"),
+            emu::launches_of(unpaired, "cast_block_kernel"))
+      << "read from a stale companion";
   ops.unpair_narrow(out);
 }
 

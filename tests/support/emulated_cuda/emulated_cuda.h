@@ -34,6 +34,8 @@ void clear_launch_log();
 // The family a kernel belongs to, for counting a step's launches ("gemm", "cast", "attention",
 // "norm", "elementwise", "loss", "adam", "reduce", "embedding", "rope", "other").
 std::string kernel_family(const std::string& kernel);
+// Launches of the kernel named `kernel` in `log`.
+std::int64_t launches_of(const std::vector<std::string>& log, const std::string& kernel);
 // Launches per family in `log`.
 std::map<std::string, std::int64_t> launches_by_family(const std::vector<std::string>& log);
 // The cast kernels that feed a GEMM: each run of cast kernels launched right before a GEMM kernel

@@ -1,5 +1,6 @@
-// Kernel families and the casts that feed GEMMs, from the emulated backend's launch log
-// (emulated_cuda.h).
+// Launch counts, kernel families and the casts that feed GEMMs, from the emulated backend's launch
+// log (emulated_cuda.h).
+#include <algorithm>
 #include <string>
 
 #include "tests/support/emulated_cuda/emulated_cuda.h"
@@ -19,6 +20,10 @@ std::string kernel_family(const std::string& k) {
   if (has("reduce") || has("column")) return "reduce";
   if (has("gelu") || has("swiglu") || has("add") || has("scale")) return "elementwise";
   return "other";
+}
+
+std::int64_t launches_of(const std::vector<std::string>& log, const std::string& kernel) {
+  return std::count(log.begin(), log.end(), kernel);
 }
 
 std::map<std::string, std::int64_t> launches_by_family(const std::vector<std::string>& log) {
