@@ -76,6 +76,8 @@ __device__ __forceinline__ float gelu_grad(float v) {
   return 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
 }
 
+// GELU's and SwiGLU's forward write `out` and its companion (where `narrow` has one), or the
+// companion alone where `out` is null (an activation kept in 16 bits alone): the same bits.
 __global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n, Narrow narrow) {
   const std::int64_t groups = aligned_16(out) && aligned_16(x) ? n / 4 : 0;
   const auto* x4 = reinterpret_cast<const Float4*>(x);
@@ -85,12 +87,13 @@ __global__ void gelu_forward_kernel(float* out, const float* x, std::int64_t n, 
     Float4 o;
     for (int j = 0; j < 4; ++j)
       o.v[j] = gelu_value(v.v[j]);
-    out4[g] = o;
+    if (out != nullptr) out4[g] = o;
     store_narrow4(narrow, 4 * g, o);
   }
   for (std::int64_t i = 4 * groups + global_thread(); i < n; i += grid_threads()) {
-    out[i] = gelu_value(x[i]);
-    store_narrow(narrow, i, out[i]);
+    const float o = gelu_value(x[i]);
+    if (out != nullptr) out[i] = o;
+    store_narrow(narrow, i, o);
   }
 }
 
@@ -141,7 +144,7 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
       Float4 o;
       for (int e = 0; e < 4; ++e)
         o.v[e] = g.v[e] * silu_sigmoid(g.v[e]) * u.v[e];
-      reinterpret_cast<Float4*>(out)[q] = o;
+      if (out != nullptr) reinterpret_cast<Float4*>(out)[q] = o;
       store_narrow4(narrow, 4 * q, o);
     }
     return;
@@ -151,8 +154,9 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
     const std::int64_t j = i - r * inner;
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
-    out[i] = g * silu_sigmoid(g) * u;
-    store_narrow(narrow, i, out[i]);
+    const float o = g * silu_sigmoid(g) * u;
+    if (out != nullptr) out[i] = o;
+    store_narrow(narrow, i, o);
   }
 }
 

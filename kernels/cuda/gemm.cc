@@ -365,6 +365,22 @@ void GemmEngine::note_rounded(const float* wide, const void* narrow, int code, s
   twins_.push_back({wide, narrow, code, n, true, false});
 }
 
+bool GemmEngine::note_rounded_alone(const float* wide, const void* narrow, int code,
+                                    std::int64_t n) {
+  if (!companions_on_ || n < 1 || !cuda::converts_operands(config_.precision) ||
+      code != products_code()) {
+    return false;
+  }
+  forget_alone(wide);
+  forget_written(wide, static_cast<std::uint64_t>(n) * sizeof(float));
+  twins_.push_back({wide, narrow, code, n, true, true});
+  return true;
+}
+
+void GemmEngine::forget_alone(const float* wide) {
+  std::erase_if(twins_, [wide](const Twin& t) { return t.wide == wide && t.companion && t.only; });
+}
+
 bool GemmEngine::has_companion(const float* p, std::int64_t n, int code) const {
   bool companion = false;
   return twin_of(p, 1, n, n, code, &companion) != nullptr && companion;

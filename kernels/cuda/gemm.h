@@ -140,6 +140,13 @@ class GemmEngine {
   }
   bool companions_on() const { return companions_on_; }
   void note_rounded(const float* wide, const void* narrow, int code, std::int64_t n);
+  // The same for an activation kept in 16 bits alone: `wide` is only an address range (nothing
+  // is stored there) and every product reading inside it reads `narrow`, whatever is written
+  // around it, until forget_alone(wide); never dropped to make room. false (nothing noted) where
+  // that cannot be promised: the companions are off, or the products do not convert fp32 operands
+  // to 16-bit `code`.
+  bool note_rounded_alone(const float* wide, const void* narrow, int code, std::int64_t n);
+  void forget_alone(const float* wide);
   // Bytes [p, p + bytes) were written without their companion: every noted range (a weight's or
   // an activation's) overlapping them is forgotten.
   void forget_written(const void* p, std::uint64_t bytes);
@@ -232,7 +239,9 @@ class GemmEngine {
     int code = 0;
     std::int64_t n = 0;
     bool companion = false;  // an activation's (note_rounded), else a weight's (note_widened)
-    bool only = false;       // note_weights_only_in_16: the fp32 copy does not hold the weights
+    // note_weights_only_in_16: the fp32 copy does not hold the weights; note_rounded_alone: there
+    // is no fp32 copy.
+    bool only = false;
   };
   // The 16-bit twin of the matrix at `b` (rows x cols, leading dimension ld, all inside one noted
   // range of this code), or null; *companion tells which kind it is.

@@ -26,7 +26,9 @@ cudaError_t embedding_forward(cudaStream_t s, float* out, const std::int32_t* to
                               const std::int32_t* positions, const float* wte, const float* wpe,
                               std::int64_t rows, std::int64_t seq_len, std::int64_t channels);
 // The kernels taking a Narrow (dtype_codes.h) also write their fp32 output's rounding to it
-// (the final values, for those that accumulate).
+// (the final values, for those that accumulate). The norms' forwards (with or without the
+// residual), gelu_forward and swiglu_forward take a null `out` with a companion: they write the
+// companion alone (an activation kept in 16 bits alone).
 cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_t n,
                          Narrow narrow = {});
 cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,

@@ -16,6 +16,8 @@ namespace {
 constexpr int kRowWarps = 4;  // rows per block of the row kernels (a warp per row)
 constexpr int kColumnThreads = 256;
 
+// A null `out` with a companion: the companion alone is written (an activation kept in 16 bits
+// alone), the same bits.
 // kResidual: the residual add fused in front (res += add, then the norm of res): x is res, read,
 // and written back through res_out; the sum is the add kernel's (res + add in fp32), so the bits
 // are those of add then the plain kernel.
@@ -46,10 +48,10 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   v = warp_sum(v) / static_cast<double>(channels);
   const float mr = static_cast<float>(m);
   const float rs = static_cast<float>(1.0 / sqrt(v + eps));
-  float* o = out + row * channels;
   for (std::int64_t c = lane; c < channels; c += 32) {
-    o[c] = (xr[c] - mr) * rs * w[c] + b[c];
-    store_narrow(narrow, row * channels + c, o[c]);
+    const float y = (xr[c] - mr) * rs * w[c] + b[c];
+    if (out != nullptr) out[row * channels + c] = y;
+    store_narrow(narrow, row * channels + c, y);
   }
   if (lane == 0) {
     mean[row] = mr;
@@ -105,10 +107,10 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, 
   }
   s = warp_sum(s);
   const float rs = static_cast<float>(1.0 / sqrt(s / static_cast<double>(channels) + eps));
-  float* o = out + row * channels;
   for (std::int64_t c = lane; c < channels; c += 32) {
-    o[c] = w[c] * (xr[c] * rs);
-    store_narrow(narrow, row * channels + c, o[c]);
+    const float y = w[c] * (xr[c] * rs);
+    if (out != nullptr) out[row * channels + c] = y;
+    store_narrow(narrow, row * channels + c, y);
   }
   if (lane == 0) rstd[row] = rs;
 }
