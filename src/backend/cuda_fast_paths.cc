@@ -1,6 +1,7 @@
 // The CUDA backend's fast paths by name (see cuda_fast_paths.h).
 #include "backend/cuda_fast_paths.h"
 
+#include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/attention_check.h"
 #include "backend/gemm_check.h"
@@ -24,6 +25,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kGemmDgeluName, kGemmDgeluReplaces},
       {kWeights16Name, kWeights16Replaces},
       {kActivations16Name, kActivations16Replaces},
+      {kActivations16AloneName, kActivations16AloneReplaces},
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
   };

@@ -270,6 +270,20 @@ class Ops {
     (void)wide, (void)narrow, (void)n;
   }
   virtual void unpair_narrow(const T* wide) { (void)wide; }
+  // Whether pair_narrow_alone takes the activations only GEMMs read (the norms' outputs, GELU's or
+  // SwiGLU's) at this time (false, the default): the runner then keeps them in 16 bits alone.
+  virtual bool keeps_narrow_alone() const { return false; }
+  // `narrow` (n elements of narrow_type()) holds the activation `key` alone, until
+  // unpair_narrow(key): `key` is an address range with nothing stored behind it (any access to it
+  // faults); layernorm_forward, rmsnorm_forward, add_layernorm_forward and add_rmsnorm_forward (as
+  // `out`), gelu_forward, swiglu_forward and gemm_bias_gelu (as `act`) writing `key` write the
+  // companion alone (the bits pair_narrow's companion would hold), and every product reading
+  // inside `key` reads the companion. Nothing else may read or write `key`. Returns whether this
+  // backend promises that (keeps_narrow_alone); false: nothing is paired.
+  virtual bool pair_narrow_alone(const T* key, void* narrow, std::int64_t n) {
+    (void)key, (void)narrow, (void)n;
+    return false;
+  }
 };
 
 }  // namespace strata::backend

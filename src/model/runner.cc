@@ -169,10 +169,22 @@ Status ModelRunner<T>::allocate() {
       host_checkpoints_.push_back(h + l * n * c);
   }
   const std::int64_t saved_sets = options_.activation_checkpointing ? 1 : layers;
+  // The activations only GEMMs read (the norms' outputs, the MLP's activation) in 16 bits alone:
+  // address ranges stand for their fp32 arrays, and their companions (allocate_companions) hold
+  // them.
+  const bool alone = keeps_alone();
+  auto gemm_input = [&](T** p, std::int64_t elements, const char* what) -> Status {
+    if (alone) {
+      STRATA_ASSIGN_OR_RETURN(*p, reserve(elements, "an activation kept in 16 bits"));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(*p, alloc(elements, what));
+    }
+    return Status::ok();
+  };
   for (std::int64_t l = 0; l < saved_sets; ++l) {
     BlockActs<T> a;
     const char* what = "block activations";
-    STRATA_ASSIGN_OR_RETURN(a.ln1, alloc(n * c, what));
+    STRATA_TRY(gemm_input(&a.ln1, n * c, what));
     STRATA_ASSIGN_OR_RETURN(a.mean1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(n * qkv_width(spec_), what));
@@ -183,11 +195,11 @@ Status ModelRunner<T>::allocate() {
     STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
     STRATA_ASSIGN_OR_RETURN(a.lse, alloc(b * spec_.num_heads * t, what));
     STRATA_ASSIGN_OR_RETURN(a.res1, alloc(n * c, what));
-    STRATA_ASSIGN_OR_RETURN(a.ln2, alloc(n * c, what));
+    STRATA_TRY(gemm_input(&a.ln2, n * c, what));
     STRATA_ASSIGN_OR_RETURN(a.mean2, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd2, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
-    STRATA_ASSIGN_OR_RETURN(a.act, alloc(n * in, what));
+    STRATA_TRY(gemm_input(&a.act, n * in, what));
     acts_.push_back(a);
   }
   const char* what = "backward scratch";
@@ -231,30 +243,56 @@ Status ModelRunner<T>::allocate() {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_alone() const {
+  return options_.narrow_alone && options_.narrow_companions &&
+         (sizing_ || ops_->keeps_narrow_alone());
+}
+
+template <typename T>
+Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
+  // Not device memory: nothing for the arena to count.
+  if (sizing_) return reinterpret_cast<T*>(alignof(T));
+  STRATA_ASSIGN_OR_RETURN(
+      AddressRange range,
+      AddressRange::reserve(static_cast<std::uint64_t>(elements) * sizeof(T), purpose));
+  T* p = static_cast<T*>(range.begin());
+  reserved_.push_back(std::move(range));
+  return p;
+}
+
+template <typename T>
 Status ModelRunner<T>::allocate_companions() {
   if (!options_.narrow_companions) return Status::ok();
   const backend::DType type = sizing_ ? backend::DType::kBF16 : ops_->narrow_type();
   if (type == backend::DType::kF32) return Status::ok();
   const std::int64_t n = rows_, c = spec_.hidden_size, in = spec_.intermediate_size;
   const std::int64_t hd = spec_.num_heads * spec_.head_dim;
-  auto pair = [&](T* wide, std::int64_t elements) -> Status {
+  auto pair = [&](T* wide, std::int64_t elements, bool alone = false) -> Status {
     const std::int64_t narrow_elements =
         (elements * static_cast<std::int64_t>(kernels::dtype_bytes(type)) + sizeof(T) - 1) /
         static_cast<std::int64_t>(sizeof(T));
     STRATA_ASSIGN_OR_RETURN(T * narrow, alloc(narrow_elements, "16-bit activation companions"));
     if (sizing_) return Status::ok();
-    ops_->pair_narrow(wide, narrow, elements);
+    if (!alone) {
+      ops_->pair_narrow(wide, narrow, elements);
+    } else if (!ops_->pair_narrow_alone(wide, narrow, elements)) {
+      return Status(ErrorCode::kInternal,
+                    fmt::format("the {} backend promised to keep activations in 16 bits "
+                                "alone but refused its {} elements",
+                                backend_->name(), elements));
+    }
     paired_.push_back(wide);
     return Status::ok();
   };
   // What the GEMMs read: each block's normalised inputs, attention output and MLP activation
   // (forward, and the weight gradients), the MLP's and the attention's input gradients, the
   // residual gradient, the final norm, the logits' gradient.
+  const bool alone = keeps_alone();
   for (BlockActs<T>& a : acts_) {
-    STRATA_TRY(pair(a.ln1, n * c));
+    STRATA_TRY(pair(a.ln1, n * c, alone));
     STRATA_TRY(pair(a.att, n * hd));
-    STRATA_TRY(pair(a.ln2, n * c));
-    STRATA_TRY(pair(a.act, n * in));
+    STRATA_TRY(pair(a.ln2, n * c, alone));
+    STRATA_TRY(pair(a.act, n * in, alone));
   }
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
@@ -584,6 +622,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options = options;
   w.options.narrow_companions = false;
   w.options.narrow_logits = false;  // they need the companions' 16-bit operands
+  w.options.narrow_alone = false;   // its companion is all it has
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/address_range.h"
 #include "model/blocks.h"
 #include "model/layout.h"
 
@@ -56,6 +57,13 @@ struct RunnerOptions {
   // where the fp32 chunk and its companion take 6. Only with narrow_companions, and only where the
   // backend's ops promise it (the trainer asks them); otherwise the fp32 chunk.
   bool narrow_logits = false;
+  // The activations only GEMMs read (each block's ln1, ln2 and act: the norms' outputs and the
+  // MLP's activation) in the ops' 16-bit type alone (Ops::pair_narrow_alone, fast path
+  // activations_16bit_alone): their fp32 arrays are never allocated (address ranges with nothing
+  // behind them stand for them) and memory_needed counts their 2 bytes per element alone. Only
+  // with narrow_companions, and only where the backend's ops promise it (the trainer asks them:
+  // Ops::keeps_narrow_alone); otherwise the fp32 arrays beside their companions.
+  bool narrow_alone = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -131,6 +139,10 @@ class ModelRunner {
   double mean_loss(double loss_sum) const;
   Result<T*> alloc(std::int64_t elements, const char* purpose);
   Result<T*> alloc_host(std::int64_t elements, const char* purpose);
+  // An address range for `elements` values with nothing behind it (AddressRange), not counted.
+  Result<T*> reserve(std::int64_t elements, const char* purpose);
+  // Whether ln1, ln2 and act are kept in 16 bits alone (RunnerOptions::narrow_alone).
+  bool keeps_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);
@@ -165,6 +177,7 @@ class ModelRunner {
   backend::Event events_[5];
   std::vector<T*> host_checkpoints_;  // activation_offload: per block, (N,C) pinned
   std::vector<backend::Buffer> buffers_;
+  std::vector<AddressRange> reserved_;  // the keys of the activations kept in 16 bits alone
   std::int32_t* inputs_ = nullptr;
   std::int32_t* targets_ = nullptr;
   std::int32_t* positions_ = nullptr;  // used when set_batch was given positions

@@ -131,6 +131,8 @@ Status Trainer::setup() {
   model::RunnerOptions runner = runner_options(config_, shape_, backend_->device_memory_is_host());
   // The head's logits in 16 bits alone where the backend's ops took that fast path at start.
   runner.narrow_logits = runner.narrow_companions && backend_->ops_f32().logits_in_narrow();
+  // The activations only GEMMs read in 16 bits alone likewise (activations_16bit_alone).
+  runner.narrow_alone = runner.narrow_companions && backend_->ops_f32().keeps_narrow_alone();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

@@ -10,13 +10,16 @@
 // same call twice gives the same bits, and the seam turns it off with flash still on. The fused
 // residual + norm (fused_residual_norm) is on, and the ops' add_layernorm_forward and
 // add_rmsnorm_forward give the bits of add followed by the norm; turned off by the seam, the same.
-// Skips without a GPU.
+// The activations only GEMMs read kept in 16 bits alone (activations_16bit_alone) are on with
+// 16-bit GEMMs and pass their check again through the backend's own ops. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
+#include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
@@ -130,6 +133,82 @@ TEST(CudaFastPaths, ActivationCompanionsAreOnWith16BitGemms) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// The activations only GEMMs read kept in 16 bits alone (the start-up check passed) with 16-bit
+// GEMMs, whose companions they need; the check passes again on the backend's own Ops (with
+// cuBLASLt's GELU epilogue on where its check passed: gemm_bias_gelu must leave it for an
+// activation kept alone, whose key has nothing behind it; the norms with the residual add fused
+// where that path is on), counting 7 writes kept alone for each of its 2 shapes; with fp32 GEMM
+// inputs the path does not apply.
+TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kActivations16AloneName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    const std::optional<FastPath> gelu = find_path(gpu.fast_paths(), kGemmBiasGeluName);
+    std::printf("%s: %s (%s)\n", kGemmBiasGeluName, gelu && gelu->active ? "on" : "off",
+                gelu ? gelu->detail.c_str() : "not listed");
+    Ops<float>& ops = gpu.ops_f32();
+    NarrowAlonePath alone;
+    alone.type = ops.narrow_type();
+    alone.pair = [&](float* wide, void* narrow, std::int64_t n, bool by_itself) {
+      if (!by_itself) {
+        ops.pair_narrow(wide, narrow, n);
+        return Status::ok();
+      }
+      return ops.pair_narrow_alone(wide, narrow, n)
+                 ? Status::ok()
+                 : Status(ErrorCode::kUnavailable, "pair_narrow_alone refused");
+    };
+    alone.unpair = [&](const float* wide) { ops.unpair_narrow(wide); };
+    alone.reads_companion = [](const float*, std::int64_t) { return true; };
+    alone.layernorm = [&](float* out, float* mean, float* rstd, const float* x, const float* w,
+                          const float* b, std::int64_t rows, std::int64_t channels, double eps) {
+      ops.layernorm_forward(out, mean, rstd, x, w, b, rows, channels, eps);
+    };
+    alone.add_layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                              const float* w, const float* b, std::int64_t rows,
+                              std::int64_t channels, double eps) {
+      ops.add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
+    };
+    alone.rmsnorm = [&](float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
+                        std::int64_t channels,
+                        double eps) { ops.rmsnorm_forward(out, rstd, x, w, rows, channels, eps); };
+    alone.add_rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                            std::int64_t rows, std::int64_t channels, double eps) {
+      ops.add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
+    };
+    alone.gelu = [&](float* out, const float* x, std::int64_t n) { ops.gelu_forward(out, x, n); };
+    alone.swiglu = [&](float* out, const float* gate_up, std::int64_t rows, std::int64_t inner) {
+      ops.swiglu_forward(out, gate_up, rows, inner);
+    };
+    alone.gemm_bias = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                          const float* bias,
+                          float* c) { ops.gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
+    alone.gemm_bias_gelu = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                               const float* bias, float* pre, float* act) {
+      ops.gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+    };
+    alone.gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                     std::int64_t ldc) {
+      ops.gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    };
+    alone.finish = [&] { return gpu.synchronize(StreamKind::kCompute); };
+    const std::int64_t before = path->uses;
+    const Status s = check_narrow_alone(gpu, alone);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kActivations16AloneName)->uses - before, 14);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16AloneName);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;

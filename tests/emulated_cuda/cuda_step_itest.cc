@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
@@ -133,6 +134,8 @@ struct TrainedRun {
   std::vector<std::vector<std::string> > compute;   // the same, the compute stream's only
   std::int64_t narrow_logit_rows = -1;              // the logits_16bit path's uses, where it is on
   std::int64_t rotated_attention_calls = -1;        // the rope_in_attention path's, where it is on
+  std::int64_t alone_writes = -1;   // the activations_16bit_alone path's, where it is on
+  std::uint64_t device_in_use = 0;  // the device arena's bytes in use after the last step
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -160,7 +163,9 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
   for (const backend::FastPath& p : trainer->backend().fast_paths()) {
     if (p.name == backend::kLogits16Name && p.active) run.narrow_logit_rows = p.uses;
     if (p.name == backend::kRopeAttentionName && p.active) run.rotated_attention_calls = p.uses;
+    if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
   }
+  run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
 }
 
@@ -447,6 +452,37 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   EXPECT_EQ(gpt2.rotated_attention_calls, 0);
 }
 
+// The activations only GEMMs read kept in 16 bits alone (activations_16bit_alone: each block's two
+// norm outputs and MLP activation) against the path refused at start (their fp32 arrays allocated
+// beside the companions): the same losses and state to the bit in both families (the products read
+// the same companions either way), the same kernels, three writes kept alone per block and
+// micro-batch (the two norms', and GELU's kernel for GPT-2, which runs the product and GELU where
+// cuBLASLt's epilogue would have had an fp32 array to write, or SwiGLU's for the Llama family), and
+// exactly the fp32 arrays' bytes fewer on the device.
+TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
+    backend::fail_fast_path_for_test(std::string(backend::kActivations16AloneName));
+    const TrainedRun beside = train(family, kTiers[0], true, dir.path() + "/beside-" + family, 2);
+    backend::fail_fast_path_for_test(std::nullopt);
+    ASSERT_EQ(alone.launches.size(), 2u) << family;
+    ASSERT_EQ(beside.launches.size(), 2u) << family;
+    EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
+    EXPECT_EQ(beside.losses, alone.losses) << family;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(alone.launches[step], beside.launches[step]) << family << " step " << step + 1;
+    }
+    const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
+    EXPECT_EQ(alone.alone_writes, 2 * micro_batches * layers * 3) << family;
+    EXPECT_EQ(beside.alone_writes, -1) << family;
+    const std::int64_t hidden = 128, inner = family == "gpt2" ? 4 * hidden : 256;
+    EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+              static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner)) * sizeof(float))
+        << family;
+  }
+}
+
 // The backend's start: the fast paths are checked by the emulated kernels, each attention check
 // once per process (a second backend does not run it again), the cheap residual-norm check every
 // time; without cuBLASLt the epilogues are not applicable.
@@ -476,6 +512,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
       << paths["flash_attention"].detail;
   EXPECT_TRUE(paths["fused_residual_norm"].active) << paths["fused_residual_norm"].detail;
   EXPECT_TRUE(paths["rope_in_attention"].active) << paths["rope_in_attention"].detail;
+  EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
   for (const char* epilogue :
        {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue", "gemm_dgelu_epilogue"}) {
     ASSERT_EQ(paths.count(epilogue), 1u) << epilogue;

@@ -88,6 +88,39 @@ TEST(RunSettings, LogitsIn16BitsAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(shape, narrow).options.narrow_logits);
 }
 
+// The activations only GEMMs read in 16 bits alone (RunnerOptions::narrow_alone, which the trainer
+// asks of the backend's ops) are counted as such: each block's fp32 ln1, ln2 and act go, their
+// companions stay; with activation checkpointing, the one set of activations' arrays. The settings
+// alone leave it off, and without the companions it counts nothing.
+TEST(RunSettings, ActivationsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  for (const model::ModelShape& shape : {testing::tiny_gpt2(false), testing::tiny_llama(true)}) {
+    const model::RunnerOptions with = runner_options(c, shape, false);
+    ASSERT_TRUE(with.narrow_companions);
+    EXPECT_FALSE(with.narrow_alone);
+    auto device = [&](const model::RunnerOptions& o) {
+      return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+    };
+    auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+    const auto n = static_cast<std::uint64_t>(2 * 16);
+    const auto act = 2 * granule(n * static_cast<std::uint64_t>(shape.hidden_size) * 4) +
+                     granule(n * static_cast<std::uint64_t>(shape.intermediate_size) * 4);
+    model::RunnerOptions alone = with;
+    alone.narrow_alone = true;
+    EXPECT_EQ(device(with) - device(alone), static_cast<std::uint64_t>(shape.num_layers) * act);
+    model::RunnerOptions checkpointed = with, checkpointed_alone = alone;
+    checkpointed.activation_checkpointing = checkpointed_alone.activation_checkpointing = true;
+    EXPECT_EQ(device(checkpointed) - device(checkpointed_alone), act);
+    model::RunnerOptions plain = with, plain_alone = alone;
+    plain.narrow_companions = plain_alone.narrow_companions = false;
+    EXPECT_EQ(device(plain_alone), device(plain));
+    EXPECT_FALSE(model::without_companions(shape, alone).options.narrow_alone);
+  }
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

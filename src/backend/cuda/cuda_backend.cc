@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/arena.h"
 #include "backend/attention_check.h"
@@ -286,6 +287,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->apart_reads();
       } else if (p.name == kLogits16Name) {
         p.uses = ops_->narrow_logit_rows();
+      } else if (p.name == kActivations16AloneName) {
+        p.uses = ops_->alone_writes();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -821,12 +824,6 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "products of the gradient; no fp32 logits",
         [&] { return check_narrow_logits(*this, logits); }));
   }
-  gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
-  ops_->reset_apart_reads();
-  ops_->reset_narrow_logit_rows();
-  ops_->reset_rotated_attention_calls();
-  ops_->reset_staged_companion_reads();
-
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;
   two_launches.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
@@ -858,6 +855,84 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
       "LayerNorm and RMSNorm after a residual add (each block's second norm), in one kernel with "
       "the bits of the two",
       [&] { return check_residual_norm(*this, two_launches, one_kernel); }));
+
+  // The activations only GEMMs read in 16 bits alone (Ops::pair_narrow_alone): where the products
+  // read the activations' companions already; checked bit for bit against the companions kept
+  // beside, after the residual-norm choice (the norms with the residual add run as the step will).
+  if (!fast_paths_.active(kActivations16Name)) {
+    fast_paths_.not_applicable(
+        kActivations16AloneName, kActivations16AloneReplaces,
+        fmt::format("the products do not read the activations' companions ({} is off)",
+                    kActivations16Name));
+  } else {
+    NarrowAlonePath alone;
+    alone.type = sixteen;
+    alone.pair = [&](float* wide, void* narrow, std::int64_t n, bool by_itself) -> Status {
+      if (!by_itself) {
+        ops_->pair_narrow(wide, narrow, n);
+        return Status::ok();
+      }
+      if (ops_->pair_narrow_alone(wide, narrow, n)) return Status::ok();
+      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
+    };
+    alone.unpair = [&](const float* wide) { ops_->unpair_narrow(wide); };
+    alone.reads_companion = [&](const float* p, std::int64_t n) {
+      return gemm_->has_companion(p, n, static_cast<int>(sixteen));
+    };
+    alone.layernorm = [&](float* out, float* mean, float* rstd, const float* x, const float* w,
+                          const float* b, std::int64_t rows, std::int64_t channels, double eps) {
+      ops_->layernorm_forward(out, mean, rstd, x, w, b, rows, channels, eps);
+    };
+    alone.add_layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
+                              const float* w, const float* b, std::int64_t rows,
+                              std::int64_t channels, double eps) {
+      ops_->add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
+    };
+    alone.rmsnorm = [&](float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
+                        std::int64_t channels, double eps) {
+      ops_->rmsnorm_forward(out, rstd, x, w, rows, channels, eps);
+    };
+    alone.add_rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
+                            std::int64_t rows, std::int64_t channels, double eps) {
+      ops_->add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
+    };
+    alone.gelu = [&](float* out, const float* x, std::int64_t n) { ops_->gelu_forward(out, x, n); };
+    alone.swiglu = [&](float* out, const float* gate_up, std::int64_t rows, std::int64_t inner) {
+      ops_->swiglu_forward(out, gate_up, rows, inner);
+    };
+    alone.gemm_bias = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                          const float* bias,
+                          float* c) { ops_->gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
+    alone.gemm_bias_gelu = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                               const float* bias, float* pre, float* act) {
+      ops_->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+    };
+    alone.gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                     std::int64_t ldc) {
+      ops_->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    };
+    alone.finish = [&]() -> Status {
+      STRATA_TRY(synchronize(StreamKind::kCompute));
+      return sink_.first();
+    };
+    ops_->use_narrow_alone(true);
+    ops_->use_narrow_alone(fast_paths_.adopt(
+        kActivations16AloneName, kActivations16AloneReplaces,
+        "each block's norm outputs and MLP activation written into their 16-bit companions alone "
+        "(no fp32 arrays are allocated for them) and read there by their products; the GEMM with "
+        "bias and GELU then runs the product and GELU's kernel",
+        [&] { return check_narrow_alone(*this, alone); }));
+  }
+  gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
+  ops_->reset_alone_writes();
+  ops_->reset_fused_norm_calls();
+  ops_->reset_apart_reads();
+  ops_->reset_narrow_logit_rows();
+  ops_->reset_rotated_attention_calls();
+  ops_->reset_staged_companion_reads();
 }
 
 // cuDNN's fused attention over the flash attention's staging (kernels/cuda/cudnn_sdpa.h), for the

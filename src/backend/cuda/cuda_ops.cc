@@ -77,8 +77,10 @@ void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::in
                              std::int64_t ldb, const float* bias, float* pre, float* act) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
   bias = param(bias, n);
-  if (epilogue_done(
-          gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre, act))) {
+  // An activation kept in 16 bits alone has no fp32 array for the epilogue's D: the product, then
+  // GELU writing its companion alone.
+  if (!alone(act, m * n) && epilogue_done(gemm_->gemm_bias_gelu(trans_a, trans_b, m, n, k, a, lda,
+                                                                b, ldb, bias, pre, act))) {
     return;
   }
   gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre);
@@ -123,9 +125,9 @@ void CudaOps::layernorm_forward(float* out, float* mean, float* rstd, const floa
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(mean, rows);
   wrote(rstd, rows);
-  STRATA_OPS_CHECK(
-      ck::layernorm_forward(stream_, out, mean, rstd, x, w, b, rows, channels, eps, narrow),
-      "layernorm_forward");
+  STRATA_OPS_CHECK(ck::layernorm_forward(stream_, wide_out(out, rows * channels), mean, rstd, x, w,
+                                         b, rows, channels, eps, narrow),
+                   "layernorm_forward");
   wrote(out, rows * channels, narrow);
 }
 
@@ -143,8 +145,8 @@ void CudaOps::add_layernorm_forward(float* res, const float* x, float* out, floa
   wrote(res, rows * channels);
   wrote(mean, rows);
   wrote(rstd, rows);
-  STRATA_OPS_CHECK(ck::add_layernorm_forward(stream_, res, x, out, mean, rstd, w, b, rows, channels,
-                                             eps, narrow),
+  STRATA_OPS_CHECK(ck::add_layernorm_forward(stream_, res, x, wide_out(out, rows * channels), mean,
+                                             rstd, w, b, rows, channels, eps, narrow),
                    "add_layernorm_forward");
   wrote(out, rows * channels, narrow);
 }
@@ -161,9 +163,9 @@ void CudaOps::add_rmsnorm_forward(float* res, const float* x, float* out, float*
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(res, rows * channels);
   wrote(rstd, rows);
-  STRATA_OPS_CHECK(
-      ck::add_rmsnorm_forward(stream_, res, x, out, rstd, w, rows, channels, eps, narrow),
-      "add_rmsnorm_forward");
+  STRATA_OPS_CHECK(ck::add_rmsnorm_forward(stream_, res, x, wide_out(out, rows * channels), rstd, w,
+                                           rows, channels, eps, narrow),
+                   "add_rmsnorm_forward");
   wrote(out, rows * channels, narrow);
 }
 
@@ -186,7 +188,8 @@ void CudaOps::rmsnorm_forward(float* out, float* rstd, const float* x, const flo
   w = param(w, channels);
   const ck::Narrow narrow = narrow_for(out, rows * channels);
   wrote(rstd, rows);
-  STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, out, rstd, x, w, rows, channels, eps, narrow),
+  STRATA_OPS_CHECK(ck::rmsnorm_forward(stream_, wide_out(out, rows * channels), rstd, x, w, rows,
+                                       channels, eps, narrow),
                    "rmsnorm_forward");
   wrote(out, rows * channels, narrow);
 }
@@ -234,7 +237,7 @@ void CudaOps::rmsnorm_heads_backward(float* d, float* dw, const float* x, const 
 
 void CudaOps::gelu_forward(float* out, const float* x, std::int64_t n) {
   const ck::Narrow narrow = narrow_for(out, n);
-  STRATA_OPS_CHECK(ck::gelu_forward(stream_, out, x, n, narrow), "gelu_forward");
+  STRATA_OPS_CHECK(ck::gelu_forward(stream_, wide_out(out, n), x, n, narrow), "gelu_forward");
   wrote(out, n, narrow);
 }
 
@@ -247,8 +250,9 @@ void CudaOps::gelu_backward(float* dx, const float* x, const float* dout, std::i
 void CudaOps::swiglu_forward(float* out, const float* gate_up, std::int64_t rows,
                              std::int64_t inner) {
   const ck::Narrow narrow = narrow_for(out, rows * inner);
-  STRATA_OPS_CHECK(ck::swiglu_forward(stream_, out, gate_up, rows, inner, narrow),
-                   "swiglu_forward");
+  STRATA_OPS_CHECK(
+      ck::swiglu_forward(stream_, wide_out(out, rows * inner), gate_up, rows, inner, narrow),
+      "swiglu_forward");
   wrote(out, rows * inner, narrow);
 }
 
@@ -712,9 +716,35 @@ void CudaOps::pair_narrow(const float* wide, void* narrow, std::int64_t n) {
   pairs_.push_back({wide, narrow, n});
 }
 
+bool CudaOps::pair_narrow_alone(const float* key, void* narrow, std::int64_t n) {
+  if (!keeps_narrow_alone() || n < 1) return false;
+  unpair_narrow(key);
+  if (!gemm_->note_rounded_alone(key, narrow, static_cast<int>(narrow_type_), n)) return false;
+  pairs_.push_back({key, narrow, n, true});
+  return true;
+}
+
+float* CudaOps::wide_out(float* out, std::int64_t n) {
+  if (!alone(out, n)) return out;
+  ++alone_writes_;
+  return nullptr;
+}
+
+bool CudaOps::alone(const float* p, std::int64_t n) const {
+  for (const Pair& pair : pairs_) {
+    if (pair.alone && p >= pair.wide && p + n <= pair.wide + pair.n) return true;
+  }
+  return false;
+}
+
 void CudaOps::unpair_narrow(const float* wide) {
   for (const Pair& p : pairs_) {
-    if (p.wide == wide) wrote(p.wide, p.n);  // what the GEMMs knew of it goes too
+    if (p.wide != wide) continue;
+    if (p.alone) {
+      gemm_->forget_alone(wide);
+    } else {
+      wrote(p.wide, p.n);  // what the GEMMs knew of it goes too
+    }
   }
   std::erase_if(pairs_, [wide](const Pair& p) { return p.wide == wide; });
 }
@@ -742,6 +772,12 @@ ck::Narrow CudaOps::rewrite_in_place(const float* x, std::int64_t n) {
 
 void CudaOps::wrote(const float* out, std::int64_t n, const ck::Narrow& narrow) {
   if (n < 1) return;
+  if (alone(out, n)) {
+    // Its companion is all there is, noted for good by pair_narrow_alone.
+    STRATA_ASSERT_MSG(narrow.p != nullptr,
+                      "an activation kept in 16 bits alone was written without its companion");
+    return;
+  }
   if (narrow.p != nullptr) {
     gemm_->note_rounded(out, narrow.p, narrow.code, n);
   } else {

@@ -164,6 +164,16 @@ class CudaOps final : public backend::Ops<float> {
   void reset_narrow_logit_rows() { narrow_logit_rows_ = 0; }
   void pair_narrow(const float* wide, void* narrow, std::int64_t n) override;
   void unpair_narrow(const float* wide) override;
+  // The MLP's activation kept in 16 bits alone (fast path activations_16bit_alone; off by default):
+  // only with the companions on.
+  void use_narrow_alone(bool on) { narrow_alone_ = on; }
+  bool keeps_narrow_alone() const override {
+    return narrow_alone_ && narrow_type_ != backend::DType::kF32;
+  }
+  bool pair_narrow_alone(const float* key, void* narrow, std::int64_t n) override;
+  // GELU and SwiGLU calls that wrote an activation kept in 16 bits alone.
+  std::int64_t alone_writes() const { return alone_writes_; }
+  void reset_alone_writes() { alone_writes_ = 0; }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
   void use_companions(backend::DType type);
@@ -187,6 +197,7 @@ class CudaOps final : public backend::Ops<float> {
   // The residual add fused into the norm after it (one kernel; its bits are those of the two).
   void use_fused_residual_norm(bool on) { fused_norm_ = on; }
   std::int64_t fused_norm_calls() const { return fused_norm_calls_; }
+  void reset_fused_norm_calls() { fused_norm_calls_ = 0; }
   // A second 16-bit attention on the flash path's staging (cuDNN's fused attention,
   // kernels/cuda/cudnn_sdpa.h) for these head sizes, where `accepts` takes the shape (it prepares
   // the shape's plans); calls it declines, and packed documents, run the flash kernels.
@@ -217,7 +228,14 @@ class CudaOps final : public backend::Ops<float> {
     const float* wide = nullptr;
     void* narrow = nullptr;
     std::int64_t n = 0;
+    bool alone = false;  // pair_narrow_alone: `wide` is an address range alone
   };
+  // Whether the n values at p lie inside an activation kept in 16 bits alone (pair_narrow_alone):
+  // the ops writing them write the companion alone.
+  bool alone(const float* p, std::int64_t n) const;
+  // Where a kernel writes the n values at `out` in fp32: out, or null (its companion alone) where
+  // they are kept alone (counted in alone_writes()).
+  float* wide_out(float* out, std::int64_t n);
   // The companion for the n values written at `out` (inside one paired buffer), or none.
   cuda_kernels::Narrow narrow_for(const float* out, std::int64_t n) const;
   // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
@@ -242,6 +260,8 @@ class CudaOps final : public backend::Ops<float> {
   backend::DType narrow_type_ = backend::DType::kF32;
   std::vector<Pair> pairs_;
   bool narrow_logits_ = false;
+  bool narrow_alone_ = false;
+  std::int64_t alone_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;

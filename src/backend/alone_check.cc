@@ -1,0 +1,224 @@
+// The start-up check of the MLP's activation kept in 16 bits alone (see alone_check.h).
+#include "backend/alone_check.h"
+
+#include <fmt/format.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/host_copies.h"
+#include "common/address_range.h"
+
+namespace strata::backend {
+namespace {
+
+struct Shape {
+  std::int64_t rows, inner;
+};
+constexpr std::int64_t kOuts = 24;  // the products' other side (the hidden size)
+constexpr std::int64_t kIns = 16;   // the up-projection's inputs
+
+// Unpairs what the check paired, however it ends.
+struct Unpair {
+  const NarrowAlonePath& path;
+  std::vector<const float*> wide;
+  ~Unpair() {
+    for (const float* w : wide)
+      path.unpair(w);
+  }
+};
+
+Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s) {
+  const std::int64_t n = s.rows * s.inner;
+  std::mt19937_64 rng(4200 + static_cast<std::uint64_t>(s.inner));
+  const char* purpose = "activations_16bit_alone check";
+  const std::vector<float> zeros(static_cast<std::size_t>(std::max(n, s.inner * kOuts)), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(Buffer pre_in,
+                          device_copy(backend, normal_values(rng, n, 2.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer gate_up,
+                          device_copy(backend, normal_values(rng, 2 * n, 2.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer x, device_copy(backend, normal_values(rng, s.rows * kIns, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer w_up, device_copy(backend, normal_values(rng, kIns * s.inner, 0.5f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer bias,
+                          device_copy(backend, normal_values(rng, s.inner, 0.5f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer w, device_copy(backend, normal_values(rng, s.inner * kOuts, 0.5f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer dout, device_copy(backend, normal_values(rng, s.rows * kOuts, 1.0f, 0.0f), purpose));
+  const std::vector<float> residual = normal_values(rng, n, 1.0f, 0.5f);
+  STRATA_ASSIGN_OR_RETURN(Buffer norm_in,
+                          device_copy(backend, normal_values(rng, n, 1.5f, 0.25f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer norm_w,
+                          device_copy(backend, normal_values(rng, s.inner, 0.5f, 1.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer norm_b,
+                          device_copy(backend, normal_values(rng, s.inner, 0.5f, 0.0f), purpose));
+  // Residual sums, one pair (the verified path's, the path's) for each norm with the add fused.
+  Buffer res_ref[2], res_got[2];
+  for (int i = 0; i < 2; ++i) {
+    STRATA_ASSIGN_OR_RETURN(res_ref[i], device_copy(backend, residual, purpose));
+    STRATA_ASSIGN_OR_RETURN(res_got[i], device_copy(backend, residual, purpose));
+  }
+  STRATA_ASSIGN_OR_RETURN(Buffer stats_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer stats_got, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer wide, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer pre_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer pre_got, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer c_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer c_got, device_copy(backend, zeros, purpose));
+  const std::vector<std::uint16_t> zeros16(static_cast<std::size_t>(n), 0);
+  STRATA_ASSIGN_OR_RETURN(Buffer beside16, device_copy(backend, zeros16, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer alone16, device_copy(backend, zeros16, purpose));
+  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
+                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
+                                                "the activations_16bit_alone check's key"));
+  auto* key = static_cast<float*>(key_range.begin());
+  float* beside = wide.as<float>();
+  const std::string where = fmt::format("{} rows of {}", s.rows, s.inner);
+
+  Unpair unpair{path, {}};
+  STRATA_TRY(path.pair(beside, beside16.data(), n, false).with_context(where));
+  unpair.wide.push_back(beside);
+  STRATA_TRY(path.pair(key, alone16.data(), n, true).with_context(where));
+  unpair.wide.push_back(key);
+  if (!path.reads_companion(key, n)) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: a product reading the activation kept alone would not read its "
+                              "companion",
+                              where));
+  }
+
+  const auto same16 = [&](const char* op) -> Status {
+    std::vector<std::uint16_t> want(zeros16.size()), got(zeros16.size());
+    STRATA_TRY(copy_to_host(backend, &want, beside16));
+    STRATA_TRY(copy_to_host(backend, &got, alone16));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (want[i] != got[i]) {
+        return Status(ErrorCode::kInternal,
+                      fmt::format("{}, {}: the companion kept alone holds 0x{:04x} at [{}], the "
+                                  "one kept beside its fp32 values 0x{:04x} (the bits must match)",
+                                  where, op, got[i], i, want[i]));
+      }
+    }
+    return Status::ok();
+  };
+  const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
+                          std::int64_t count) -> Status {
+    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, count));
+    if (d.index < 0) return Status::ok();
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
+                              where, what, d.index, d.got, d.want));
+  };
+  // The model's three products on the activation, reading the one beside, then the one alone.
+  const auto products = [&](const char* op) -> Status {
+    const float* acts[2] = {beside, key};
+    const Buffer* outs[2] = {&c_ref, &c_got};
+    struct Product {
+      const char* name;
+      std::int64_t count;
+    };
+    const Product list[] = {
+        {"the down-projection (activation as A)", s.rows * kOuts},
+        {"GPT-2's weight gradient (activation as A transposed)", s.inner * kOuts},
+        {"the Llama family's weight gradient (activation as B)", kOuts * s.inner}};
+    for (int p = 0; p < 3; ++p) {
+      for (int side = 0; side < 2; ++side) {
+        const float* a = acts[side];
+        float* c = outs[side]->as<float>();
+        if (p == 0) {
+          path.gemm(false, false, s.rows, kOuts, s.inner, a, s.inner, w.as<float>(), kOuts, c,
+                    kOuts);
+        } else if (p == 1) {
+          path.gemm(true, false, s.inner, kOuts, s.rows, a, s.inner, dout.as<float>(), kOuts, c,
+                    kOuts);
+        } else {
+          path.gemm(true, false, kOuts, s.inner, s.rows, dout.as<float>(), kOuts, a, s.inner, c,
+                    s.inner);
+        }
+      }
+      STRATA_TRY(path.finish().with_context(where));
+      STRATA_TRY(
+          same32(fmt::format("after {}: {}", op, list[p].name), c_ref, c_got, list[p].count));
+    }
+    return Status::ok();
+  };
+
+  // After a writer: its companions, then the products on them.
+  const auto written = [&](const char* op) -> Status {
+    STRATA_TRY(path.finish().with_context(where));
+    STRATA_TRY(same16(op));
+    return products(op);
+  };
+  // The norms' statistics (mean, then rstd: `count` rows each) and residual sums.
+  const auto same_stats = [&](const char* op, std::int64_t count) {
+    return same32(fmt::format("{}: its statistics", op), stats_ref, stats_got, count);
+  };
+  const float* xn = norm_in.as<float>();
+  const float* nw = norm_w.as<float>();
+  const float* nb = norm_b.as<float>();
+  const double eps = 1e-5;
+  float* mean_ref = stats_ref.as<float>();
+  float* mean_got = stats_got.as<float>();
+
+  path.layernorm(beside, mean_ref, mean_ref + s.rows, xn, nw, nb, s.rows, s.inner, eps);
+  path.layernorm(key, mean_got, mean_got + s.rows, xn, nw, nb, s.rows, s.inner, eps);
+  STRATA_TRY(written("LayerNorm"));
+  STRATA_TRY(same_stats("LayerNorm", 2 * s.rows));
+
+  path.add_layernorm(res_ref[0].as<float>(), xn, beside, mean_ref, mean_ref + s.rows, nw, nb,
+                     s.rows, s.inner, eps);
+  path.add_layernorm(res_got[0].as<float>(), xn, key, mean_got, mean_got + s.rows, nw, nb, s.rows,
+                     s.inner, eps);
+  STRATA_TRY(written("LayerNorm after the residual add"));
+  STRATA_TRY(same_stats("LayerNorm after the residual add", 2 * s.rows));
+  STRATA_TRY(
+      same32("LayerNorm after the residual add: its residual sum", res_ref[0], res_got[0], n));
+
+  path.rmsnorm(beside, mean_ref, xn, nw, s.rows, s.inner, eps);
+  path.rmsnorm(key, mean_got, xn, nw, s.rows, s.inner, eps);
+  STRATA_TRY(written("RMSNorm"));
+  STRATA_TRY(same_stats("RMSNorm", s.rows));
+
+  path.add_rmsnorm(res_ref[1].as<float>(), xn, beside, mean_ref, nw, s.rows, s.inner, eps);
+  path.add_rmsnorm(res_got[1].as<float>(), xn, key, mean_got, nw, s.rows, s.inner, eps);
+  STRATA_TRY(written("RMSNorm after the residual add"));
+  STRATA_TRY(same_stats("RMSNorm after the residual add", s.rows));
+  STRATA_TRY(same32("RMSNorm after the residual add: its residual sum", res_ref[1], res_got[1], n));
+
+  path.gelu(beside, pre_in.as<float>(), n);
+  path.gelu(key, pre_in.as<float>(), n);
+  STRATA_TRY(written("GELU"));
+
+  path.swiglu(beside, gate_up.as<float>(), s.rows, s.inner);
+  path.swiglu(key, gate_up.as<float>(), s.rows, s.inner);
+  STRATA_TRY(written("SwiGLU"));
+
+  // The GEMM with bias and GELU: its verified path is the product with bias, then GELU.
+  path.gemm_bias(false, false, s.rows, s.inner, kIns, x.as<float>(), kIns, w_up.as<float>(),
+                 s.inner, bias.as<float>(), pre_ref.as<float>());
+  path.gelu(beside, pre_ref.as<float>(), n);
+  path.gemm_bias_gelu(false, false, s.rows, s.inner, kIns, x.as<float>(), kIns, w_up.as<float>(),
+                      s.inner, bias.as<float>(), pre_got.as<float>(), key);
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(same32("the GEMM with bias and GELU: its pre-activation", pre_ref, pre_got, n));
+  return written("the GEMM with bias and GELU");
+}
+
+}  // namespace
+
+Status check_narrow_alone(Backend& backend, const NarrowAlonePath& path) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("an activation kept in 16 bits alone is bf16 or fp16, not {}",
+                              to_string(path.type)));
+  }
+  for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
+    STRATA_TRY(check_shape(backend, path, s));
+  }
+  return Status::ok();
+}
+
+}  // namespace strata::backend
