@@ -37,6 +37,22 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
   return run_swiglu_backward(CudaLauncher{s}, dgate_up, gate_up, dout, rows, inner, narrow);
 }
 
+cudaError_t swiglu_forward_16(cudaStream_t s, float* out, const void* gate_up, int code,
+                              std::int64_t rows, std::int64_t inner, Narrow narrow) {
+  if (rows * inner <= 0) return cudaSuccess;
+  return run_swiglu_forward_16(CudaLauncher{s}, out, static_cast<const std::uint16_t*>(gate_up),
+                               code, rows, inner, narrow);
+}
+
+cudaError_t swiglu_backward_16(cudaStream_t s, float* dgate_up, const void* gate_up, int code,
+                               const float* dout, std::int64_t rows, std::int64_t inner,
+                               Narrow narrow) {
+  if (rows * inner <= 0) return cudaSuccess;
+  return run_swiglu_backward_16(CudaLauncher{s}, dgate_up,
+                                static_cast<const std::uint16_t*>(gate_up), code, dout, rows, inner,
+                                narrow);
+}
+
 cudaError_t cast_ranges_from_16(cudaStream_t s, float* dst, const void* src, int code,
                                 const std::int64_t* begin, const std::int64_t* n, int count,
                                 const std::int64_t* at) {

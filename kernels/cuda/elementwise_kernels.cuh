@@ -123,6 +123,16 @@ __device__ __forceinline__ float silu_sigmoid(float g) {
   return 1.0f / (1.0f + expf(-g));
 }
 
+// SwiGLU's arithmetic, one element: its value, and the gradients of gate and up.
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g * silu_sigmoid(g) * u;
+}
+__device__ __forceinline__ void swiglu_grads(float g, float u, float d, float* dg, float* du) {
+  const float sig = silu_sigmoid(g);
+  *dg = d * u * sig * (1.0f + g * (1.0f - sig));
+  *du = d * (g * sig);
+}
+
 // Whether SwiGLU's arrays go 4 columns at a time: every row of gate, up and out starts 16-byte
 // aligned.
 __device__ __forceinline__ bool swiglu_grouped(const void* a, const void* b, const void* c,
@@ -143,7 +153,7 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
       const Float4 u = *reinterpret_cast<const Float4*>(gate_up + r * 2 * inner + inner + j);
       Float4 o;
       for (int e = 0; e < 4; ++e)
-        o.v[e] = g.v[e] * silu_sigmoid(g.v[e]) * u.v[e];
+        o.v[e] = swiglu_value(g.v[e], u.v[e]);
       if (out != nullptr) reinterpret_cast<Float4*>(out)[q] = o;
       store_narrow4(narrow, 4 * q, o);
     }
@@ -154,7 +164,24 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
     const std::int64_t j = i - r * inner;
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
-    const float o = g * silu_sigmoid(g) * u;
+    const float o = swiglu_value(g, u);
+    if (out != nullptr) out[i] = o;
+    store_narrow(narrow, i, o);
+  }
+}
+
+// SwiGLU's forward on gate_up(N, 2I) in 16 bits (`code`): each element widened, then the fp32
+// kernel's arithmetic, so the bits are those of swiglu_forward_kernel on the widened values. `out`
+// may be null with a companion (as swiglu_forward_kernel's).
+__global__ void swiglu_forward_16_kernel(float* out, const std::uint16_t* gate_up, int code,
+                                         std::int64_t rows, std::int64_t inner, Narrow narrow) {
+  const std::int64_t total = rows * inner;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    const float g = float_from_16_bits(gate_up[r * 2 * inner + j], code);
+    const float u = float_from_16_bits(gate_up[r * 2 * inner + inner + j], code);
+    const float o = swiglu_value(g, u);
     if (out != nullptr) out[i] = o;
     store_narrow(narrow, i, o);
   }
@@ -173,11 +200,8 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
       const Float4 d = reinterpret_cast<const Float4*>(dout)[q];
       Float4 dg;
       Float4 du;
-      for (int e = 0; e < 4; ++e) {
-        const float sig = silu_sigmoid(g.v[e]);
-        dg.v[e] = d.v[e] * u.v[e] * sig * (1.0f + g.v[e] * (1.0f - sig));
-        du.v[e] = d.v[e] * (g.v[e] * sig);
-      }
+      for (int e = 0; e < 4; ++e)
+        swiglu_grads(g.v[e], u.v[e], d.v[e], &dg.v[e], &du.v[e]);
       *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + j) = dg;
       *reinterpret_cast<Float4*>(dgate_up + r * 2 * inner + inner + j) = du;
       store_narrow4(narrow, r * 2 * inner + j, dg);
@@ -190,10 +214,28 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
     const std::int64_t j = i - r * inner;
     const float g = gate_up[r * 2 * inner + j];
     const float u = gate_up[r * 2 * inner + inner + j];
-    const float d = dout[i];
-    const float sig = silu_sigmoid(g);
-    const float dg = d * u * sig * (1.0f + g * (1.0f - sig));
-    const float du = d * (g * sig);
+    float dg, du;
+    swiglu_grads(g, u, dout[i], &dg, &du);
+    dgate_up[r * 2 * inner + j] = dg;
+    dgate_up[r * 2 * inner + inner + j] = du;
+    store_narrow(narrow, r * 2 * inner + j, dg);
+    store_narrow(narrow, r * 2 * inner + inner + j, du);
+  }
+}
+
+// SwiGLU's backward on gate_up in 16 bits (`code`), as swiglu_forward_16_kernel: the bits of
+// swiglu_backward_kernel on the widened values.
+__global__ void swiglu_backward_16_kernel(float* dgate_up, const std::uint16_t* gate_up, int code,
+                                          const float* dout, std::int64_t rows, std::int64_t inner,
+                                          Narrow narrow) {
+  const std::int64_t total = rows * inner;
+  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    const float g = float_from_16_bits(gate_up[r * 2 * inner + j], code);
+    const float u = float_from_16_bits(gate_up[r * 2 * inner + inner + j], code);
+    float dg, du;
+    swiglu_grads(g, u, dout[i], &dg, &du);
     dgate_up[r * 2 * inner + j] = dg;
     dgate_up[r * 2 * inner + inner + j] = du;
     store_narrow(narrow, r * 2 * inner + j, dg);
@@ -508,6 +550,21 @@ auto run_swiglu_backward(const L& launch, float* dgate_up, const float* gate_up,
                          std::int64_t rows, std::int64_t inner, Narrow narrow = {}) {
   return launch(swiglu_backward_kernel, elementwise_grid((rows * inner + 3) / 4),
                 dim3(kElementwiseThreads), 0, dgate_up, gate_up, dout, rows, inner, narrow);
+}
+
+template <typename L>
+auto run_swiglu_forward_16(const L& launch, float* out, const std::uint16_t* gate_up, int code,
+                           std::int64_t rows, std::int64_t inner, Narrow narrow) {
+  return launch(swiglu_forward_16_kernel, elementwise_grid(rows * inner), dim3(kElementwiseThreads),
+                0, out, gate_up, code, rows, inner, narrow);
+}
+
+template <typename L>
+auto run_swiglu_backward_16(const L& launch, float* dgate_up, const std::uint16_t* gate_up,
+                            int code, const float* dout, std::int64_t rows, std::int64_t inner,
+                            Narrow narrow) {
+  return launch(swiglu_backward_16_kernel, elementwise_grid(rows * inner),
+                dim3(kElementwiseThreads), 0, dgate_up, gate_up, code, dout, rows, inner, narrow);
 }
 
 template <typename L>
