@@ -4,6 +4,7 @@
 #include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/attention_check.h"
+#include "backend/gate_up_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -28,6 +29,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kActivations16AloneName, kActivations16AloneReplaces},
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
+      {kGateUp16Name, kGateUp16Replaces},
   };
   std::vector<FastPath> paths;
   for (const auto& k : known)

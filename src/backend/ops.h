@@ -175,7 +175,25 @@ class Ops {
                               std::int64_t ldb, void* c, std::int64_t ldc) {
     (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
         (void)c, (void)ldc;
-    STRATA_ASSERT_MSG(false, "gemm_to_narrow on a backend without logits_in_narrow()");
+    STRATA_ASSERT_MSG(false,
+                      "gemm_to_narrow on a backend without logits_in_narrow() or "
+                      "keeps_gate_up_narrow()");
+  }
+  // Whether the Llama family's gate and up projections may be kept in narrow_type() alone
+  // (false, the default): gemm_to_narrow writes them, swiglu_forward_narrow and
+  // swiglu_backward_narrow read them.
+  virtual bool keeps_gate_up_narrow() const { return false; }
+  // swiglu_forward and swiglu_backward with gate_up (N, 2I) in narrow_type(): the results of the
+  // fp32 ops on the widened values. Only where keeps_gate_up_narrow().
+  virtual void swiglu_forward_narrow(T* out, const void* gate_up, std::int64_t rows,
+                                     std::int64_t inner) {
+    (void)out, (void)gate_up, (void)rows, (void)inner;
+    STRATA_ASSERT_MSG(false, "swiglu_forward_narrow on a backend without keeps_gate_up_narrow()");
+  }
+  virtual void swiglu_backward_narrow(T* dgate_up, const void* gate_up, const T* dout,
+                                      std::int64_t rows, std::int64_t inner) {
+    (void)dgate_up, (void)gate_up, (void)dout, (void)rows, (void)inner;
+    STRATA_ASSERT_MSG(false, "swiglu_backward_narrow on a backend without keeps_gate_up_narrow()");
   }
   // C = alpha op(A) op(B) + beta C with A in narrow_type() (a gemm_to_narrow output).
   virtual void gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,

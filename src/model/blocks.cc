@@ -166,8 +166,15 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   }
   linear(ops, n, c, hd, a.att, p(slot.o_w), bias(slot.o_b), a.res1);
   ops.add_rmsnorm_forward(a.res1, x, a.ln2, a.rstd2, p(slot.post_norm), n, c, eps);
-  linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
-  ops.swiglu_forward(a.act, a.fc, n, in);
+  if (a.fc16 != nullptr) {
+    // Gate and up in 16 bits alone (the runner chose it only without their bias).
+    STRATA_ASSERT(slot.gate_up_b < 0);
+    ops.gemm_to_narrow(false, true, n, 2 * in, c, a.ln2, c, p(slot.gate_up_w), c, a.fc16, 2 * in);
+    ops.swiglu_forward_narrow(a.act, a.fc16, n, in);
+  } else {
+    linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
+    ops.swiglu_forward(a.act, a.fc, n, in);
+  }
   linear(ops, n, c, in, a.act, p(slot.down_w), bias(slot.down_b), out);
   ops.add(out, out, a.res1, n * c);
 }
@@ -188,7 +195,11 @@ void llama_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w,
   ops.gemm(false, false, n, in, c, T(1), dout, c, p(slot.down_w), in, T(0), sc.dact, in);
   ops.gemm(true, false, c, in, n, T(1), dout, c, a.act, in, T(1), gp(slot.down_w), in);
   if (slot.down_b >= 0) ops.bias_backward(gp(slot.down_b), dout, n, c);
-  ops.swiglu_backward(sc.dfc, a.fc, sc.dact, n, in);
+  if (a.fc16 != nullptr) {
+    ops.swiglu_backward_narrow(sc.dfc, a.fc16, sc.dact, n, in);
+  } else {
+    ops.swiglu_backward(sc.dfc, a.fc, sc.dact, n, in);
+  }
   ops.gemm(false, false, n, c, 2 * in, T(1), sc.dfc, 2 * in, p(slot.gate_up_w), c, T(0), sc.dln, c);
   ops.gemm(true, false, 2 * in, c, n, T(1), sc.dfc, 2 * in, a.ln2, c, T(1), gp(slot.gate_up_w), c);
   if (slot.gate_up_b >= 0) ops.bias_backward(gp(slot.gate_up_b), sc.dfc, n, 2 * in);

@@ -41,7 +41,10 @@ struct BlockActs {
   T* mean2 = nullptr;    // (N)
   T* rstd2 = nullptr;    // (N)
   T* fc = nullptr;       // (N, fc_width): GPT-2 I (pre-GELU); Llama 2I ([gate | up])
-  T* act = nullptr;      // (N, I): GELU output / SwiGLU output
+  // Llama (N, 2I) [gate | up] in the ops' narrow_type() in place of fc (RunnerOptions::
+  // narrow_gate_up; fc is then null): the product writes it in 16 bits, SwiGLU reads it so.
+  void* fc16 = nullptr;
+  T* act = nullptr;  // (N, I): GELU output / SwiGLU output
 };
 
 // Backward scratch shared by all blocks.

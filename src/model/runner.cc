@@ -173,6 +173,10 @@ Status ModelRunner<T>::allocate() {
   // address ranges stand for their fp32 arrays, and their companions (allocate_companions) hold
   // them.
   const bool alone = keeps_alone();
+  // Gate and up in 16 bits alone (RunnerOptions::narrow_gate_up).
+  const bool gate_up_narrow =
+      options_.narrow_gate_up && options_.narrow_companions && spec_.family == Family::kLlama &&
+      llama_block_slots(spec_).gate_up_b < 0 && (sizing_ || ops_->keeps_gate_up_narrow());
   auto gemm_input = [&](T** p, std::int64_t elements, const char* what) -> Status {
     if (alone) {
       STRATA_ASSIGN_OR_RETURN(*p, reserve(elements, "an activation kept in 16 bits"));
@@ -198,7 +202,15 @@ Status ModelRunner<T>::allocate() {
     STRATA_TRY(gemm_input(&a.ln2, n * c, what));
     STRATA_ASSIGN_OR_RETURN(a.mean2, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd2, alloc(n, what));
-    STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
+    if (gate_up_narrow) {
+      const std::int64_t bytes = n * fc_width(spec_) * 2;  // bf16 or fp16
+      STRATA_ASSIGN_OR_RETURN(T * fc16,
+                              alloc((bytes + static_cast<std::int64_t>(sizeof(T)) - 1) / sizeof(T),
+                                    "gate and up projections (16-bit)"));
+      a.fc16 = fc16;
+    } else {
+      STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
+    }
     STRATA_TRY(gemm_input(&a.act, n * in, what));
     acts_.push_back(a);
   }
@@ -621,8 +633,9 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   WithoutCompanions w;
   w.options = options;
   w.options.narrow_companions = false;
-  w.options.narrow_logits = false;  // they need the companions' 16-bit operands
-  w.options.narrow_alone = false;   // its companion is all it has
+  w.options.narrow_logits = false;   // they need the companions' 16-bit operands
+  w.options.narrow_alone = false;    // its companion is all it has
+  w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

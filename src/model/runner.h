@@ -64,6 +64,12 @@ struct RunnerOptions {
   // with narrow_companions, and only where the backend's ops promise it (the trainer asks them:
   // Ops::keeps_narrow_alone); otherwise the fp32 arrays beside their companions.
   bool narrow_alone = false;
+  // The Llama family's gate and up projections (each block's fc, N x 2I) in the ops' 16-bit type
+  // alone (Ops::keeps_gate_up_narrow, fast path gate_up_16bit): written so by their product, read
+  // so by SwiGLU; memory_needed counts 2 bytes per element where the fp32 fc took 4. Only with
+  // narrow_companions, for the Llama family without an MLP bias, and only where the backend's ops
+  // promise it (the trainer asks them); otherwise the fp32 fc.
+  bool narrow_gate_up = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned

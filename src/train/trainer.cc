@@ -133,6 +133,8 @@ Status Trainer::setup() {
   runner.narrow_logits = runner.narrow_companions && backend_->ops_f32().logits_in_narrow();
   // The activations only GEMMs read in 16 bits alone likewise (activations_16bit_alone).
   runner.narrow_alone = runner.narrow_companions && backend_->ops_f32().keeps_narrow_alone();
+  // The Llama family's gate and up projections in 16 bits alone likewise (gate_up_16bit).
+  runner.narrow_gate_up = runner.narrow_companions && backend_->ops_f32().keeps_gate_up_narrow();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

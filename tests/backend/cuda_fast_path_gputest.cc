@@ -11,7 +11,8 @@
 // residual + norm (fused_residual_norm) is on, and the ops' add_layernorm_forward and
 // add_rmsnorm_forward give the bits of add followed by the norm; turned off by the seam, the same.
 // The activations only GEMMs read kept in 16 bits alone (activations_16bit_alone) are on with
-// 16-bit GEMMs and pass their check again through the backend's own ops. Skips without a GPU.
+// 16-bit GEMMs and pass their check again through the backend's own ops; so do the Llama family's
+// gate and up in 16 bits alone (gate_up_16bit). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "backend/apart_check.h"
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
+#include "backend/gate_up_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -209,6 +211,44 @@ TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16AloneName);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// The Llama family's gate and up in 16 bits alone (the start-up check passed) with 16-bit GEMMs,
+// whose weights' and activations' paths it needs; the check passes again on the backend's own
+// Ops, counting 2 SwiGLU calls for each of its 2 shapes; with fp32 GEMM inputs the path does not
+// apply.
+TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGateUp16Name);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    Ops<float>& ops = gpu.ops_f32();
+    NarrowGateUpPath gate_up;
+    gate_up.type = ops.narrow_type();
+    gate_up.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                            void* c, std::int64_t ldc) {
+      ops.gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    };
+    gate_up.forward = [&](float* out, const void* x, std::int64_t rows, std::int64_t inner) {
+      ops.swiglu_forward_narrow(out, x, rows, inner);
+    };
+    gate_up.backward = [&](float* d, const void* x, const float* dout, std::int64_t rows,
+                           std::int64_t inner) {
+      ops.swiglu_backward_narrow(d, x, dout, rows, inner);
+    };
+    gate_up.finish = [&] { return gpu.synchronize(StreamKind::kCompute); };
+    const std::int64_t before = path->uses;
+    const Status s = check_narrow_gate_up(gpu, gate_up);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kGateUp16Name)->uses - before, 4);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kGateUp16Name);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;

@@ -33,6 +33,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda_fast_paths.h"
 #include "backend/fast_path.h"
+#include "backend/gate_up_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -134,8 +135,9 @@ struct TrainedRun {
   std::vector<std::vector<std::string> > compute;   // the same, the compute stream's only
   std::int64_t narrow_logit_rows = -1;              // the logits_16bit path's uses, where it is on
   std::int64_t rotated_attention_calls = -1;        // the rope_in_attention path's, where it is on
-  std::int64_t alone_writes = -1;   // the activations_16bit_alone path's, where it is on
-  std::uint64_t device_in_use = 0;  // the device arena's bytes in use after the last step
+  std::int64_t alone_writes = -1;         // the activations_16bit_alone path's, where it is on
+  std::int64_t narrow_swiglu_calls = -1;  // the gate_up_16bit path's, where it is on
+  std::uint64_t device_in_use = 0;        // the device arena's bytes in use after the last step
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -164,6 +166,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kLogits16Name && p.active) run.narrow_logit_rows = p.uses;
     if (p.name == backend::kRopeAttentionName && p.active) run.rotated_attention_calls = p.uses;
     if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
+    if (p.name == backend::kGateUp16Name && p.active) run.narrow_swiglu_calls = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -270,11 +273,12 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
   }
 }
 
-// The paths `names` refused at start, with the head's logits in 16 bits: that path needs the
-// weights' and the activations' 16-bit paths, and rounds the logits the fp32 path keeps, so runs
-// compared bit for bit against one without those refuse it too.
+// The paths `names` refused at start, with the head's logits and the Llama family's gate and up
+// in 16 bits: those paths need the weights' and the activations' 16-bit paths, and round what the
+// fp32 paths keep, so runs compared bit for bit against one without those refuse them too.
 std::string refused_with_logits(const std::string& names) {
-  return names.empty() ? std::string(backend::kLogits16Name) : names + "," + backend::kLogits16Name;
+  const std::string rounding = std::string(backend::kLogits16Name) + "," + backend::kGateUp16Name;
+  return names.empty() ? rounding : names + "," + rounding;
 }
 
 // Where the GEMMs read the weights from the 16-bit parameters, a unit's fp32 compute copy holds
@@ -483,6 +487,55 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   }
 }
 
+// The Llama family's gate and up in 16 bits alone (gate_up_16bit) against the path refused at
+// start (an fp32 product read in fp32 by SwiGLU): the product rounds gate and up as autocast does,
+// so the runs differ by that rounding alone: losses within 1e-4 of each other (relative) and
+// updates within 10 % of the refused run's norm (the 16-bit logits' bounds). The same number of
+// kernels, SwiGLU's 16-bit kernels in place of the fp32 ones (one forward, one backward per block
+// and micro-batch), no cast before a GEMM, and exactly 2 bytes per element of gate and up fewer on
+// the device. GPT-2 has the path on and unused.
+TEST(EmulatedCudaStepFallback, GateUpIn16BitsTrackTheFp32GateUp) {
+  testing::TempDir dir;
+  const TrainedRun narrow = train("llama", kTiers[0], true, dir.path() + "/narrow", 2);
+  backend::fail_fast_path_for_test(std::string(backend::kGateUp16Name));
+  const TrainedRun wide = train("llama", kTiers[0], true, dir.path() + "/wide", 2);
+  backend::fail_fast_path_for_test(std::nullopt);
+  ASSERT_EQ(narrow.launches.size(), 2u);
+  ASSERT_EQ(wide.launches.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_NEAR(narrow.losses[step], wide.losses[step], 1e-4 * wide.losses[step])
+        << "step " << step + 1;
+  }
+  const double difference = update_difference(narrow, wide);
+  EXPECT_LT(difference, 0.1);
+  std::printf(
+      "llama: 16-bit gate and up: losses %.6f %.6f (fp32 gate and up %.6f %.6f); update "
+      "differs by %.4f of its norm\n",
+      narrow.losses[0], narrow.losses[1], wide.losses[0], wide.losses[1], difference);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    const auto& on = narrow.launches[step];
+    const auto& off = wide.launches[step];
+    EXPECT_EQ(on.size(), off.size()) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "swiglu_forward_16_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "swiglu_backward_16_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "swiglu_forward_kernel") +
+                  emu::launches_of(on, "swiglu_backward_kernel"),
+              0)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "swiglu_forward_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "swiglu_forward_16_kernel"), 0) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(narrow.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(narrow.narrow_swiglu_calls, 2 * 2 * blocks);
+  EXPECT_EQ(wide.narrow_swiglu_calls, -1);
+  const std::int64_t inner = 256;
+  EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
+            static_cast<std::uint64_t>(layers * rows * 2 * inner) * 2);
+  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
+  EXPECT_EQ(gpt2.narrow_swiglu_calls, 0);
+}
+
 // The backend's start: the fast paths are checked by the emulated kernels, each attention check
 // once per process (a second backend does not run it again), the cheap residual-norm check every
 // time; without cuBLASLt the epilogues are not applicable.
@@ -513,6 +566,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["fused_residual_norm"].active) << paths["fused_residual_norm"].detail;
   EXPECT_TRUE(paths["rope_in_attention"].active) << paths["rope_in_attention"].detail;
   EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
+  EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
   for (const char* epilogue :
        {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue", "gemm_dgelu_epilogue"}) {
     ASSERT_EQ(paths.count(epilogue), 1u) << epilogue;

@@ -36,7 +36,8 @@ TEST(ReportCli, JsonDescribesThisMachine) {
     EXPECT_FALSE(v["cuda"]["error"].asString().empty());
   }
   // Every fast path is listed, on or off with why; without a GPU each is off and not checked.
-  bool flash = false, cudnn = false, gemm_bias = false, rope = false, logits = false, alone = false;
+  bool flash = false, cudnn = false, gemm_bias = false, rope = false, logits = false, alone = false,
+       gate_up = false;
   for (const Json::Value& path : v["fast_paths"]) {
     EXPECT_FALSE(path["detail"].asString().empty()) << path["name"].asString();
     EXPECT_FALSE(path["replaces"].asString().empty()) << path["name"].asString();
@@ -46,6 +47,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
     if (path["name"].asString() == "rope_in_attention") rope = true;
     if (path["name"].asString() == "logits_16bit") logits = true;
     if (path["name"].asString() == "activations_16bit_alone") alone = true;
+    if (path["name"].asString() == "gate_up_16bit") gate_up = true;
     if (v["cuda"]["gpus"].empty()) {
       EXPECT_FALSE(path["active"].asBool());
       EXPECT_NE(path["detail"].asString().find("not checked"), std::string::npos);
@@ -57,6 +59,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
   EXPECT_TRUE(rope) << r.out;
   EXPECT_TRUE(logits) << r.out;
   EXPECT_TRUE(alone) << r.out;
+  EXPECT_TRUE(gate_up) << r.out;
 }
 
 TEST(ReportCli, MissingPathIsAUsageErrorNamingIt) {

@@ -121,6 +121,43 @@ TEST(RunSettings, ActivationsIn16BitsAloneAreCountedAsSuch) {
   }
 }
 
+// The Llama family's gate and up in 16 bits alone (RunnerOptions::narrow_gate_up, which the
+// trainer asks of the backend's ops) are counted as such: 2 bytes per element of each block's fc
+// where the fp32 fc took 4. Not for GPT-2 (its fc is GELU's pre-activation), not with an MLP bias,
+// not without the companions; the settings alone leave it off.
+TEST(RunSettings, GateAndUpIn16BitsAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape llama = testing::tiny_llama(true);
+  const model::RunnerOptions with = runner_options(c, llama, false);
+  ASSERT_TRUE(with.narrow_companions);
+  EXPECT_FALSE(with.narrow_gate_up);
+  model::RunnerOptions narrow = with;
+  narrow.narrow_gate_up = true;
+  const auto fc =
+      static_cast<std::uint64_t>(2 * 16) * 2 * static_cast<std::uint64_t>(llama.intermediate_size);
+  EXPECT_EQ(device(llama, with) - device(llama, narrow),
+            static_cast<std::uint64_t>(llama.num_layers) * (granule(fc * 4) - granule(fc * 2)));
+  model::ModelShape biased = llama;
+  biased.arch.mlp_bias = true;
+  EXPECT_EQ(device(biased, narrow), device(biased, with));
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  model::RunnerOptions gpt2_narrow = runner_options(c, gpt2, false);
+  const std::uint64_t gpt2_bytes = device(gpt2, gpt2_narrow);
+  gpt2_narrow.narrow_gate_up = true;
+  EXPECT_EQ(device(gpt2, gpt2_narrow), gpt2_bytes);
+  model::RunnerOptions plain = with, plain_narrow = narrow;
+  plain.narrow_companions = plain_narrow.narrow_companions = false;
+  EXPECT_EQ(device(llama, plain_narrow), device(llama, plain));
+  EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_gate_up);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

@@ -21,6 +21,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
+#include "backend/gate_up_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -287,6 +288,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->apart_reads();
       } else if (p.name == kLogits16Name) {
         p.uses = ops_->narrow_logit_rows();
+      } else if (p.name == kGateUp16Name) {
+        p.uses = ops_->narrow_swiglu_calls();
       } else if (p.name == kActivations16AloneName) {
         p.uses = ops_->alone_writes();
       } else if (p.name == kRopeAttentionName) {
@@ -824,6 +827,40 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "products of the gradient; no fp32 logits",
         [&] { return check_narrow_logits(*this, logits); }));
   }
+  // The Llama family's gate and up in 16 bits alone (Ops::keeps_gate_up_narrow): where the
+  // product's operands are both read in 16 bits already (gemm_to_16 never cuts a product along k,
+  // so it must not need the conversion workspace).
+  if (!fast_paths_.active(kWeights16Name) || !fast_paths_.active(kActivations16Name)) {
+    fast_paths_.not_applicable(
+        kGateUp16Name, kGateUp16Replaces,
+        fmt::format("the product's operands are not both read in 16 bits ({} or {} is off)",
+                    kWeights16Name, kActivations16Name));
+  } else {
+    NarrowGateUpPath gate_up;
+    gate_up.type = sixteen;
+    gate_up.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                            void* c, std::int64_t ldc) {
+      ops_->gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    };
+    gate_up.forward = [&](float* out, const void* x, std::int64_t rows, std::int64_t inner) {
+      ops_->swiglu_forward_narrow(out, x, rows, inner);
+    };
+    gate_up.backward = [&](float* d, const void* x, const float* dout, std::int64_t rows,
+                           std::int64_t inner) {
+      ops_->swiglu_backward_narrow(d, x, dout, rows, inner);
+    };
+    gate_up.finish = [&]() -> Status {
+      STRATA_TRY(synchronize(StreamKind::kCompute));
+      return sink_.first();
+    };
+    ops_->use_gate_up_narrow(true);
+    ops_->use_gate_up_narrow(fast_paths_.adopt(
+        kGateUp16Name, kGateUp16Replaces,
+        "the Llama family's [gate | up] written in 16 bits by their product (no MLP bias) and read "
+        "so by SwiGLU's forward and backward; no fp32 gate and up",
+        [&] { return check_narrow_gate_up(*this, gate_up); }));
+  }
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;
   two_launches.layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
@@ -928,6 +965,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();
+  ops_->reset_narrow_swiglu_calls();
   ops_->reset_fused_norm_calls();
   ops_->reset_apart_reads();
   ops_->reset_narrow_logit_rows();

@@ -548,9 +548,32 @@ void CudaOps::cross_entropy_fused(float* logits, float* losses, const std::int32
 void CudaOps::gemm_to_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
                              std::int64_t ldb, void* c, std::int64_t ldc) {
-  STRATA_ASSERT(logits_in_narrow());
+  STRATA_ASSERT(logits_in_narrow() || keeps_gate_up_narrow());
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
   sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc));
+}
+
+void CudaOps::swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,
+                                    std::int64_t inner) {
+  STRATA_ASSERT(keeps_gate_up_narrow());
+  ++narrow_swiglu_calls_;
+  const ck::Narrow narrow = narrow_for(out, rows * inner);
+  STRATA_OPS_CHECK(ck::swiglu_forward_16(stream_, wide_out(out, rows * inner), gate_up,
+                                         static_cast<int>(narrow_type_), rows, inner, narrow),
+                   "swiglu_forward_16");
+  wrote(out, rows * inner, narrow);
+}
+
+void CudaOps::swiglu_backward_narrow(float* dgate_up, const void* gate_up, const float* dout,
+                                     std::int64_t rows, std::int64_t inner) {
+  STRATA_ASSERT(keeps_gate_up_narrow());
+  ++narrow_swiglu_calls_;
+  const ck::Narrow narrow = narrow_for(dgate_up, 2 * rows * inner);
+  STRATA_OPS_CHECK(
+      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout, rows,
+                             inner, narrow),
+      "swiglu_backward_16");
+  wrote(dgate_up, 2 * rows * inner, narrow);
 }
 
 void CudaOps::gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,

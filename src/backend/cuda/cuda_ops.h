@@ -156,6 +156,19 @@ class CudaOps final : public backend::Ops<float> {
   void gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                         float alpha, const void* a, std::int64_t lda, const float* b,
                         std::int64_t ldb, float beta, float* c, std::int64_t ldc) override;
+  // The Llama family's gate and up projections in narrow_type() alone (fast path gate_up_16bit):
+  // on only with the activations' companions on.
+  void use_gate_up_narrow(bool on) { gate_up_narrow_ = on; }
+  bool keeps_gate_up_narrow() const override {
+    return gate_up_narrow_ && narrow_type_ != backend::DType::kF32;
+  }
+  void swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,
+                             std::int64_t inner) override;
+  void swiglu_backward_narrow(float* dgate_up, const void* gate_up, const float* dout,
+                              std::int64_t rows, std::int64_t inner) override;
+  // SwiGLU calls (forward and backward) that read gate and up in 16 bits.
+  std::int64_t narrow_swiglu_calls() const { return narrow_swiglu_calls_; }
+  void reset_narrow_swiglu_calls() { narrow_swiglu_calls_ = 0; }
   void cross_entropy_narrow(bool gradient, void* logits, std::int64_t ld, float* losses,
                             const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                             double grad_scale) override;
@@ -261,6 +274,8 @@ class CudaOps final : public backend::Ops<float> {
   std::vector<Pair> pairs_;
   bool narrow_logits_ = false;
   bool narrow_alone_ = false;
+  bool gate_up_narrow_ = false;
+  std::int64_t narrow_swiglu_calls_ = 0;
   std::int64_t alone_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;

@@ -1,0 +1,109 @@
+// The start-up check of the gate and up projections in 16 bits alone (see gate_up_check.h).
+#include "backend/gate_up_check.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/host_copies.h"
+#include "kernels/cpu/cast.h"
+
+namespace strata::backend {
+namespace {
+
+constexpr std::int64_t kIns = 24;  // the product's k (the hidden size)
+
+struct Shape {
+  std::int64_t rows, inner;
+};
+
+// A 16-bit value as an integer that orders like the value (for the distance in units in the last
+// place).
+std::int32_t ordered(std::uint16_t h) {
+  return (h & 0x8000) != 0 ? -static_cast<std::int32_t>(h & 0x7fff) : static_cast<std::int32_t>(h);
+}
+
+Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& s) {
+  Ops<float>& ops = backend.ops_f32();
+  const std::int64_t width = 2 * s.inner, n = s.rows * width, outs = s.rows * s.inner;
+  std::mt19937_64 rng(7100 + static_cast<std::uint64_t>(s.inner));
+  const char* purpose = "gate_up_16bit check";
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer x, device_copy(backend, normal_values(rng, s.rows * kIns, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer w, device_copy(backend, normal_values(rng, width * kIns, 0.4f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer dout,
+                          device_copy(backend, normal_values(rng, outs, 1.0f, 0.0f), purpose));
+  const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(Buffer wide, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer out_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer out_got, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer d_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer d_got, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer narrow,
+      device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
+  const std::string where = fmt::format("{} rows of {} inner columns", s.rows, s.inner);
+
+  // The product: verified in fp32 (into `wide` for now), the path's in 16 bits.
+  ops.gemm(false, true, s.rows, width, kIns, 1.0f, x.as<float>(), kIns, w.as<float>(), kIns, 0.0f,
+           wide.as<float>(), width);
+  path.to_narrow(false, true, s.rows, width, kIns, x.as<float>(), kIns, w.as<float>(), kIns,
+                 narrow.data(), width);
+  STRATA_TRY(path.finish().with_context(where));
+  std::vector<float> product(static_cast<std::size_t>(n));
+  std::vector<std::uint16_t> got16(static_cast<std::size_t>(n)), want16(got16.size());
+  STRATA_TRY(copy_to_host(backend, &product, wide));
+  STRATA_TRY(copy_to_host(backend, &got16, narrow));
+  kernels::cast_array(want16.data(), path.type, product.data(), DType::kF32, n);
+  for (std::size_t i = 0; i < got16.size(); ++i) {
+    if (std::abs(ordered(got16[i]) - ordered(want16[i])) > 1) {
+      std::vector<float> pair(2);
+      kernels::cast_array(pair.data(), DType::kF32, &got16[i], path.type, 1);
+      return Status(ErrorCode::kInternal,
+                    fmt::format("{}: the 16-bit product's element {} is {}, the verified fp32 "
+                                "product {} (allowed: 1 unit in the last place of its rounding)",
+                                where, i, pair[0], product[i]));
+    }
+  }
+  // SwiGLU on the 16-bit gate and up, against the verified kernels on their values widened.
+  std::vector<float> widened(static_cast<std::size_t>(n));
+  kernels::cast_array(widened.data(), DType::kF32, got16.data(), path.type, n);
+  STRATA_TRY(backend.copy_async(StreamKind::kCompute, wide.data(), widened.data(),
+                                widened.size() * sizeof(float)));
+  ops.swiglu_forward(out_ref.as<float>(), wide.as<float>(), s.rows, s.inner);
+  path.forward(out_got.as<float>(), narrow.data(), s.rows, s.inner);
+  ops.swiglu_backward(d_ref.as<float>(), wide.as<float>(), dout.as<float>(), s.rows, s.inner);
+  path.backward(d_got.as<float>(), narrow.data(), dout.as<float>(), s.rows, s.inner);
+  STRATA_TRY(path.finish().with_context(where));
+  const auto same = [&](const char* what, const Buffer& want, const Buffer& got,
+                        std::int64_t count) -> Status {
+    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, count));
+    if (d.index < 0) return Status::ok();
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: {}[{}] is {}, the verified kernel on the widened gate and up "
+                              "gives {} (the bits must match)",
+                              where, what, d.index, d.got, d.want));
+  };
+  STRATA_TRY(same("SwiGLU's forward", out_ref, out_got, outs));
+  return same("SwiGLU's backward", d_ref, d_got, n);
+}
+
+}  // namespace
+
+Status check_narrow_gate_up(Backend& backend, const NarrowGateUpPath& path) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(
+        ErrorCode::kInvalidArgument,
+        fmt::format("gate and up in 16 bits are bf16 or fp16, not {}", to_string(path.type)));
+  }
+  for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
+    STRATA_TRY(check_shape(backend, path, s));
+  }
+  return Status::ok();
+}
+
+}  // namespace strata::backend

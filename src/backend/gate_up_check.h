@@ -1,0 +1,51 @@
+// The start-up check of the Llama family's gate and up projections in 16 bits alone
+// (`gate_up_16bit`, Ops::keeps_gate_up_narrow): the product writes [gate | up] in bf16 (fp16),
+// rounded once from its fp32 accumulation (Ops::gemm_to_narrow), and SwiGLU's forward and backward
+// read them so (swiglu_forward_narrow, swiglu_backward_narrow); no fp32 gate and up are written
+// or read. That is what autocast gives PyTorch's Llama MLP. CUDA-free: the CUDA backend passes its
+// ops, the tests fakes on the CPU backend.
+//
+// The path rounds gate and up, which the verified path (an fp32 product, SwiGLU's fp32 kernels)
+// does not, so the product cannot be asked for bits: on two shapes (rows of 40 inner columns,
+// 16-byte aligned; rows of 33, not) the check asks, against the verified ops of backend.ops_f32(),
+// for
+// - the 16-bit product within 1 unit in the last place of the verified fp32 product rounded;
+// - SwiGLU's forward and backward on it, bit for bit what the verified kernels give on its values
+//   widened (the same arithmetic on the same inputs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "backend/backend.h"
+#include "common/status.h"
+
+namespace strata::backend {
+
+inline constexpr const char* kGateUp16Name = "gate_up_16bit";
+inline constexpr const char* kGateUp16Replaces =
+    "the Llama family's gate and up projections written in fp32 by their product and read in "
+    "fp32 by SwiGLU";
+
+// The path's ops (Ops::gemm_to_narrow, swiglu_forward_narrow and swiglu_backward_narrow), on device
+// arrays; errors reach `finish`.
+struct NarrowGateUpPath {
+  DType type = DType::kBF16;
+  std::function<void(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
+                     std::int64_t ldc)>
+      to_narrow;
+  std::function<void(float* out, const void* gate_up, std::int64_t rows, std::int64_t inner)>
+      forward;
+  std::function<void(float* dgate_up, const void* gate_up, const float* dout, std::int64_t rows,
+                     std::int64_t inner)>
+      backward;
+  // Waits for the calls so far (the path's and the verified ops'); their first error.
+  std::function<Status()> finish;
+};
+
+// OK, or an error naming the shape, the quantity and its first element outside its bound (or an
+// op's own error).
+Status check_narrow_gate_up(Backend& backend, const NarrowGateUpPath& path);
+
+}  // namespace strata::backend
