@@ -133,6 +133,37 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float d, float* d
   *du = d * (g * sig);
 }
 
+// SwiGLU one element per thread over rows x inner, with gate and up read by `load` (an index into
+// the (N, 2I) array: an fp32 one, or a 16-bit one widened): the fp32 kernels' loop where their
+// arrays are not 16-byte aligned, and the whole of the 16-bit kernels, so both give the same bits
+// on the same values. `out` may be null with a companion (written alone).
+template <typename Load>
+__device__ __forceinline__ void swiglu_forward_each(float* out, const Load& load, std::int64_t rows,
+                                                    std::int64_t inner, Narrow narrow) {
+  for (std::int64_t i = global_thread(); i < rows * inner; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    const float o = swiglu_value(load(r * 2 * inner + j), load(r * 2 * inner + inner + j));
+    if (out != nullptr) out[i] = o;
+    store_narrow(narrow, i, o);
+  }
+}
+template <typename Load>
+__device__ __forceinline__ void swiglu_backward_each(float* dgate_up, const Load& load,
+                                                     const float* dout, std::int64_t rows,
+                                                     std::int64_t inner, Narrow narrow) {
+  for (std::int64_t i = global_thread(); i < rows * inner; i += grid_threads()) {
+    const std::int64_t r = i / inner;
+    const std::int64_t j = i - r * inner;
+    float dg, du;
+    swiglu_grads(load(r * 2 * inner + j), load(r * 2 * inner + inner + j), dout[i], &dg, &du);
+    dgate_up[r * 2 * inner + j] = dg;
+    dgate_up[r * 2 * inner + inner + j] = du;
+    store_narrow(narrow, r * 2 * inner + j, dg);
+    store_narrow(narrow, r * 2 * inner + inner + j, du);
+  }
+}
+
 // Whether SwiGLU's arrays go 4 columns at a time: every row of gate, up and out starts 16-byte
 // aligned.
 __device__ __forceinline__ bool swiglu_grouped(const void* a, const void* b, const void* c,
@@ -159,15 +190,8 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
     }
     return;
   }
-  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const std::int64_t r = i / inner;
-    const std::int64_t j = i - r * inner;
-    const float g = gate_up[r * 2 * inner + j];
-    const float u = gate_up[r * 2 * inner + inner + j];
-    const float o = swiglu_value(g, u);
-    if (out != nullptr) out[i] = o;
-    store_narrow(narrow, i, o);
-  }
+  swiglu_forward_each(
+      out, [gate_up](std::int64_t k) { return gate_up[k]; }, rows, inner, narrow);
 }
 
 // SwiGLU's forward on gate_up(N, 2I) in 16 bits (`code`): each element widened, then the fp32
@@ -175,16 +199,9 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate_up, std::int
 // may be null with a companion (as swiglu_forward_kernel's).
 __global__ void swiglu_forward_16_kernel(float* out, const std::uint16_t* gate_up, int code,
                                          std::int64_t rows, std::int64_t inner, Narrow narrow) {
-  const std::int64_t total = rows * inner;
-  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const std::int64_t r = i / inner;
-    const std::int64_t j = i - r * inner;
-    const float g = float_from_16_bits(gate_up[r * 2 * inner + j], code);
-    const float u = float_from_16_bits(gate_up[r * 2 * inner + inner + j], code);
-    const float o = swiglu_value(g, u);
-    if (out != nullptr) out[i] = o;
-    store_narrow(narrow, i, o);
-  }
+  swiglu_forward_each(
+      out, [gate_up, code](std::int64_t k) { return float_from_16_bits(gate_up[k], code); }, rows,
+      inner, narrow);
 }
 
 __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout,
@@ -209,18 +226,8 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
     }
     return;
   }
-  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const std::int64_t r = i / inner;
-    const std::int64_t j = i - r * inner;
-    const float g = gate_up[r * 2 * inner + j];
-    const float u = gate_up[r * 2 * inner + inner + j];
-    float dg, du;
-    swiglu_grads(g, u, dout[i], &dg, &du);
-    dgate_up[r * 2 * inner + j] = dg;
-    dgate_up[r * 2 * inner + inner + j] = du;
-    store_narrow(narrow, r * 2 * inner + j, dg);
-    store_narrow(narrow, r * 2 * inner + inner + j, du);
-  }
+  swiglu_backward_each(
+      dgate_up, [gate_up](std::int64_t k) { return gate_up[k]; }, dout, rows, inner, narrow);
 }
 
 // SwiGLU's backward on gate_up in 16 bits (`code`), as swiglu_forward_16_kernel: the bits of
@@ -228,19 +235,9 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
 __global__ void swiglu_backward_16_kernel(float* dgate_up, const std::uint16_t* gate_up, int code,
                                           const float* dout, std::int64_t rows, std::int64_t inner,
                                           Narrow narrow) {
-  const std::int64_t total = rows * inner;
-  for (std::int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const std::int64_t r = i / inner;
-    const std::int64_t j = i - r * inner;
-    const float g = float_from_16_bits(gate_up[r * 2 * inner + j], code);
-    const float u = float_from_16_bits(gate_up[r * 2 * inner + inner + j], code);
-    float dg, du;
-    swiglu_grads(g, u, dout[i], &dg, &du);
-    dgate_up[r * 2 * inner + j] = dg;
-    dgate_up[r * 2 * inner + inner + j] = du;
-    store_narrow(narrow, r * 2 * inner + j, dg);
-    store_narrow(narrow, r * 2 * inner + inner + j, du);
-  }
+  swiglu_backward_each(
+      dgate_up, [gate_up, code](std::int64_t k) { return float_from_16_bits(gate_up[k], code); },
+      dout, rows, inner, narrow);
 }
 
 // acc = g rounded to the 16-bit `code` and widened back (assign), or acc += that: the bits of

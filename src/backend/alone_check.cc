@@ -209,6 +209,59 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
 
 }  // namespace
 
+NarrowAlonePath ops_alone_path(Ops<float>& ops,
+                               std::function<bool(const float* p, std::int64_t n)> reads_companion,
+                               std::function<Status()> finish) {
+  NarrowAlonePath path;
+  Ops<float>* o = &ops;
+  path.type = ops.narrow_type();
+  path.pair = [o](float* wide, void* narrow, std::int64_t n, bool alone) -> Status {
+    if (!alone) {
+      o->pair_narrow(wide, narrow, n);
+      return Status::ok();
+    }
+    if (o->pair_narrow_alone(wide, narrow, n)) return Status::ok();
+    return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
+  };
+  path.unpair = [o](const float* wide) { o->unpair_narrow(wide); };
+  path.reads_companion = std::move(reads_companion);
+  path.layernorm = [o](float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, std::int64_t rows, std::int64_t channels, double eps) {
+    o->layernorm_forward(out, mean, rstd, x, w, b, rows, channels, eps);
+  };
+  path.add_layernorm = [o](float* res, const float* x, float* out, float* mean, float* rstd,
+                           const float* w, const float* b, std::int64_t rows, std::int64_t channels,
+                           double eps) {
+    o->add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
+  };
+  path.rmsnorm = [o](float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
+                     std::int64_t channels,
+                     double eps) { o->rmsnorm_forward(out, rstd, x, w, rows, channels, eps); };
+  path.add_rmsnorm = [o](float* res, const float* x, float* out, float* rstd, const float* w,
+                         std::int64_t rows, std::int64_t channels, double eps) {
+    o->add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
+  };
+  path.gelu = [o](float* out, const float* x, std::int64_t n) { o->gelu_forward(out, x, n); };
+  path.swiglu = [o](float* out, const float* gate_up, std::int64_t rows, std::int64_t inner) {
+    o->swiglu_forward(out, gate_up, rows, inner);
+  };
+  path.gemm_bias = [o](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const float* bias,
+                       float* c) { o->gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
+  path.gemm_bias_gelu = [o](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                            const float* bias, float* pre, float* act) {
+    o->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
+  };
+  path.gemm = [o](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    o->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  };
+  path.finish = std::move(finish);
+  return path;
+}
+
 Status check_narrow_alone(Backend& backend, const NarrowAlonePath& path) {
   if (path.type != DType::kBF16 && path.type != DType::kF16) {
     return Status(ErrorCode::kInvalidArgument,

@@ -76,6 +76,12 @@ struct NarrowAlonePath {
   std::function<Status()> finish;
 };
 
+// The path through a backend's own Ops<float> (pair_narrow, pair_narrow_alone, unpair_narrow, the
+// writers, gemm with alpha 1 and beta 0), with the caller's reads_companion and finish.
+NarrowAlonePath ops_alone_path(Ops<float>& ops,
+                               std::function<bool(const float* p, std::int64_t n)> reads_companion,
+                               std::function<Status()> finish);
+
 // OK, or an error naming the shape, the writer and the first element whose bits differ (or the
 // backend's refusal or error).
 Status check_narrow_alone(Backend& backend, const NarrowAlonePath& path);

@@ -94,6 +94,26 @@ Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& 
 
 }  // namespace
 
+NarrowGateUpPath ops_gate_up_path(Ops<float>& ops, std::function<Status()> finish) {
+  NarrowGateUpPath path;
+  Ops<float>* o = &ops;
+  path.type = ops.narrow_type();
+  path.to_narrow = [o](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
+                       std::int64_t ldc) {
+    o->gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+  };
+  path.forward = [o](float* out, const void* gate_up, std::int64_t rows, std::int64_t inner) {
+    o->swiglu_forward_narrow(out, gate_up, rows, inner);
+  };
+  path.backward = [o](float* d, const void* gate_up, const float* dout, std::int64_t rows,
+                      std::int64_t inner) {
+    o->swiglu_backward_narrow(d, gate_up, dout, rows, inner);
+  };
+  path.finish = std::move(finish);
+  return path;
+}
+
 Status check_narrow_gate_up(Backend& backend, const NarrowGateUpPath& path) {
   if (path.type != DType::kBF16 && path.type != DType::kF16) {
     return Status(

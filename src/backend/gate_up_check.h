@@ -44,6 +44,10 @@ struct NarrowGateUpPath {
   std::function<Status()> finish;
 };
 
+// The path through a backend's own Ops<float> (gemm_to_narrow, swiglu_forward_narrow,
+// swiglu_backward_narrow), with the caller's finish.
+NarrowGateUpPath ops_gate_up_path(Ops<float>& ops, std::function<Status()> finish);
+
 // OK, or an error naming the shape, the quantity and its first element outside its bound (or an
 // op's own error).
 Status check_narrow_gate_up(Backend& backend, const NarrowGateUpPath& path);

@@ -156,54 +156,11 @@ TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
     std::printf("%s: %s (%s)\n", kGemmBiasGeluName, gelu && gelu->active ? "on" : "off",
                 gelu ? gelu->detail.c_str() : "not listed");
     Ops<float>& ops = gpu.ops_f32();
-    NarrowAlonePath alone;
-    alone.type = ops.narrow_type();
-    alone.pair = [&](float* wide, void* narrow, std::int64_t n, bool by_itself) {
-      if (!by_itself) {
-        ops.pair_narrow(wide, narrow, n);
-        return Status::ok();
-      }
-      return ops.pair_narrow_alone(wide, narrow, n)
-                 ? Status::ok()
-                 : Status(ErrorCode::kUnavailable, "pair_narrow_alone refused");
-    };
-    alone.unpair = [&](const float* wide) { ops.unpair_narrow(wide); };
-    alone.reads_companion = [](const float*, std::int64_t) { return true; };
-    alone.layernorm = [&](float* out, float* mean, float* rstd, const float* x, const float* w,
-                          const float* b, std::int64_t rows, std::int64_t channels, double eps) {
-      ops.layernorm_forward(out, mean, rstd, x, w, b, rows, channels, eps);
-    };
-    alone.add_layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
-                              const float* w, const float* b, std::int64_t rows,
-                              std::int64_t channels, double eps) {
-      ops.add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
-    };
-    alone.rmsnorm = [&](float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
-                        std::int64_t channels,
-                        double eps) { ops.rmsnorm_forward(out, rstd, x, w, rows, channels, eps); };
-    alone.add_rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
-                            std::int64_t rows, std::int64_t channels, double eps) {
-      ops.add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
-    };
-    alone.gelu = [&](float* out, const float* x, std::int64_t n) { ops.gelu_forward(out, x, n); };
-    alone.swiglu = [&](float* out, const float* gate_up, std::int64_t rows, std::int64_t inner) {
-      ops.swiglu_forward(out, gate_up, rows, inner);
-    };
-    alone.gemm_bias = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                          const float* bias,
-                          float* c) { ops.gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
-    alone.gemm_bias_gelu = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                               const float* bias, float* pre, float* act) {
-      ops.gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
-    };
-    alone.gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                     std::int64_t ldc) {
-      ops.gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-    };
-    alone.finish = [&] { return gpu.synchronize(StreamKind::kCompute); };
+    // Every product reads the activation kept alone from its companion: the backend's own check
+    // asked the GEMM engine at start.
+    const NarrowAlonePath alone = ops_alone_path(
+        ops, [](const float*, std::int64_t) { return true; },
+        [&] { return gpu.synchronize(StreamKind::kCompute); });
     const std::int64_t before = path->uses;
     const Status s = check_narrow_alone(gpu, alone);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
@@ -227,21 +184,8 @@ TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
     ASSERT_TRUE(path.has_value());
     EXPECT_TRUE(path->active) << path->detail;
     Ops<float>& ops = gpu.ops_f32();
-    NarrowGateUpPath gate_up;
-    gate_up.type = ops.narrow_type();
-    gate_up.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                            void* c, std::int64_t ldc) {
-      ops.gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    };
-    gate_up.forward = [&](float* out, const void* x, std::int64_t rows, std::int64_t inner) {
-      ops.swiglu_forward_narrow(out, x, rows, inner);
-    };
-    gate_up.backward = [&](float* d, const void* x, const float* dout, std::int64_t rows,
-                           std::int64_t inner) {
-      ops.swiglu_backward_narrow(d, x, dout, rows, inner);
-    };
-    gate_up.finish = [&] { return gpu.synchronize(StreamKind::kCompute); };
+    const NarrowGateUpPath gate_up =
+        ops_gate_up_path(ops, [&] { return gpu.synchronize(StreamKind::kCompute); });
     const std::int64_t before = path->uses;
     const Status s = check_narrow_gate_up(gpu, gate_up);
     EXPECT_TRUE(s.is_ok()) << s.to_string();

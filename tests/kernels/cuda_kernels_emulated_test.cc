@@ -503,6 +503,83 @@ TEST(EmulatedKernels, ElementwiseInGroupsOfFourGiveTheBitsOfOneAtATime) {
   expect_all_close("swiglu vs cpu", swiglu(0), want_s, kClose);
 }
 
+// SwiGLU on gate and up in 16 bits gives, for both 16-bit types, the bits of the fp32 kernels on
+// the values widened, forward and backward, in rows of 36 columns (the fp32 kernels 4 at a time)
+// and 33 (one at a time); and given a null output with a companion, the 16-bit forward, the fp32
+// one, GELU's and the norms' (with and without the residual add) write the companion alone with
+// the bits the companion gets beside an fp32 output.
+TEST(EmulatedKernels, SixteenBitSwigluAndCompanionsAloneGiveTheBitsOfTheFp32Kernels) {
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const std::int64_t inner : {36, 33}) {
+      const std::int64_t rows = 5, n = rows * inner;
+      const std::vector<float> raw = random_floats(2 * n, 61, -5.0f, 5.0f);
+      std::vector<std::uint16_t> gate_up16(raw.size());
+      std::vector<float> widened(raw.size());
+      kernels::cast_array(gate_up16.data(), type, raw.data(), kernels::DType::kF32, 2 * n);
+      kernels::cast_array(widened.data(), kernels::DType::kF32, gate_up16.data(), type, 2 * n);
+      const std::vector<float> dout = random_floats(n, 62);
+      std::vector<float> want(n), got(n), dwant(2 * n), dgot(2 * n);
+      std::vector<std::uint16_t> beside(n), alone(n, 0xdead);
+      ASSERT_EQ(run_swiglu_forward(kEmulator, want.data(), widened.data(), rows, inner,
+                                   Narrow{beside.data(), code}),
+                0);
+      ASSERT_EQ(run_swiglu_forward_16(kEmulator, got.data(), gate_up16.data(), code, rows, inner,
+                                      Narrow{}),
+                0);
+      expect_bitwise_equal("swiglu 16-bit", got, want);
+      ASSERT_EQ(run_swiglu_backward(kEmulator, dwant.data(), widened.data(), dout.data(), rows,
+                                    inner, Narrow{}),
+                0);
+      ASSERT_EQ(run_swiglu_backward_16(kEmulator, dgot.data(), gate_up16.data(), code, dout.data(),
+                                       rows, inner, Narrow{}),
+                0);
+      expect_bitwise_equal("swiglu backward 16-bit", dgot, dwant);
+      ASSERT_EQ(run_swiglu_forward_16(kEmulator, nullptr, gate_up16.data(), code, rows, inner,
+                                      Narrow{alone.data(), code}),
+                0);
+      expect_bitwise_equal("swiglu 16-bit, companion alone", alone, beside);
+      std::fill(alone.begin(), alone.end(), 0xdead);
+      ASSERT_EQ(run_swiglu_forward(kEmulator, nullptr, widened.data(), rows, inner,
+                                   Narrow{alone.data(), code}),
+                0);
+      expect_bitwise_equal("swiglu, companion alone", alone, beside);
+      // GELU and the norms, beside an fp32 output and alone.
+      const std::vector<float> w = random_floats(inner, 63), b = random_floats(inner, 64);
+      const auto both = [&](const char* what, const std::function<int(float*, Narrow)>& run) {
+        std::vector<float> out(n);
+        std::vector<std::uint16_t> next(n), only(n, 0xdead);
+        ASSERT_EQ(run(out.data(), Narrow{next.data(), code}), 0) << what;
+        ASSERT_EQ(run(nullptr, Narrow{only.data(), code}), 0) << what;
+        expect_bitwise_equal(what, only, next);
+      };
+      both("gelu, companion alone", [&](float* out, Narrow narrow) {
+        return run_gelu_forward(kEmulator, out, raw.data(), n, narrow);
+      });
+      std::vector<float> stats(2 * rows);
+      both("layernorm, companion alone", [&](float* out, Narrow narrow) {
+        return run_layernorm_forward(kEmulator, out, stats.data(), stats.data() + rows, raw.data(),
+                                     w.data(), b.data(), rows, inner, 1e-5, narrow);
+      });
+      both("rmsnorm, companion alone", [&](float* out, Narrow narrow) {
+        return run_rmsnorm_forward(kEmulator, out, stats.data(), raw.data(), w.data(), rows, inner,
+                                   1e-5, narrow);
+      });
+      both("layernorm after the residual add, companion alone", [&](float* out, Narrow narrow) {
+        std::vector<float> res(raw.begin(), raw.begin() + n);
+        return run_add_layernorm_forward(kEmulator, res.data(), raw.data() + n, out, stats.data(),
+                                         stats.data() + rows, w.data(), b.data(), rows, inner, 1e-5,
+                                         narrow);
+      });
+      both("rmsnorm after the residual add, companion alone", [&](float* out, Narrow narrow) {
+        std::vector<float> res(raw.begin(), raw.begin() + n);
+        return run_add_rmsnorm_forward(kEmulator, res.data(), raw.data() + n, out, stats.data(),
+                                       w.data(), rows, inner, 1e-5, narrow);
+      });
+    }
+  }
+}
+
 // A kernel given a companion (Narrow) writes every value it writes to its fp32 output, rounded
 // to 16 bits as the CPU rounds, at the same index of the companion, and nothing else there; its
 // fp32 output keeps the bits it has without one. For both 16-bit types, the fp32 arrays aligned

@@ -793,13 +793,22 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "widened into an fp32 area of their own once per change of the parameters and read there",
         [&] { return check_kept_apart(*this, apart); }));
   }
-  // The head's logits in 16 bits alone (Ops::logits_in_narrow): where both the weights and the
-  // activations are read in 16 bits already, so the logits' product never converts an operand.
-  if (!fast_paths_.active(kWeights16Name) || !fast_paths_.active(kActivations16Name)) {
-    fast_paths_.not_applicable(
-        kLogits16Name, kLogits16Replaces,
-        fmt::format("the head's operands are not both read in 16 bits ({} or {} is off)",
-                    kWeights16Name, kActivations16Name));
+  // The products written in 16 bits (the head's logits, the Llama family's gate and up) need both
+  // operands read in 16 bits already: gemm_to_16 never cuts a product along k, so it must not need
+  // the conversion workspace.
+  const bool operands_16 =
+      fast_paths_.active(kWeights16Name) && fast_paths_.active(kActivations16Name);
+  const std::string operands_not_16 =
+      fmt::format("the product's operands are not both read in 16 bits ({} or {} is off)",
+                  kWeights16Name, kActivations16Name);
+  // The checks run through ops_: the ops' calls so far, waited for, and their first error.
+  const std::function<Status()> ops_finished = [&]() -> Status {
+    STRATA_TRY(synchronize(StreamKind::kCompute));
+    return sink_.first();
+  };
+  // The head's logits in 16 bits alone (Ops::logits_in_narrow).
+  if (!operands_16) {
+    fast_paths_.not_applicable(kLogits16Name, kLogits16Replaces, operands_not_16);
   } else {
     NarrowLogitsPath logits;
     logits.type = sixteen;
@@ -827,33 +836,11 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "products of the gradient; no fp32 logits",
         [&] { return check_narrow_logits(*this, logits); }));
   }
-  // The Llama family's gate and up in 16 bits alone (Ops::keeps_gate_up_narrow): where the
-  // product's operands are both read in 16 bits already (gemm_to_16 never cuts a product along k,
-  // so it must not need the conversion workspace).
-  if (!fast_paths_.active(kWeights16Name) || !fast_paths_.active(kActivations16Name)) {
-    fast_paths_.not_applicable(
-        kGateUp16Name, kGateUp16Replaces,
-        fmt::format("the product's operands are not both read in 16 bits ({} or {} is off)",
-                    kWeights16Name, kActivations16Name));
+  // The Llama family's gate and up in 16 bits alone (Ops::keeps_gate_up_narrow).
+  if (!operands_16) {
+    fast_paths_.not_applicable(kGateUp16Name, kGateUp16Replaces, operands_not_16);
   } else {
-    NarrowGateUpPath gate_up;
-    gate_up.type = sixteen;
-    gate_up.to_narrow = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                            void* c, std::int64_t ldc) {
-      ops_->gemm_to_narrow(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    };
-    gate_up.forward = [&](float* out, const void* x, std::int64_t rows, std::int64_t inner) {
-      ops_->swiglu_forward_narrow(out, x, rows, inner);
-    };
-    gate_up.backward = [&](float* d, const void* x, const float* dout, std::int64_t rows,
-                           std::int64_t inner) {
-      ops_->swiglu_backward_narrow(d, x, dout, rows, inner);
-    };
-    gate_up.finish = [&]() -> Status {
-      STRATA_TRY(synchronize(StreamKind::kCompute));
-      return sink_.first();
-    };
+    const NarrowGateUpPath gate_up = ops_gate_up_path(*ops_, ops_finished);
     ops_->use_gate_up_narrow(true);
     ops_->use_gate_up_narrow(fast_paths_.adopt(
         kGateUp16Name, kGateUp16Replaces,
@@ -902,59 +889,12 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         fmt::format("the products do not read the activations' companions ({} is off)",
                     kActivations16Name));
   } else {
-    NarrowAlonePath alone;
-    alone.type = sixteen;
-    alone.pair = [&](float* wide, void* narrow, std::int64_t n, bool by_itself) -> Status {
-      if (!by_itself) {
-        ops_->pair_narrow(wide, narrow, n);
-        return Status::ok();
-      }
-      if (ops_->pair_narrow_alone(wide, narrow, n)) return Status::ok();
-      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
-    };
-    alone.unpair = [&](const float* wide) { ops_->unpair_narrow(wide); };
-    alone.reads_companion = [&](const float* p, std::int64_t n) {
-      return gemm_->has_companion(p, n, static_cast<int>(sixteen));
-    };
-    alone.layernorm = [&](float* out, float* mean, float* rstd, const float* x, const float* w,
-                          const float* b, std::int64_t rows, std::int64_t channels, double eps) {
-      ops_->layernorm_forward(out, mean, rstd, x, w, b, rows, channels, eps);
-    };
-    alone.add_layernorm = [&](float* res, const float* x, float* out, float* mean, float* rstd,
-                              const float* w, const float* b, std::int64_t rows,
-                              std::int64_t channels, double eps) {
-      ops_->add_layernorm_forward(res, x, out, mean, rstd, w, b, rows, channels, eps);
-    };
-    alone.rmsnorm = [&](float* out, float* rstd, const float* x, const float* w, std::int64_t rows,
-                        std::int64_t channels, double eps) {
-      ops_->rmsnorm_forward(out, rstd, x, w, rows, channels, eps);
-    };
-    alone.add_rmsnorm = [&](float* res, const float* x, float* out, float* rstd, const float* w,
-                            std::int64_t rows, std::int64_t channels, double eps) {
-      ops_->add_rmsnorm_forward(res, x, out, rstd, w, rows, channels, eps);
-    };
-    alone.gelu = [&](float* out, const float* x, std::int64_t n) { ops_->gelu_forward(out, x, n); };
-    alone.swiglu = [&](float* out, const float* gate_up, std::int64_t rows, std::int64_t inner) {
-      ops_->swiglu_forward(out, gate_up, rows, inner);
-    };
-    alone.gemm_bias = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                          const float* bias,
-                          float* c) { ops_->gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
-    alone.gemm_bias_gelu = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                               const float* bias, float* pre, float* act) {
-      ops_->gemm_bias_gelu(ta, tb, m, n, k, a, lda, b, ldb, bias, pre, act);
-    };
-    alone.gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                     std::int64_t ldc) {
-      ops_->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-    };
-    alone.finish = [&]() -> Status {
-      STRATA_TRY(synchronize(StreamKind::kCompute));
-      return sink_.first();
-    };
+    const NarrowAlonePath alone = ops_alone_path(
+        *ops_,
+        [&](const float* p, std::int64_t n) {
+          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
+        },
+        ops_finished);
     ops_->use_narrow_alone(true);
     ops_->use_narrow_alone(fast_paths_.adopt(
         kActivations16AloneName, kActivations16AloneReplaces,
