@@ -289,14 +289,33 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
                   "a product written in 16 bits needs 16-bit GEMM inputs (bf16 or fp16)");
   }
   if (m == 0 || n == 0) return Status::ok();
+  const int code = products_code();
   auto* workspace = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::int64_t lda16 = 0, ldb16 = 0;
   STRATA_ASSIGN_OR_RETURN(const void* a16, operand_16(a, trans_a ? k : m, trans_a ? m : k, lda,
                                                       &lda16, &workspace, "A operand"));
-  STRATA_ASSIGN_OR_RETURN(const void* b16, operand_16(b, trans_b ? n : k, trans_b ? k : n, ldb,
-                                                      &ldb16, &workspace, "B operand"));
-  return run(trans_a, trans_b, m, n, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c, ldc, products_code(),
-             {}, products_code());
+  // B without a 16-bit copy that does not fit the workspace beside A is converted and multiplied
+  // in blocks of its n columns of the product (each output still sums all of k and is rounded
+  // once), of a multiple of 8 columns where it can, so that every block of C stays 16-byte aligned.
+  const std::int64_t used = (workspace - static_cast<std::uint16_t*>(config_.convert_workspace) +
+                             kWorkspaceBlockAlign - 1) /
+                            kWorkspaceBlockAlign * kWorkspaceBlockAlign;
+  const std::int64_t room = config_.convert_elements - used;
+  std::int64_t block = n;
+  if (twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code) == nullptr && n * k > room &&
+      room >= k) {
+    block = room / k >= 8 ? room / k / 8 * 8 : room / k;
+  }
+  for (std::int64_t j = 0; j < n; j += block) {
+    const std::int64_t cols = std::min(block, n - j);
+    std::uint16_t* ws = workspace;  // each block's B converted at the same place, in stream order
+    STRATA_ASSIGN_OR_RETURN(const void* b16,
+                            operand_16(trans_b ? b + j * ldb : b + j, trans_b ? cols : k,
+                                       trans_b ? k : cols, ldb, &ldb16, &ws, "B operand"));
+    STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f,
+                   static_cast<std::uint16_t*>(c) + j, ldc, code, {}, code));
+  }
+  return Status::ok();
 }
 
 Status GemmEngine::gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,

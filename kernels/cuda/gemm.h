@@ -64,9 +64,11 @@ class GemmEngine {
   // C(m,n) (leading dimension ldc) = op(A) op(B) in the products' 16-bit type: the fp32
   // accumulation rounded once to nearest even (cuBLASLt's D in bf16/fp16, or the fallback kernel
   // storing it so). Each operand is read from its 16-bit range where it has one (a weight's, an
-  // activation's companion) and is otherwise converted whole into the conversion workspace. Only
-  // with 16-bit inputs (kUnavailable otherwise), and kUnavailable where an operand to convert does
-  // not fit the workspace whole (the product is never cut along k: each output is rounded once).
+  // activation's companion) and is otherwise converted into the conversion workspace: A whole, B
+  // whole or, where it does not fit beside A, in blocks of the product's n columns (the product is
+  // never cut along k: each output is rounded once). Only with 16-bit inputs (kUnavailable
+  // otherwise), and kUnavailable where A to convert does not fit the workspace whole, or not one
+  // column of B beside it.
   Status gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
                     std::int64_t ldc);

@@ -1201,6 +1201,52 @@ TEST(EmulatedCudaBackend, InPlaceRewritesKeepACompanionCurrent) {
   ops.unpair_narrow(x);
 }
 
+// A product written in 16 bits (the head's logits, the Llama family's gate and up) whose B has no
+// 16-bit copy and does not fit the conversion workspace beside A is multiplied in blocks of its n
+// columns (a multiple of 8, each over all of k): the bits of the one call a larger workspace makes.
+TEST(EmulatedCudaBackend, AProductWrittenIn16BitsConvertsALargeBInBlocksOfColumns) {
+  const std::int64_t m = 8, n = 200, k = 256;  // B: 51200 elements
+  struct Run {
+    std::int64_t gemms = 0;
+    std::vector<std::uint16_t> c;
+  };
+  auto product = [&](std::uint64_t workspace_bytes) {
+    backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
+    options.gemm_workspace_bytes = workspace_bytes;
+    auto made = backend::make_cuda_backend(options);
+    EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+    Run run;
+    if (!made.is_ok()) return run;
+    backend::Backend& b = **made;
+    backend::Ops<float>& ops = b.ops_f32();
+    EXPECT_TRUE(ops.keeps_gate_up_narrow());
+    std::vector<float> h(static_cast<std::size_t>(m * k + n * k));
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = std::sin(0.37f * static_cast<float>(i)) * 2.3f;
+    auto device = b.allocate_device(h.size() * 4, "operands");
+    auto out = b.allocate_device(static_cast<std::uint64_t>(m * n) * 2, "product");
+    EXPECT_TRUE(device.is_ok() && out.is_ok());
+    if (!device.is_ok() || !out.is_ok()) return run;
+    using backend::StreamKind;
+    EXPECT_TRUE(b.copy_async(StreamKind::kCompute, device->data(), h.data(), h.size() * 4).is_ok());
+    emu::clear_launch_log();
+    const float* x = device->as<float>();
+    ops.gemm_to_narrow(false, true, m, n, k, x, k, x + m * k, k, out->data(), n);
+    run.c.resize(static_cast<std::size_t>(m * n));
+    EXPECT_TRUE(b.copy_async(StreamKind::kCompute, run.c.data(), out->data(), m * n * 2).is_ok());
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+    for (const std::string& kernel : emu::launch_log())
+      run.gemms += emu::kernel_family(kernel) == "gemm";
+    return run;
+  };
+  const Run whole = product(4u << 20);
+  const Run blocks = product(64u << 10);  // 32768 elements: A (2048) and 120 columns of B at once
+  EXPECT_EQ(whole.gemms, 1);
+  EXPECT_EQ(blocks.gemms, 2);  // 120 columns, then 80
+  ASSERT_EQ(blocks.c.size(), whole.c.size());
+  EXPECT_EQ(blocks.c, whole.c);
+}
+
 // A product too large for the conversion workspace is cut into blocks; an operand with its 16-bit
 // companion is still read in place, block by block, and with both the product is one call: the
 // same bits each way.

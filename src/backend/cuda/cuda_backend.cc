@@ -793,9 +793,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "widened into an fp32 area of their own once per change of the parameters and read there",
         [&] { return check_kept_apart(*this, apart); }));
   }
-  // The products written in 16 bits (the head's logits, the Llama family's gate and up) need both
-  // operands read in 16 bits already: gemm_to_16 never cuts a product along k, so it must not need
-  // the conversion workspace.
+  // The products written in 16 bits (the head's logits, the Llama family's gate and up) are for
+  // runs that read both operands in 16 bits already: gemm_to_16 never cuts a product along k, so
+  // it converts A whole (B in blocks of columns where it must).
   const bool operands_16 =
       fast_paths_.active(kWeights16Name) && fast_paths_.active(kActivations16Name);
   const std::string operands_not_16 =
