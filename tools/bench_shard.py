@@ -63,75 +63,81 @@ def _worker(rank, args, init, out):
     from strata.torch import OffloadAdamW, offload_parameters
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     try:
-        torch.manual_seed(0)
-        h = args.hidden
-        layers = [torch.nn.Embedding(256, h)]
-        for _ in range(args.layers):  # (a block: one unit of the parameter offload at stage 3)
-            layers.append(torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(),
-                                              torch.nn.Linear(4 * h, h)))
-        model = torch.nn.Sequential(*layers, torch.nn.Linear(h, 256)).to(torch.bfloat16)
-        config = {"zero_optimization": {"stage": args.stage,
-                                        "offload_optimizer": {"device": "cpu"}},
-                  "strata": {"gradient_sum": args.gradient_sum}}
-        if args.stage == 3:
-            # Every unit fetched once for its forward and once for its backward (no reuse
-            # distance), the biases kept on every rank (under the persistence threshold).
-            config["zero_optimization"].update(
-                offload_param={"device": "cpu"}, stage3_max_reuse_distance=0,
-                stage3_param_persistence_threshold=4 * h + 1)
-            offload_parameters(model, config, device="cpu", unit_modules=[torch.nn.Sequential],
-                               process_group=dist.group.WORLD)
-        off = getattr(model, "strata_offload", None)
-        opt = OffloadAdamW(model.parameters(), lr=1e-3, config=config,
-                           unit_elements=max(2048, 4 * h * h), process_group=dist.group.WORLD)
-        gen = torch.Generator().manual_seed(rank)
-        times, sent = [], []
-        for i in range(args.warmup + args.steps):
-            x = torch.randint(0, 256, (4, 32), generator=gen)
-            begin = time.perf_counter()
-            gathered = off.ranks.bytes_sent if off is not None else 0
-            logits = model(x).float()
-            torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x.reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - begin)
-                sent.append(opt.summary()["ranks"]["last_step_bytes_sent"] +
-                            (off.ranks.bytes_sent - gathered if off is not None else 0))
-        shard = opt._shard
-        n = args.ranks
-        tensors = sum(len(su.slots) for su in shard.units)
-        esize = torch.finfo(torch.bfloat16).bits // 8
-        own = sum(su.numel * esize for su in shard.units if su.owner == rank)
-        other = sum(su.numel * esize for su in shard.units if su.owner != rank)
-        flags = sum(len(su.slots) * esize for su in shard.units if su.owner != rank)
-        if off is not None:
-            # stage 3: the optimizer broadcasts only units with replicated (persistent)
-            # parameters; each owned model unit is broadcast at its two fetches
-            broadcast = sum(su.numel * esize for su in shard.units
-                            if su.owner == rank and su.replicated)
-            gathers = 2 * sum(u.nbytes + 16 for u in off.units if off.ranks.owns(u))
-            offloaded = sum(u.nbytes for u in off.units)
-        else:
-            gathers, broadcast = 0, own
-        total = own + other
-        result = {
-            "rank": rank, "ranks": n, "stage": args.stage, "gradient_sum": args.gradient_sum,
-            "units": len(shard.units),
-            "units_owned": sum(1 for su in shard.units if su.owner == rank),
-            "state_bytes": opt.summary()["bytes"]["host"],
-            "step_s": statistics.median(times),
-            "bytes_sent_per_step": sent,
-            "theory_strata": (other + flags if n > 1 else 0) + 2 * tensors * 4 +
-            (broadcast + gathers) * (n - 1),
-            "theory_ring": (n - 1) * (total + (total + offloaded if off is not None else total))
-            // n if n > 1 else 0,
-        }
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(result, f)
-        opt.close()
+        # Every object of the run is gone when _run returns, before the group is destroyed (a gloo
+        # group outliving them, or left to the interpreter's exit, can abort the process).
+        _run(rank, args, out, torch, dist, OffloadAdamW, offload_parameters)
     finally:
         dist.destroy_process_group()
+
+
+def _run(rank, args, out, torch, dist, OffloadAdamW, offload_parameters):
+    torch.manual_seed(0)
+    h = args.hidden
+    layers = [torch.nn.Embedding(256, h)]
+    for _ in range(args.layers):  # (a block: one unit of the parameter offload at stage 3)
+        layers.append(torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(),
+                                          torch.nn.Linear(4 * h, h)))
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(h, 256)).to(torch.bfloat16)
+    config = {"zero_optimization": {"stage": args.stage,
+                                    "offload_optimizer": {"device": "cpu"}},
+              "strata": {"gradient_sum": args.gradient_sum}}
+    if args.stage == 3:
+        # Every unit fetched once for its forward and once for its backward (no reuse
+        # distance), the biases kept on every rank (under the persistence threshold).
+        config["zero_optimization"].update(
+            offload_param={"device": "cpu"}, stage3_max_reuse_distance=0,
+            stage3_param_persistence_threshold=4 * h + 1)
+        offload_parameters(model, config, device="cpu", unit_modules=[torch.nn.Sequential],
+                           process_group=dist.group.WORLD)
+    off = getattr(model, "strata_offload", None)
+    opt = OffloadAdamW(model.parameters(), lr=1e-3, config=config,
+                       unit_elements=max(2048, 4 * h * h), process_group=dist.group.WORLD)
+    gen = torch.Generator().manual_seed(rank)
+    times, sent = [], []
+    for i in range(args.warmup + args.steps):
+        x = torch.randint(0, 256, (4, 32), generator=gen)
+        begin = time.perf_counter()
+        gathered = off.ranks.bytes_sent if off is not None else 0
+        logits = model(x).float()
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - begin)
+            sent.append(opt.summary()["ranks"]["last_step_bytes_sent"] +
+                        (off.ranks.bytes_sent - gathered if off is not None else 0))
+    shard = opt._shard
+    n = args.ranks
+    tensors = sum(len(su.slots) for su in shard.units)
+    esize = torch.finfo(torch.bfloat16).bits // 8
+    own = sum(su.numel * esize for su in shard.units if su.owner == rank)
+    other = sum(su.numel * esize for su in shard.units if su.owner != rank)
+    flags = sum(len(su.slots) * esize for su in shard.units if su.owner != rank)
+    if off is not None:
+        # stage 3: the optimizer broadcasts only units with replicated (persistent)
+        # parameters; each owned model unit is broadcast at its two fetches
+        broadcast = sum(su.numel * esize for su in shard.units
+                        if su.owner == rank and su.replicated)
+        gathers = 2 * sum(u.nbytes + 16 for u in off.units if off.ranks.owns(u))
+        offloaded = sum(u.nbytes for u in off.units)
+    else:
+        gathers, broadcast = 0, own
+    total = own + other
+    result = {
+        "rank": rank, "ranks": n, "stage": args.stage, "gradient_sum": args.gradient_sum,
+        "units": len(shard.units),
+        "units_owned": sum(1 for su in shard.units if su.owner == rank),
+        "state_bytes": opt.summary()["bytes"]["host"],
+        "step_s": statistics.median(times),
+        "bytes_sent_per_step": sent,
+        "theory_strata": (other + flags if n > 1 else 0) + 2 * tensors * 4 +
+        (broadcast + gathers) * (n - 1),
+        "theory_ring": (n - 1) * (total + (total + offloaded if off is not None else total))
+        // n if n > 1 else 0,
+    }
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    opt.close()
 
 
 def main(argv):

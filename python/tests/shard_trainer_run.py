@@ -64,6 +64,12 @@ def main(out, nvme, accumulation):
             json.dump({"losses": losses, "nvme_bytes": summary["bytes"]["nvme"],
                        "ranks": summary["ranks"]}, f)
         torch.save(model.state_dict(), out + ".pt")
+    if distributed:
+        # The run's objects (the Trainer's DDP wrapper, the optimizer) go before the process group,
+        # and the group before the interpreter's exit: a gloo group left to be destroyed during
+        # finalization can abort the process ("terminate called without an active exception").
+        del trainer, opt, model
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -112,56 +112,62 @@ def _worker(rank, world, init, args, out):
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     try:
-        st = require("strata.torch")
-        dtype = getattr(torch, args["dtype"])
-        model = make(dtype)
-        # Stage 3 runs give every rank the same nvme_path, as DeepSpeed configs do (each rank's
-        # run folder under it is its own); the others one folder per rank.
-        path = args["path"] if args["stage"] == 3 else os.path.join(args["path"], f"r{rank}")
-        cfg = config(args["stage"], args["kind"], path, args["moments"], args.get("fp16", False))
-        if args.get("diverge") and rank == 1:
-            args["diverge_model"] = True
-        if args.get("timeout"):
-            cfg["strata"]["comm_timeout_s"] = args["timeout"]
-        if args.get("gradient_sum"):
-            cfg["strata"]["gradient_sum"] = args["gradient_sum"]
-        if args.get("mismatch") and rank == 1:
-            model.head = nn.Linear(WIDTH, VOCAB + 1, bias=False).to(dtype)
-        if args["stage"] == 3:
-            offload(st, model, cfg, dist.group.WORLD)
-        opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048,
-                              process_group=dist.group.WORLD)
-        first, last = args["steps"]
-        if args.get("load"):
-            saved = torch.load(args["load"], weights_only=True)
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-        if args.get("diverge_model"):
-            with torch.no_grad():  # rank 1 alone runs a block: its fetches depart from rank 0's
-                model.blocks[1](torch.zeros(1, WIDTH, dtype=dtype))
-        if args.get("die"):
-            run_steps(opt, model, range(0, 1), world, rank)
-            if rank == 1:
-                os._exit(3)  # a rank that stops mid-run, without a word
-        accum, left = args.get("accum", 1), []
-        run_steps(opt, model, range(first, last), world * accum, rank, args.get("overflow"),
-                  accum, left, args.get("no_sync", True))
-        full = opt.consolidated_state_dict(dst=0)
-        summary = opt.summary()
-        weights = model.state_dict()  # (collective at stage 3: every rank gathers)
-        if rank == 0:
-            torch.save({"model": weights, "optimizer": full}, out)
-        params = getattr(model, "strata_offload", None)
-        torch.save({"bytes": summary["bytes"], "ranks": summary["ranks"], "grads_left": left,
-                    "params": params.summary() if params is not None else None},
-                   f"{out}.rank{rank}")
-        opt.close()
+        # Every object of the run is gone when _rank_run returns, before the group is destroyed (a
+        # gloo group outliving them, or left to the interpreter's exit, can abort the process).
+        _rank_run(rank, world, args, out)
     except Exception as ex:  # reported to the test through a file
         with open(f"{out}.error{rank}", "w") as f:
             f.write(repr(ex))
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _rank_run(rank, world, args, out):
+    st = require("strata.torch")
+    dtype = getattr(torch, args["dtype"])
+    model = make(dtype)
+    # Stage 3 runs give every rank the same nvme_path, as DeepSpeed configs do (each rank's
+    # run folder under it is its own); the others one folder per rank.
+    path = args["path"] if args["stage"] == 3 else os.path.join(args["path"], f"r{rank}")
+    cfg = config(args["stage"], args["kind"], path, args["moments"], args.get("fp16", False))
+    if args.get("diverge") and rank == 1:
+        args["diverge_model"] = True
+    if args.get("timeout"):
+        cfg["strata"]["comm_timeout_s"] = args["timeout"]
+    if args.get("gradient_sum"):
+        cfg["strata"]["gradient_sum"] = args["gradient_sum"]
+    if args.get("mismatch") and rank == 1:
+        model.head = nn.Linear(WIDTH, VOCAB + 1, bias=False).to(dtype)
+    if args["stage"] == 3:
+        offload(st, model, cfg, dist.group.WORLD)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, config=cfg, unit_elements=2048,
+                          process_group=dist.group.WORLD)
+    first, last = args["steps"]
+    if args.get("load"):
+        saved = torch.load(args["load"], weights_only=True)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+    if args.get("diverge_model"):
+        with torch.no_grad():  # rank 1 alone runs a block: its fetches depart from rank 0's
+            model.blocks[1](torch.zeros(1, WIDTH, dtype=dtype))
+    if args.get("die"):
+        run_steps(opt, model, range(0, 1), world, rank)
+        if rank == 1:
+            os._exit(3)  # a rank that stops mid-run, without a word
+    accum, left = args.get("accum", 1), []
+    run_steps(opt, model, range(first, last), world * accum, rank, args.get("overflow"),
+              accum, left, args.get("no_sync", True))
+    full = opt.consolidated_state_dict(dst=0)
+    summary = opt.summary()
+    weights = model.state_dict()  # (collective at stage 3: every rank gathers)
+    if rank == 0:
+        torch.save({"model": weights, "optimizer": full}, out)
+    params = getattr(model, "strata_offload", None)
+    torch.save({"bytes": summary["bytes"], "ranks": summary["ranks"], "grads_left": left,
+                "params": params.summary() if params is not None else None},
+               f"{out}.rank{rank}")
+    opt.close()
 
 
 def spawn(tmp_path, world, name, **args):
