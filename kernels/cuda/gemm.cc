@@ -246,6 +246,11 @@ int GemmEngine::sixteen_code() const {
   return cuda::converts_operands(config_.precision) ? products_code() : -1;
 }
 
+std::int64_t GemmEngine::block_start(const std::uint16_t* at) const {
+  const std::int64_t used = at - static_cast<const std::uint16_t*>(config_.convert_workspace);
+  return (used + kWorkspaceBlockAlign - 1) / kWorkspaceBlockAlign * kWorkspaceBlockAlign;
+}
+
 Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, std::int64_t cols,
                                            std::int64_t ld, std::int64_t* ld16,
                                            std::uint16_t** workspace, const char* what) {
@@ -260,11 +265,7 @@ Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, st
     *ld16 = ld;
     return twin;
   }
-  const auto* base = static_cast<const std::uint16_t*>(config_.convert_workspace);
-  const std::int64_t used = *workspace - base;
-  // Each converted operand starts on a block boundary (the alignment cuBLASLt is promised).
-  const std::int64_t start =
-      (used + kWorkspaceBlockAlign - 1) / kWorkspaceBlockAlign * kWorkspaceBlockAlign;
+  const std::int64_t start = block_start(*workspace);
   if (start + rows * cols > config_.convert_elements) {
     return Status(ErrorCode::kUnavailable,
                   fmt::format("a product written in 16 bits needs its {} ({} x {}) in 16 bits: it "
@@ -272,7 +273,7 @@ Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, st
                               "elements) whole",
                               what, rows, cols, config_.convert_elements));
   }
-  std::uint16_t* dst = *workspace + (start - used);
+  std::uint16_t* dst = static_cast<std::uint16_t*>(config_.convert_workspace) + start;
   STRATA_TRY(STRATA_CUDA_CHECK(
       cuda_kernels::cast_block_to_16(stream_, dst, code, cols, x, ld, rows, cols)));
   *workspace = dst + rows * cols;
@@ -297,10 +298,7 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
   // B without a 16-bit copy that does not fit the workspace beside A is converted and multiplied
   // in blocks of its n columns of the product (each output still sums all of k and is rounded
   // once), of a multiple of 8 columns where it can, so that every block of C stays 16-byte aligned.
-  const std::int64_t used = (workspace - static_cast<std::uint16_t*>(config_.convert_workspace) +
-                             kWorkspaceBlockAlign - 1) /
-                            kWorkspaceBlockAlign * kWorkspaceBlockAlign;
-  const std::int64_t room = config_.convert_elements - used;
+  const std::int64_t room = config_.convert_elements - block_start(workspace);
   std::int64_t block = n;
   if (twin_of(b, trans_b ? n : k, trans_b ? k : n, ldb, code) == nullptr && n * k > room &&
       room >= k) {

@@ -249,6 +249,9 @@ class GemmEngine {
   // range of this code), or null; *companion tells which kind it is.
   const void* twin_of(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                       int code, bool* companion = nullptr) const;
+  // The conversion workspace's first element (its offset) at or after `at` where a converted
+  // operand may start: a block boundary, the alignment cuBLASLt is promised.
+  std::int64_t block_start(const std::uint16_t* at) const;
   // The 16-bit type the products convert fp32 operands to (with converts_operands(precision)).
   int products_code() const;
   // Drops the oldest range of the kind once `most` of them are kept (never one noted by

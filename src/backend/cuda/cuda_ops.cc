@@ -753,11 +753,16 @@ float* CudaOps::wide_out(float* out, std::int64_t n) {
   return nullptr;
 }
 
-bool CudaOps::alone(const float* p, std::int64_t n) const {
+const CudaOps::Pair* CudaOps::pair_of(const float* p, std::int64_t n) const {
   for (const Pair& pair : pairs_) {
-    if (pair.alone && p >= pair.wide && p + n <= pair.wide + pair.n) return true;
+    if (p >= pair.wide && p + n <= pair.wide + pair.n) return &pair;
   }
-  return false;
+  return nullptr;
+}
+
+bool CudaOps::alone(const float* p, std::int64_t n) const {
+  const Pair* pair = pair_of(p, n);
+  return pair != nullptr && pair->alone;
 }
 
 void CudaOps::unpair_narrow(const float* wide) {
@@ -774,13 +779,9 @@ void CudaOps::unpair_narrow(const float* wide) {
 
 ck::Narrow CudaOps::narrow_for(const float* out, std::int64_t n) const {
   if (narrow_type_ == backend::DType::kF32 || n < 1) return {};
-  for (const Pair& p : pairs_) {
-    if (out >= p.wide && out + n <= p.wide + p.n) {
-      return {static_cast<std::uint16_t*>(p.narrow) + (out - p.wide),
-              static_cast<int>(narrow_type_)};
-    }
-  }
-  return {};
+  const Pair* p = pair_of(out, n);
+  if (p == nullptr) return {};
+  return {static_cast<std::uint16_t*>(p->narrow) + (out - p->wide), static_cast<int>(narrow_type_)};
 }
 
 ck::Narrow CudaOps::rewrite_in_place(const float* x, std::int64_t n) {

@@ -243,6 +243,8 @@ class CudaOps final : public backend::Ops<float> {
     std::int64_t n = 0;
     bool alone = false;  // pair_narrow_alone: `wide` is an address range alone
   };
+  // The paired buffer the n values at p lie inside, or null.
+  const Pair* pair_of(const float* p, std::int64_t n) const;
   // Whether the n values at p lie inside an activation kept in 16 bits alone (pair_narrow_alone):
   // the ops writing them write the companion alone.
   bool alone(const float* p, std::int64_t n) const;
