@@ -11,7 +11,10 @@ cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t
                                         const AttentionShape& shape, Narrow out_narrow,
                                         const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
-  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  if (!flash_f32_supported(shape, workspace_elements) ||
+      !flash_f32_forward_out_valid(out, out_narrow, shape, bf16)) {
+    return cudaErrorInvalidValue;
+  }
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_forward_f32<FlashBf16>(launch, workspace, workspace_elements,
                                                            out, lse, q, k, v, shape, out_narrow,
@@ -29,7 +32,10 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
                                          const std::uint16_t* out16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
-  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  if (!flash_f32_supported(shape, workspace_elements) ||
+      !flash_f32_backward_out_valid(out, out16)) {
+    return cudaErrorInvalidValue;
+  }
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_backward_f32<FlashBf16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
@@ -45,7 +51,10 @@ cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16
                                     const float* v, const AttentionShape& shape, Narrow out_narrow,
                                     const kernels::QkRotation<float>& rope) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
-  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  if (!flash_f32_supported(shape, workspace_elements) ||
+      !flash_f32_forward_out_valid(out, out_narrow, shape, bf16)) {
+    return cudaErrorInvalidValue;
+  }
   // Attention16's two calls are flash_attention_f32.cuh's inner ones.
   const CudaLauncher launch{s};
   return bf16 ? run_attention16_forward_f32<FlashBf16>(launch, inner, workspace, workspace_elements,
@@ -62,7 +71,10 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
                                      const std::uint16_t* out16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
-  if (!flash_f32_supported(shape, workspace_elements)) return cudaErrorInvalidValue;
+  if (!flash_f32_supported(shape, workspace_elements) ||
+      !flash_f32_backward_out_valid(out, out16)) {
+    return cudaErrorInvalidValue;
+  }
   const CudaLauncher launch{s};
   return bf16 ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace,
                                                         workspace_elements, dq, dk, dv, dout, out,

@@ -21,6 +21,12 @@
 // heads * head_dim, 16-byte aligned, out_stride equal to that width), the backward reads them
 // instead of rounding out again; dq, dk, dv are WRITTEN (the padding columns of the caller's
 // strides are not touched).
+//
+// An output kept in 16 bits alone (Ops::pair_narrow_alone, fast path attention_16bit_alone) has no
+// fp32 array: the forward's `out` is null and each pass's 16-bit attention writes its result
+// straight into the companion (`out_narrow`, of the attention's own 16-bit type, compact rows:
+// out_stride equal to heads * head_dim), with the bits it would have written beside the fp32
+// values; the backward's `out` is null too and `out16` is that companion.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +50,19 @@ inline bool flash_f32_supported(const kernels::AttentionShape& s, std::int64_t w
   return cuda::flash_io_takes(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim,
                               workspace_elements) &&
          flash_attention_backward_supported(compact);
+}
+
+// Whether a call's output arrays are valid: an fp32 `out`, or, for an output kept in 16 bits
+// alone (out null), its companion in the attention's 16-bit type (`bf16`) with compact rows
+// (forward: `out_narrow`; backward: `out16`, where the backward reads out's 16 bits).
+inline bool flash_f32_forward_out_valid(const float* out, const Narrow& out_narrow,
+                                        const kernels::AttentionShape& s, bool bf16) {
+  if (out != nullptr) return true;
+  return out_narrow.p != nullptr && out_narrow.code == (bf16 ? kCodeBF16 : kCodeF16) &&
+         s.out_stride == s.heads * s.head_dim;
+}
+inline bool flash_f32_backward_out_valid(const float* out, const std::uint16_t* out16) {
+  return out != nullptr || out16 != nullptr;
 }
 
 namespace flash_f32_detail {
@@ -269,6 +288,11 @@ flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
     const std::int64_t at = p.first * shape.out_stride;
     float* pass_lse = lse + p.b0 * shape.heads * io.T;
+    if (out == nullptr) {
+      // Kept alone: the pass's compact 16-bit result is the companion's rows themselves.
+      return inner.forward(d::advance(out_narrow, at).p, pass_lse, p.q16, p.k16, p.v16,
+                           d::pass_shape(shape, p.b0, p.batch_rows));
+    }
     if constexpr (d::WritesWide<Inner>) {
       if (d::same_code(out_narrow, io.code)) {
         // The kernel writes out (and its companion) in the caller's layout.

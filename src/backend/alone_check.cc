@@ -33,7 +33,7 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
   const std::int64_t n = s.rows * s.inner;
   std::mt19937_64 rng(4200 + static_cast<std::uint64_t>(s.inner));
   const char* purpose = "activations_16bit_alone check";
-  const std::vector<float> zeros(static_cast<std::size_t>(std::max(n, s.inner * kOuts)), 0.0f);
+  const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
   STRATA_ASSIGN_OR_RETURN(Buffer pre_in,
                           device_copy(backend, normal_values(rng, n, 2.0f, 0.0f), purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer gate_up,
@@ -44,10 +44,6 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
       Buffer w_up, device_copy(backend, normal_values(rng, kIns * s.inner, 0.5f, 0.0f), purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer bias,
                           device_copy(backend, normal_values(rng, s.inner, 0.5f, 0.0f), purpose));
-  STRATA_ASSIGN_OR_RETURN(
-      Buffer w, device_copy(backend, normal_values(rng, s.inner * kOuts, 0.5f, 0.0f), purpose));
-  STRATA_ASSIGN_OR_RETURN(
-      Buffer dout, device_copy(backend, normal_values(rng, s.rows * kOuts, 1.0f, 0.0f), purpose));
   const std::vector<float> residual = normal_values(rng, n, 1.0f, 0.5f);
   STRATA_ASSIGN_OR_RETURN(Buffer norm_in,
                           device_copy(backend, normal_values(rng, n, 1.5f, 0.25f), purpose));
@@ -66,8 +62,6 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
   STRATA_ASSIGN_OR_RETURN(Buffer wide, device_copy(backend, zeros, purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer pre_ref, device_copy(backend, zeros, purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer pre_got, device_copy(backend, zeros, purpose));
-  STRATA_ASSIGN_OR_RETURN(Buffer c_ref, device_copy(backend, zeros, purpose));
-  STRATA_ASSIGN_OR_RETURN(Buffer c_got, device_copy(backend, zeros, purpose));
   const std::vector<std::uint16_t> zeros16(static_cast<std::size_t>(n), 0);
   STRATA_ASSIGN_OR_RETURN(Buffer beside16, device_copy(backend, zeros16, purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer alone16, device_copy(backend, zeros16, purpose));
@@ -91,18 +85,13 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
   }
 
   const auto same16 = [&](const char* op) -> Status {
-    std::vector<std::uint16_t> want(zeros16.size()), got(zeros16.size());
-    STRATA_TRY(copy_to_host(backend, &want, beside16));
-    STRATA_TRY(copy_to_host(backend, &got, alone16));
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      if (want[i] != got[i]) {
-        return Status(ErrorCode::kInternal,
-                      fmt::format("{}, {}: the companion kept alone holds 0x{:04x} at [{}], the "
-                                  "one kept beside its fp32 values 0x{:04x} (the bits must match)",
-                                  where, op, got[i], i, want[i]));
-      }
-    }
-    return Status::ok();
+    STRATA_ASSIGN_OR_RETURN(const Bits16Differ d,
+                            first_16_bits_differ(backend, beside16, alone16, n));
+    if (d.index < 0) return Status::ok();
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}, {}: the companion kept alone holds 0x{:04x} at [{}], the one "
+                              "kept beside its fp32 values 0x{:04x} (the bits must match)",
+                              where, op, d.got, d.index, d.want));
   };
   const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
                           std::int64_t count) -> Status {
@@ -112,38 +101,9 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
                   fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
                               where, what, d.index, d.got, d.want));
   };
-  // The model's three products on the activation, reading the one beside, then the one alone.
   const auto products = [&](const char* op) -> Status {
-    const float* acts[2] = {beside, key};
-    const Buffer* outs[2] = {&c_ref, &c_got};
-    struct Product {
-      const char* name;
-      std::int64_t count;
-    };
-    const Product list[] = {
-        {"the down-projection (activation as A)", s.rows * kOuts},
-        {"GPT-2's weight gradient (activation as A transposed)", s.inner * kOuts},
-        {"the Llama family's weight gradient (activation as B)", kOuts * s.inner}};
-    for (int p = 0; p < 3; ++p) {
-      for (int side = 0; side < 2; ++side) {
-        const float* a = acts[side];
-        float* c = outs[side]->as<float>();
-        if (p == 0) {
-          path.gemm(false, false, s.rows, kOuts, s.inner, a, s.inner, w.as<float>(), kOuts, c,
-                    kOuts);
-        } else if (p == 1) {
-          path.gemm(true, false, s.inner, kOuts, s.rows, a, s.inner, dout.as<float>(), kOuts, c,
-                    kOuts);
-        } else {
-          path.gemm(true, false, kOuts, s.inner, s.rows, dout.as<float>(), kOuts, a, s.inner, c,
-                    s.inner);
-        }
-      }
-      STRATA_TRY(path.finish().with_context(where));
-      STRATA_TRY(
-          same32(fmt::format("after {}: {}", op, list[p].name), c_ref, c_got, list[p].count));
-    }
-    return Status::ok();
+    return check_products_alone(backend, path.gemm, path.finish, beside, key, s.rows, s.inner,
+                                where, op);
   };
 
   // After a writer: its companions, then the products on them.
@@ -208,6 +168,54 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
 }
 
 }  // namespace
+
+Status check_products_alone(Backend& backend, const AloneGemm& gemm,
+                            const std::function<Status()>& finish, const float* beside,
+                            const float* key, std::int64_t rows, std::int64_t cols,
+                            const std::string& where, const std::string& after) {
+  std::mt19937_64 rng(5100 + static_cast<std::uint64_t>(rows * 97 + cols));
+  const char* purpose = "the 16-bit-alone checks' products";
+  const std::vector<float> zeros(static_cast<std::size_t>(std::max(rows, cols) * kOuts), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer w, device_copy(backend, normal_values(rng, cols * kOuts, 0.5f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer dout, device_copy(backend, normal_values(rng, rows * kOuts, 1.0f, 0.0f), purpose));
+  Buffer c[2];
+  for (Buffer& b : c) {
+    STRATA_ASSIGN_OR_RETURN(b, device_copy(backend, zeros, purpose));
+  }
+  struct Product {
+    const char* name;
+    std::int64_t count;
+  };
+  const Product list[] = {{"the next projection (activation as A)", rows * kOuts},
+                          {"GPT-2's weight gradient (activation as A transposed)", cols * kOuts},
+                          {"the Llama family's weight gradient (activation as B)", kOuts * cols}};
+  const float* acts[2] = {beside, key};
+  for (int p = 0; p < 3; ++p) {
+    for (int side = 0; side < 2; ++side) {
+      const float* a = acts[side];
+      float* out = c[side].as<float>();
+      if (p == 0) {
+        gemm(false, false, rows, kOuts, cols, a, cols, w.as<float>(), kOuts, out, kOuts);
+      } else if (p == 1) {
+        gemm(true, false, cols, kOuts, rows, a, cols, dout.as<float>(), kOuts, out, kOuts);
+      } else {
+        gemm(true, false, kOuts, cols, rows, dout.as<float>(), kOuts, a, cols, out, cols);
+      }
+    }
+    STRATA_TRY(finish().with_context(where));
+    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d,
+                            first_bits_differ(backend, c[0], c[1], list[p].count));
+    if (d.index >= 0) {
+      return Status(ErrorCode::kInternal,
+                    fmt::format("{}, after {}: {}[{}] is {}, the verified path gives {} (the bits "
+                                "must match)",
+                                where, after, list[p].name, d.index, d.got, d.want));
+    }
+  }
+  return Status::ok();
+}
 
 NarrowAlonePath ops_alone_path(Ops<float>& ops,
                                std::function<bool(const float* p, std::int64_t n)> reads_companion,

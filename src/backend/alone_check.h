@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -32,6 +33,20 @@ inline constexpr const char* kActivations16AloneName = "activations_16bit_alone"
 inline constexpr const char* kActivations16AloneReplaces =
     "the fp32 arrays of the activations only GEMMs read (each block's norm outputs and MLP "
     "activation) kept beside their 16-bit companions";
+
+// C = op(A) op(B) (Ops::gemm with alpha 1 and beta 0; C's leading dimension ldc).
+using AloneGemm = std::function<void(bool ta, bool tb, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, const float* a, std::int64_t lda,
+                                     const float* b, std::int64_t ldb, float* c, std::int64_t ldc)>;
+
+// The three products the model runs on an activation of rows x cols (read as A by the next
+// projection, as A transposed by GPT-2's weight gradients, as B by the Llama family's), on
+// `beside` (kept beside its fp32 values) and on `key` (kept alone): an error naming `where`, the
+// writer `after` which they ran, the product and the first element whose bits differ.
+Status check_products_alone(Backend& backend, const AloneGemm& gemm,
+                            const std::function<Status()>& finish, const float* beside,
+                            const float* key, std::int64_t rows, std::int64_t cols,
+                            const std::string& where, const std::string& after);
 
 // The ops the path runs through (the backend's Ops<float>, or fakes), with Ops' contracts. The
 // void calls report their errors to `finish`.
@@ -68,10 +83,7 @@ struct NarrowAlonePath {
                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                      const float* bias, float* pre, float* act)>
       gemm_bias_gelu;
-  std::function<void(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                     std::int64_t ldc)>
-      gemm;  // C = op(A) op(B)
+  AloneGemm gemm;
   // Waits for the calls so far; their first error.
   std::function<Status()> finish;
 };

@@ -3,6 +3,7 @@
 
 #include "backend/alone_check.h"
 #include "backend/apart_check.h"
+#include "backend/attention_alone_check.h"
 #include "backend/attention_check.h"
 #include "backend/gate_up_check.h"
 #include "backend/gemm_check.h"
@@ -27,6 +28,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kWeights16Name, kWeights16Replaces},
       {kActivations16Name, kActivations16Replaces},
       {kActivations16AloneName, kActivations16AloneReplaces},
+      {kAttentionAloneName, kAttentionAloneReplaces},
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},

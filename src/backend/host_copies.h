@@ -67,4 +67,24 @@ inline Result<BitsDiffer> first_bits_differ(Backend& backend, const Buffer& want
   return d;
 }
 
+// The first of n 16-bit elements whose bits differ between two device buffers (index -1: none).
+struct Bits16Differ {
+  std::int64_t index = -1;
+  std::uint16_t want = 0, got = 0;
+};
+inline Result<Bits16Differ> first_16_bits_differ(Backend& backend, const Buffer& want,
+                                                 const Buffer& got, std::int64_t n) {
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+  STRATA_TRY(copy_to_host(backend, &a, want));
+  STRATA_TRY(copy_to_host(backend, &b, got));
+  Bits16Differ d;
+  const auto at = std::mismatch(a.begin(), a.end(), b.begin());
+  if (at.first != a.end()) {
+    d.index = at.first - a.begin();
+    d.want = *at.first;
+    d.got = *at.second;
+  }
+  return d;
+}
+
 }  // namespace strata::backend

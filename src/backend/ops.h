@@ -302,6 +302,15 @@ class Ops {
     (void)key, (void)narrow, (void)n;
     return false;
   }
+  // Whether attention outputs of this shape are kept in narrow_type() alone too (false, the
+  // default; only where keeps_narrow_alone()): pair_narrow_alone then takes such an output, the
+  // attention's forward (attention_forward, attention_forward_rotated) writing it as `out` writes
+  // the companion alone (the bits pair_narrow's companion would hold), and its backward reading it
+  // as `out` reads the companion.
+  virtual bool keeps_attention_alone(const AttentionShape& shape) const {
+    (void)shape;
+    return false;
+  }
 };
 
 }  // namespace strata::backend

@@ -25,14 +25,12 @@ std::int64_t qk_rstd_width(const ModelShape& s) {
   return s.arch.qk_norm ? s.num_heads + s.num_kv_heads : 0;
 }
 
-namespace {
-
-template <typename T>
-kernels::AttentionShape attention_shape(const BlockContext<T>& ctx, int layer) {
-  const ModelShape& s = *ctx.spec;
+kernels::AttentionShape attention_shape(const ModelShape& s, std::int64_t batch,
+                                        std::int64_t seq_len, int layer,
+                                        const std::int32_t* positions) {
   kernels::AttentionShape a;
-  a.batch = ctx.batch;
-  a.seq_len = ctx.seq_len;
+  a.batch = batch;
+  a.seq_len = seq_len;
   a.heads = s.num_heads;
   a.kv_heads = s.num_kv_heads;
   a.head_dim = s.head_dim;
@@ -41,8 +39,15 @@ kernels::AttentionShape attention_shape(const BlockContext<T>& ctx, int layer) {
   a.out_stride = s.num_heads * s.head_dim;
   a.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   a.window = attention_window_of(s, layer);
-  a.positions = ctx.positions;
+  a.positions = positions;
   return a;
+}
+
+namespace {
+
+template <typename T>
+kernels::AttentionShape attention_shape(const BlockContext<T>& ctx, int layer) {
+  return attention_shape(*ctx.spec, ctx.batch, ctx.seq_len, layer, ctx.positions);
 }
 
 template <typename T>

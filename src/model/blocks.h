@@ -62,6 +62,21 @@ std::int64_t fc_width(const ModelShape& spec);
 // Elements of BlockActs::qkv_raw and qk_rstd per row (0 without q/k norms).
 std::int64_t qkv_raw_width(const ModelShape& spec);
 std::int64_t qk_rstd_width(const ModelShape& spec);
+// The attention's shape in block `layer` over micro-batches of batch x seq_len tokens (positions:
+// each row's position in its document, or null).
+kernels::AttentionShape attention_shape(const ModelShape& spec, std::int64_t batch,
+                                        std::int64_t seq_len, int layer,
+                                        const std::int32_t* positions = nullptr);
+// Whether `ops` keep every block's attention output in 16 bits alone over such micro-batches
+// (Ops::keeps_attention_alone for each layer's shape).
+template <typename T>
+bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
+                           std::int64_t seq_len) {
+  for (int l = 0; l < spec.num_layers; ++l) {
+    if (!ops.keeps_attention_alone(attention_shape(spec, batch, seq_len, l))) return false;
+  }
+  return spec.num_layers > 0;
+}
 
 // out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.
 template <typename T>

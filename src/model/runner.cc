@@ -173,6 +173,7 @@ Status ModelRunner<T>::allocate() {
   // address ranges stand for their fp32 arrays, and their companions (allocate_companions) hold
   // them.
   const bool alone = keeps_alone();
+  const bool attention_alone = keeps_attention_alone();
   // Gate and up in 16 bits alone (RunnerOptions::narrow_gate_up).
   const bool gate_up_narrow =
       options_.narrow_gate_up && options_.narrow_companions && spec_.family == Family::kLlama &&
@@ -196,7 +197,11 @@ Status ModelRunner<T>::allocate() {
       STRATA_ASSIGN_OR_RETURN(a.qkv_raw, alloc(n * qkv_raw_width(spec_), what));
       STRATA_ASSIGN_OR_RETURN(a.qk_rstd, alloc(n * qk_rstd_width(spec_), what));
     }
-    STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
+    if (attention_alone) {
+      STRATA_ASSIGN_OR_RETURN(a.att, reserve(n * hd, "an attention output kept in 16 bits"));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
+    }
     STRATA_ASSIGN_OR_RETURN(a.lse, alloc(b * spec_.num_heads * t, what));
     STRATA_ASSIGN_OR_RETURN(a.res1, alloc(n * c, what));
     STRATA_TRY(gemm_input(&a.ln2, n * c, what));
@@ -261,6 +266,12 @@ bool ModelRunner<T>::keeps_alone() const {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_attention_alone() const {
+  return options_.narrow_attention_alone && keeps_alone() &&
+         (sizing_ || model::keeps_attention_alone(*ops_, spec_, options_.batch, options_.seq_len));
+}
+
+template <typename T>
 Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
   // Not device memory: nothing for the arena to count.
   if (sizing_) return reinterpret_cast<T*>(alignof(T));
@@ -300,9 +311,10 @@ Status ModelRunner<T>::allocate_companions() {
   // (forward, and the weight gradients), the MLP's and the attention's input gradients, the
   // residual gradient, the final norm, the logits' gradient.
   const bool alone = keeps_alone();
+  const bool attention_alone = keeps_attention_alone();
   for (BlockActs<T>& a : acts_) {
     STRATA_TRY(pair(a.ln1, n * c, alone));
-    STRATA_TRY(pair(a.att, n * hd));
+    STRATA_TRY(pair(a.att, n * hd, attention_alone));
     STRATA_TRY(pair(a.ln2, n * c, alone));
     STRATA_TRY(pair(a.act, n * in, alone));
   }
@@ -633,8 +645,9 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   WithoutCompanions w;
   w.options = options;
   w.options.narrow_companions = false;
-  w.options.narrow_logits = false;   // they need the companions' 16-bit operands
-  w.options.narrow_alone = false;    // its companion is all it has
+  w.options.narrow_logits = false;  // they need the companions' 16-bit operands
+  w.options.narrow_alone = false;   // its companion is all it has
+  w.options.narrow_attention_alone = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

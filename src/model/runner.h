@@ -70,6 +70,12 @@ struct RunnerOptions {
   // narrow_companions, for the Llama family without an MLP bias, and only where the backend's ops
   // promise it (the trainer asks them); otherwise the fp32 fc.
   bool narrow_gate_up = false;
+  // Each block's attention output (att, N x H*D) in the ops' 16-bit type alone too (Ops::
+  // keeps_attention_alone, fast path attention_16bit_alone): written so by the 16-bit attention,
+  // read so by its backward and its products; memory_needed counts 2 bytes per element. Only with
+  // narrow_alone, and only where the backend's ops promise it for every layer's shape (the trainer
+  // asks them: keeps_attention_alone in blocks.h); otherwise the fp32 array beside its companion.
+  bool narrow_attention_alone = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -149,6 +155,9 @@ class ModelRunner {
   Result<T*> reserve(std::int64_t elements, const char* purpose);
   // Whether ln1, ln2 and act are kept in 16 bits alone (RunnerOptions::narrow_alone).
   bool keeps_alone() const;
+  // Whether each block's attention output is kept in 16 bits alone too
+  // (RunnerOptions::narrow_attention_alone).
+  bool keeps_attention_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

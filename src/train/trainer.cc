@@ -135,6 +135,11 @@ Status Trainer::setup() {
   runner.narrow_alone = runner.narrow_companions && backend_->ops_f32().keeps_narrow_alone();
   // The Llama family's gate and up projections in 16 bits alone likewise (gate_up_16bit).
   runner.narrow_gate_up = runner.narrow_companions && backend_->ops_f32().keeps_gate_up_narrow();
+  // Each block's attention output in 16 bits alone too, where every layer's shape takes it
+  // (attention_16bit_alone).
+  runner.narrow_attention_alone =
+      runner.narrow_alone &&
+      model::keeps_attention_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len);
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

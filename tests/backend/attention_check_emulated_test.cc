@@ -8,7 +8,9 @@
 // The same staging with another 16-bit attention inside (the role cuDNN's fused attention plays,
 // kernels/cuda/cudnn_sdpa.h: run_attention16_*_f32 with its own inner calls), here a host one:
 // passes on the cases without packed documents, also over several passes; one that writes the
-// log-sum-exp in base 2, or reads the wrong KV head of a group, fails.
+// log-sum-exp in base 2, or reads the wrong KV head of a group, fails. An output kept in 16 bits
+// alone (a null out, its companion alone) gets the bits of the companion written beside an fp32
+// output, through the flash epilogue and through another 16-bit attention alike.
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "support/simt_emulator.h"
 // The kernel headers after the emulator (they pick up its built-ins).
@@ -16,6 +18,7 @@
 //
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -319,6 +322,103 @@ TEST(FlashAttentionF32, TheKernelsWriteTheFp32ResultsAndCompanionsWithTheBitsOfW
 
 TEST(FlashAttentionF32, ACompanionOfTheOtherTypeIsWrittenByTheWidening) {
   expect_results_written_in_the_kernels<ck::FlashBf16>(ck::kCodeF16);
+}
+
+// An output kept in 16 bits alone (attention_16bit_alone): `out` null, its companion of the
+// attention's type in compact rows. Each pass's 16-bit attention writes its result straight into
+// the companion: the bits the run with an fp32 output rounds into its companion, and the same
+// log-sum-exp; the backward, with `out` null, reads it from the companion (out16) and gives the
+// bits of the one reading the companion kept beside the fp32 output. Both for the flash kernels'
+// own epilogue and for another 16-bit attention staged as cuDNN's is (WidenedAfter), over several
+// passes (one batch row each), bf16 and fp16. Without its companion, or with one of the other
+// type, the launchers refuse a null output.
+template <typename E, typename Inner>
+void expect_output_kept_alone(const Inner& inner, const char* name) {
+  SCOPED_TRACE(std::string(E::kBf16 ? "bf16 " : "fp16 ") + name);
+  const int code = E::kBf16 ? ck::kCodeBF16 : ck::kCodeF16;
+  AttentionShape s{};
+  s.batch = 3;
+  s.seq_len = 70;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.scale = 0.125;
+  const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+  const std::int64_t rows = s.batch * s.seq_len, width = hd + 2 * kvd;
+  s.q_stride = s.kv_stride = width;
+  s.out_stride = hd;  // compact, as kept alone
+  const std::vector<float> qkv = uniform(static_cast<std::size_t>(rows * width), 21);
+  const std::vector<float> dout = uniform(static_cast<std::size_t>(rows * hd), 22);
+  const float* q = qkv.data();
+  const std::int64_t one_row =
+      cuda::plan_flash_io(1, s.seq_len, s.heads, s.kv_heads, s.head_dim, true, 1).per_batch_row;
+  std::vector<std::uint16_t> ws(static_cast<std::size_t>(one_row));
+  const auto elements = static_cast<std::int64_t>(ws.size());
+  struct Results {
+    std::vector<float> lse, dqkv;
+    std::vector<std::uint16_t> out16;
+  };
+  auto run = [&](bool alone) {
+    Results r;
+    std::vector<float> out(static_cast<std::size_t>(rows * hd), -1234.5f);
+    r.lse.assign(static_cast<std::size_t>(rows * s.heads), -1234.5f);
+    r.dqkv.assign(static_cast<std::size_t>(rows * width), -1234.5f);
+    r.out16.assign(out.size(), 0x7e7e);
+    float* wide = alone ? nullptr : out.data();
+    EXPECT_EQ(ck::run_attention16_forward_f32<E>(kEmulator, inner, ws.data(), elements, wide,
+                                                 r.lse.data(), q, q + hd, q + hd + kvd, s,
+                                                 ck::Narrow{r.out16.data(), code}),
+              0);
+    float* dq = r.dqkv.data();
+    EXPECT_EQ(ck::run_attention16_backward_f32<E>(
+                  kEmulator, inner, ws.data(), elements, dq, dq + hd, dq + hd + kvd, dout.data(),
+                  wide, r.lse.data(), q, q + hd, q + hd + kvd, s, {}, {}, r.out16.data()),
+              0);
+    return r;
+  };
+  const Results beside = run(false), alone = run(true);
+  auto same_bits = [](const auto& a, const auto& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])), 0) << what;
+  };
+  same_bits(beside.out16, alone.out16, "the output's companion");
+  same_bits(beside.lse, alone.lse, "lse");
+  same_bits(beside.dqkv, alone.dqkv, "dq, dk, dv");
+  EXPECT_EQ(std::count(alone.out16.begin(), alone.out16.end(), std::uint16_t{0x7e7e}), 0);
+  EXPECT_EQ(std::count(alone.dqkv.begin(), alone.dqkv.end(), -1234.5f), 0);
+}
+
+TEST(FlashAttentionF32, AnOutputKeptAloneIsWrittenIntoItsCompanionAndReadFromIt) {
+  expect_output_kept_alone<ck::FlashBf16>(
+      ck::FlashInner<ck::FlashBf16, ck::FlashFault::kNone, simt::Launcher>{kEmulator},
+      "flash epilogue");
+  expect_output_kept_alone<ck::FlashFp16>(
+      ck::FlashInner<ck::FlashFp16, ck::FlashFault::kNone, simt::Launcher>{kEmulator},
+      "flash epilogue");
+  expect_output_kept_alone<ck::FlashBf16>(WidenedAfter<ck::FlashBf16>{}, "staged");
+  expect_output_kept_alone<ck::FlashFp16>(WidenedAfter<ck::FlashFp16>{}, "staged");
+}
+
+TEST(FlashAttentionF32, ANullOutputWithoutItsCompanionIsRefused) {
+  AttentionShape s{};
+  s.batch = 1;
+  s.seq_len = 16;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 64;
+  s.q_stride = s.kv_stride = 256;
+  s.out_stride = 128;
+  std::uint16_t companion[8] = {};
+  EXPECT_TRUE(ck::flash_f32_forward_out_valid(nullptr, {companion, ck::kCodeBF16}, s, true));
+  EXPECT_FALSE(ck::flash_f32_forward_out_valid(nullptr, {}, s, true));
+  EXPECT_FALSE(ck::flash_f32_forward_out_valid(nullptr, {companion, ck::kCodeF16}, s, true));
+  s.out_stride = 136;  // padded rows: not the companion's compact ones
+  EXPECT_FALSE(ck::flash_f32_forward_out_valid(nullptr, {companion, ck::kCodeBF16}, s, true));
+  float out[1];
+  EXPECT_TRUE(ck::flash_f32_forward_out_valid(out, {}, s, true));
+  EXPECT_FALSE(ck::flash_f32_backward_out_valid(nullptr, nullptr));
+  EXPECT_TRUE(ck::flash_f32_backward_out_valid(nullptr, companion));
+  EXPECT_TRUE(ck::flash_f32_backward_out_valid(out, nullptr));
 }
 
 // Another 16-bit attention behind the staging, as cuDNN's is: each pass's compact 16-bit q, k, v

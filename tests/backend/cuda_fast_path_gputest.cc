@@ -12,7 +12,8 @@
 // add_rmsnorm_forward give the bits of add followed by the norm; turned off by the seam, the same.
 // The activations only GEMMs read kept in 16 bits alone (activations_16bit_alone) are on with
 // 16-bit GEMMs and pass their check again through the backend's own ops; so do the Llama family's
-// gate and up in 16 bits alone (gate_up_16bit). Skips without a GPU.
+// gate and up in 16 bits alone (gate_up_16bit), and each block's attention output in 16 bits alone
+// (attention_16bit_alone). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,6 +23,7 @@
 
 #include "backend/alone_check.h"
 #include "backend/apart_check.h"
+#include "backend/attention_alone_check.h"
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
 #include "backend/gate_up_check.h"
@@ -168,6 +170,34 @@ TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kActivations16AloneName);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// Each block's attention output kept in 16 bits alone (the start-up check passed) with 16-bit
+// GEMMs and the flash attention, whose companion and epilogue it needs; the check passes again on
+// the backend's own Ops (cuDNN's attention taking the calls where that path is on, the flash
+// kernels otherwise) at head sizes 64 and 128, counting one forward kept alone for each; with fp32
+// GEMM inputs the path does not apply.
+TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kAttentionAloneName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    const AttentionAlonePath attention = ops_attention_alone_path(
+        gpu.ops_f32(), [](const float*, std::int64_t) { return true; },
+        [&] { return gpu.synchronize(StreamKind::kCompute); });
+    const std::int64_t before = path->uses;
+    for (const std::int64_t head_dim : {64, 128}) {
+      const Status s = check_attention_alone(gpu, attention, head_dim);
+      EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
+    }
+    EXPECT_EQ(find_path(gpu.fast_paths(), kAttentionAloneName)->uses - before, 2);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kAttentionAloneName);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;

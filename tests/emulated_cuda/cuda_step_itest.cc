@@ -29,6 +29,7 @@
 
 #include "backend/alone_check.h"
 #include "backend/apart_check.h"
+#include "backend/attention_alone_check.h"
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda_fast_paths.h"
@@ -135,9 +136,10 @@ struct TrainedRun {
   std::vector<std::vector<std::string> > compute;   // the same, the compute stream's only
   std::int64_t narrow_logit_rows = -1;              // the logits_16bit path's uses, where it is on
   std::int64_t rotated_attention_calls = -1;        // the rope_in_attention path's, where it is on
-  std::int64_t alone_writes = -1;         // the activations_16bit_alone path's, where it is on
-  std::int64_t narrow_swiglu_calls = -1;  // the gate_up_16bit path's, where it is on
-  std::uint64_t device_in_use = 0;        // the device arena's bytes in use after the last step
+  std::int64_t alone_writes = -1;            // the activations_16bit_alone path's, where it is on
+  std::int64_t narrow_swiglu_calls = -1;     // the gate_up_16bit path's, where it is on
+  std::int64_t attention_alone_writes = -1;  // the attention_16bit_alone path's, where it is on
+  std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -167,6 +169,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kRopeAttentionName && p.active) run.rotated_attention_calls = p.uses;
     if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
     if (p.name == backend::kGateUp16Name && p.active) run.narrow_swiglu_calls = p.uses;
+    if (p.name == backend::kAttentionAloneName && p.active) run.attention_alone_writes = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -462,7 +465,8 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // the same companions either way), the same kernels, three writes kept alone per block and
 // micro-batch (the two norms', and GELU's kernel for GPT-2, which runs the product and GELU where
 // cuBLASLt's epilogue would have had an fp32 array to write, or SwiGLU's for the Llama family), and
-// exactly the fp32 arrays' bytes fewer on the device.
+// exactly the fp32 arrays' bytes fewer on the device: the attention's output too, whose path
+// (attention_16bit_alone) needs this one and is off with it.
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
@@ -480,9 +484,44 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
     EXPECT_EQ(alone.alone_writes, 2 * micro_batches * layers * 3) << family;
     EXPECT_EQ(beside.alone_writes, -1) << family;
+    EXPECT_EQ(beside.attention_alone_writes, -1) << family;
     const std::int64_t hidden = 128, inner = family == "gpt2" ? 4 * hidden : 256;
+    const std::int64_t attention = 2 * 64;  // heads x head size
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
-              static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner)) * sizeof(float))
+              static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention)) *
+                  sizeof(float))
+        << family;
+  }
+}
+
+// Each block's attention output in 16 bits alone (attention_16bit_alone) against the path refused
+// at start (its fp32 array allocated beside the companion): the same losses and state to the bit in
+// both families (the flash forward's epilogue writes the same companion, the backward and the
+// output projection read it either way), the same kernels, one write kept alone per block and
+// micro-batch (the forward; the recomputation under checkpointing would add its own), and exactly
+// the fp32 array's bytes fewer on the device.
+TEST(EmulatedCudaStepFallback, AttentionOutputsAloneRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
+    backend::fail_fast_path_for_test(std::string(backend::kAttentionAloneName));
+    const TrainedRun beside = train(family, kTiers[0], true, dir.path() + "/beside-" + family, 2);
+    backend::fail_fast_path_for_test(std::nullopt);
+    ASSERT_EQ(alone.launches.size(), 2u) << family;
+    ASSERT_EQ(beside.launches.size(), 2u) << family;
+    EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
+    EXPECT_EQ(beside.losses, alone.losses) << family;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(alone.launches[step], beside.launches[step]) << family << " step " << step + 1;
+      EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << family << " step " << step + 1;
+    }
+    const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
+    EXPECT_EQ(alone.attention_alone_writes, 2 * micro_batches * layers) << family;
+    EXPECT_EQ(beside.attention_alone_writes, -1) << family;
+    EXPECT_EQ(alone.alone_writes, beside.alone_writes) << family;  // the other activations alike
+    const std::int64_t attention = 2 * 64;                         // heads x head size
+    EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+              static_cast<std::uint64_t>(layers * rows * attention) * sizeof(float))
         << family;
   }
 }
@@ -567,6 +606,9 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["rope_in_attention"].active) << paths["rope_in_attention"].detail;
   EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
   EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
+  EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
+  EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
+      << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :
        {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue", "gemm_dgelu_epilogue"}) {
     ASSERT_EQ(paths.count(epilogue), 1u) << epilogue;

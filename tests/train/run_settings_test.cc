@@ -121,6 +121,47 @@ TEST(RunSettings, ActivationsIn16BitsAloneAreCountedAsSuch) {
   }
 }
 
+// Each block's attention output in 16 bits alone too (RunnerOptions::narrow_attention_alone, which
+// the trainer asks of the backend's ops for every layer's shape) is counted as such: its fp32 array
+// (N x H*D) is not allocated, in every block or in the one set checkpointing keeps. Only with the
+// other activations kept alone, and not without the companions; the settings alone leave it off.
+TEST(RunSettings, AttentionOutputsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  for (const model::ModelShape& shape : {testing::tiny_gpt2(false), testing::tiny_llama(true)}) {
+    model::RunnerOptions alone = runner_options(c, shape, false);
+    ASSERT_TRUE(alone.narrow_companions);
+    EXPECT_FALSE(alone.narrow_attention_alone);
+    alone.narrow_alone = true;
+    auto device = [&](const model::RunnerOptions& o) {
+      return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+    };
+    auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+    const auto att =
+        granule(static_cast<std::uint64_t>(2 * 16 * shape.num_heads * shape.head_dim) * 4);
+    model::RunnerOptions attention = alone;
+    attention.narrow_attention_alone = true;
+    EXPECT_EQ(device(alone) - device(attention),
+              static_cast<std::uint64_t>(shape.num_layers) * att);
+    model::RunnerOptions checkpointed = alone, checkpointed_attention = attention;
+    checkpointed.activation_checkpointing = checkpointed_attention.activation_checkpointing = true;
+    EXPECT_EQ(device(checkpointed) - device(checkpointed_attention), att);
+    model::RunnerOptions beside = attention;
+    beside.narrow_alone = false;  // the pairing alone is the other activations' path
+    model::RunnerOptions beside_plain = alone;
+    beside_plain.narrow_alone = false;
+    EXPECT_EQ(device(beside), device(beside_plain));
+    model::RunnerOptions plain = attention;
+    plain.narrow_companions = false;
+    model::RunnerOptions plain_fp32 = alone;
+    plain_fp32.narrow_companions = false;
+    EXPECT_EQ(device(plain), device(plain_fp32));
+    EXPECT_FALSE(model::without_companions(shape, attention).options.narrow_attention_alone);
+  }
+}
+
 // The Llama family's gate and up in 16 bits alone (RunnerOptions::narrow_gate_up, which the
 // trainer asks of the backend's ops) are counted as such: 2 bytes per element of each block's fc
 // where the fp32 fc took 4. Not for GPT-2 (its fc is GELU's pre-activation), not with an MLP bias,

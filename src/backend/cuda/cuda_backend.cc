@@ -17,6 +17,7 @@
 #include "backend/alone_check.h"
 #include "backend/apart_check.h"
 #include "backend/arena.h"
+#include "backend/attention_alone_check.h"
 #include "backend/attention_check.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_ops.h"
@@ -292,6 +293,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->narrow_swiglu_calls();
       } else if (p.name == kActivations16AloneName) {
         p.uses = ops_->alone_writes();
+      } else if (p.name == kAttentionAloneName) {
+        p.uses = ops_->attention_alone_writes();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -903,8 +906,51 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "bias and GELU then runs the product and GELU's kernel",
         [&] { return check_narrow_alone(*this, alone); }));
   }
+  // Each block's attention output in 16 bits alone too, where the 16-bit attention writes it and
+  // its backward reads it from the companion: checked bit for bit against the output kept beside,
+  // at each head size the flash attention took, once per process (its kernels are the flash
+  // attention's, whose check runs once too).
+  const int attention_code = bf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
+  if (!fast_paths_.active(kActivations16AloneName)) {
+    fast_paths_.not_applicable(
+        kAttentionAloneName, kAttentionAloneReplaces,
+        fmt::format("the activations are not kept in 16 bits alone ({} is off)",
+                    kActivations16AloneName));
+  } else if (head_sizes.empty()) {
+    fast_paths_.not_applicable(
+        kAttentionAloneName, kAttentionAloneReplaces,
+        fmt::format("the attention runs in fp32 ({} is off)", kFlashAttentionName));
+  } else if (static_cast<int>(sixteen) != attention_code) {
+    fast_paths_.not_applicable(kAttentionAloneName, kAttentionAloneReplaces,
+                               "the attention's 16-bit type is not the companions'");
+  } else {
+    const AttentionAlonePath attention = ops_attention_alone_path(
+        *ops_,
+        [&](const float* p, std::int64_t n) {
+          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
+        },
+        ops_finished);
+    ops_->use_attention_alone(true);
+    ops_->use_attention_alone(fast_paths_.adopt(
+        kAttentionAloneName, kAttentionAloneReplaces,
+        fmt::format("each block's attention output written by the 16-bit attention into its "
+                    "companion alone (no fp32 array is allocated for it), read there by its "
+                    "backward and its products; head sizes {}",
+                    fmt::join(head_sizes, ", ")),
+        [&]() -> Status {
+          // Once per process and head size, as the flash attention's own check: its kernels run.
+          for (const std::int64_t d : head_sizes) {
+            STRATA_TRY(
+                checked_once(fmt::format("{}:{}:{}:{}", kAttentionAloneName, bf16 ? "bf16" : "fp16",
+                                         d, scratch.sixteen_elements),
+                             [&] { return check_attention_alone(*this, attention, d); }));
+          }
+          return Status::ok();
+        }));
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();
+  ops_->reset_attention_alone_writes();
   ops_->reset_narrow_swiglu_calls();
   ops_->reset_fused_norm_calls();
   ops_->reset_apart_reads();

@@ -389,6 +389,12 @@ bool rotating(const backend::AttentionShape& shape, const kernels::QkRotation<fl
 
 }  // namespace
 
+bool CudaOps::keeps_attention_alone(const backend::AttentionShape& s) const {
+  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+  return attention_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
+         s.out_stride == s.heads * s.head_dim && takes_flash(s);
+}
+
 bool CudaOps::attention_rotates(const backend::AttentionShape& shape) const {
   return rope_in_attention_ && takes_flash(shape);
 }
@@ -426,7 +432,18 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
   if (rotating(shape, rope)) ++rotated_attention_calls_;
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t width = shape.heads * shape.head_dim;
-  wrote(out, strided(rows, shape.out_stride, width));
+  // An output kept alone (keeps_attention_alone) has no fp32 array: the 16-bit attention writes its
+  // companion alone.
+  float* wide = out;
+  if (alone(out, rows * width)) {
+    STRATA_ASSERT_MSG(keeps_attention_alone(shape),
+                      "an attention output kept in 16 bits alone of a shape the 16-bit attention "
+                      "does not take");
+    ++attention_alone_writes_;
+    wide = nullptr;
+  } else {
+    wrote(out, strided(rows, shape.out_stride, width));
+  }
   wrote(lse, rows * shape.heads);
   // The 16-bit paths round their output into its companion too, where its rows lie side by side
   // (every value of the range written).
@@ -434,7 +451,7 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
       shape.out_stride == width ? narrow_for(out, rows * width) : ck::Narrow{};
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                             scratch_.sixteen_elements, out, lse, q, k, v, shape,
+                                             scratch_.sixteen_elements, wide, lse, q, k, v, shape,
                                              narrow, rope),
                  "cuDNN attention forward")) {
     wrote(out, rows * width, narrow);
@@ -443,7 +460,7 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
   if (takes_flash(shape)) {
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
-                                                     scratch_.sixteen_elements, out, lse, q, k, v,
+                                                     scratch_.sixteen_elements, wide, lse, q, k, v,
                                                      shape, narrow, rope),
                      "flash attention forward");
     wrote(out, rows * width, narrow);
@@ -494,10 +511,17 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
   }
   const std::uint16_t* out16 = staged_companion(out, shape);
+  // An output kept alone is read from its companion alone.
+  const float* out_wide = out;
+  if (alone(out, rows * shape.heads * shape.head_dim)) {
+    STRATA_ASSERT_MSG(keeps_attention_alone(shape) && out16 != nullptr,
+                      "an attention output kept in 16 bits alone without its companion to read");
+    out_wide = nullptr;
+  }
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                              scratch_.sixteen_elements, dq, dk, dv, dout, out, lse,
-                                              q, k, v, shape, narrow, rope, out16),
+                                              scratch_.sixteen_elements, dq, dk, dv, dout, out_wide,
+                                              lse, q, k, v, shape, narrow, rope, out16),
                  "cuDNN attention backward")) {
     if (out16 != nullptr) ++staged_companion_reads_;
     wrote(dq, rows * stride, narrow.q);
@@ -508,7 +532,7 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     if (out16 != nullptr) ++staged_companion_reads_;
     STRATA_OPS_CHECK(ck::flash_attention_backward_f32(
                          stream_, flash_bf16_, scratch_.sixteen, scratch_.sixteen_elements, dq, dk,
-                         dv, dout, out, lse, q, k, v, shape, narrow, rope, out16),
+                         dv, dout, out_wide, lse, q, k, v, shape, narrow, rope, out16),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;

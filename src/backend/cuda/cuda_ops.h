@@ -187,6 +187,14 @@ class CudaOps final : public backend::Ops<float> {
   // GELU and SwiGLU calls that wrote an activation kept in 16 bits alone.
   std::int64_t alone_writes() const { return alone_writes_; }
   void reset_alone_writes() { alone_writes_ = 0; }
+  // Each block's attention output kept in 16 bits alone too (fast path attention_16bit_alone; off
+  // by default): only with keeps_narrow_alone(), for shapes the 16-bit attention takes
+  // (takes_flash) with compact output rows, where the attention's 16-bit type is the companions'.
+  void use_attention_alone(bool on) { attention_alone_ = on; }
+  bool keeps_attention_alone(const backend::AttentionShape& shape) const override;
+  // Attention forwards that wrote an output kept in 16 bits alone.
+  std::int64_t attention_alone_writes() const { return attention_alone_writes_; }
+  void reset_attention_alone_writes() { attention_alone_writes_ = 0; }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
   void use_companions(backend::DType type);
@@ -279,6 +287,8 @@ class CudaOps final : public backend::Ops<float> {
   bool gate_up_narrow_ = false;
   std::int64_t narrow_swiglu_calls_ = 0;
   std::int64_t alone_writes_ = 0;
+  bool attention_alone_ = false;
+  std::int64_t attention_alone_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;

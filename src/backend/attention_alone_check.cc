@@ -1,0 +1,154 @@
+// The start-up check of each block's attention output kept in 16 bits alone (see
+// attention_alone_check.h).
+#include "backend/attention_alone_check.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/host_copies.h"
+#include "common/address_range.h"
+
+namespace strata::backend {
+namespace {
+
+// GQA 2:1 over two batch rows of 24 tokens (partial tiles), q, k, v side by side in each row as
+// the model keeps them, the output's rows compact.
+AttentionShape check_shape(std::int64_t head_dim) {
+  AttentionShape s{};
+  s.batch = 2;
+  s.seq_len = 24;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = head_dim;
+  s.q_stride = s.kv_stride = (s.heads + 2 * s.kv_heads) * head_dim;
+  s.out_stride = s.heads * head_dim;
+  s.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return s;
+}
+
+}  // namespace
+
+AttentionAlonePath ops_attention_alone_path(
+    Ops<float>& ops, std::function<bool(const float* p, std::int64_t n)> reads_companion,
+    std::function<Status()> finish) {
+  // The pairing is the activations' (alone_check.h): one way to pair, for both paths.
+  const NarrowAlonePath activations = ops_alone_path(ops, std::move(reads_companion), {});
+  AttentionAlonePath path;
+  Ops<float>* o = &ops;
+  path.type = activations.type;
+  path.pair = activations.pair;
+  path.unpair = activations.unpair;
+  path.reads_companion = activations.reads_companion;
+  path.keeps = [o](const AttentionShape& s) { return o->keeps_attention_alone(s); };
+  path.forward = [o](float* out, float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& s) { o->attention_forward(out, lse, q, k, v, s); };
+  path.backward = [o](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                      const float* lse, const float* q, const float* k, const float* v,
+                      const AttentionShape& s) {
+    o->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  };
+  path.gemm = activations.gemm;
+  path.finish = std::move(finish);
+  return path;
+}
+
+Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
+                             std::int64_t head_dim) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("an attention output kept in 16 bits alone is bf16 or fp16, not {}",
+                              to_string(path.type)));
+  }
+  const AttentionShape s = check_shape(head_dim);
+  const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;
+  const std::int64_t kvd = s.kv_heads * head_dim, n = rows * hd,
+                     lse_n = s.batch * s.heads * s.seq_len;
+  const std::string where = fmt::format("head size {}, {} x {} tokens, {} heads over {}", head_dim,
+                                        s.batch, s.seq_len, s.heads, s.kv_heads);
+  if (!path.keeps(s)) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{}: the ops would not keep its attention output alone", where));
+  }
+  std::mt19937_64 rng(6100 + static_cast<std::uint64_t>(head_dim));
+  const char* purpose = "attention_16bit_alone check";
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer qkv, device_copy(backend, normal_values(rng, rows * s.q_stride, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer dout,
+                          device_copy(backend, normal_values(rng, n, 1.0f, 0.0f), purpose));
+  const std::vector<float> zeros(static_cast<std::size_t>(rows * s.q_stride), 0.0f);
+  const std::vector<std::uint16_t> zeros16(static_cast<std::size_t>(n), 0);
+  Buffer wide, lse[2], grads[2], companions[2];
+  STRATA_ASSIGN_OR_RETURN(wide, device_copy(backend, zeros, purpose));
+  for (int i = 0; i < 2; ++i) {
+    STRATA_ASSIGN_OR_RETURN(lse[i], device_copy(backend, zeros, purpose));
+    STRATA_ASSIGN_OR_RETURN(grads[i], device_copy(backend, zeros, purpose));
+    STRATA_ASSIGN_OR_RETURN(companions[i], device_copy(backend, zeros16, purpose));
+  }
+  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
+                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
+                                                "the attention_16bit_alone check's key"));
+  auto* key = static_cast<float*>(key_range.begin());
+  float* beside = wide.as<float>();
+
+  // Unpairs what the check paired, however it ends.
+  struct Unpair {
+    const AttentionAlonePath& path;
+    std::vector<const float*> wide;
+    ~Unpair() {
+      for (const float* w : wide)
+        path.unpair(w);
+    }
+  } unpair{path, {}};
+  STRATA_TRY(path.pair(beside, companions[0].data(), n, false).with_context(where));
+  unpair.wide.push_back(beside);
+  STRATA_TRY(path.pair(key, companions[1].data(), n, true).with_context(where));
+  unpair.wide.push_back(key);
+  if (!path.reads_companion(key, n)) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: a product reading the attention output kept alone would not "
+                              "read its companion",
+                              where));
+  }
+
+  const float* q = qkv.as<float>();
+  const float* k = q + hd;
+  const float* v = k + kvd;
+  float* outs[2] = {beside, key};
+  for (int side = 0; side < 2; ++side)
+    path.forward(outs[side], lse[side].as<float>(), q, k, v, s);
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_ASSIGN_OR_RETURN(const Bits16Differ o,
+                          first_16_bits_differ(backend, companions[0], companions[1], n));
+  if (o.index >= 0) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}, the forward: the companion kept alone holds 0x{:04x} at [{}], "
+                              "the one kept beside its fp32 values 0x{:04x} (the bits must match)",
+                              where, o.got, o.index, o.want));
+  }
+  const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
+                          std::int64_t count) -> Status {
+    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, count));
+    if (d.index < 0) return Status::ok();
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
+                              where, what, d.index, d.got, d.want));
+  };
+  STRATA_TRY(same32("the forward's log-sum-exp", lse[0], lse[1], lse_n));
+
+  for (int side = 0; side < 2; ++side) {
+    float* dq = grads[side].as<float>();
+    path.backward(dq, dq + hd, dq + hd + kvd, dout.as<float>(), outs[side], lse[side].as<float>(),
+                  q, k, v, s);
+  }
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(
+      same32("the backward's dq, dk, dv (side by side)", grads[0], grads[1], rows * s.q_stride));
+  return check_products_alone(backend, path.gemm, path.finish, beside, key, rows, hd, where,
+                              "the attention");
+}
+
+}  // namespace strata::backend

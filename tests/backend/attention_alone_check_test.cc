@@ -1,0 +1,213 @@
+// The start-up check of each block's attention output kept in 16 bits alone
+// (attention_alone_check.h) on the CPU backend, with fakes of the ops built from the verified
+// ones and the rounding (a CPU backend's memory is the host's). Like the 16-bit attention, the
+// fake's backward reads a paired output from its companion. The faithful fake passes in bf16 and
+// fp16 at head sizes 64 and 128 and never touches the key's address range (any access to it
+// faults); a fake refusing the pairing, one that would not keep the shape alone, one whose
+// products would not read the companion, one truncating the output kept alone, one leaving its
+// log-sum-exp unwritten, one whose backward reads the output kept alone as zeros, one whose
+// products read it as zeros in the B position, and one whose op fails each fail, naming what went
+// wrong. FastPaths then lists the path off with one warning naming it.
+#include "backend/attention_alone_check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/fast_path.h"
+#include "kernels/cpu/float16.h"
+#include "support/cpu_backend_support.h"
+
+namespace strata::backend {
+namespace {
+
+enum class Fault {
+  kNone,
+  kRefused,
+  kNotKept,
+  kNotRead,
+  kTruncated,
+  kNoLse,
+  kBackwardReadsZeros,
+  kZerosAsB,
+  kFails
+};
+
+std::uint16_t to16(float f, DType type) {
+  return type == DType::kBF16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
+}
+float from16(std::uint16_t h, DType type) {
+  return type == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
+}
+
+struct FakePair {
+  float* wide;
+  std::uint16_t* narrow;
+  std::int64_t n;
+  bool alone;
+};
+
+// The fake ops' state: the pairs, shared by the path's calls.
+struct Fake {
+  Ops<float>* ops;
+  DType type;
+  Fault fault;
+  std::vector<FakePair> pairs;
+
+  const FakePair* pair_of(const float* p, std::int64_t n) const {
+    for (const FakePair& f : pairs) {
+      if (p >= f.wide && p + n <= f.wide + f.n) return &f;
+    }
+    return nullptr;
+  }
+  // `extent` floats at p as a reader of a paired buffer reads them: from the companion (zeros
+  // where `zeros` and p is kept alone).
+  std::vector<float> read(const float* p, std::int64_t extent, bool zeros) const {
+    const FakePair* f = pair_of(p, extent);
+    std::vector<float> v(static_cast<std::size_t>(extent));
+    if (f == nullptr) {
+      std::copy(p, p + extent, v.begin());
+      return v;
+    }
+    if (f->alone && zeros) return v;
+    const std::uint16_t* narrow = f->narrow + (p - f->wide);
+    for (std::int64_t i = 0; i < extent; ++i)
+      v[static_cast<std::size_t>(i)] = from16(narrow[i], type);
+    return v;
+  }
+};
+
+AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
+  auto fake = std::make_shared<Fake>(Fake{&backend.ops_f32(), type, fault, {}});
+  AttentionAlonePath p;
+  p.type = type;
+  p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
+    if (alone && fake->fault == Fault::kRefused) {
+      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
+    }
+    fake->pairs.push_back({wide, static_cast<std::uint16_t*>(narrow), n, alone});
+    return Status::ok();
+  };
+  p.unpair = [fake](const float* wide) {
+    std::erase_if(fake->pairs, [wide](const FakePair& f) { return f.wide == wide; });
+  };
+  p.reads_companion = [fake](const float* at, std::int64_t n) {
+    const FakePair* f = fake->pair_of(at, n);
+    return f != nullptr && !(f->alone && fake->fault == Fault::kNotRead);
+  };
+  p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
+  p.forward = [fake](float* out, float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& s) {
+    const std::int64_t n = s.batch * s.seq_len * s.out_stride;
+    std::vector<float> o(static_cast<std::size_t>(n));
+    std::vector<float> l(static_cast<std::size_t>(s.batch * s.heads * s.seq_len));
+    fake->ops->attention_forward(o.data(), l.data(), q, k, v, s);
+    const FakePair* f = fake->pair_of(out, n);
+    const bool alone = f != nullptr && f->alone;
+    if (!(alone && fake->fault == Fault::kNoLse)) std::copy(l.begin(), l.end(), lse);
+    if (!alone) std::copy(o.begin(), o.end(), out);
+    if (f == nullptr) return;
+    std::uint16_t* narrow = f->narrow + (out - f->wide);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = o[static_cast<std::size_t>(i)];
+      std::uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      narrow[i] = alone && fake->fault == Fault::kTruncated ? static_cast<std::uint16_t>(bits >> 16)
+                                                            : to16(x, fake->type);
+      if (alone && fake->fault == Fault::kTruncated && fake->type == DType::kF16) narrow[i] ^= 1;
+    }
+  };
+  p.backward = [fake](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                      const float* lse, const float* q, const float* k, const float* v,
+                      const AttentionShape& s) {
+    const std::vector<float> o = fake->read(out, s.batch * s.seq_len * s.out_stride,
+                                            fake->fault == Fault::kBackwardReadsZeros);
+    fake->ops->attention_backward(dq, dk, dv, dout, o.data(), lse, q, k, v, s);
+  };
+  p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda, false);
+    const std::vector<float> b_in =
+        fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
+    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+  };
+  p.finish = [fake] {
+    if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
+    return Status::ok();
+  };
+  return p;
+}
+
+TEST(AttentionAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    for (std::int64_t head_dim : {64, 128}) {
+      const Status s =
+          check_attention_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
+      EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
+    }
+  }
+}
+
+TEST(AttentionAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const struct {
+    Fault fault;
+    const char* expect;
+  } cases[] = {
+      {Fault::kRefused,
+       "head size 64, 2 x 24 tokens, 2 heads over 1: the ops refused to keep an activation alone"},
+      {Fault::kNotKept, "head size 64, 2 x 24 tokens, 2 heads over 1: the ops would not keep"},
+      {Fault::kNotRead, "a product reading the attention output kept alone would not read"},
+      {Fault::kTruncated, "the forward: the companion kept alone holds"},
+      {Fault::kNoLse, "the forward's log-sum-exp["},
+      {Fault::kBackwardReadsZeros, "the backward's dq, dk, dv (side by side)["},
+      {Fault::kZerosAsB,
+       "after the attention: the Llama family's weight gradient (activation as B)["},
+      {Fault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_attention_alone(*backend, path(*backend, type, c.fault), 64);
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  AttentionAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_attention_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(AttentionAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  std::vector<std::string> warnings;
+  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
+  AttentionAlonePath truncated = path(*backend, DType::kBF16, Fault::kTruncated);
+  int paired = 0;
+  const auto pair = truncated.pair;
+  truncated.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
+    ++paired;
+    return pair(wide, narrow, n, alone);
+  };
+  const auto unpair = truncated.unpair;
+  truncated.unpair = [&](const float* wide) {
+    --paired;
+    unpair(wide);
+  };
+  const bool on = paths.adopt(kAttentionAloneName, kAttentionAloneReplaces, "alone",
+                              [&] { return check_attention_alone(*backend, truncated, 64); });
+  EXPECT_FALSE(on);
+  EXPECT_FALSE(paths.active(kAttentionAloneName));
+  EXPECT_EQ(paired, 0);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("fast path attention_16bit_alone is off"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(kAttentionAloneReplaces), std::string::npos) << warnings[0];
+}
+
+}  // namespace
+}  // namespace strata::backend
