@@ -30,19 +30,19 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          const float* lse, const float* q, const float* k,
                                          const float* v, const AttentionShape& shape,
                                          QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
-                                         const std::uint16_t* out16) {
+                                         const std::uint16_t* out16, const std::uint16_t* dout16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
-      !flash_f32_backward_out_valid(out, out16)) {
+      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape)) {
     return cudaErrorInvalidValue;
   }
   const CudaLauncher launch{s};
   return bf16 ? run_flash_attention_backward_f32<FlashBf16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow, rope, out16)
+                                                            shape, d_narrow, rope, out16, dout16)
               : run_flash_attention_backward_f32<FlashFp16>(launch, workspace, workspace_elements,
                                                             dq, dk, dv, dout, out, lse, q, k, v,
-                                                            shape, d_narrow, rope, out16);
+                                                            shape, d_narrow, rope, out16, dout16);
 }
 
 cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
@@ -69,19 +69,20 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      const float* out, const float* lse, const float* q,
                                      const float* k, const float* v, const AttentionShape& shape,
                                      QkvNarrow d_narrow, const kernels::QkRotation<float>& rope,
-                                     const std::uint16_t* out16) {
+                                     const std::uint16_t* out16, const std::uint16_t* dout16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
-      !flash_f32_backward_out_valid(out, out16)) {
+      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape)) {
     return cudaErrorInvalidValue;
   }
   const CudaLauncher launch{s};
-  return bf16 ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace,
-                                                        workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow, rope, out16)
-              : run_attention16_backward_f32<FlashFp16>(launch, inner, workspace,
-                                                        workspace_elements, dq, dk, dv, dout, out,
-                                                        lse, q, k, v, shape, d_narrow, rope, out16);
+  return bf16
+             ? run_attention16_backward_f32<FlashBf16>(launch, inner, workspace, workspace_elements,
+                                                       dq, dk, dv, dout, out, lse, q, k, v, shape,
+                                                       d_narrow, rope, out16, dout16)
+             : run_attention16_backward_f32<FlashFp16>(launch, inner, workspace, workspace_elements,
+                                                       dq, dk, dv, dout, out, lse, q, k, v, shape,
+                                                       d_narrow, rope, out16, dout16);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -26,7 +26,10 @@
 // fp32 array: the forward's `out` is null and each pass's 16-bit attention writes its result
 // straight into the companion (`out_narrow`, of the attention's own 16-bit type, compact rows:
 // out_stride equal to heads * head_dim), with the bits it would have written beside the fp32
-// values; the backward's `out` is null too and `out16` is that companion.
+// values; the backward's `out` is null too and `out16` is that companion. The backward's dO kept
+// in 16 bits alone likewise (fast path attention_grad_16bit: its product writes it in the
+// attention's 16-bit type) comes as `dout16` (compact rows, 16-byte aligned; `dout` null) and is
+// read in place instead of being rounded into the workspace.
 #pragma once
 
 #include <algorithm>
@@ -61,8 +64,14 @@ inline bool flash_f32_forward_out_valid(const float* out, const Narrow& out_narr
   return out_narrow.p != nullptr && out_narrow.code == (bf16 ? kCodeBF16 : kCodeF16) &&
          s.out_stride == s.heads * s.head_dim;
 }
-inline bool flash_f32_backward_out_valid(const float* out, const std::uint16_t* out16) {
-  return out != nullptr || out16 != nullptr;
+// Likewise the backward's: out, or out16 where it is kept alone; dout, or (dO kept in 16 bits
+// alone, written so by its product) dout16, in compact rows.
+inline bool flash_f32_backward_out_valid(const float* out, const std::uint16_t* out16,
+                                         const float* dout, const std::uint16_t* dout16,
+                                         const kernels::AttentionShape& s) {
+  if (out == nullptr && out16 == nullptr) return false;
+  if (dout16 != nullptr) return s.out_stride == s.heads * s.head_dim;
+  return dout != nullptr;
 }
 
 namespace flash_f32_detail {
@@ -318,7 +327,7 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
     const float* q, const float* k, const float* v, const kernels::AttentionShape& shape,
     QkvNarrow d_narrow = {}, const kernels::QkRotation<float>& rope = {},
-    const std::uint16_t* out16 = nullptr) {
+    const std::uint16_t* out16 = nullptr, const std::uint16_t* dout16 = nullptr) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
   return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
@@ -327,22 +336,23 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     std::uint16_t* dk16 = dq16 + rows * hd;
     std::uint16_t* dv16 = dk16 + rows * kvd;
     std::uint16_t* o16_room = dv16 + rows * kvd;
-    std::uint16_t* do16 = o16_room + rows * hd;
-    auto* delta = reinterpret_cast<float*>(do16 + rows * hd);
-    const d::Narrow dout_in = {do16, dout + p.first * shape.out_stride, shape.out_stride, hd};
+    std::uint16_t* do16_room = o16_room + rows * hd;
+    auto* delta = reinterpret_cast<float*>(do16_room + rows * hd);
+    // out's and dO's 16 bits where they are there already (compact rows: read in place), else
+    // rounded into the workspace.
+    const std::uint16_t* o16 = out16 != nullptr ? out16 + p.first * hd : o16_room;
+    const std::uint16_t* do16 = dout16 != nullptr ? dout16 + p.first * hd : do16_room;
     d::LaunchResult<L> err{};
-    const std::uint16_t* o16 = o16_room;
-    if (out16 != nullptr) {
-      // out's 16-bit bits are there already (its companion, compact rows): read in place.
-      o16 = out16 + p.first * hd;
-      const d::Narrow in[] = {dout_in};
+    if (out16 == nullptr) {
+      const d::Narrow in[] = {{o16_room, out + p.first * shape.out_stride, shape.out_stride, hd}};
       err = d::narrow(launch, io.code, rows, in);
-    } else {
-      const d::Narrow in[] = {{o16_room, out + p.first * shape.out_stride, shape.out_stride, hd},
-                              dout_in};
-      err = d::narrow(launch, io.code, rows, in);
+      if (!launched(err)) return err;
     }
-    if (!launched(err)) return err;
+    if (dout16 == nullptr) {
+      const d::Narrow in[] = {{do16_room, dout + p.first * shape.out_stride, shape.out_stride, hd}};
+      err = d::narrow(launch, io.code, rows, in);
+      if (!launched(err)) return err;
+    }
     const float* pass_lse = lse + p.b0 * shape.heads * io.T;
     const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
     if constexpr (d::WritesWide<Inner>) {
@@ -398,10 +408,11 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
     const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {},
-    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr) {
+    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr,
+    const std::uint16_t* dout16 = nullptr) {
   return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                          workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
-                                         shape, d_narrow, rope, out16);
+                                         shape, d_narrow, rope, out16, dout16);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -149,7 +149,8 @@ cudaError_t flash_attention_backward_f32(
     cudaStream_t s, bool bf16, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
     const float* k, const float* v, const AttentionShape& shape, QkvNarrow d_narrow = {},
-    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr);
+    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr,
+    const std::uint16_t* dout16 = nullptr);
 
 // Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
 // q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
@@ -180,7 +181,8 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      const float* k, const float* v, const AttentionShape& shape,
                                      QkvNarrow d_narrow = {},
                                      const kernels::QkRotation<float>& rope = {},
-                                     const std::uint16_t* out16 = nullptr);
+                                     const std::uint16_t* out16 = nullptr,
+                                     const std::uint16_t* dout16 = nullptr);
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/host_copies.h"
 #include "common/address_range.h"
+#include "kernels/cpu/cast.h"
 
 namespace strata::backend {
 namespace {
@@ -44,6 +46,7 @@ AttentionAlonePath ops_attention_alone_path(
   path.unpair = activations.unpair;
   path.reads_companion = activations.reads_companion;
   path.keeps = [o](const AttentionShape& s) { return o->keeps_attention_alone(s); };
+  path.keeps_grad = [o](const AttentionShape& s) { return o->keeps_attention_grad_alone(s); };
   path.forward = [o](float* out, float* lse, const float* q, const float* k, const float* v,
                      const AttentionShape& s) { o->attention_forward(out, lse, q, k, v, s); };
   path.backward = [o](float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -149,6 +152,109 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
       same32("the backward's dq, dk, dv (side by side)", grads[0], grads[1], rows * s.q_stride));
   return check_products_alone(backend, path.gemm, path.finish, beside, key, rows, hd, where,
                               "the attention");
+}
+
+Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& path,
+                                  std::int64_t head_dim) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("an attention gradient kept in 16 bits alone is bf16 or fp16, not {}",
+                              to_string(path.type)));
+  }
+  Ops<float>& ops = backend.ops_f32();
+  const AttentionShape s = check_shape(head_dim);
+  const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;
+  const std::int64_t kvd = s.kv_heads * head_dim, n = rows * hd;
+  constexpr std::int64_t kIns = 40;  // the product's k (the hidden size)
+  const std::string where = fmt::format("head size {}, {} x {} tokens, {} heads over {}", head_dim,
+                                        s.batch, s.seq_len, s.heads, s.kv_heads);
+  if (!path.keeps_grad(s)) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{}: the ops would not keep its attention gradient alone", where));
+  }
+  std::mt19937_64 rng(6300 + static_cast<std::uint64_t>(head_dim));
+  const char* purpose = "attention_grad_16bit check";
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer qkv, device_copy(backend, normal_values(rng, rows * s.q_stride, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer x, device_copy(backend, normal_values(rng, rows * kIns, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer w,
+                          device_copy(backend, normal_values(rng, kIns * hd, 0.3f, 0.0f), purpose));
+  const std::vector<float> zeros(static_cast<std::size_t>(rows * s.q_stride), 0.0f);
+  Buffer out, lse, product, grads[2];
+  STRATA_ASSIGN_OR_RETURN(out, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(lse, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(product, device_copy(backend, zeros, purpose));
+  for (Buffer& g : grads) {
+    STRATA_ASSIGN_OR_RETURN(g, device_copy(backend, zeros, purpose));
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer companion,
+      device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
+  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
+                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
+                                                "the attention_grad_16bit check's key"));
+  auto* key = static_cast<float*>(key_range.begin());
+  struct Unpair {
+    const AttentionAlonePath& path;
+    const float* key = nullptr;
+    ~Unpair() {
+      if (key != nullptr) path.unpair(key);
+    }
+  } unpair{path};
+  STRATA_TRY(path.pair(key, companion.data(), n, true).with_context(where));
+  unpair.key = key;
+
+  const float* q = qkv.as<float>();
+  const float* k = q + hd;
+  const float* v = k + kvd;
+  ops.attention_forward(out.as<float>(), lse.as<float>(), q, k, v, s);
+  for (const bool trans_b : {true, false}) {
+    const std::string layout =
+        trans_b ? "GPT-2's product (B transposed)" : "the Llama family's product";
+    // The verified product in fp32, the path's into the gradient kept alone.
+    ops.gemm(false, trans_b, rows, hd, kIns, 1.0f, x.as<float>(), kIns, w.as<float>(),
+             trans_b ? kIns : hd, 0.0f, product.as<float>(), hd);
+    path.gemm(false, trans_b, rows, hd, kIns, x.as<float>(), kIns, w.as<float>(),
+              trans_b ? kIns : hd, key, hd);
+    STRATA_TRY(path.finish().with_context(where));
+    std::vector<float> wide(static_cast<std::size_t>(n));
+    std::vector<std::uint16_t> got16(static_cast<std::size_t>(n)), want16(got16.size());
+    STRATA_TRY(copy_to_host(backend, &wide, product));
+    STRATA_TRY(copy_to_host(backend, &got16, companion));
+    kernels::cast_array(want16.data(), path.type, wide.data(), DType::kF32, n);
+    for (std::size_t i = 0; i < got16.size(); ++i) {
+      if (std::abs(ordered_16(got16[i]) - ordered_16(want16[i])) > 1) {
+        float got = 0.0f;
+        kernels::cast_array(&got, DType::kF32, &got16[i], path.type, 1);
+        return Status(ErrorCode::kInternal,
+                      fmt::format("{}, {}: the 16-bit gradient's element {} is {}, the verified "
+                                  "fp32 product {} (allowed: 1 unit in the last place of its "
+                                  "rounding)",
+                                  where, layout, i, got, wide[i]));
+      }
+    }
+    // The verified backward on the 16-bit values widened, the path's on the gradient kept alone.
+    kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, n);
+    STRATA_TRY(backend.copy_async(StreamKind::kCompute, product.data(), wide.data(),
+                                  wide.size() * sizeof(float)));
+    float* dq = grads[0].as<float>();
+    ops.attention_backward(dq, dq + hd, dq + hd + kvd, product.as<float>(), out.as<float>(),
+                           lse.as<float>(), q, k, v, s);
+    dq = grads[1].as<float>();
+    path.backward(dq, dq + hd, dq + hd + kvd, key, out.as<float>(), lse.as<float>(), q, k, v, s);
+    STRATA_TRY(path.finish().with_context(where));
+    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d,
+                            first_bits_differ(backend, grads[0], grads[1], rows * s.q_stride));
+    if (d.index >= 0) {
+      return Status(ErrorCode::kInternal,
+                    fmt::format("{}, {}: the backward's dq, dk, dv (side by side)[{}] is {}, the "
+                                "verified backward on the 16-bit gradient gives {} (the bits must "
+                                "match)",
+                                where, layout, d.index, d.got, d.want));
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace strata::backend

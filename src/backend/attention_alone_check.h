@@ -39,8 +39,10 @@ struct AttentionAlonePath {
   std::function<Status(float* wide, void* narrow, std::int64_t n, bool alone)> pair;
   std::function<void(const float* wide)> unpair;
   std::function<bool(const float* p, std::int64_t n)> reads_companion;
-  // Whether the ops keep attention outputs of this shape alone (Ops::keeps_attention_alone).
+  // Whether the ops keep attention outputs of this shape alone (Ops::keeps_attention_alone), and
+  // their gradients (Ops::keeps_attention_grad_alone).
   std::function<bool(const AttentionShape& shape)> keeps;
+  std::function<bool(const AttentionShape& shape)> keeps_grad;
   std::function<void(float* out, float* lse, const float* q, const float* k, const float* v,
                      const AttentionShape& shape)>
       forward;
@@ -64,5 +66,24 @@ AttentionAlonePath ops_attention_alone_path(
 // the backend's refusal or error).
 Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
                              std::int64_t head_dim);
+
+// The start-up check of the gradient of each block's attention output kept in 16 bits alone
+// (`attention_grad_16bit`, Ops::keeps_attention_grad_alone): the product that writes it (dO of the
+// attention, from the output projection's input gradient) writes it in 16 bits into its companion,
+// with no fp32 array behind it, and the attention's backward reads those 16 bits in place where it
+// rounded the fp32 dO into its staging before. The product rounds its fp32 accumulation once,
+// where the verified path rounds the fp32 product: at most 1 unit in the last place apart. On the
+// shape above, for both layouts of the product (GPT-2's B transposed, the Llama family's not), the
+// check asks for:
+// - each 16-bit element within 1 unit in the last place of the verified fp32 product rounded (the
+//   backend's own gemm, into a buffer of its own);
+// - the backward reading the gradient kept alone, bit for bit what the verified backward gives on
+//   those 16-bit values widened.
+inline constexpr const char* kAttentionGradAloneName = "attention_grad_16bit";
+inline constexpr const char* kAttentionGradAloneReplaces =
+    "the fp32 gradient of each block's attention output, rounded into the attention's 16-bit "
+    "staging by its backward";
+Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& path,
+                                  std::int64_t head_dim);
 
 }  // namespace strata::backend

@@ -29,6 +29,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kActivations16Name, kActivations16Replaces},
       {kActivations16AloneName, kActivations16AloneReplaces},
       {kAttentionAloneName, kAttentionAloneReplaces},
+      {kAttentionGradAloneName, kAttentionGradAloneReplaces},
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},

@@ -20,12 +20,6 @@ struct Shape {
   std::int64_t rows, inner;
 };
 
-// A 16-bit value as an integer that orders like the value (for the distance in units in the last
-// place).
-std::int32_t ordered(std::uint16_t h) {
-  return (h & 0x8000) != 0 ? -static_cast<std::int32_t>(h & 0x7fff) : static_cast<std::int32_t>(h);
-}
-
 Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& s) {
   Ops<float>& ops = backend.ops_f32();
   const std::int64_t width = 2 * s.inner, n = s.rows * width, outs = s.rows * s.inner;
@@ -60,7 +54,7 @@ Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& 
   STRATA_TRY(copy_to_host(backend, &got16, narrow));
   kernels::cast_array(want16.data(), path.type, product.data(), DType::kF32, n);
   for (std::size_t i = 0; i < got16.size(); ++i) {
-    if (std::abs(ordered(got16[i]) - ordered(want16[i])) > 1) {
+    if (std::abs(ordered_16(got16[i]) - ordered_16(want16[i])) > 1) {
       std::vector<float> pair(2);
       kernels::cast_array(pair.data(), DType::kF32, &got16[i], path.type, 1);
       return Status(ErrorCode::kInternal,

@@ -67,6 +67,12 @@ inline Result<BitsDiffer> first_bits_differ(Backend& backend, const Buffer& want
   return d;
 }
 
+// A bf16 or fp16 value's bits as an integer that orders like the value: the distance between two
+// of them in units in the last place.
+inline std::int32_t ordered_16(std::uint16_t h) {
+  return (h & 0x8000) != 0 ? -static_cast<std::int32_t>(h & 0x7fff) : static_cast<std::int32_t>(h);
+}
+
 // The first of n 16-bit elements whose bits differ between two device buffers (index -1: none).
 struct Bits16Differ {
   std::int64_t index = -1;

@@ -311,6 +311,15 @@ class Ops {
     (void)shape;
     return false;
   }
+  // Whether the gradient of attention outputs of this shape (the backward's dout) is kept in
+  // narrow_type() alone too (false, the default; only where keeps_attention_alone(shape)):
+  // pair_narrow_alone then takes it, the product writing it (gemm with alpha 1 and beta 0, C
+  // inside the key) writes it in 16 bits into the companion (fp32 accumulation rounded once), and
+  // the attention's backward reading it as `dout` reads the companion.
+  virtual bool keeps_attention_grad_alone(const AttentionShape& shape) const {
+    (void)shape;
+    return false;
+  }
 };
 
 }  // namespace strata::backend

@@ -67,13 +67,17 @@ std::int64_t qk_rstd_width(const ModelShape& spec);
 kernels::AttentionShape attention_shape(const ModelShape& spec, std::int64_t batch,
                                         std::int64_t seq_len, int layer,
                                         const std::int32_t* positions = nullptr);
-// Whether `ops` keep every block's attention output in 16 bits alone over such micro-batches
-// (Ops::keeps_attention_alone for each layer's shape).
+// Whether `ops` keep every block's attention output (`gradient` false) or its gradient (true) in
+// 16 bits alone over such micro-batches (Ops::keeps_attention_alone or keeps_attention_grad_alone
+// for each layer's shape).
 template <typename T>
 bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
-                           std::int64_t seq_len) {
+                           std::int64_t seq_len, bool gradient = false) {
   for (int l = 0; l < spec.num_layers; ++l) {
-    if (!ops.keeps_attention_alone(attention_shape(spec, batch, seq_len, l))) return false;
+    const kernels::AttentionShape s = attention_shape(spec, batch, seq_len, l);
+    if (!(gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s))) {
+      return false;
+    }
   }
   return spec.num_layers > 0;
 }

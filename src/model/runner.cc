@@ -223,7 +223,12 @@ Status ModelRunner<T>::allocate() {
   STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
   STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
   STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
-  STRATA_ASSIGN_OR_RETURN(scratch_.datt, alloc(n * hd, what));
+  if (keeps_attention_grad_alone()) {
+    STRATA_ASSIGN_OR_RETURN(scratch_.datt,
+                            reserve(n * hd, "an attention gradient kept in 16 bits"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(scratch_.datt, alloc(n * hd, what));
+  }
   STRATA_ASSIGN_OR_RETURN(scratch_.dln, alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(dres_[0], alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(dres_[1], alloc(n * c, what));
@@ -269,6 +274,13 @@ template <typename T>
 bool ModelRunner<T>::keeps_attention_alone() const {
   return options_.narrow_attention_alone && keeps_alone() &&
          (sizing_ || model::keeps_attention_alone(*ops_, spec_, options_.batch, options_.seq_len));
+}
+
+template <typename T>
+bool ModelRunner<T>::keeps_attention_grad_alone() const {
+  return options_.narrow_attention_grad && keeps_attention_alone() &&
+         (sizing_ ||
+          model::keeps_attention_alone(*ops_, spec_, options_.batch, options_.seq_len, true));
 }
 
 template <typename T>
@@ -318,6 +330,7 @@ Status ModelRunner<T>::allocate_companions() {
     STRATA_TRY(pair(a.ln2, n * c, alone));
     STRATA_TRY(pair(a.act, n * in, alone));
   }
+  if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
@@ -648,6 +661,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_logits = false;  // they need the companions' 16-bit operands
   w.options.narrow_alone = false;   // its companion is all it has
   w.options.narrow_attention_alone = false;
+  w.options.narrow_attention_grad = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

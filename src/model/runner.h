@@ -76,6 +76,12 @@ struct RunnerOptions {
   // narrow_alone, and only where the backend's ops promise it for every layer's shape (the trainer
   // asks them: keeps_attention_alone in blocks.h); otherwise the fp32 array beside its companion.
   bool narrow_attention_alone = false;
+  // The gradient of each block's attention output (the backward scratch datt, N x H*D) in the ops'
+  // 16-bit type alone too (Ops::keeps_attention_grad_alone, fast path attention_grad_16bit):
+  // written so by its product, read so by the attention's backward; memory_needed counts 2 bytes
+  // per element. Only with narrow_attention_alone, and only where the backend's ops promise it for
+  // every layer's shape (the trainer asks them); otherwise the fp32 array.
+  bool narrow_attention_grad = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -158,6 +164,9 @@ class ModelRunner {
   // Whether each block's attention output is kept in 16 bits alone too
   // (RunnerOptions::narrow_attention_alone).
   bool keeps_attention_alone() const;
+  // Whether the gradient of each block's attention output is kept in 16 bits alone too
+  // (RunnerOptions::narrow_attention_grad).
+  bool keeps_attention_grad_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

@@ -140,6 +140,10 @@ Status Trainer::setup() {
   runner.narrow_attention_alone =
       runner.narrow_alone &&
       model::keeps_attention_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len);
+  // Its gradient likewise (attention_grad_16bit).
+  runner.narrow_attention_grad =
+      runner.narrow_attention_alone &&
+      model::keeps_attention_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len, true);
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

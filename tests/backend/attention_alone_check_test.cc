@@ -7,7 +7,10 @@
 // products would not read the companion, one truncating the output kept alone, one leaving its
 // log-sum-exp unwritten, one whose backward reads the output kept alone as zeros, one whose
 // products read it as zeros in the B position, and one whose op fails each fail, naming what went
-// wrong. FastPaths then lists the path off with one warning naming it.
+// wrong. FastPaths then lists the path off with one warning naming it. The gradient's check
+// (attention_grad_16bit) likewise: the faithful fake passes, and a refusal, a gradient the ops
+// would not keep alone, a 16-bit product 2 units off and a backward reading the gradient kept
+// alone as zeros each fail, naming what went wrong.
 #include "backend/attention_alone_check.h"
 
 #include <gtest/gtest.h>
@@ -34,7 +37,11 @@ enum class Fault {
   kNoLse,
   kBackwardReadsZeros,
   kZerosAsB,
-  kFails
+  kFails,
+  // The gradient's faults.
+  kGradNotKept,
+  kProductTwoUnitsOff,
+  kGradReadAsZeros,
 };
 
 std::uint16_t to16(float f, DType type) {
@@ -100,6 +107,7 @@ AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
     return f != nullptr && !(f->alone && fake->fault == Fault::kNotRead);
   };
   p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
+  p.keeps_grad = [fake](const AttentionShape&) { return fake->fault != Fault::kGradNotKept; };
   p.forward = [fake](float* out, float* lse, const float* q, const float* k, const float* v,
                      const AttentionShape& s) {
     const std::int64_t n = s.batch * s.seq_len * s.out_stride;
@@ -124,16 +132,30 @@ AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
   p.backward = [fake](float* dq, float* dk, float* dv, const float* dout, const float* out,
                       const float* lse, const float* q, const float* k, const float* v,
                       const AttentionShape& s) {
-    const std::vector<float> o = fake->read(out, s.batch * s.seq_len * s.out_stride,
-                                            fake->fault == Fault::kBackwardReadsZeros);
-    fake->ops->attention_backward(dq, dk, dv, dout, o.data(), lse, q, k, v, s);
+    const std::int64_t n = s.batch * s.seq_len * s.out_stride;
+    const std::vector<float> o = fake->read(out, n, fake->fault == Fault::kBackwardReadsZeros);
+    const std::vector<float> d_o = fake->read(dout, n, fake->fault == Fault::kGradReadAsZeros);
+    fake->ops->attention_backward(dq, dk, dv, d_o.data(), o.data(), lse, q, k, v, s);
   };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
     const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda, false);
     const std::vector<float> b_in =
         fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
-    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+    const FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
+    if (f == nullptr || !f->alone) {
+      fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+      return;
+    }
+    // An output kept alone: the product rounded into the companion.
+    std::vector<float> product(static_cast<std::size_t>(m * ldc));
+    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, product.data(),
+                    ldc);
+    std::uint16_t* narrow = f->narrow + (c - f->wide);
+    for (std::int64_t i = 0; i < m * ldc; ++i) {
+      narrow[i] = to16(product[static_cast<std::size_t>(i)], fake->type);
+      if (fake->fault == Fault::kProductTwoUnitsOff && i == 7) narrow[i] += 2;
+    }
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
@@ -180,6 +202,43 @@ TEST(AttentionAloneCheck, EachFaultFailsNamingWhatWentWrong) {
   AttentionAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
   fp32.type = DType::kF32;
   EXPECT_EQ(check_attention_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(AttentionGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    for (std::int64_t head_dim : {64, 128}) {
+      const Status s =
+          check_attention_grad_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
+      EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
+    }
+  }
+}
+
+TEST(AttentionGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const struct {
+    Fault fault;
+    const char* expect;
+  } cases[] = {
+      {Fault::kRefused, "head size 64, 2 x 24 tokens, 2 heads over 1: the ops refused"},
+      {Fault::kGradNotKept, "the ops would not keep its attention gradient alone"},
+      {Fault::kProductTwoUnitsOff,
+       "GPT-2's product (B transposed): the 16-bit gradient's element 7 is"},
+      {Fault::kGradReadAsZeros,
+       "GPT-2's product (B transposed): the backward's dq, dk, dv (side by side)["},
+      {Fault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_attention_grad_alone(*backend, path(*backend, type, c.fault), 64);
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  AttentionAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_attention_grad_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(AttentionAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {

@@ -327,11 +327,12 @@ TEST(FlashAttentionF32, ACompanionOfTheOtherTypeIsWrittenByTheWidening) {
 // An output kept in 16 bits alone (attention_16bit_alone): `out` null, its companion of the
 // attention's type in compact rows. Each pass's 16-bit attention writes its result straight into
 // the companion: the bits the run with an fp32 output rounds into its companion, and the same
-// log-sum-exp; the backward, with `out` null, reads it from the companion (out16) and gives the
-// bits of the one reading the companion kept beside the fp32 output. Both for the flash kernels'
-// own epilogue and for another 16-bit attention staged as cuDNN's is (WidenedAfter), over several
-// passes (one batch row each), bf16 and fp16. Without its companion, or with one of the other
-// type, the launchers refuse a null output.
+// log-sum-exp; the backward, with `out` null, reads it from the companion (out16), and with `dout`
+// null reads dO's 16 bits in place (dout16, as attention_grad_16bit keeps it), and gives the bits
+// of the one reading the companion kept beside the fp32 output and rounding the fp32 dO. Both for
+// the flash kernels' own epilogue and for another 16-bit attention staged as cuDNN's is
+// (WidenedAfter), over several passes (one batch row each), bf16 and fp16. Without its companion,
+// or with one of the other type, the launchers refuse a null output.
 template <typename E, typename Inner>
 void expect_output_kept_alone(const Inner& inner, const char* name) {
   SCOPED_TRACE(std::string(E::kBf16 ? "bf16 " : "fp16 ") + name);
@@ -358,6 +359,10 @@ void expect_output_kept_alone(const Inner& inner, const char* name) {
     std::vector<float> lse, dqkv;
     std::vector<std::uint16_t> out16;
   };
+  // dO in 16 bits (kept alone, as its product writes it with attention_grad_16bit).
+  std::vector<std::uint16_t> dout16(dout.size());
+  for (std::size_t i = 0; i < dout.size(); ++i)
+    dout16[i] = E::kBf16 ? kernels::float_to_bf16(dout[i]) : kernels::float_to_fp16(dout[i]);
   auto run = [&](bool alone) {
     Results r;
     std::vector<float> out(static_cast<std::size_t>(rows * hd), -1234.5f);
@@ -371,8 +376,9 @@ void expect_output_kept_alone(const Inner& inner, const char* name) {
               0);
     float* dq = r.dqkv.data();
     EXPECT_EQ(ck::run_attention16_backward_f32<E>(
-                  kEmulator, inner, ws.data(), elements, dq, dq + hd, dq + hd + kvd, dout.data(),
-                  wide, r.lse.data(), q, q + hd, q + hd + kvd, s, {}, {}, r.out16.data()),
+                  kEmulator, inner, ws.data(), elements, dq, dq + hd, dq + hd + kvd,
+                  alone ? nullptr : dout.data(), wide, r.lse.data(), q, q + hd, q + hd + kvd, s, {},
+                  {}, r.out16.data(), alone ? dout16.data() : nullptr),
               0);
     return r;
   };
@@ -388,7 +394,7 @@ void expect_output_kept_alone(const Inner& inner, const char* name) {
   EXPECT_EQ(std::count(alone.dqkv.begin(), alone.dqkv.end(), -1234.5f), 0);
 }
 
-TEST(FlashAttentionF32, AnOutputKeptAloneIsWrittenIntoItsCompanionAndReadFromIt) {
+TEST(FlashAttentionF32, AnOutputAndGradientKeptAloneAreReadFromTheirSixteenBits) {
   expect_output_kept_alone<ck::FlashBf16>(
       ck::FlashInner<ck::FlashBf16, ck::FlashFault::kNone, simt::Launcher>{kEmulator},
       "flash epilogue");
@@ -399,7 +405,7 @@ TEST(FlashAttentionF32, AnOutputKeptAloneIsWrittenIntoItsCompanionAndReadFromIt)
   expect_output_kept_alone<ck::FlashFp16>(WidenedAfter<ck::FlashFp16>{}, "staged");
 }
 
-TEST(FlashAttentionF32, ANullOutputWithoutItsCompanionIsRefused) {
+TEST(FlashAttentionF32, ANullOutputOrGradientWithoutItsSixteenBitsIsRefused) {
   AttentionShape s{};
   s.batch = 1;
   s.seq_len = 16;
@@ -416,9 +422,15 @@ TEST(FlashAttentionF32, ANullOutputWithoutItsCompanionIsRefused) {
   EXPECT_FALSE(ck::flash_f32_forward_out_valid(nullptr, {companion, ck::kCodeBF16}, s, true));
   float out[1];
   EXPECT_TRUE(ck::flash_f32_forward_out_valid(out, {}, s, true));
-  EXPECT_FALSE(ck::flash_f32_backward_out_valid(nullptr, nullptr));
-  EXPECT_TRUE(ck::flash_f32_backward_out_valid(nullptr, companion));
-  EXPECT_TRUE(ck::flash_f32_backward_out_valid(out, nullptr));
+  s.out_stride = 128;
+  EXPECT_FALSE(ck::flash_f32_backward_out_valid(nullptr, nullptr, out, nullptr, s));
+  EXPECT_TRUE(ck::flash_f32_backward_out_valid(nullptr, companion, out, nullptr, s));
+  EXPECT_TRUE(ck::flash_f32_backward_out_valid(out, nullptr, out, nullptr, s));
+  // dO kept alone: its 16 bits in compact rows, or nothing to read.
+  EXPECT_TRUE(ck::flash_f32_backward_out_valid(out, nullptr, nullptr, companion, s));
+  EXPECT_FALSE(ck::flash_f32_backward_out_valid(out, nullptr, nullptr, nullptr, s));
+  s.out_stride = 136;
+  EXPECT_FALSE(ck::flash_f32_backward_out_valid(out, nullptr, nullptr, companion, s));
 }
 
 // Another 16-bit attention behind the staging, as cuDNN's is: each pass's compact 16-bit q, k, v

@@ -178,8 +178,10 @@ TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
 // Each block's attention output kept in 16 bits alone (the start-up check passed) with 16-bit
 // GEMMs and the flash attention, whose companion and epilogue it needs; the check passes again on
 // the backend's own Ops (cuDNN's attention taking the calls where that path is on, the flash
-// kernels otherwise) at head sizes 64 and 128, counting one forward kept alone for each; with fp32
-// GEMM inputs the path does not apply.
+// kernels otherwise) at head sizes 64 and 128, counting one forward kept alone for each; so does
+// its gradient's (attention_grad_16bit: cuBLASLt writing the product's D in 16 bits, within 1 unit
+// in the last place), counting two products kept alone for each; with fp32 GEMM inputs neither
+// path applies.
 TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
@@ -195,12 +197,23 @@ TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
       EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
     }
     EXPECT_EQ(find_path(gpu.fast_paths(), kAttentionAloneName)->uses - before, 2);
+    // The gradient kept alone too: 2 products kept alone (both layouts) for each head size.
+    const std::optional<FastPath> grad = find_path(gpu.fast_paths(), kAttentionGradAloneName);
+    ASSERT_TRUE(grad.has_value());
+    EXPECT_TRUE(grad->active) << grad->detail;
+    for (const std::int64_t head_dim : {64, 128}) {
+      const Status s = check_attention_grad_alone(gpu, attention, head_dim);
+      EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
+    }
+    EXPECT_EQ(find_path(gpu.fast_paths(), kAttentionGradAloneName)->uses - grad->uses, 4);
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
-  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kAttentionAloneName);
-  ASSERT_TRUE(path.has_value());
-  EXPECT_FALSE(path->active);
-  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  for (const char* name : {kAttentionAloneName, kAttentionGradAloneName}) {
+    const std::optional<FastPath> path = find_path(fp32.fast_paths(), name);
+    ASSERT_TRUE(path.has_value()) << name;
+    EXPECT_FALSE(path->active) << name;
+    EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  }
 }
 
 // The Llama family's gate and up in 16 bits alone (the start-up check passed) with 16-bit GEMMs,

@@ -139,6 +139,7 @@ struct TrainedRun {
   std::int64_t alone_writes = -1;            // the activations_16bit_alone path's, where it is on
   std::int64_t narrow_swiglu_calls = -1;     // the gate_up_16bit path's, where it is on
   std::int64_t attention_alone_writes = -1;  // the attention_16bit_alone path's, where it is on
+  std::int64_t narrow_product_writes = -1;   // the attention_grad_16bit path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -170,6 +171,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
     if (p.name == backend::kGateUp16Name && p.active) run.narrow_swiglu_calls = p.uses;
     if (p.name == backend::kAttentionAloneName && p.active) run.attention_alone_writes = p.uses;
+    if (p.name == backend::kAttentionGradAloneName && p.active) run.narrow_product_writes = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -185,6 +187,24 @@ double update_difference(const TrainedRun& a, const TrainedRun& b) {
     norm += ub * ub;
   }
   return std::sqrt(diff / norm);
+}
+
+// A step's kernels without the cast that rounds dO into the attention backward's staging (the
+// cast kernel right before each backward's first flash kernel): what the step runs with dO kept
+// in 16 bits alone (attention_grad_16bit). *removed counts them.
+std::vector<std::string> without_dout_casts(const std::vector<std::string>& log,
+                                            std::int64_t* removed) {
+  std::vector<std::string> kept;
+  for (const std::string& k : log) {
+    const bool backward =
+        k.rfind("flash_attention", 0) == 0 && k.rfind("flash_attention_forward", 0) != 0;
+    if (backward && !kept.empty() && kept.back() == "cast_block_kernel") {
+      kept.pop_back();
+      ++*removed;
+    }
+    kept.push_back(k);
+  }
+  return kept;
 }
 
 class EmulatedCudaStep : public ::testing::TestWithParam<std::string> {};
@@ -466,7 +486,9 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // micro-batch (the two norms', and GELU's kernel for GPT-2, which runs the product and GELU where
 // cuBLASLt's epilogue would have had an fp32 array to write, or SwiGLU's for the Llama family), and
 // exactly the fp32 arrays' bytes fewer on the device: the attention's output too, whose path
-// (attention_16bit_alone) needs this one and is off with it.
+// (attention_16bit_alone) needs this one and is off with it, as is its gradient's
+// (attention_grad_16bit: one cast kernel more per block and micro-batch, 2 bytes per element of
+// the gradient more).
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
@@ -478,10 +500,14 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     ASSERT_EQ(beside.launches.size(), 2u) << family;
     EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
     EXPECT_EQ(beside.losses, alone.losses) << family;
-    for (int step = 0; step < 2; ++step) {
-      EXPECT_EQ(alone.launches[step], beside.launches[step]) << family << " step " << step + 1;
-    }
     const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
+    for (int step = 0; step < 2; ++step) {
+      // The same kernels, but for the attention gradient's path, off with this one.
+      std::int64_t removed = 0;
+      EXPECT_EQ(alone.launches[step], without_dout_casts(beside.launches[step], &removed))
+          << family << " step " << step + 1;
+      EXPECT_EQ(removed, micro_batches * layers) << family << " step " << step + 1;
+    }
     EXPECT_EQ(alone.alone_writes, 2 * micro_batches * layers * 3) << family;
     EXPECT_EQ(beside.alone_writes, -1) << family;
     EXPECT_EQ(beside.attention_alone_writes, -1) << family;
@@ -489,7 +515,8 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     const std::int64_t attention = 2 * 64;  // heads x head size
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
               static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention)) *
-                  sizeof(float))
+                      sizeof(float) +
+                  static_cast<std::uint64_t>(rows * attention) * 2)
         << family;
   }
 }
@@ -497,9 +524,10 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
 // Each block's attention output in 16 bits alone (attention_16bit_alone) against the path refused
 // at start (its fp32 array allocated beside the companion): the same losses and state to the bit in
 // both families (the flash forward's epilogue writes the same companion, the backward and the
-// output projection read it either way), the same kernels, one write kept alone per block and
+// output projection read it either way), the same kernels (but for the cast its gradient's path,
+// off with this one, runs before each block's backward), one write kept alone per block and
 // micro-batch (the forward; the recomputation under checkpointing would add its own), and exactly
-// the fp32 array's bytes fewer on the device.
+// the fp32 array's bytes fewer on the device (and the gradient's 2 bytes per element).
 TEST(EmulatedCudaStepFallback, AttentionOutputsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
@@ -511,17 +539,62 @@ TEST(EmulatedCudaStepFallback, AttentionOutputsAloneRefusedAtStartGiveTheSameBit
     ASSERT_EQ(beside.launches.size(), 2u) << family;
     EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
     EXPECT_EQ(beside.losses, alone.losses) << family;
+    const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
     for (int step = 0; step < 2; ++step) {
-      EXPECT_EQ(alone.launches[step], beside.launches[step]) << family << " step " << step + 1;
+      // The same kernels, but for the attention gradient's path, off with this one.
+      std::int64_t removed = 0;
+      EXPECT_EQ(alone.launches[step], without_dout_casts(beside.launches[step], &removed))
+          << family << " step " << step + 1;
+      EXPECT_EQ(removed, micro_batches * layers) << family << " step " << step + 1;
       EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << family << " step " << step + 1;
     }
-    const std::int64_t micro_batches = 2, layers = 2, rows = 2 * 32;
     EXPECT_EQ(alone.attention_alone_writes, 2 * micro_batches * layers) << family;
     EXPECT_EQ(beside.attention_alone_writes, -1) << family;
     EXPECT_EQ(alone.alone_writes, beside.alone_writes) << family;  // the other activations alike
-    const std::int64_t attention = 2 * 64;                         // heads x head size
+    // The gradient's path (attention_grad_16bit) needs this one: off with it, its gradient in fp32
+    // (2 bytes per element more than its companion alone).
+    EXPECT_EQ(beside.narrow_product_writes, -1) << family;
+    const std::int64_t attention = 2 * 64;  // heads x head size
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
-              static_cast<std::uint64_t>(layers * rows * attention) * sizeof(float))
+              static_cast<std::uint64_t>(layers * rows * attention) * sizeof(float) +
+                  static_cast<std::uint64_t>(rows * attention) * 2)
+        << family;
+  }
+}
+
+// The gradient of each block's attention output in 16 bits alone (attention_grad_16bit) against
+// the path refused at start (the fp32 product, rounded into the staging by the attention's
+// backward): the emulated product rounds the same fp32 sums once, so both families give the same
+// losses and state to the bit; each block's backward runs one cast kernel fewer per micro-batch
+// (dO read in place), with no cast before a GEMM; one product kept alone per block and
+// micro-batch; and the device holds 2 bytes per element of the gradient fewer (its companion in
+// place of the fp32 array).
+TEST(EmulatedCudaStepFallback, AttentionGradientsAloneRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
+    backend::fail_fast_path_for_test(std::string(backend::kAttentionGradAloneName));
+    const TrainedRun wide = train(family, kTiers[0], true, dir.path() + "/wide-" + family, 2);
+    backend::fail_fast_path_for_test(std::nullopt);
+    ASSERT_EQ(alone.launches.size(), 2u) << family;
+    ASSERT_EQ(wide.launches.size(), 2u) << family;
+    EXPECT_TRUE(testing::same_bits(wide.state, alone.state)) << family;
+    EXPECT_EQ(wide.losses, alone.losses) << family;
+    const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
+    for (int step = 0; step < 2; ++step) {
+      const auto& on = alone.launches[step];
+      const auto& off = wide.launches[step];
+      std::int64_t removed = 0;
+      EXPECT_EQ(on, without_dout_casts(off, &removed)) << family << " step " << step + 1;
+      EXPECT_EQ(removed, blocks) << family << " step " << step + 1;
+      EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << family << " step " << step + 1;
+    }
+    EXPECT_EQ(alone.narrow_product_writes, 2 * blocks) << family;
+    EXPECT_EQ(wide.narrow_product_writes, -1) << family;
+    EXPECT_EQ(alone.attention_alone_writes, wide.attention_alone_writes) << family;
+    const std::int64_t rows = 2 * 32, attention = 2 * 64;  // heads x head size
+    EXPECT_EQ(wide.device_in_use - alone.device_in_use,
+              static_cast<std::uint64_t>(rows * attention) * 2)
         << family;
   }
 }
@@ -607,6 +680,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
   EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
   EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
+  EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :

@@ -37,7 +37,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
   }
   // Every fast path is listed, on or off with why; without a GPU each is off and not checked.
   bool flash = false, cudnn = false, gemm_bias = false, rope = false, logits = false, alone = false,
-       gate_up = false, attention_alone = false;
+       gate_up = false, attention_alone = false, attention_grad = false;
   for (const Json::Value& path : v["fast_paths"]) {
     EXPECT_FALSE(path["detail"].asString().empty()) << path["name"].asString();
     EXPECT_FALSE(path["replaces"].asString().empty()) << path["name"].asString();
@@ -49,6 +49,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
     if (path["name"].asString() == "activations_16bit_alone") alone = true;
     if (path["name"].asString() == "gate_up_16bit") gate_up = true;
     if (path["name"].asString() == "attention_16bit_alone") attention_alone = true;
+    if (path["name"].asString() == "attention_grad_16bit") attention_grad = true;
     if (v["cuda"]["gpus"].empty()) {
       EXPECT_FALSE(path["active"].asBool());
       EXPECT_NE(path["detail"].asString().find("not checked"), std::string::npos);
@@ -62,6 +63,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
   EXPECT_TRUE(alone) << r.out;
   EXPECT_TRUE(gate_up) << r.out;
   EXPECT_TRUE(attention_alone) << r.out;
+  EXPECT_TRUE(attention_grad) << r.out;
 }
 
 TEST(ReportCli, MissingPathIsAUsageErrorNamingIt) {

@@ -125,6 +125,8 @@ TEST(RunSettings, ActivationsIn16BitsAloneAreCountedAsSuch) {
 // the trainer asks of the backend's ops for every layer's shape) is counted as such: its fp32 array
 // (N x H*D) is not allocated, in every block or in the one set checkpointing keeps. Only with the
 // other activations kept alone, and not without the companions; the settings alone leave it off.
+// Its gradient kept alone too (narrow_attention_grad) saves the fp32 scratch array for its
+// companion, only with the output kept alone.
 TEST(RunSettings, AttentionOutputsIn16BitsAloneAreCountedAsSuch) {
   config::Config c;
   c.strata.data.seq_len = 16;
@@ -159,6 +161,19 @@ TEST(RunSettings, AttentionOutputsIn16BitsAloneAreCountedAsSuch) {
     plain_fp32.narrow_companions = false;
     EXPECT_EQ(device(plain), device(plain_fp32));
     EXPECT_FALSE(model::without_companions(shape, attention).options.narrow_attention_alone);
+    // Its gradient (the backward's one scratch array, N x H*D): the companion in place of the fp32
+    // array, only with the output kept alone.
+    EXPECT_FALSE(attention.narrow_attention_grad);
+    const auto datt_elements =
+        static_cast<std::uint64_t>(2 * 16 * shape.num_heads * shape.head_dim);
+    model::RunnerOptions gradient = attention;
+    gradient.narrow_attention_grad = true;
+    EXPECT_EQ(device(attention) - device(gradient),
+              granule(datt_elements * 4) - granule(datt_elements * 2));
+    model::RunnerOptions gradient_only = alone;
+    gradient_only.narrow_attention_grad = true;
+    EXPECT_EQ(device(gradient_only), device(alone));
+    EXPECT_FALSE(model::without_companions(shape, gradient).options.narrow_attention_grad);
   }
 }
 

@@ -295,6 +295,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->alone_writes();
       } else if (p.name == kAttentionAloneName) {
         p.uses = ops_->attention_alone_writes();
+      } else if (p.name == kAttentionGradAloneName) {
+        p.uses = ops_->narrow_product_writes();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -948,9 +950,42 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
           return Status::ok();
         }));
   }
+  // The gradient of each block's attention output in 16 bits alone too, written so by its product
+  // and read in place by the attention's backward: within 1 unit in the last place of the verified
+  // product rounded, and the backward's bits on those values, once per process and head size.
+  if (!fast_paths_.active(kAttentionAloneName)) {
+    fast_paths_.not_applicable(kAttentionGradAloneName, kAttentionGradAloneReplaces,
+                               fmt::format("the attention's output is not kept in 16 bits alone "
+                                           "({} is off)",
+                                           kAttentionAloneName));
+  } else {
+    const AttentionAlonePath attention = ops_attention_alone_path(
+        *ops_,
+        [&](const float* p, std::int64_t n) {
+          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
+        },
+        ops_finished);
+    ops_->use_attention_grad_alone(true);
+    ops_->use_attention_grad_alone(fast_paths_.adopt(
+        kAttentionGradAloneName, kAttentionGradAloneReplaces,
+        fmt::format("the gradient of each block's attention output written in 16 bits by its "
+                    "product (fp32 accumulation rounded once; no fp32 array is allocated for it) "
+                    "and read in place by the attention's backward; head sizes {}",
+                    fmt::join(head_sizes, ", ")),
+        [&]() -> Status {
+          for (const std::int64_t d : head_sizes) {
+            STRATA_TRY(
+                checked_once(fmt::format("{}:{}:{}:{}", kAttentionGradAloneName,
+                                         bf16 ? "bf16" : "fp16", d, scratch.sixteen_elements),
+                             [&] { return check_attention_grad_alone(*this, attention, d); }));
+          }
+          return Status::ok();
+        }));
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();
   ops_->reset_attention_alone_writes();
+  ops_->reset_narrow_product_writes();
   ops_->reset_narrow_swiglu_calls();
   ops_->reset_fused_norm_calls();
   ops_->reset_apart_reads();

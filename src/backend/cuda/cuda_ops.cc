@@ -51,6 +51,16 @@ void CudaOps::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                    float beta, float* c, std::int64_t ldc) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
+  if (m > 0 && n > 0 && alone(c, (m - 1) * ldc + n)) {
+    // An output kept in 16 bits alone (keeps_attention_grad_alone): written into its companion,
+    // the fp32 accumulation rounded once.
+    STRATA_ASSERT_MSG(alpha == 1.0f && beta == 0.0f,
+                      "a product writing an output kept in 16 bits alone has alpha 1 and beta 0");
+    ++narrow_product_writes_;
+    sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb,
+                                 narrow_for(c, (m - 1) * ldc + n).p, ldc));
+    return;
+  }
   sink_->add(gemm_->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 
@@ -511,18 +521,28 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
   }
   const std::uint16_t* out16 = staged_companion(out, shape);
-  // An output kept alone is read from its companion alone.
+  // An output kept alone is read from its companion alone; so is a gradient kept alone.
   const float* out_wide = out;
-  if (alone(out, rows * shape.heads * shape.head_dim)) {
+  if (alone(out, rows * hd)) {
     STRATA_ASSERT_MSG(keeps_attention_alone(shape) && out16 != nullptr,
                       "an attention output kept in 16 bits alone without its companion to read");
     out_wide = nullptr;
   }
+  const float* dout_wide = dout;
+  const std::uint16_t* dout16 = nullptr;
+  if (alone(dout, rows * hd)) {
+    dout16 = staged_companion(dout, shape);
+    STRATA_ASSERT_MSG(keeps_attention_grad_alone(shape) && dout16 != nullptr,
+                      "an attention output's gradient kept in 16 bits alone without its companion "
+                      "to read");
+    dout_wide = nullptr;
+  }
   if (takes_cudnn(shape, lse) &&
-      staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                              scratch_.sixteen_elements, dq, dk, dv, dout, out_wide,
-                                              lse, q, k, v, shape, narrow, rope, out16),
-                 "cuDNN attention backward")) {
+      staged_ran(
+          ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                       scratch_.sixteen_elements, dq, dk, dv, dout_wide, out_wide,
+                                       lse, q, k, v, shape, narrow, rope, out16, dout16),
+          "cuDNN attention backward")) {
     if (out16 != nullptr) ++staged_companion_reads_;
     wrote(dq, rows * stride, narrow.q);
     return;
@@ -532,7 +552,7 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     if (out16 != nullptr) ++staged_companion_reads_;
     STRATA_OPS_CHECK(ck::flash_attention_backward_f32(
                          stream_, flash_bf16_, scratch_.sixteen, scratch_.sixteen_elements, dq, dk,
-                         dv, dout, out_wide, lse, q, k, v, shape, narrow, rope, out16),
+                         dv, dout_wide, out_wide, lse, q, k, v, shape, narrow, rope, out16, dout16),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;

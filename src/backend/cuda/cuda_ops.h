@@ -195,6 +195,15 @@ class CudaOps final : public backend::Ops<float> {
   // Attention forwards that wrote an output kept in 16 bits alone.
   std::int64_t attention_alone_writes() const { return attention_alone_writes_; }
   void reset_attention_alone_writes() { attention_alone_writes_ = 0; }
+  // The gradient of each block's attention output (the backward's dout) kept in 16 bits alone too
+  // (fast path attention_grad_16bit; off by default): only where keeps_attention_alone(shape).
+  void use_attention_grad_alone(bool on) { attention_grad_alone_ = on; }
+  bool keeps_attention_grad_alone(const backend::AttentionShape& shape) const override {
+    return attention_grad_alone_ && keeps_attention_alone(shape);
+  }
+  // Products that wrote an output kept in 16 bits alone.
+  std::int64_t narrow_product_writes() const { return narrow_product_writes_; }
+  void reset_narrow_product_writes() { narrow_product_writes_ = 0; }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
   void use_companions(backend::DType type);
@@ -289,6 +298,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t alone_writes_ = 0;
   bool attention_alone_ = false;
   std::int64_t attention_alone_writes_ = 0;
+  bool attention_grad_alone_ = false;
+  std::int64_t narrow_product_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;
