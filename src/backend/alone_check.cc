@@ -94,12 +94,8 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
                               where, op, d.got, d.index, d.want));
   };
   const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
-                          std::int64_t count) -> Status {
-    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, count));
-    if (d.index < 0) return Status::ok();
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
-                              where, what, d.index, d.got, d.want));
+                          std::int64_t count) {
+    return same_bits(backend, want, got, count, where, what);
   };
   const auto products = [&](const char* op) -> Status {
     return check_products_alone(backend, path.gemm, path.finish, beside, key, s.rows, s.inner,

@@ -133,12 +133,8 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
                               where, o.got, o.index, o.want));
   }
   const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
-                          std::int64_t count) -> Status {
-    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, count));
-    if (d.index < 0) return Status::ok();
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
-                              where, what, d.index, d.got, d.want));
+                          std::int64_t count) {
+    return same_bits(backend, want, got, count, where, what);
   };
   STRATA_TRY(same32("the forward's log-sum-exp", lse[0], lse[1], lse_n));
 

@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -65,6 +68,17 @@ inline Result<BitsDiffer> first_bits_differ(Backend& backend, const Buffer& want
     }
   }
   return d;
+}
+
+// OK where the first n floats of two device buffers have the same bits; else an error naming
+// `where`, `what`, the first element whose bits differ and both values.
+inline Status same_bits(Backend& backend, const Buffer& want, const Buffer& got, std::int64_t n,
+                        const std::string& where, const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(const BitsDiffer d, first_bits_differ(backend, want, got, n));
+  if (d.index < 0) return Status::ok();
+  return Status(ErrorCode::kInternal,
+                fmt::format("{}, {}[{}] is {}, the verified path gives {} (the bits must match)",
+                            where, what, d.index, d.got, d.want));
 }
 
 // A bf16 or fp16 value's bits as an integer that orders like the value: the distance between two

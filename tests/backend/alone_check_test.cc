@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "backend/fast_path.h"
-#include "kernels/cpu/float16.h"
 #include "support/cpu_backend_support.h"
+#include "support/narrow_pairs_fake.h"
 
 namespace strata::backend {
 namespace {
@@ -36,33 +36,14 @@ enum class Fault {
   kFails
 };
 
-std::uint16_t to16(float f, DType type) {
-  return type == DType::kBF16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
-}
-float from16(std::uint16_t h, DType type) {
-  return type == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
-
-struct FakePair {
-  float* wide;
-  std::uint16_t* narrow;
-  std::int64_t n;
-  bool alone;
-};
+using testing::FakePair;
+using testing::to16;
 
 // The fake ops' state: the pairs, shared by the path's calls.
-struct Fake {
-  Ops<float>* ops;
-  DType type;
-  Fault fault;
-  std::vector<FakePair> pairs;
+struct Fake : testing::FakePairs {
+  Ops<float>* ops = nullptr;
+  Fault fault = Fault::kNone;
 
-  const FakePair* pair_of(const float* p, std::int64_t n) const {
-    for (const FakePair& f : pairs) {
-      if (p >= f.wide && p + n <= f.wide + f.n) return &f;
-    }
-    return nullptr;
-  }
   // n values computed for `out`: into it and its companion, or into the companion alone.
   void write(float* out, const std::vector<float>& values, const char* op) {
     const auto n = static_cast<std::int64_t>(values.size());
@@ -83,39 +64,25 @@ struct Fake {
       }
     }
   }
-  // An operand of `extent` floats at p as a product reads it: from its companion where it has one.
+  // An operand of `extent` floats at p as a product reads it (zeros as B kept alone, the fault).
   std::vector<float> operand(const float* p, std::int64_t extent, bool as_b) const {
-    const FakePair* f = pair_of(p, extent);
-    std::vector<float> v(static_cast<std::size_t>(extent));
-    if (f == nullptr) {
-      std::copy(p, p + extent, v.begin());
-      return v;
-    }
-    if (f->alone && as_b && fault == Fault::kZerosAsB) return v;
-    const std::uint16_t* narrow = f->narrow + (p - f->wide);
-    for (std::int64_t i = 0; i < extent; ++i)
-      v[static_cast<std::size_t>(i)] = from16(narrow[i], type);
-    return v;
+    return read(p, extent, as_b && fault == Fault::kZerosAsB);
   }
 };
 
 NarrowAlonePath path(Backend& backend, DType type, Fault fault) {
-  auto fake = std::make_shared<Fake>(Fake{&backend.ops_f32(), type, fault, {}});
+  auto fake = std::make_shared<Fake>();
+  fake->type = type;
+  fake->ops = &backend.ops_f32();
+  fake->fault = fault;
   NarrowAlonePath p;
   p.type = type;
   p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
-    if (alone && fake->fault == Fault::kRefused) {
-      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
-    }
-    fake->pairs.push_back({wide, static_cast<std::uint16_t*>(narrow), n, alone});
-    return Status::ok();
+    return fake->pair(wide, narrow, n, alone, fake->fault == Fault::kRefused);
   };
-  p.unpair = [fake](const float* wide) {
-    std::erase_if(fake->pairs, [wide](const FakePair& f) { return f.wide == wide; });
-  };
+  p.unpair = [fake](const float* wide) { fake->unpair(wide); };
   p.reads_companion = [fake](const float* at, std::int64_t n) {
-    const FakePair* f = fake->pair_of(at, n);
-    return f != nullptr && !(f->alone && fake->fault == Fault::kNotRead);
+    return fake->reads_companion(at, n, fake->fault == Fault::kNotRead);
   };
   p.layernorm = [fake](float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, std::int64_t rows, std::int64_t channels, double eps) {

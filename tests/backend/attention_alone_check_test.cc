@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "backend/fast_path.h"
-#include "kernels/cpu/float16.h"
 #include "support/cpu_backend_support.h"
+#include "support/narrow_pairs_fake.h"
 
 namespace strata::backend {
 namespace {
@@ -44,67 +44,28 @@ enum class Fault {
   kGradReadAsZeros,
 };
 
-std::uint16_t to16(float f, DType type) {
-  return type == DType::kBF16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
-}
-float from16(std::uint16_t h, DType type) {
-  return type == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
-
-struct FakePair {
-  float* wide;
-  std::uint16_t* narrow;
-  std::int64_t n;
-  bool alone;
-};
+using testing::FakePair;
+using testing::to16;
 
 // The fake ops' state: the pairs, shared by the path's calls.
-struct Fake {
-  Ops<float>* ops;
-  DType type;
-  Fault fault;
-  std::vector<FakePair> pairs;
-
-  const FakePair* pair_of(const float* p, std::int64_t n) const {
-    for (const FakePair& f : pairs) {
-      if (p >= f.wide && p + n <= f.wide + f.n) return &f;
-    }
-    return nullptr;
-  }
-  // `extent` floats at p as a reader of a paired buffer reads them: from the companion (zeros
-  // where `zeros` and p is kept alone).
-  std::vector<float> read(const float* p, std::int64_t extent, bool zeros) const {
-    const FakePair* f = pair_of(p, extent);
-    std::vector<float> v(static_cast<std::size_t>(extent));
-    if (f == nullptr) {
-      std::copy(p, p + extent, v.begin());
-      return v;
-    }
-    if (f->alone && zeros) return v;
-    const std::uint16_t* narrow = f->narrow + (p - f->wide);
-    for (std::int64_t i = 0; i < extent; ++i)
-      v[static_cast<std::size_t>(i)] = from16(narrow[i], type);
-    return v;
-  }
+struct Fake : testing::FakePairs {
+  Ops<float>* ops = nullptr;
+  Fault fault = Fault::kNone;
 };
 
 AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
-  auto fake = std::make_shared<Fake>(Fake{&backend.ops_f32(), type, fault, {}});
+  auto fake = std::make_shared<Fake>();
+  fake->type = type;
+  fake->ops = &backend.ops_f32();
+  fake->fault = fault;
   AttentionAlonePath p;
   p.type = type;
   p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
-    if (alone && fake->fault == Fault::kRefused) {
-      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
-    }
-    fake->pairs.push_back({wide, static_cast<std::uint16_t*>(narrow), n, alone});
-    return Status::ok();
+    return fake->pair(wide, narrow, n, alone, fake->fault == Fault::kRefused);
   };
-  p.unpair = [fake](const float* wide) {
-    std::erase_if(fake->pairs, [wide](const FakePair& f) { return f.wide == wide; });
-  };
+  p.unpair = [fake](const float* wide) { fake->unpair(wide); };
   p.reads_companion = [fake](const float* at, std::int64_t n) {
-    const FakePair* f = fake->pair_of(at, n);
-    return f != nullptr && !(f->alone && fake->fault == Fault::kNotRead);
+    return fake->reads_companion(at, n, fake->fault == Fault::kNotRead);
   };
   p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
   p.keeps_grad = [fake](const AttentionShape&) { return fake->fault != Fault::kGradNotKept; };
@@ -139,7 +100,7 @@ AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
   };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda, false);
+    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
     const std::vector<float> b_in =
         fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
     const FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);

@@ -1,0 +1,75 @@
+// The pairing of fp32 buffers with 16-bit companions (Ops::pair_narrow, pair_narrow_alone) as the
+// start-up checks' CPU fakes keep it (alone_check_test.cc, attention_alone_check_test.cc): the
+// pairs, and a buffer read as the backend's readers read it, from its companion where it has one.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/status.h"
+#include "kernels/cpu/float16.h"
+
+namespace strata::testing {
+
+inline std::uint16_t to16(float f, backend::DType type) {
+  return type == backend::DType::kBF16 ? kernels::float_to_bf16(f) : kernels::float_to_fp16(f);
+}
+inline float from16(std::uint16_t h, backend::DType type) {
+  return type == backend::DType::kBF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
+}
+
+struct FakePair {
+  float* wide;
+  std::uint16_t* narrow;
+  std::int64_t n;
+  bool alone;  // pair_narrow_alone: `wide` has nothing behind it
+};
+
+struct FakePairs {
+  backend::DType type = backend::DType::kBF16;
+  std::vector<FakePair> pairs;
+
+  // The pair the n values at p lie inside, or null.
+  const FakePair* pair_of(const float* p, std::int64_t n) const {
+    for (const FakePair& f : pairs) {
+      if (p >= f.wide && p + n <= f.wide + f.n) return &f;
+    }
+    return nullptr;
+  }
+  // `extent` floats at p as a reader of paired buffers reads them: from the companion where p has
+  // one (zeros where `zeros` and p is kept alone: the faults of the checks' tests), else p's.
+  std::vector<float> read(const float* p, std::int64_t extent, bool zeros = false) const {
+    const FakePair* f = pair_of(p, extent);
+    std::vector<float> v(static_cast<std::size_t>(extent));
+    if (f == nullptr) {
+      std::copy(p, p + extent, v.begin());
+      return v;
+    }
+    if (f->alone && zeros) return v;
+    const std::uint16_t* narrow = f->narrow + (p - f->wide);
+    for (std::int64_t i = 0; i < extent; ++i)
+      v[static_cast<std::size_t>(i)] = from16(narrow[i], type);
+    return v;
+  }
+  // pair_narrow (alone false) or pair_narrow_alone (true); `refuse`: the latter refused.
+  Status pair(float* wide, void* narrow, std::int64_t n, bool alone, bool refuse) {
+    if (alone && refuse) {
+      return Status(ErrorCode::kUnavailable, "the ops refused to keep an activation alone");
+    }
+    pairs.push_back({wide, static_cast<std::uint16_t*>(narrow), n, alone});
+    return Status::ok();
+  }
+  // Whether a product reading the n values at p reads them from a companion (`unread`: not from
+  // one kept alone, the fault).
+  bool reads_companion(const float* p, std::int64_t n, bool unread) const {
+    const FakePair* f = pair_of(p, n);
+    return f != nullptr && !(f->alone && unread);
+  }
+  void unpair(const float* wide) {
+    std::erase_if(pairs, [wide](const FakePair& f) { return f.wide == wide; });
+  }
+};
+
+}  // namespace strata::testing
