@@ -177,6 +177,16 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
   return run;
 }
 
+// train() with the fast path `name` refused at start (the test seam), as a user's run whose check
+// failed would have it.
+TrainedRun train_refused(const char* name, const std::string& family, const Tier& tier,
+                         bool emulated, const std::string& dir, int steps = 3) {
+  backend::fail_fast_path_for_test(std::string(name));
+  TrainedRun run = train(family, tier, emulated, dir, steps);
+  backend::fail_fast_path_for_test(std::nullopt);
+  return run;
+}
+
 // ||a_after - a_before - (b_after - b_before)|| / ||b_after - b_before||.
 double update_difference(const TrainedRun& a, const TrainedRun& b) {
   double diff = 0.0, norm = 0.0;
@@ -320,9 +330,8 @@ TEST(EmulatedCudaStep, WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt) {
     const TrainedRun in_copy = train(family, kTiers[1], true, dir.path() + "/in_copy_" + family, 2);
     backend::fail_fast_path_for_test(std::nullopt);
     set_poison_weights(false);
-    backend::fail_fast_path_for_test(std::string(backend::kWeights16Name));
-    const TrainedRun whole = train(family, kTiers[1], true, dir.path() + "/whole_" + family, 2);
-    backend::fail_fast_path_for_test(std::nullopt);
+    const TrainedRun whole = train_refused(backend::kWeights16Name, family, kTiers[1], true,
+                                           dir.path() + "/whole_" + family, 2);
     ASSERT_EQ(apart.losses.size(), 2u) << family;
     ASSERT_EQ(whole.losses.size(), 2u) << family;
     EXPECT_TRUE(std::isfinite(apart.losses[1])) << family;
@@ -354,9 +363,8 @@ TEST(EmulatedCudaStepFallback, ActivationCompanionsRefusedAtStartGiveTheSameBits
   testing::TempDir dir;
   backend::fail_fast_path_for_test(refused_with_logits(""));
   const TrainedRun paired = train("gpt2", kTiers[0], true, dir.path() + "/paired", 1);
-  backend::fail_fast_path_for_test(std::string(backend::kActivations16Name));
-  const TrainedRun refused = train("gpt2", kTiers[0], true, dir.path() + "/refused", 1);
-  backend::fail_fast_path_for_test(std::nullopt);
+  const TrainedRun refused = train_refused(backend::kActivations16Name, "gpt2", kTiers[0], true,
+                                           dir.path() + "/refused", 1);
   ASSERT_EQ(paired.launches.size(), 1u);
   ASSERT_EQ(refused.launches.size(), 1u);
   EXPECT_TRUE(testing::same_bits(refused.state, paired.state));
@@ -380,9 +388,8 @@ TEST(EmulatedCudaStepFallback, LogitsIn16BitsTrackTheFp32Logits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun narrow = train(family, kTiers[0], true, dir.path() + "/narrow_" + family, 2);
-    backend::fail_fast_path_for_test(std::string(backend::kLogits16Name));
-    const TrainedRun wide = train(family, kTiers[0], true, dir.path() + "/wide_" + family, 2);
-    backend::fail_fast_path_for_test(std::nullopt);
+    const TrainedRun wide = train_refused(backend::kLogits16Name, family, kTiers[0], true,
+                                          dir.path() + "/wide_" + family, 2);
     ASSERT_EQ(narrow.losses.size(), 2u) << family;
     ASSERT_EQ(wide.losses.size(), 2u) << family;
     for (int step = 0; step < 2; ++step) {
@@ -419,9 +426,8 @@ TEST(EmulatedCudaStepFallback, LogitsIn16BitsTrackTheFp32Logits) {
 TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheSameBits) {
   testing::TempDir dir;
   const TrainedRun fused = train("llama", kTiers[0], true, dir.path() + "/fused", 1);
-  backend::fail_fast_path_for_test(std::string(backend::kResidualNormName));
-  const TrainedRun refused = train("llama", kTiers[0], true, dir.path() + "/refused", 1);
-  backend::fail_fast_path_for_test(std::nullopt);
+  const TrainedRun refused = train_refused(backend::kResidualNormName, "llama", kTiers[0], true,
+                                           dir.path() + "/refused", 1);
   ASSERT_EQ(fused.launches.size(), 1u);
   ASSERT_EQ(refused.launches.size(), 1u);
   EXPECT_TRUE(testing::same_bits(refused.state, fused.state));
@@ -443,9 +449,8 @@ TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheS
 TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   testing::TempDir dir;
   const TrainedRun fused = train("llama", kTiers[0], true, dir.path() + "/fused", 2);
-  backend::fail_fast_path_for_test(std::string(backend::kRopeAttentionName));
-  const TrainedRun refused = train("llama", kTiers[0], true, dir.path() + "/refused", 2);
-  backend::fail_fast_path_for_test(std::nullopt);
+  const TrainedRun refused = train_refused(backend::kRopeAttentionName, "llama", kTiers[0], true,
+                                           dir.path() + "/refused", 2);
   ASSERT_EQ(fused.launches.size(), 2u);
   ASSERT_EQ(refused.launches.size(), 2u);
   EXPECT_TRUE(testing::same_bits(refused.state, fused.state));
@@ -493,9 +498,8 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
-    backend::fail_fast_path_for_test(std::string(backend::kActivations16AloneName));
-    const TrainedRun beside = train(family, kTiers[0], true, dir.path() + "/beside-" + family, 2);
-    backend::fail_fast_path_for_test(std::nullopt);
+    const TrainedRun beside = train_refused(backend::kActivations16AloneName, family, kTiers[0],
+                                            true, dir.path() + "/beside-" + family, 2);
     ASSERT_EQ(alone.launches.size(), 2u) << family;
     ASSERT_EQ(beside.launches.size(), 2u) << family;
     EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
@@ -532,9 +536,8 @@ TEST(EmulatedCudaStepFallback, AttentionOutputsAloneRefusedAtStartGiveTheSameBit
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
-    backend::fail_fast_path_for_test(std::string(backend::kAttentionAloneName));
-    const TrainedRun beside = train(family, kTiers[0], true, dir.path() + "/beside-" + family, 2);
-    backend::fail_fast_path_for_test(std::nullopt);
+    const TrainedRun beside = train_refused(backend::kAttentionAloneName, family, kTiers[0], true,
+                                            dir.path() + "/beside-" + family, 2);
     ASSERT_EQ(alone.launches.size(), 2u) << family;
     ASSERT_EQ(beside.launches.size(), 2u) << family;
     EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
@@ -573,9 +576,8 @@ TEST(EmulatedCudaStepFallback, AttentionGradientsAloneRefusedAtStartGiveTheSameB
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
-    backend::fail_fast_path_for_test(std::string(backend::kAttentionGradAloneName));
-    const TrainedRun wide = train(family, kTiers[0], true, dir.path() + "/wide-" + family, 2);
-    backend::fail_fast_path_for_test(std::nullopt);
+    const TrainedRun wide = train_refused(backend::kAttentionGradAloneName, family, kTiers[0], true,
+                                          dir.path() + "/wide-" + family, 2);
     ASSERT_EQ(alone.launches.size(), 2u) << family;
     ASSERT_EQ(wide.launches.size(), 2u) << family;
     EXPECT_TRUE(testing::same_bits(wide.state, alone.state)) << family;
@@ -609,9 +611,8 @@ TEST(EmulatedCudaStepFallback, AttentionGradientsAloneRefusedAtStartGiveTheSameB
 TEST(EmulatedCudaStepFallback, GateUpIn16BitsTrackTheFp32GateUp) {
   testing::TempDir dir;
   const TrainedRun narrow = train("llama", kTiers[0], true, dir.path() + "/narrow", 2);
-  backend::fail_fast_path_for_test(std::string(backend::kGateUp16Name));
-  const TrainedRun wide = train("llama", kTiers[0], true, dir.path() + "/wide", 2);
-  backend::fail_fast_path_for_test(std::nullopt);
+  const TrainedRun wide =
+      train_refused(backend::kGateUp16Name, "llama", kTiers[0], true, dir.path() + "/wide", 2);
   ASSERT_EQ(narrow.launches.size(), 2u);
   ASSERT_EQ(wide.launches.size(), 2u);
   for (int step = 0; step < 2; ++step) {
