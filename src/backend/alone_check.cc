@@ -19,16 +19,6 @@ struct Shape {
 constexpr std::int64_t kOuts = 24;  // the products' other side (the hidden size)
 constexpr std::int64_t kIns = 16;   // the up-projection's inputs
 
-// Unpairs what the check paired, however it ends.
-struct Unpair {
-  const NarrowAlonePath& path;
-  std::vector<const float*> wide;
-  ~Unpair() {
-    for (const float* w : wide)
-      path.unpair(w);
-  }
-};
-
 Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s) {
   const std::int64_t n = s.rows * s.inner;
   std::mt19937_64 rng(4200 + static_cast<std::uint64_t>(s.inner));
@@ -72,7 +62,7 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
   float* beside = wide.as<float>();
   const std::string where = fmt::format("{} rows of {}", s.rows, s.inner);
 
-  Unpair unpair{path, {}};
+  UnpairOnExit unpair{path.unpair, {}};
   STRATA_TRY(path.pair(beside, beside16.data(), n, false).with_context(where));
   unpair.wide.push_back(beside);
   STRATA_TRY(path.pair(key, alone16.data(), n, true).with_context(where));
@@ -84,14 +74,8 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
                               where));
   }
 
-  const auto same16 = [&](const char* op) -> Status {
-    STRATA_ASSIGN_OR_RETURN(const Bits16Differ d,
-                            first_16_bits_differ(backend, beside16, alone16, n));
-    if (d.index < 0) return Status::ok();
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}, {}: the companion kept alone holds 0x{:04x} at [{}], the one "
-                              "kept beside its fp32 values 0x{:04x} (the bits must match)",
-                              where, op, d.got, d.index, d.want));
+  const auto same16 = [&](const char* op) {
+    return same_companions(backend, beside16, alone16, n, where, op);
   };
   const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
                           std::int64_t count) {
@@ -201,16 +185,20 @@ Status check_products_alone(Backend& backend, const AloneGemm& gemm,
       }
     }
     STRATA_TRY(finish().with_context(where));
-    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d,
-                            first_bits_differ(backend, c[0], c[1], list[p].count));
-    if (d.index >= 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{}, after {}: {}[{}] is {}, the verified path gives {} (the bits "
-                                "must match)",
-                                where, after, list[p].name, d.index, d.got, d.want));
-    }
+    STRATA_TRY(same_bits(backend, c[0], c[1], list[p].count, where,
+                         fmt::format("after {}: {}", after, list[p].name)));
   }
   return Status::ok();
+}
+
+Status same_companions(Backend& backend, const Buffer& beside, const Buffer& alone, std::int64_t n,
+                       const std::string& where, const std::string& op) {
+  STRATA_ASSIGN_OR_RETURN(const Bits16Differ d, first_16_bits_differ(backend, beside, alone, n));
+  if (d.index < 0) return Status::ok();
+  return Status(ErrorCode::kInternal,
+                fmt::format("{}, {}: the companion kept alone holds 0x{:04x} at [{}], the one "
+                            "kept beside its fp32 values 0x{:04x} (the bits must match)",
+                            where, op, d.got, d.index, d.want));
 }
 
 NarrowAlonePath ops_alone_path(Ops<float>& ops,

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -47,6 +48,21 @@ Status check_products_alone(Backend& backend, const AloneGemm& gemm,
                             const std::function<Status()>& finish, const float* beside,
                             const float* key, std::int64_t rows, std::int64_t cols,
                             const std::string& where, const std::string& after);
+
+// Unpairs what a check paired (its `wide` keys, through the path's unpair), however it ends.
+struct UnpairOnExit {
+  std::function<void(const float* wide)> unpair;
+  std::vector<const float*> wide;
+  ~UnpairOnExit() {
+    for (const float* w : wide)
+      unpair(w);
+  }
+};
+
+// OK where the n 16-bit companions `beside` (kept beside fp32 values) and `alone` (kept alone)
+// have the same bits; else an error naming `where`, the writer `op` and the first that differs.
+Status same_companions(Backend& backend, const Buffer& beside, const Buffer& alone, std::int64_t n,
+                       const std::string& where, const std::string& op);
 
 // The ops the path runs through (the backend's Ops<float>, or fakes), with Ops' contracts. The
 // void calls report their errors to `finish`.

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +29,12 @@ AttentionShape check_shape(std::int64_t head_dim) {
   s.out_stride = s.heads * head_dim;
   s.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   return s;
+}
+
+// The shape as the checks' errors name it.
+std::string where_of(const AttentionShape& s) {
+  return fmt::format("head size {}, {} x {} tokens, {} heads over {}", s.head_dim, s.batch,
+                     s.seq_len, s.heads, s.kv_heads);
 }
 
 }  // namespace
@@ -70,8 +75,7 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
   const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;
   const std::int64_t kvd = s.kv_heads * head_dim, n = rows * hd,
                      lse_n = s.batch * s.heads * s.seq_len;
-  const std::string where = fmt::format("head size {}, {} x {} tokens, {} heads over {}", head_dim,
-                                        s.batch, s.seq_len, s.heads, s.kv_heads);
+  const std::string where = where_of(s);
   if (!path.keeps(s)) {
     return Status(ErrorCode::kUnavailable,
                   fmt::format("{}: the ops would not keep its attention output alone", where));
@@ -97,15 +101,7 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
   auto* key = static_cast<float*>(key_range.begin());
   float* beside = wide.as<float>();
 
-  // Unpairs what the check paired, however it ends.
-  struct Unpair {
-    const AttentionAlonePath& path;
-    std::vector<const float*> wide;
-    ~Unpair() {
-      for (const float* w : wide)
-        path.unpair(w);
-    }
-  } unpair{path, {}};
+  UnpairOnExit unpair{path.unpair, {}};
   STRATA_TRY(path.pair(beside, companions[0].data(), n, false).with_context(where));
   unpair.wide.push_back(beside);
   STRATA_TRY(path.pair(key, companions[1].data(), n, true).with_context(where));
@@ -124,19 +120,8 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
   for (int side = 0; side < 2; ++side)
     path.forward(outs[side], lse[side].as<float>(), q, k, v, s);
   STRATA_TRY(path.finish().with_context(where));
-  STRATA_ASSIGN_OR_RETURN(const Bits16Differ o,
-                          first_16_bits_differ(backend, companions[0], companions[1], n));
-  if (o.index >= 0) {
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}, the forward: the companion kept alone holds 0x{:04x} at [{}], "
-                              "the one kept beside its fp32 values 0x{:04x} (the bits must match)",
-                              where, o.got, o.index, o.want));
-  }
-  const auto same32 = [&](const std::string& what, const Buffer& want, const Buffer& got,
-                          std::int64_t count) {
-    return same_bits(backend, want, got, count, where, what);
-  };
-  STRATA_TRY(same32("the forward's log-sum-exp", lse[0], lse[1], lse_n));
+  STRATA_TRY(same_companions(backend, companions[0], companions[1], n, where, "the forward"));
+  STRATA_TRY(same_bits(backend, lse[0], lse[1], lse_n, where, "the forward's log-sum-exp"));
 
   for (int side = 0; side < 2; ++side) {
     float* dq = grads[side].as<float>();
@@ -144,8 +129,8 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
                   q, k, v, s);
   }
   STRATA_TRY(path.finish().with_context(where));
-  STRATA_TRY(
-      same32("the backward's dq, dk, dv (side by side)", grads[0], grads[1], rows * s.q_stride));
+  STRATA_TRY(same_bits(backend, grads[0], grads[1], rows * s.q_stride, where,
+                       "the backward's dq, dk, dv (side by side)"));
   return check_products_alone(backend, path.gemm, path.finish, beside, key, rows, hd, where,
                               "the attention");
 }
@@ -162,8 +147,7 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
   const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;
   const std::int64_t kvd = s.kv_heads * head_dim, n = rows * hd;
   constexpr std::int64_t kIns = 40;  // the product's k (the hidden size)
-  const std::string where = fmt::format("head size {}, {} x {} tokens, {} heads over {}", head_dim,
-                                        s.batch, s.seq_len, s.heads, s.kv_heads);
+  const std::string where = where_of(s);
   if (!path.keeps_grad(s)) {
     return Status(ErrorCode::kUnavailable,
                   fmt::format("{}: the ops would not keep its attention gradient alone", where));
@@ -191,15 +175,9 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
                           AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
                                                 "the attention_grad_16bit check's key"));
   auto* key = static_cast<float*>(key_range.begin());
-  struct Unpair {
-    const AttentionAlonePath& path;
-    const float* key = nullptr;
-    ~Unpair() {
-      if (key != nullptr) path.unpair(key);
-    }
-  } unpair{path};
+  UnpairOnExit unpair{path.unpair, {}};
   STRATA_TRY(path.pair(key, companion.data(), n, true).with_context(where));
-  unpair.key = key;
+  unpair.wide.push_back(key);
 
   const float* q = qkv.as<float>();
   const float* k = q + hd;
@@ -215,20 +193,16 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
               trans_b ? kIns : hd, key, hd);
     STRATA_TRY(path.finish().with_context(where));
     std::vector<float> wide(static_cast<std::size_t>(n));
-    std::vector<std::uint16_t> got16(static_cast<std::size_t>(n)), want16(got16.size());
+    std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
     STRATA_TRY(copy_to_host(backend, &wide, product));
     STRATA_TRY(copy_to_host(backend, &got16, companion));
-    kernels::cast_array(want16.data(), path.type, wide.data(), DType::kF32, n);
-    for (std::size_t i = 0; i < got16.size(); ++i) {
-      if (std::abs(ordered_16(got16[i]) - ordered_16(want16[i])) > 1) {
-        float got = 0.0f;
-        kernels::cast_array(&got, DType::kF32, &got16[i], path.type, 1);
-        return Status(ErrorCode::kInternal,
-                      fmt::format("{}, {}: the 16-bit gradient's element {} is {}, the verified "
-                                  "fp32 product {} (allowed: 1 unit in the last place of its "
-                                  "rounding)",
-                                  where, layout, i, got, wide[i]));
-      }
+    const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, path.type);
+    if (apart.index >= 0) {
+      return Status(ErrorCode::kInternal,
+                    fmt::format("{}, {}: the 16-bit gradient's element {} is {}, the verified "
+                                "fp32 product {} (allowed: 1 unit in the last place of its "
+                                "rounding)",
+                                where, layout, apart.index, apart.got, apart.want));
     }
     // The verified backward on the 16-bit values widened, the path's on the gradient kept alone.
     kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, n);
@@ -240,15 +214,8 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
     dq = grads[1].as<float>();
     path.backward(dq, dq + hd, dq + hd + kvd, key, out.as<float>(), lse.as<float>(), q, k, v, s);
     STRATA_TRY(path.finish().with_context(where));
-    STRATA_ASSIGN_OR_RETURN(const BitsDiffer d,
-                            first_bits_differ(backend, grads[0], grads[1], rows * s.q_stride));
-    if (d.index >= 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{}, {}: the backward's dq, dk, dv (side by side)[{}] is {}, the "
-                                "verified backward on the 16-bit gradient gives {} (the bits must "
-                                "match)",
-                                where, layout, d.index, d.got, d.want));
-    }
+    STRATA_TRY(same_bits(backend, grads[0], grads[1], rows * s.q_stride, where,
+                         layout + ": the backward's dq, dk, dv (side by side)"));
   }
   return Status::ok();
 }

@@ -49,19 +49,15 @@ Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& 
                  narrow.data(), width);
   STRATA_TRY(path.finish().with_context(where));
   std::vector<float> product(static_cast<std::size_t>(n));
-  std::vector<std::uint16_t> got16(static_cast<std::size_t>(n)), want16(got16.size());
+  std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
   STRATA_TRY(copy_to_host(backend, &product, wide));
   STRATA_TRY(copy_to_host(backend, &got16, narrow));
-  kernels::cast_array(want16.data(), path.type, product.data(), DType::kF32, n);
-  for (std::size_t i = 0; i < got16.size(); ++i) {
-    if (std::abs(ordered_16(got16[i]) - ordered_16(want16[i])) > 1) {
-      std::vector<float> pair(2);
-      kernels::cast_array(pair.data(), DType::kF32, &got16[i], path.type, 1);
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{}: the 16-bit product's element {} is {}, the verified fp32 "
-                                "product {} (allowed: 1 unit in the last place of its rounding)",
-                                where, i, pair[0], product[i]));
-    }
+  const BeyondOneUnit apart = first_beyond_one_unit(got16, product, path.type);
+  if (apart.index >= 0) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: the 16-bit product's element {} is {}, the verified fp32 "
+                              "product {} (allowed: 1 unit in the last place of its rounding)",
+                              where, apart.index, apart.got, apart.want));
   }
   // SwiGLU on the 16-bit gate and up, against the verified kernels on their values widened.
   std::vector<float> widened(static_cast<std::size_t>(n));

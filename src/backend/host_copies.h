@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "common/status.h"
+#include "kernels/cpu/cast.h"
 
 namespace strata::backend {
 
@@ -85,6 +87,29 @@ inline Status same_bits(Backend& backend, const Buffer& want, const Buffer& got,
 // of them in units in the last place.
 inline std::int32_t ordered_16(std::uint16_t h) {
   return (h & 0x8000) != 0 ? -static_cast<std::int32_t>(h & 0x7fff) : static_cast<std::int32_t>(h);
+}
+
+// The first of the 16-bit values `got` (of `type`, bf16 or fp16) more than 1 unit in the last
+// place from the fp32 `want` rounded to that type (index -1: none), with both values.
+struct BeyondOneUnit {
+  std::int64_t index = -1;
+  float got = 0.0f, want = 0.0f;
+};
+inline BeyondOneUnit first_beyond_one_unit(const std::vector<std::uint16_t>& got,
+                                           const std::vector<float>& want, DType type) {
+  std::vector<std::uint16_t> rounded(want.size());
+  kernels::cast_array(rounded.data(), type, want.data(), DType::kF32,
+                      static_cast<std::int64_t>(want.size()));
+  BeyondOneUnit d;
+  for (std::size_t i = 0; i < got.size() && i < rounded.size(); ++i) {
+    if (std::abs(ordered_16(got[i]) - ordered_16(rounded[i])) > 1) {
+      d.index = static_cast<std::int64_t>(i);
+      kernels::cast_array(&d.got, DType::kF32, &got[i], type, 1);
+      d.want = want[i];
+      break;
+    }
+  }
+  return d;
 }
 
 // The first of n 16-bit elements whose bits differ between two device buffers (index -1: none).

@@ -885,6 +885,11 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
       "the bits of the two",
       [&] { return check_residual_norm(*this, two_launches, one_kernel); }));
 
+  // Whether a product reading the n floats at p reads them from a 16-bit companion (the paths kept
+  // alone read their activations only once this says so).
+  const auto reads_companion = [&](const float* p, std::int64_t n) {
+    return gemm_->has_companion(p, n, static_cast<int>(sixteen));
+  };
   // The activations only GEMMs read in 16 bits alone (Ops::pair_narrow_alone): where the products
   // read the activations' companions already; checked bit for bit against the companions kept
   // beside, after the residual-norm choice (the norms with the residual add run as the step will).
@@ -894,12 +899,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         fmt::format("the products do not read the activations' companions ({} is off)",
                     kActivations16Name));
   } else {
-    const NarrowAlonePath alone = ops_alone_path(
-        *ops_,
-        [&](const float* p, std::int64_t n) {
-          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
-        },
-        ops_finished);
+    const NarrowAlonePath alone = ops_alone_path(*ops_, reads_companion, ops_finished);
     ops_->use_narrow_alone(true);
     ops_->use_narrow_alone(fast_paths_.adopt(
         kActivations16AloneName, kActivations16AloneReplaces,
@@ -909,9 +909,23 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         [&] { return check_narrow_alone(*this, alone); }));
   }
   // Each block's attention output in 16 bits alone too, where the 16-bit attention writes it and
-  // its backward reads it from the companion: checked bit for bit against the output kept beside,
-  // at each head size the flash attention took, once per process (its kernels are the flash
-  // attention's, whose check runs once too).
+  // its backward reads it from the companion: checked bit for bit against the output kept beside;
+  // then its gradient, written in 16 bits by its product and read in place by the backward: within
+  // 1 unit in the last place of the verified product rounded, and the backward's bits on those
+  // values. Each at every head size the flash attention took, once per process (their kernels are
+  // the flash attention's, whose check runs once too).
+  const AttentionAlonePath attention =
+      ops_attention_alone_path(*ops_, reads_companion, ops_finished);
+  const auto each_head_size =
+      [&](const char* name,
+          Status (*check)(Backend&, const AttentionAlonePath&, std::int64_t)) -> Status {
+    for (const std::int64_t d : head_sizes) {
+      STRATA_TRY(checked_once(
+          fmt::format("{}:{}:{}:{}", name, bf16 ? "bf16" : "fp16", d, scratch.sixteen_elements),
+          [&] { return check(*this, attention, d); }));
+    }
+    return Status::ok();
+  };
   const int attention_code = bf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
   if (!fast_paths_.active(kActivations16AloneName)) {
     fast_paths_.not_applicable(
@@ -926,12 +940,6 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     fast_paths_.not_applicable(kAttentionAloneName, kAttentionAloneReplaces,
                                "the attention's 16-bit type is not the companions'");
   } else {
-    const AttentionAlonePath attention = ops_attention_alone_path(
-        *ops_,
-        [&](const float* p, std::int64_t n) {
-          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
-        },
-        ops_finished);
     ops_->use_attention_alone(true);
     ops_->use_attention_alone(fast_paths_.adopt(
         kAttentionAloneName, kAttentionAloneReplaces,
@@ -939,32 +947,14 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
                     "companion alone (no fp32 array is allocated for it), read there by its "
                     "backward and its products; head sizes {}",
                     fmt::join(head_sizes, ", ")),
-        [&]() -> Status {
-          // Once per process and head size, as the flash attention's own check: its kernels run.
-          for (const std::int64_t d : head_sizes) {
-            STRATA_TRY(
-                checked_once(fmt::format("{}:{}:{}:{}", kAttentionAloneName, bf16 ? "bf16" : "fp16",
-                                         d, scratch.sixteen_elements),
-                             [&] { return check_attention_alone(*this, attention, d); }));
-          }
-          return Status::ok();
-        }));
+        [&] { return each_head_size(kAttentionAloneName, check_attention_alone); }));
   }
-  // The gradient of each block's attention output in 16 bits alone too, written so by its product
-  // and read in place by the attention's backward: within 1 unit in the last place of the verified
-  // product rounded, and the backward's bits on those values, once per process and head size.
   if (!fast_paths_.active(kAttentionAloneName)) {
     fast_paths_.not_applicable(kAttentionGradAloneName, kAttentionGradAloneReplaces,
                                fmt::format("the attention's output is not kept in 16 bits alone "
                                            "({} is off)",
                                            kAttentionAloneName));
   } else {
-    const AttentionAlonePath attention = ops_attention_alone_path(
-        *ops_,
-        [&](const float* p, std::int64_t n) {
-          return gemm_->has_companion(p, n, static_cast<int>(sixteen));
-        },
-        ops_finished);
     ops_->use_attention_grad_alone(true);
     ops_->use_attention_grad_alone(fast_paths_.adopt(
         kAttentionGradAloneName, kAttentionGradAloneReplaces,
@@ -972,15 +962,7 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
                     "product (fp32 accumulation rounded once; no fp32 array is allocated for it) "
                     "and read in place by the attention's backward; head sizes {}",
                     fmt::join(head_sizes, ", ")),
-        [&]() -> Status {
-          for (const std::int64_t d : head_sizes) {
-            STRATA_TRY(
-                checked_once(fmt::format("{}:{}:{}:{}", kAttentionGradAloneName,
-                                         bf16 ? "bf16" : "fp16", d, scratch.sixteen_elements),
-                             [&] { return check_attention_grad_alone(*this, attention, d); }));
-          }
-          return Status::ok();
-        }));
+        [&] { return each_head_size(kAttentionGradAloneName, check_attention_grad_alone); }));
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();
