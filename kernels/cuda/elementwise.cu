@@ -45,12 +45,14 @@ cudaError_t swiglu_forward_16(cudaStream_t s, float* out, const void* gate_up, i
 }
 
 cudaError_t swiglu_backward_16(cudaStream_t s, float* dgate_up, const void* gate_up, int code,
-                               const float* dout, std::int64_t rows, std::int64_t inner,
-                               Narrow narrow) {
+                               const float* dout, const void* dout16, std::int64_t rows,
+                               std::int64_t inner, Narrow narrow) {
+  const auto* dout_16 = static_cast<const std::uint16_t*>(dout16);
+  if (!swiglu_backward_16_dout_valid(dout, dout_16)) return cudaErrorInvalidValue;
   if (rows * inner <= 0) return cudaSuccess;
   return run_swiglu_backward_16(CudaLauncher{s}, dgate_up,
-                                static_cast<const std::uint16_t*>(gate_up), code, dout, rows, inner,
-                                narrow);
+                                static_cast<const std::uint16_t*>(gate_up), code, dout, dout_16,
+                                rows, inner, narrow);
 }
 
 cudaError_t cast_ranges_from_16(cudaStream_t s, float* dst, const void* src, int code,

@@ -148,15 +148,16 @@ __device__ __forceinline__ void swiglu_forward_each(float* out, const Load& load
     store_narrow(narrow, i, o);
   }
 }
-template <typename Load>
+// `load` reads gate_up's element k, `load_dout` dout's element i, each as fp32.
+template <typename Load, typename LoadDout>
 __device__ __forceinline__ void swiglu_backward_each(float* dgate_up, const Load& load,
-                                                     const float* dout, std::int64_t rows,
+                                                     const LoadDout& load_dout, std::int64_t rows,
                                                      std::int64_t inner, Narrow narrow) {
   for (std::int64_t i = global_thread(); i < rows * inner; i += grid_threads()) {
     const std::int64_t r = i / inner;
     const std::int64_t j = i - r * inner;
     float dg, du;
-    swiglu_grads(load(r * 2 * inner + j), load(r * 2 * inner + inner + j), dout[i], &dg, &du);
+    swiglu_grads(load(r * 2 * inner + j), load(r * 2 * inner + inner + j), load_dout(i), &dg, &du);
     dgate_up[r * 2 * inner + j] = dg;
     dgate_up[r * 2 * inner + inner + j] = du;
     store_narrow(narrow, r * 2 * inner + j, dg);
@@ -227,17 +228,28 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
     return;
   }
   swiglu_backward_each(
-      dgate_up, [gate_up](std::int64_t k) { return gate_up[k]; }, dout, rows, inner, narrow);
+      dgate_up, [gate_up](std::int64_t k) { return gate_up[k]; },
+      [dout](std::int64_t i) { return dout[i]; }, rows, inner, narrow);
 }
 
 // SwiGLU's backward on gate_up in 16 bits (`code`), as swiglu_forward_16_kernel: the bits of
-// swiglu_backward_kernel on the widened values.
+// swiglu_backward_kernel on the widened values. dout is fp32 (`dout`), or in the same 16 bits
+// (`dout16`, `dout` null: a gradient kept in 16 bits alone), widened likewise.
 __global__ void swiglu_backward_16_kernel(float* dgate_up, const std::uint16_t* gate_up, int code,
-                                          const float* dout, std::int64_t rows, std::int64_t inner,
-                                          Narrow narrow) {
+                                          const float* dout, const std::uint16_t* dout16,
+                                          std::int64_t rows, std::int64_t inner, Narrow narrow) {
+  const auto load = [gate_up, code](std::int64_t k) {
+    return float_from_16_bits(gate_up[k], code);
+  };
+  if (dout16 != nullptr) {
+    swiglu_backward_each(
+        dgate_up, load,
+        [dout16, code](std::int64_t i) { return float_from_16_bits(dout16[i], code); }, rows, inner,
+        narrow);
+    return;
+  }
   swiglu_backward_each(
-      dgate_up, [gate_up, code](std::int64_t k) { return float_from_16_bits(gate_up[k], code); },
-      dout, rows, inner, narrow);
+      dgate_up, load, [dout](std::int64_t i) { return dout[i]; }, rows, inner, narrow);
 }
 
 // acc = g rounded to the 16-bit `code` and widened back (assign), or acc += that: the bits of
@@ -556,12 +568,18 @@ auto run_swiglu_forward_16(const L& launch, float* out, const std::uint16_t* gat
                 0, out, gate_up, code, rows, inner, narrow);
 }
 
+// Whether swiglu_backward_16's dout is given once: fp32 or 16 bits, not both, not neither.
+inline bool swiglu_backward_16_dout_valid(const float* dout, const std::uint16_t* dout16) {
+  return (dout == nullptr) != (dout16 == nullptr);
+}
+
 template <typename L>
 auto run_swiglu_backward_16(const L& launch, float* dgate_up, const std::uint16_t* gate_up,
-                            int code, const float* dout, std::int64_t rows, std::int64_t inner,
-                            Narrow narrow) {
+                            int code, const float* dout, const std::uint16_t* dout16,
+                            std::int64_t rows, std::int64_t inner, Narrow narrow) {
   return launch(swiglu_backward_16_kernel, elementwise_grid(rows * inner),
-                dim3(kElementwiseThreads), 0, dgate_up, gate_up, code, dout, rows, inner, narrow);
+                dim3(kElementwiseThreads), 0, dgate_up, gate_up, code, dout, dout16, rows, inner,
+                narrow);
 }
 
 template <typename L>

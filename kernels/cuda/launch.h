@@ -39,12 +39,14 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
                             const float* dout, std::int64_t rows, std::int64_t inner,
                             Narrow narrow = {});
 // SwiGLU's forward and backward on gate_up in 16 bits (`code`, kCodeBF16 or kCodeF16): the bits of
-// swiglu_forward and swiglu_backward on the widened values.
+// swiglu_forward and swiglu_backward on the widened values. The backward's dout is fp32 (`dout`,
+// `dout16` null) or in the same 16 bits (`dout16`, `dout` null: a gradient kept in 16 bits alone),
+// widened likewise; both or neither is cudaErrorInvalidValue.
 cudaError_t swiglu_forward_16(cudaStream_t s, float* out, const void* gate_up, int code,
                               std::int64_t rows, std::int64_t inner, Narrow narrow = {});
 cudaError_t swiglu_backward_16(cudaStream_t s, float* dgate_up, const void* gate_up, int code,
-                               const float* dout, std::int64_t rows, std::int64_t inner,
-                               Narrow narrow = {});
+                               const float* dout, const void* dout16, std::int64_t rows,
+                               std::int64_t inner, Narrow narrow = {});
 cudaError_t add(cudaStream_t s, float* out, const float* a, const float* b, std::int64_t n);
 // dst[at[i], at[i] + n[i]) = src's 16-bit `code` elements [begin[i], begin[i] + n[i]), widened,
 // for i < count (one launch per 16 ranges).

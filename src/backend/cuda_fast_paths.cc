@@ -33,6 +33,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},
+      {kSwigluGradAloneName, kSwigluGradAloneReplaces},
   };
   std::vector<FastPath> paths;
   for (const auto& k : known)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/host_copies.h"
+#include "common/address_range.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata::backend {
@@ -82,7 +83,105 @@ Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& 
   return same("SwiGLU's backward", d_ref, d_got, n);
 }
 
+Status check_grad_shape(Backend& backend, const SwigluGradAlonePath& path, const Shape& s) {
+  Ops<float>& ops = backend.ops_f32();
+  const std::int64_t outs = s.rows * s.inner, n = 2 * outs;
+  std::mt19937_64 rng(7300 + static_cast<std::uint64_t>(s.inner));
+  const char* purpose = "swiglu_grad_16bit check";
+  const std::string where = fmt::format("{} rows of {} inner columns", s.rows, s.inner);
+  // Gate and up in 16 bits, and their values widened for the verified kernel.
+  const std::vector<float> raw = normal_values(rng, n, 1.0f, 0.0f);
+  std::vector<std::uint16_t> gate_up16(static_cast<std::size_t>(n));
+  std::vector<float> widened(static_cast<std::size_t>(n));
+  kernels::cast_array(gate_up16.data(), path.type, raw.data(), DType::kF32, n);
+  kernels::cast_array(widened.data(), DType::kF32, gate_up16.data(), path.type, n);
+  STRATA_ASSIGN_OR_RETURN(Buffer gate_up, device_copy(backend, gate_up16, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer wide_gate_up, device_copy(backend, widened, purpose));
+  // The product dact(rows, inner) = dy(rows, k) x down(k, inner), as the Llama family's blocks run
+  // it.
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer dy, device_copy(backend, normal_values(rng, s.rows * kIns, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer down, device_copy(backend, normal_values(rng, kIns * s.inner, 0.4f, 0.0f), purpose));
+  const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(Buffer product, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer d_ref, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer d_got, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer companion,
+      device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(outs), 0), purpose));
+  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
+                          AddressRange::reserve(static_cast<std::uint64_t>(outs) * sizeof(float),
+                                                "the swiglu_grad_16bit check's key"));
+  auto* key = static_cast<float*>(key_range.begin());
+  UnpairOnExit unpair{path.unpair, {}};
+  STRATA_TRY(path.pair(key, companion.data(), outs, true).with_context(where));
+  unpair.wide.push_back(key);
+
+  ops.gemm(false, false, s.rows, s.inner, kIns, 1.0f, dy.as<float>(), kIns, down.as<float>(),
+           s.inner, 0.0f, product.as<float>(), s.inner);
+  path.gemm(false, false, s.rows, s.inner, kIns, dy.as<float>(), kIns, down.as<float>(), s.inner,
+            key, s.inner);
+  STRATA_TRY(path.finish().with_context(where));
+  std::vector<float> wide(static_cast<std::size_t>(outs));
+  std::vector<std::uint16_t> got16(static_cast<std::size_t>(outs));
+  STRATA_TRY(copy_to_host(backend, &wide, product));
+  STRATA_TRY(copy_to_host(backend, &got16, companion));
+  const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, path.type);
+  if (apart.index >= 0) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: the 16-bit gradient's element {} is {}, the verified fp32 "
+                              "product {} (allowed: 1 unit in the last place of its rounding)",
+                              where, apart.index, apart.got, apart.want));
+  }
+  // SwiGLU's backward reading the gradient kept alone, against the verified kernel on gate, up and
+  // the gradient widened.
+  kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, outs);
+  STRATA_TRY(backend.copy_async(StreamKind::kCompute, product.data(), wide.data(),
+                                wide.size() * sizeof(float)));
+  ops.swiglu_backward(d_ref.as<float>(), wide_gate_up.as<float>(), product.as<float>(), s.rows,
+                      s.inner);
+  path.backward(d_got.as<float>(), gate_up.data(), key, s.rows, s.inner);
+  STRATA_TRY(path.finish().with_context(where));
+  return same_bits(backend, d_ref, d_got, n, where, "SwiGLU's backward on the gradient kept alone");
+}
+
 }  // namespace
+
+SwigluGradAlonePath ops_swiglu_grad_path(Ops<float>& ops, std::function<Status()> finish) {
+  // The pairing is the activations' (alone_check.h): one way to pair, for every path.
+  const NarrowAlonePath activations = ops_alone_path(ops, {}, {});
+  SwigluGradAlonePath path;
+  Ops<float>* o = &ops;
+  path.type = activations.type;
+  path.pair = activations.pair;
+  path.unpair = activations.unpair;
+  path.keeps = [o] { return o->keeps_swiglu_grad_alone(); };
+  path.gemm = activations.gemm;
+  path.backward = [o](float* d, const void* gate_up, const float* dout, std::int64_t rows,
+                      std::int64_t inner) {
+    o->swiglu_backward_narrow(d, gate_up, dout, rows, inner);
+  };
+  path.finish = std::move(finish);
+  return path;
+}
+
+Status check_swiglu_grad_alone(Backend& backend, const SwigluGradAlonePath& path) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("SwiGLU's output gradient kept in 16 bits alone is bf16 or fp16, not "
+                              "{}",
+                              to_string(path.type)));
+  }
+  if (!path.keeps()) {
+    return Status(ErrorCode::kUnavailable,
+                  "the ops would not keep SwiGLU's output gradient in 16 bits alone");
+  }
+  for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
+    STRATA_TRY(check_grad_shape(backend, path, s));
+  }
+  return Status::ok();
+}
 
 NarrowGateUpPath ops_gate_up_path(Ops<float>& ops, std::function<Status()> finish) {
   NarrowGateUpPath path;

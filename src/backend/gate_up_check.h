@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "backend/alone_check.h"
 #include "backend/backend.h"
 #include "common/status.h"
 
@@ -51,5 +52,49 @@ NarrowGateUpPath ops_gate_up_path(Ops<float>& ops, std::function<Status()> finis
 // OK, or an error naming the shape, the quantity and its first element outside its bound (or an
 // op's own error).
 Status check_narrow_gate_up(Backend& backend, const NarrowGateUpPath& path);
+
+// The start-up check of the gradient of SwiGLU's output kept in 16 bits alone
+// (`swiglu_grad_16bit`, Ops::keeps_swiglu_grad_alone), on top of gate_up_16bit: the product that
+// writes it (dact, the down projection's input gradient) writes it in 16 bits into its companion,
+// with no fp32 array behind it, and SwiGLU's backward reads those 16 bits widened where it read
+// the fp32 product. The product rounds its fp32 accumulation once, where nothing was rounded
+// before, so SwiGLU's backward computes on a rounded gradient, as autocast's does: the check asks
+// for bounds on the product and bits on the backward. On the two shapes above, in the Llama
+// family's layout (B not transposed), it asks for:
+// - each 16-bit element within 1 unit in the last place of the verified fp32 product rounded (the
+//   backend's own gemm, into a buffer of its own);
+// - SwiGLU's backward on the 16-bit gate and up reading the gradient kept alone, bit for bit what
+//   the verified fp32 kernel gives on gate, up and the gradient widened.
+inline constexpr const char* kSwigluGradAloneName = "swiglu_grad_16bit";
+inline constexpr const char* kSwigluGradAloneReplaces =
+    "the gradient of the Llama family's SwiGLU output written in fp32 by the down projection's "
+    "input gradient and read in fp32 by SwiGLU's backward";
+
+// The ops the path runs through (the backend's Ops<float>, or fakes), with Ops' contracts. The
+// void calls report their errors to `finish`.
+struct SwigluGradAlonePath {
+  DType type = DType::kBF16;  // the companions' type, and gate and up's
+  // As NarrowAlonePath's.
+  std::function<Status(float* wide, void* narrow, std::int64_t n, bool alone)> pair;
+  std::function<void(const float* wide)> unpair;
+  // Whether the ops keep the gradient alone (Ops::keeps_swiglu_grad_alone).
+  std::function<bool()> keeps;
+  AloneGemm gemm;
+  // SwiGLU's backward on gate and up in 16 bits (Ops::swiglu_backward_narrow).
+  std::function<void(float* dgate_up, const void* gate_up, const float* dout, std::int64_t rows,
+                     std::int64_t inner)>
+      backward;
+  // Waits for the calls so far; their first error.
+  std::function<Status()> finish;
+};
+
+// The path through a backend's own Ops<float> (pair_narrow_alone, unpair_narrow,
+// keeps_swiglu_grad_alone, gemm with alpha 1 and beta 0, swiglu_backward_narrow), with the
+// caller's finish.
+SwigluGradAlonePath ops_swiglu_grad_path(Ops<float>& ops, std::function<Status()> finish);
+
+// OK, or an error naming the shape, the quantity and its first element outside its bound (or the
+// backend's refusal or error).
+Status check_swiglu_grad_alone(Backend& backend, const SwigluGradAlonePath& path);
 
 }  // namespace strata::backend

@@ -320,6 +320,13 @@ class Ops {
     (void)shape;
     return false;
   }
+  // Whether the gradient of SwiGLU's output (the Llama family's backward dact, the down
+  // projection's input gradient) is kept in narrow_type() alone too (false, the default; only where
+  // keeps_gate_up_narrow() and keeps_narrow_alone()): pair_narrow_alone then takes it, the product
+  // writing it (gemm with alpha 1 and beta 0, C inside the key) writes it in 16 bits into the
+  // companion (fp32 accumulation rounded once), and swiglu_backward_narrow reading it as `dout`
+  // reads the companion, widened.
+  virtual bool keeps_swiglu_grad_alone() const { return false; }
 };
 
 }  // namespace strata::backend

@@ -174,10 +174,7 @@ Status ModelRunner<T>::allocate() {
   // them.
   const bool alone = keeps_alone();
   const bool attention_alone = keeps_attention_alone();
-  // Gate and up in 16 bits alone (RunnerOptions::narrow_gate_up).
-  const bool gate_up_narrow =
-      options_.narrow_gate_up && options_.narrow_companions && spec_.family == Family::kLlama &&
-      llama_block_slots(spec_).gate_up_b < 0 && (sizing_ || ops_->keeps_gate_up_narrow());
+  const bool gate_up_narrow = keeps_gate_up_narrow();
   auto gemm_input = [&](T** p, std::int64_t elements, const char* what) -> Status {
     if (alone) {
       STRATA_ASSIGN_OR_RETURN(*p, reserve(elements, "an activation kept in 16 bits"));
@@ -220,7 +217,11 @@ Status ModelRunner<T>::allocate() {
     acts_.push_back(a);
   }
   const char* what = "backward scratch";
-  STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
+  if (keeps_swiglu_grad_alone()) {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dact, reserve(n * in, "a SwiGLU gradient kept in 16 bits"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
+  }
   STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
   STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
   if (keeps_attention_grad_alone()) {
@@ -284,6 +285,18 @@ bool ModelRunner<T>::keeps_attention_grad_alone() const {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_gate_up_narrow() const {
+  return options_.narrow_gate_up && options_.narrow_companions && spec_.family == Family::kLlama &&
+         llama_block_slots(spec_).gate_up_b < 0 && (sizing_ || ops_->keeps_gate_up_narrow());
+}
+
+template <typename T>
+bool ModelRunner<T>::keeps_swiglu_grad_alone() const {
+  return options_.narrow_swiglu_grad && keeps_gate_up_narrow() && keeps_alone() &&
+         (sizing_ || ops_->keeps_swiglu_grad_alone());
+}
+
+template <typename T>
 Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
   // Not device memory: nothing for the arena to count.
   if (sizing_) return reinterpret_cast<T*>(alignof(T));
@@ -331,6 +344,7 @@ Status ModelRunner<T>::allocate_companions() {
     STRATA_TRY(pair(a.act, n * in, alone));
   }
   if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
+  if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
@@ -662,6 +676,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_alone = false;   // its companion is all it has
   w.options.narrow_attention_alone = false;
   w.options.narrow_attention_grad = false;
+  w.options.narrow_swiglu_grad = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

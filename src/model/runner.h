@@ -82,6 +82,12 @@ struct RunnerOptions {
   // per element. Only with narrow_attention_alone, and only where the backend's ops promise it for
   // every layer's shape (the trainer asks them); otherwise the fp32 array.
   bool narrow_attention_grad = false;
+  // The gradient of the Llama family's SwiGLU output (the backward scratch dact, N x I) in the ops'
+  // 16-bit type alone (Ops::keeps_swiglu_grad_alone, fast path swiglu_grad_16bit): written so by
+  // the down projection's input gradient, read so by SwiGLU's 16-bit backward; memory_needed counts
+  // 2 bytes per element. Only with narrow_gate_up and narrow_alone in effect; otherwise the fp32
+  // array.
+  bool narrow_swiglu_grad = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -167,6 +173,12 @@ class ModelRunner {
   // Whether the gradient of each block's attention output is kept in 16 bits alone too
   // (RunnerOptions::narrow_attention_grad).
   bool keeps_attention_grad_alone() const;
+  // Whether the Llama family's gate and up are kept in 16 bits alone
+  // (RunnerOptions::narrow_gate_up).
+  bool keeps_gate_up_narrow() const;
+  // Whether the gradient of SwiGLU's output is kept in 16 bits alone too
+  // (RunnerOptions::narrow_swiglu_grad).
+  bool keeps_swiglu_grad_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

@@ -144,6 +144,9 @@ Status Trainer::setup() {
   runner.narrow_attention_grad =
       runner.narrow_attention_alone &&
       model::keeps_attention_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len, true);
+  // The gradient of SwiGLU's output likewise (swiglu_grad_16bit), on gate and up in 16 bits.
+  runner.narrow_swiglu_grad =
+      runner.narrow_gate_up && runner.narrow_alone && backend_->ops_f32().keeps_swiglu_grad_alone();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

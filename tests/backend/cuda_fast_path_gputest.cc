@@ -180,7 +180,7 @@ TEST(CudaFastPaths, ActivationsKeptAloneAreOnWith16BitGemms) {
 // the backend's own Ops (cuDNN's attention taking the calls where that path is on, the flash
 // kernels otherwise) at head sizes 64 and 128, counting one forward kept alone for each; so does
 // its gradient's (attention_grad_16bit: cuBLASLt writing the product's D in 16 bits, within 1 unit
-// in the last place), counting two products kept alone for each; with fp32 GEMM inputs neither
+// in the last place), counting two backwards reading it for each; with fp32 GEMM inputs neither
 // path applies.
 TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
@@ -218,8 +218,10 @@ TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
 
 // The Llama family's gate and up in 16 bits alone (the start-up check passed) with 16-bit GEMMs,
 // whose weights' and activations' paths it needs; the check passes again on the backend's own
-// Ops, counting 2 SwiGLU calls for each of its 2 shapes; with fp32 GEMM inputs the path does not
-// apply.
+// Ops, counting 2 SwiGLU calls for each of its 2 shapes; so does the check of SwiGLU's output
+// gradient kept alone (swiglu_grad_16bit: cuBLASLt writing the product's D in 16 bits, within 1
+// unit in the last place), counting one backward reading it for each shape. With fp32 GEMM inputs
+// neither path applies.
 TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
@@ -233,12 +235,22 @@ TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
     const Status s = check_narrow_gate_up(gpu, gate_up);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
     EXPECT_EQ(find_path(gpu.fast_paths(), kGateUp16Name)->uses - before, 4);
+    const std::optional<FastPath> grad = find_path(gpu.fast_paths(), kSwigluGradAloneName);
+    ASSERT_TRUE(grad.has_value());
+    EXPECT_TRUE(grad->active) << grad->detail;
+    const SwigluGradAlonePath swiglu_grad =
+        ops_swiglu_grad_path(ops, [&] { return gpu.synchronize(StreamKind::kCompute); });
+    const Status g = check_swiglu_grad_alone(gpu, swiglu_grad);
+    EXPECT_TRUE(g.is_ok()) << g.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kSwigluGradAloneName)->uses - grad->uses, 2);
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
-  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kGateUp16Name);
-  ASSERT_TRUE(path.has_value());
-  EXPECT_FALSE(path->active);
-  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  for (const char* name : {kGateUp16Name, kSwigluGradAloneName}) {
+    const std::optional<FastPath> path = find_path(fp32.fast_paths(), name);
+    ASSERT_TRUE(path.has_value()) << name;
+    EXPECT_FALSE(path->active) << name;
+    EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  }
 }
 
 // The norm weights and biases kept apart (the start-up check passed) with 16-bit GEMMs, whose

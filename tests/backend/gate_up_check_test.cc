@@ -4,16 +4,25 @@
 // the last place off, a forward swapping gate and up, a backward doubling up's gradient, a forward
 // reading the 16-bit values as the other type, and an op that fails each fail, naming what went
 // wrong. FastPaths then lists the path off with one warning naming it.
+//
+// The check of SwiGLU's output gradient kept in 16 bits alone (swiglu_grad_16bit) likewise, with
+// fakes that keep their pairs as the backend does and never touch the key's address range (any
+// access to it faults): the faithful fake passes in bf16 and fp16; a refused pairing, a gradient
+// the ops would not keep alone, a 16-bit product 2 units off, a backward reading the gradient kept
+// alone as zeros, one reading it in fp32 rounded to the other 16-bit type and an op that fails
+// each fail, naming what went wrong; a failing path is listed off and unpairs what it paired.
 #include "backend/gate_up_check.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/fast_path.h"
 #include "kernels/cpu/cast.h"
 #include "support/cpu_backend_support.h"
+#include "support/narrow_pairs_fake.h"
 
 namespace strata::backend {
 namespace {
@@ -116,6 +125,117 @@ TEST(NarrowGateUpCheck, AFailingPathIsListedOffWithOneWarning) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("fast path gate_up_16bit is off"), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find(kGateUp16Replaces), std::string::npos) << warnings[0];
+}
+
+enum class GradFault { kNone, kRefused, kNotKept, kTwoUnitsOff, kReadAsZeros, kOtherType, kFails };
+
+// The fake ops' state: the pairs, shared by the path's calls.
+struct GradFake : testing::FakePairs {
+  Ops<float>* ops = nullptr;
+  GradFault fault = GradFault::kNone;
+};
+
+SwigluGradAlonePath grad_path(Backend& backend, DType type, GradFault fault) {
+  auto fake = std::make_shared<GradFake>();
+  fake->type = type;
+  fake->ops = &backend.ops_f32();
+  fake->fault = fault;
+  SwigluGradAlonePath p;
+  p.type = type;
+  p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
+    return fake->pair(wide, narrow, n, alone, fake->fault == GradFault::kRefused);
+  };
+  p.unpair = [fake](const float* wide) { fake->unpair(wide); };
+  p.keeps = [fake] { return fake->fault != GradFault::kNotKept; };
+  p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    const testing::FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
+    ASSERT_TRUE(f != nullptr && f->alone) << "the check's product writes the key kept alone";
+    std::vector<float> product(static_cast<std::size_t>(m * ldc));
+    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, product.data(), ldc);
+    std::uint16_t* narrow = f->narrow + (c - f->wide);
+    for (std::int64_t i = 0; i < m * ldc; ++i) {
+      narrow[i] = testing::to16(product[static_cast<std::size_t>(i)], fake->type);
+      if (fake->fault == GradFault::kTwoUnitsOff && i == 7) narrow[i] += 2;
+    }
+  };
+  p.backward = [fake](float* d, const void* gate_up, const float* dout, std::int64_t rows,
+                      std::int64_t inner) {
+    const std::vector<float> g = widened(gate_up, fake->type, rows * 2 * inner);
+    std::vector<float> dy = fake->read(dout, rows * inner, fake->fault == GradFault::kReadAsZeros);
+    if (fake->fault == GradFault::kOtherType) {
+      const DType other = fake->type == DType::kBF16 ? DType::kF16 : DType::kBF16;
+      for (float& x : dy)
+        x = testing::from16(testing::to16(x * 1.001f, other), other);
+    }
+    fake->ops->swiglu_backward(d, g.data(), dy.data(), rows, inner);
+  };
+  p.finish = [fake] {
+    if (fake->fault == GradFault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
+    return Status::ok();
+  };
+  return p;
+}
+
+TEST(SwigluGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const Status s = check_swiglu_grad_alone(*backend, grad_path(*backend, type, GradFault::kNone));
+    EXPECT_TRUE(s.is_ok()) << to_string(type) << ": " << s.to_string();
+  }
+}
+
+TEST(SwigluGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const struct {
+    GradFault fault;
+    const char* expect;
+  } cases[] = {
+      {GradFault::kRefused, "6 rows of 40 inner columns: the ops refused"},
+      {GradFault::kNotKept, "the ops would not keep SwiGLU's output gradient in 16 bits alone"},
+      {GradFault::kTwoUnitsOff, "6 rows of 40 inner columns: the 16-bit gradient's element 7 is"},
+      {GradFault::kReadAsZeros,
+       "6 rows of 40 inner columns, SwiGLU's backward on the gradient kept alone[0]"},
+      {GradFault::kOtherType, "6 rows of 40 inner columns, SwiGLU's backward on the gradient"},
+      {GradFault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_swiglu_grad_alone(*backend, grad_path(*backend, type, c.fault));
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  SwigluGradAlonePath fp32 = grad_path(*backend, DType::kBF16, GradFault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_swiglu_grad_alone(*backend, fp32).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(SwigluGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  std::vector<std::string> warnings;
+  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
+  SwigluGradAlonePath zeros = grad_path(*backend, DType::kBF16, GradFault::kReadAsZeros);
+  int paired = 0;
+  const auto pair = zeros.pair;
+  zeros.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
+    ++paired;
+    return pair(wide, narrow, n, alone);
+  };
+  const auto unpair = zeros.unpair;
+  zeros.unpair = [&](const float* wide) {
+    --paired;
+    unpair(wide);
+  };
+  const bool on = paths.adopt(kSwigluGradAloneName, kSwigluGradAloneReplaces, "alone",
+                              [&] { return check_swiglu_grad_alone(*backend, zeros); });
+  EXPECT_FALSE(on);
+  EXPECT_FALSE(paths.active(kSwigluGradAloneName));
+  EXPECT_EQ(paired, 0);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("fast path swiglu_grad_16bit is off"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(kSwigluGradAloneReplaces), std::string::npos) << warnings[0];
 }
 
 }  // namespace

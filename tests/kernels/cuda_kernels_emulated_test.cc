@@ -504,10 +504,11 @@ TEST(EmulatedKernels, ElementwiseInGroupsOfFourGiveTheBitsOfOneAtATime) {
 }
 
 // SwiGLU on gate and up in 16 bits gives, for both 16-bit types, the bits of the fp32 kernels on
-// the values widened, forward and backward, in rows of 36 columns (the fp32 kernels 4 at a time)
-// and 33 (one at a time); and given a null output with a companion, the 16-bit forward, the fp32
-// one, GELU's and the norms' (with and without the residual add) write the companion alone with
-// the bits the companion gets beside an fp32 output.
+// the values widened, forward and backward (the backward's dout fp32, or 16-bit and widened too),
+// in rows of 36 columns (the fp32 kernels 4 at a time) and 33 (one at a time); and given a null
+// output with a companion, the 16-bit forward, the fp32 one, GELU's and the norms' (with and
+// without the residual add) write the companion alone with the bits the companion gets beside an
+// fp32 output.
 TEST(EmulatedKernels, SixteenBitSwigluAndCompanionsAloneGiveTheBitsOfTheFp32Kernels) {
   for (const int code : {kCodeBF16, kCodeF16}) {
     const auto type = static_cast<kernels::DType>(code);
@@ -532,9 +533,29 @@ TEST(EmulatedKernels, SixteenBitSwigluAndCompanionsAloneGiveTheBitsOfTheFp32Kern
                                     inner, Narrow{}),
                 0);
       ASSERT_EQ(run_swiglu_backward_16(kEmulator, dgot.data(), gate_up16.data(), code, dout.data(),
-                                       rows, inner, Narrow{}),
+                                       nullptr, rows, inner, Narrow{}),
                 0);
       expect_bitwise_equal("swiglu backward 16-bit", dgot, dwant);
+      // dout in 16 bits too (a gradient kept alone): the bits of the fp32 kernel on every input
+      // widened, and of the 16-bit kernel on that dout widened; a companion for dgate_up beside.
+      std::vector<std::uint16_t> dout16(n);
+      std::vector<float> dout_widened(n);
+      kernels::cast_array(dout16.data(), type, dout.data(), kernels::DType::kF32, n);
+      kernels::cast_array(dout_widened.data(), kernels::DType::kF32, dout16.data(), type, n);
+      std::vector<std::uint16_t> dwant16(2 * n), dgot16(2 * n, 0xdead);
+      ASSERT_EQ(run_swiglu_backward(kEmulator, dwant.data(), widened.data(), dout_widened.data(),
+                                    rows, inner, Narrow{dwant16.data(), code}),
+                0);
+      std::fill(dgot.begin(), dgot.end(), -1.0f);
+      ASSERT_EQ(run_swiglu_backward_16(kEmulator, dgot.data(), gate_up16.data(), code, nullptr,
+                                       dout16.data(), rows, inner, Narrow{dgot16.data(), code}),
+                0);
+      expect_bitwise_equal("swiglu backward 16-bit, dout in 16 bits", dgot, dwant);
+      expect_bitwise_equal("swiglu backward 16-bit, dout in 16 bits (companion)", dgot16, dwant16);
+      EXPECT_FALSE(swiglu_backward_16_dout_valid(nullptr, nullptr));
+      EXPECT_FALSE(swiglu_backward_16_dout_valid(dout.data(), dout16.data()));
+      EXPECT_TRUE(swiglu_backward_16_dout_valid(nullptr, dout16.data()));
+      EXPECT_TRUE(swiglu_backward_16_dout_valid(dout.data(), nullptr));
       ASSERT_EQ(run_swiglu_forward_16(kEmulator, nullptr, gate_up16.data(), code, rows, inner,
                                       Narrow{alone.data(), code}),
                 0);

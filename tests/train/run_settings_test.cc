@@ -214,6 +214,44 @@ TEST(RunSettings, GateAndUpIn16BitsAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_gate_up);
 }
 
+// The gradient of the Llama family's SwiGLU output in 16 bits alone too
+// (RunnerOptions::narrow_swiglu_grad, which the trainer asks of the backend's ops) is counted as
+// such: the backward's one scratch array (N x I) as its 2-byte companion where the fp32 array took
+// 4. Only with gate and up in 16 bits and the activations kept alone, not for GPT-2, not with an
+// MLP bias, not without the companions; the settings alone leave it off.
+TEST(RunSettings, SwigluGradientsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape llama = testing::tiny_llama(true);
+  model::RunnerOptions with = runner_options(c, llama, false);
+  ASSERT_TRUE(with.narrow_companions);
+  EXPECT_FALSE(with.narrow_swiglu_grad);
+  with.narrow_gate_up = with.narrow_alone = true;
+  model::RunnerOptions narrow = with;
+  narrow.narrow_swiglu_grad = true;
+  const auto dact = static_cast<std::uint64_t>(2 * 16 * llama.intermediate_size);
+  EXPECT_EQ(device(llama, with) - device(llama, narrow), granule(dact * 4) - granule(dact * 2));
+  for (bool model::RunnerOptions::*needed :
+       {&model::RunnerOptions::narrow_gate_up, &model::RunnerOptions::narrow_alone,
+        &model::RunnerOptions::narrow_companions}) {
+    model::RunnerOptions without = with, without_narrow = narrow;
+    without.*needed = without_narrow.*needed = false;
+    EXPECT_EQ(device(llama, without_narrow), device(llama, without));
+  }
+  model::ModelShape biased = llama;
+  biased.arch.mlp_bias = true;
+  EXPECT_EQ(device(biased, narrow), device(biased, with));
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  EXPECT_EQ(device(gpt2, narrow), device(gpt2, with));
+  EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_swiglu_grad);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

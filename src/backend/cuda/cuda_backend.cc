@@ -296,7 +296,9 @@ class CudaBackend final : public Backend {
       } else if (p.name == kAttentionAloneName) {
         p.uses = ops_->attention_alone_writes();
       } else if (p.name == kAttentionGradAloneName) {
-        p.uses = ops_->narrow_product_writes();
+        p.uses = ops_->attention_grad_reads();
+      } else if (p.name == kSwigluGradAloneName) {
+        p.uses = ops_->swiglu_grad_reads();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -964,10 +966,29 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
                     fmt::join(head_sizes, ", ")),
         [&] { return each_head_size(kAttentionGradAloneName, check_attention_grad_alone); }));
   }
+  // The gradient of the Llama family's SwiGLU output in 16 bits alone, written so by its product
+  // and read so by SwiGLU's 16-bit backward: within 1 unit in the last place of the verified
+  // product rounded, and the backward's bits on those values.
+  if (!fast_paths_.active(kGateUp16Name) || !fast_paths_.active(kActivations16AloneName)) {
+    fast_paths_.not_applicable(
+        kSwigluGradAloneName, kSwigluGradAloneReplaces,
+        fmt::format("gate and up are not kept in 16 bits alone or the activations are not ({} or "
+                    "{} is off)",
+                    kGateUp16Name, kActivations16AloneName));
+  } else {
+    const SwigluGradAlonePath swiglu_grad = ops_swiglu_grad_path(*ops_, ops_finished);
+    ops_->use_swiglu_grad_alone(true);
+    ops_->use_swiglu_grad_alone(fast_paths_.adopt(
+        kSwigluGradAloneName, kSwigluGradAloneReplaces,
+        "the gradient of the Llama family's SwiGLU output written in 16 bits by the down "
+        "projection's input gradient (fp32 accumulation rounded once; no fp32 array is allocated "
+        "for it) and read so, widened, by SwiGLU's 16-bit backward",
+        [&] { return check_swiglu_grad_alone(*this, swiglu_grad); }));
+  }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();
   ops_->reset_attention_alone_writes();
-  ops_->reset_narrow_product_writes();
+  ops_->reset_gradient_reads();
   ops_->reset_narrow_swiglu_calls();
   ops_->reset_fused_norm_calls();
   ops_->reset_apart_reads();

@@ -52,11 +52,10 @@ void CudaOps::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    float beta, float* c, std::int64_t ldc) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
   if (m > 0 && n > 0 && alone(c, (m - 1) * ldc + n)) {
-    // An output kept in 16 bits alone (keeps_attention_grad_alone): written into its companion,
-    // the fp32 accumulation rounded once.
+    // An output kept in 16 bits alone (keeps_attention_grad_alone, keeps_swiglu_grad_alone):
+    // written into its companion, the fp32 accumulation rounded once.
     STRATA_ASSERT_MSG(alpha == 1.0f && beta == 0.0f,
                       "a product writing an output kept in 16 bits alone has alpha 1 and beta 0");
-    ++narrow_product_writes_;
     sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb,
                                  narrow_for(c, (m - 1) * ldc + n).p, ldc));
     return;
@@ -536,6 +535,7 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
                       "an attention output's gradient kept in 16 bits alone without its companion "
                       "to read");
     dout_wide = nullptr;
+    ++attention_grad_reads_;
   }
   if (takes_cudnn(shape, lse) &&
       staged_ran(
@@ -613,9 +613,20 @@ void CudaOps::swiglu_backward_narrow(float* dgate_up, const void* gate_up, const
   STRATA_ASSERT(keeps_gate_up_narrow());
   ++narrow_swiglu_calls_;
   const ck::Narrow narrow = narrow_for(dgate_up, 2 * rows * inner);
+  // A gradient kept in 16 bits alone is read from its companion, widened.
+  const float* dout_wide = dout;
+  const std::uint16_t* dout16 = nullptr;
+  if (alone(dout, rows * inner)) {
+    dout16 = narrow_for(dout, rows * inner).p;
+    STRATA_ASSERT_MSG(keeps_swiglu_grad_alone() && dout16 != nullptr,
+                      "SwiGLU's output gradient kept in 16 bits alone without its companion to "
+                      "read");
+    dout_wide = nullptr;
+    ++swiglu_grad_reads_;
+  }
   STRATA_OPS_CHECK(
-      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout, rows,
-                             inner, narrow),
+      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout_wide,
+                             dout16, rows, inner, narrow),
       "swiglu_backward_16");
   wrote(dgate_up, 2 * rows * inner, narrow);
 }

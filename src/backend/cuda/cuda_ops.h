@@ -201,9 +201,20 @@ class CudaOps final : public backend::Ops<float> {
   bool keeps_attention_grad_alone(const backend::AttentionShape& shape) const override {
     return attention_grad_alone_ && keeps_attention_alone(shape);
   }
-  // Products that wrote an output kept in 16 bits alone.
-  std::int64_t narrow_product_writes() const { return narrow_product_writes_; }
-  void reset_narrow_product_writes() { narrow_product_writes_ = 0; }
+  // Attention backwards that read their dout kept in 16 bits alone.
+  std::int64_t attention_grad_reads() const { return attention_grad_reads_; }
+  // The gradient of SwiGLU's output kept in 16 bits alone too (fast path swiglu_grad_16bit; off by
+  // default): only with keeps_gate_up_narrow() and keeps_narrow_alone().
+  void use_swiglu_grad_alone(bool on) { swiglu_grad_alone_ = on; }
+  bool keeps_swiglu_grad_alone() const override {
+    return swiglu_grad_alone_ && keeps_gate_up_narrow() && keeps_narrow_alone();
+  }
+  // SwiGLU backwards that read their dout kept in 16 bits alone.
+  std::int64_t swiglu_grad_reads() const { return swiglu_grad_reads_; }
+  void reset_gradient_reads() {
+    attention_grad_reads_ = 0;
+    swiglu_grad_reads_ = 0;
+  }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
   void use_companions(backend::DType type);
@@ -299,7 +310,9 @@ class CudaOps final : public backend::Ops<float> {
   bool attention_alone_ = false;
   std::int64_t attention_alone_writes_ = 0;
   bool attention_grad_alone_ = false;
-  std::int64_t narrow_product_writes_ = 0;
+  std::int64_t attention_grad_reads_ = 0;
+  bool swiglu_grad_alone_ = false;
+  std::int64_t swiglu_grad_reads_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;
