@@ -21,6 +21,12 @@ struct Narrow {
   std::uint16_t* p = nullptr;
   int code = kCodeBF16;
 };
+// 16-bit values of `code` that a kernel reads, widened, in place of an fp32 input (a gradient kept
+// in 16 bits alone, Ops::pair_narrow_alone): unset (null p), the fp32 input is read.
+struct Sixteen {
+  const std::uint16_t* p = nullptr;
+  int code = kCodeBF16;
+};
 // The companions of an attention backward's three gradients (dq, dk, dv).
 struct QkvNarrow {
   Narrow q, k, v;

@@ -81,11 +81,13 @@ cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, fl
                                   float* mean, float* rstd, const float* w, const float* b,
                                   std::int64_t rows, std::int64_t channels, double eps,
                                   Narrow narrow = {});
+// The norms' backwards read dout in fp32, or in 16 bits widened (`dout16` set, `dout` null: a
+// gradient kept in 16 bits alone; both or neither is cudaErrorInvalidValue).
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
                                const cuda::ColumnReducePlan& plan, double* scratch,
-                               Narrow narrow = {});
+                               Narrow narrow = {}, Sixteen dout16 = {});
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
                             std::int64_t rows, std::int64_t channels, double eps,
                             Narrow narrow = {});
@@ -96,7 +98,7 @@ cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, floa
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                             double* scratch, Narrow narrow = {});
+                             double* scratch, Narrow narrow = {}, Sixteen dout16 = {});
 cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,
                                   const float* w, std::int64_t rows, std::int64_t heads,
                                   std::int64_t head_dim, std::int64_t x_stride,

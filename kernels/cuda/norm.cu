@@ -25,10 +25,12 @@ cudaError_t add_layernorm_forward(cudaStream_t s, float* res, const float* x, fl
 cudaError_t layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout,
                                const float* x, const float* w, const float* mean, const float* rstd,
                                std::int64_t rows, std::int64_t channels,
-                               const cuda::ColumnReducePlan& plan, double* scratch, Narrow narrow) {
+                               const cuda::ColumnReducePlan& plan, double* scratch, Narrow narrow,
+                               Sixteen dout16) {
+  if (!norm_backward_dout_valid(dout, dout16)) return cudaErrorInvalidValue;
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_layernorm_backward(CudaLauncher{s}, dx, dw, db, dout, x, w, mean, rstd, rows, channels,
-                                plan, scratch, narrow);
+                                plan, scratch, narrow, dout16);
 }
 
 cudaError_t rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w,
@@ -48,10 +50,11 @@ cudaError_t add_rmsnorm_forward(cudaStream_t s, float* res, const float* x, floa
 cudaError_t rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout,
                              const float* x, const float* w, const float* rstd, std::int64_t rows,
                              std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                             double* scratch, Narrow narrow) {
+                             double* scratch, Narrow narrow, Sixteen dout16) {
+  if (!norm_backward_dout_valid(dout, dout16)) return cudaErrorInvalidValue;
   if (rows <= 0 || channels <= 0) return cudaSuccess;
   return run_rmsnorm_backward(CudaLauncher{s}, dx, dw, dout, x, w, rstd, rows, channels, plan,
-                              scratch, narrow);
+                              scratch, narrow, dout16);
 }
 
 cudaError_t rmsnorm_heads_forward(cudaStream_t s, float* out, float* rstd, const float* x,

@@ -59,14 +59,30 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
-__global__ void layernorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
-                                    const float* mean, const float* rstd, std::int64_t rows,
-                                    std::int64_t channels, Narrow narrow) {
+// dout's element i as fp32: dout's, or dout16's widened where it is set (a gradient kept in 16 bits
+// alone; dout is then null).
+__device__ __forceinline__ float grad_at(const float* dout, Sixteen dout16, std::int64_t i) {
+  return dout16.p != nullptr ? float_from_16_bits(dout16.p[i], dout16.code) : dout[i];
+}
+
+// A row of dout, read through grad_at.
+struct GradRow {
+  const float* f;
+  Sixteen h;
+  std::int64_t at;
+  __device__ __forceinline__ float operator[](std::int64_t c) const {
+    return grad_at(f, h, at + c);
+  }
+};
+
+__global__ void layernorm_dx_kernel(float* dx, const float* dout, Sixteen dout16, const float* x,
+                                    const float* w, const float* mean, const float* rstd,
+                                    std::int64_t rows, std::int64_t channels, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   const float* xr = x + row * channels;
-  const float* dr = dout + row * channels;
+  const GradRow dr{dout, dout16, row * channels};
   const float m = mean[row];
   const float rs = rstd[row];
   double dnorm_mean = 0.0;
@@ -115,14 +131,14 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, 
   if (lane == 0) rstd[row] = rs;
 }
 
-__global__ void rmsnorm_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
-                                  const float* rstd, std::int64_t rows, std::int64_t channels,
-                                  Narrow narrow) {
+__global__ void rmsnorm_dx_kernel(float* dx, const float* dout, Sixteen dout16, const float* x,
+                                  const float* w, const float* rstd, std::int64_t rows,
+                                  std::int64_t channels, Narrow narrow) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   const float* xr = x + row * channels;
-  const float* dr = dout + row * channels;
+  const GradRow dr{dout, dout16, row * channels};
   const float rs = rstd[row];
   double dot = 0.0;
   for (std::int64_t c = lane; c < channels; c += 32)
@@ -209,6 +225,7 @@ struct ColumnInputs {
   const float* x;
   const float* mean;
   const float* rstd;
+  Sixteen dout16 = {};  // set: dout in 16 bits (dout null), read widened
 };
 
 // Pass 1: blockIdx.y is the chunk; each thread owns one column and walks the chunk's rows in order.
@@ -223,7 +240,7 @@ __global__ void column_partials_kernel(ColumnInputs in, std::int64_t rows, std::
   double acc0 = 0.0;
   double acc1 = 0.0;
   for (std::int64_t r = r0; r < r1; ++r) {
-    const float d = in.dout[r * channels + c];
+    const float d = grad_at(in.dout, in.dout16, r * channels + c);
     if constexpr (kTerm == ColumnTerm::kLayerNorm) {
       const float xhat = (in.x[r * channels + c] - in.mean[r]) * in.rstd[r];
       acc0 += static_cast<double>(d * xhat);
@@ -388,13 +405,13 @@ template <typename L>
 auto run_layernorm_backward(const L& launch, float* dx, float* dw, float* db, const float* dout,
                             const float* x, const float* w, const float* mean, const float* rstd,
                             std::int64_t rows, std::int64_t channels,
-                            const cuda::ColumnReducePlan& plan, double* scratch,
-                            Narrow narrow = {}) {
-  auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
-                    mean, rstd, rows, channels, narrow);
+                            const cuda::ColumnReducePlan& plan, double* scratch, Narrow narrow = {},
+                            Sixteen dout16 = {}) {
+  auto err = launch(layernorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, dout16,
+                    x, w, mean, rstd, rows, channels, narrow);
   if (!launched(err)) return err;
   return run_column_reduce<ColumnTerm::kLayerNorm>(
-      launch, dw, db, ColumnInputs{dout, x, mean, rstd}, rows, channels, plan, scratch);
+      launch, dw, db, ColumnInputs{dout, x, mean, rstd, dout16}, rows, channels, plan, scratch);
 }
 
 template <typename L>
@@ -418,12 +435,18 @@ template <typename L>
 auto run_rmsnorm_backward(const L& launch, float* dx, float* dw, const float* dout, const float* x,
                           const float* w, const float* rstd, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                          double* scratch, Narrow narrow = {}) {
-  auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, x, w,
-                    rstd, rows, channels, narrow);
+                          double* scratch, Narrow narrow = {}, Sixteen dout16 = {}) {
+  auto err = launch(rmsnorm_dx_kernel, row_grid(rows), dim3(kRowWarps * 32), 0, dx, dout, dout16, x,
+                    w, rstd, rows, channels, narrow);
   if (!launched(err)) return err;
-  return run_column_reduce<ColumnTerm::kRmsNorm>(
-      launch, dw, nullptr, ColumnInputs{dout, x, nullptr, rstd}, rows, channels, plan, scratch);
+  return run_column_reduce<ColumnTerm::kRmsNorm>(launch, dw, nullptr,
+                                                 ColumnInputs{dout, x, nullptr, rstd, dout16}, rows,
+                                                 channels, plan, scratch);
+}
+
+// Whether a norm backward's dout is given once: fp32 or 16 bits, not both, not neither.
+inline bool norm_backward_dout_valid(const float* dout, Sixteen dout16) {
+  return (dout == nullptr) != (dout16.p == nullptr);
 }
 
 template <typename L>

@@ -9,6 +9,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/norm_grad_check.h"
 #include "backend/rope_check.h"
 
 namespace strata::backend {
@@ -34,6 +35,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
+      {kNormGradAloneName, kNormGradAloneReplaces},
   };
   std::vector<FastPath> paths;
   for (const auto& k : known)

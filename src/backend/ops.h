@@ -327,6 +327,12 @@ class Ops {
   // companion (fp32 accumulation rounded once), and swiglu_backward_narrow reading it as `dout`
   // reads the companion, widened.
   virtual bool keeps_swiglu_grad_alone() const { return false; }
+  // Whether the gradient of the blocks' norm outputs (the backward scratch dln, written by the
+  // projections' input gradients) is kept in narrow_type() alone too (false, the default; only
+  // where keeps_narrow_alone()): pair_narrow_alone then takes it, the product writing it (gemm with
+  // alpha 1 and beta 0, C inside the key) writes it in 16 bits into the companion, and
+  // layernorm_backward and rmsnorm_backward reading it as `dout` read the companion, widened.
+  virtual bool keeps_norm_grad_alone() const { return false; }
 };
 
 }  // namespace strata::backend

@@ -230,7 +230,11 @@ Status ModelRunner<T>::allocate() {
   } else {
     STRATA_ASSIGN_OR_RETURN(scratch_.datt, alloc(n * hd, what));
   }
-  STRATA_ASSIGN_OR_RETURN(scratch_.dln, alloc(n * c, what));
+  if (keeps_norm_grad_alone()) {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dln, reserve(n * c, "a norm gradient kept in 16 bits"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dln, alloc(n * c, what));
+  }
   STRATA_ASSIGN_OR_RETURN(dres_[0], alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(dres_[1], alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(lnf_, alloc(n * c, "final norm"));
@@ -297,6 +301,11 @@ bool ModelRunner<T>::keeps_swiglu_grad_alone() const {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_norm_grad_alone() const {
+  return options_.narrow_norm_grad && keeps_alone() && (sizing_ || ops_->keeps_norm_grad_alone());
+}
+
+template <typename T>
 Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
   // Not device memory: nothing for the arena to count.
   if (sizing_) return reinterpret_cast<T*>(alignof(T));
@@ -345,6 +354,7 @@ Status ModelRunner<T>::allocate_companions() {
   }
   if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
   if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
+  if (keeps_norm_grad_alone()) STRATA_TRY(pair(scratch_.dln, n * c, true));
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
@@ -539,7 +549,9 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
   STRATA_TRY(head_norm(hw));
   const T* weight = head_weight(hw, ew);
   T* weight_grad = layout_.tied ? eg : hg + (weight - hw);
-  T* dlnf = scratch_.dln;
+  // The final norm's output gradient, in the block gradient the last block's backward writes last
+  // (its dx): free until then, and an fp32 array whether or not the blocks' dln is one.
+  T* dlnf = dres_[1];
   for (std::int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const std::int64_t rows = std::min(chunk_rows_, n - r0);
     head_logits(r0, rows, weight);
@@ -589,8 +601,9 @@ Result<double> ModelRunner<T>::train_step(UnitStore<T>& store, double grad_scale
       if (l >= 1) STRATA_TRY(load_checkpoint(l - 1));
     }
     if (options_.activation_checkpointing) {
-      // Recompute this block's activations from its saved input; its output is not needed.
-      block_forward(ctx_, unit, w, block_input(l), scratch_.dln, acts_for(l));
+      // Recompute this block's activations from its saved input; its output is not needed: it
+      // goes where this block's backward writes its dx last.
+      block_forward(ctx_, unit, w, block_input(l), dres_[1 - current], acts_for(l));
     }
     block_backward(ctx_, unit, w, g, block_input(l), acts_for(l), scratch_, dres_[current],
                    dres_[1 - current]);
@@ -677,6 +690,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_attention_alone = false;
   w.options.narrow_attention_grad = false;
   w.options.narrow_swiglu_grad = false;
+  w.options.narrow_norm_grad = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

@@ -88,6 +88,11 @@ struct RunnerOptions {
   // 2 bytes per element. Only with narrow_gate_up and narrow_alone in effect; otherwise the fp32
   // array.
   bool narrow_swiglu_grad = false;
+  // The gradient of the blocks' norm outputs (the backward scratch dln, N x C) in the ops' 16-bit
+  // type alone (Ops::keeps_norm_grad_alone, fast path norm_grad_16bit): written so by the
+  // projections' input gradients, read so by the norms' backwards; memory_needed counts 2 bytes per
+  // element. Only with narrow_alone in effect; otherwise the fp32 array.
+  bool narrow_norm_grad = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -179,6 +184,9 @@ class ModelRunner {
   // Whether the gradient of SwiGLU's output is kept in 16 bits alone too
   // (RunnerOptions::narrow_swiglu_grad).
   bool keeps_swiglu_grad_alone() const;
+  // Whether the gradient of the blocks' norm outputs is kept in 16 bits alone too
+  // (RunnerOptions::narrow_norm_grad).
+  bool keeps_norm_grad_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

@@ -147,6 +147,8 @@ Status Trainer::setup() {
   // The gradient of SwiGLU's output likewise (swiglu_grad_16bit), on gate and up in 16 bits.
   runner.narrow_swiglu_grad =
       runner.narrow_gate_up && runner.narrow_alone && backend_->ops_f32().keeps_swiglu_grad_alone();
+  // The gradient of the blocks' norm outputs likewise (norm_grad_16bit).
+  runner.narrow_norm_grad = runner.narrow_alone && backend_->ops_f32().keeps_norm_grad_alone();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

@@ -30,6 +30,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/norm_grad_check.h"
 #include "backend/rope_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
@@ -251,6 +252,30 @@ TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
     EXPECT_FALSE(path->active) << name;
     EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
   }
+}
+
+// The gradient of the blocks' norm outputs kept in 16 bits alone (the start-up check passed) with
+// 16-bit GEMMs, whose activations' path it needs; the check passes again on the backend's own Ops
+// (cuBLASLt writing the products' D in 16 bits, within 1 unit in the last place), counting 2 norm
+// backwards reading it for each layout on each of its 2 shapes; with fp32 GEMM inputs the path
+// does not apply.
+TEST(CudaFastPaths, NormGradientsKeptAloneAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kNormGradAloneName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    const NormGradAlonePath norm_grad =
+        ops_norm_grad_path(gpu.ops_f32(), [&] { return gpu.synchronize(StreamKind::kCompute); });
+    const Status s = check_norm_grad_alone(gpu, norm_grad);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kNormGradAloneName)->uses - path->uses, 8);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kNormGradAloneName);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 
 // The norm weights and biases kept apart (the start-up check passed) with 16-bit GEMMs, whose

@@ -38,6 +38,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/norm_grad_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "config/config.h"
@@ -141,6 +142,7 @@ struct TrainedRun {
   std::int64_t attention_alone_writes = -1;  // the attention_16bit_alone path's, where it is on
   std::int64_t attention_grad_reads = -1;    // the attention_grad_16bit path's, where it is on
   std::int64_t swiglu_grad_reads = -1;       // the swiglu_grad_16bit path's, where it is on
+  std::int64_t norm_grad_reads = -1;         // the norm_grad_16bit path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -174,6 +176,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kAttentionAloneName && p.active) run.attention_alone_writes = p.uses;
     if (p.name == backend::kAttentionGradAloneName && p.active) run.attention_grad_reads = p.uses;
     if (p.name == backend::kSwigluGradAloneName && p.active) run.swiglu_grad_reads = p.uses;
+    if (p.name == backend::kNormGradAloneName && p.active) run.norm_grad_reads = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -308,11 +311,13 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
   }
 }
 
-// The paths `names` refused at start, with the head's logits and the Llama family's gate and up
-// in 16 bits: those paths need the weights' and the activations' 16-bit paths, and round what the
-// fp32 paths keep, so runs compared bit for bit against one without those refuse them too.
+// The paths `names` refused at start, with the head's logits, the Llama family's gate and up and
+// the norms' output gradient in 16 bits: those paths need the weights' and the activations'
+// 16-bit paths, and round what the fp32 paths keep, so runs compared bit for bit against one
+// without those refuse them too (SwiGLU's output gradient goes with gate and up).
 std::string refused_with_logits(const std::string& names) {
-  const std::string rounding = std::string(backend::kLogits16Name) + "," + backend::kGateUp16Name;
+  const std::string rounding = std::string(backend::kLogits16Name) + "," + backend::kGateUp16Name +
+                               "," + backend::kNormGradAloneName;
   return names.empty() ? rounding : names + "," + rounding;
 }
 
@@ -332,8 +337,10 @@ TEST(EmulatedCudaStep, WeightsLeftOutOfTheComputeCopyAreNeverReadFromIt) {
     const TrainedRun in_copy = train(family, kTiers[1], true, dir.path() + "/in_copy_" + family, 2);
     backend::fail_fast_path_for_test(std::nullopt);
     set_poison_weights(false);
-    const TrainedRun whole = train_refused(backend::kWeights16Name, family, kTiers[1], true,
-                                           dir.path() + "/whole_" + family, 2);
+    // The rounding paths that do not need the weights' path are refused in every run alike.
+    const TrainedRun whole =
+        train_refused(refused_with_logits(backend::kWeights16Name).c_str(), family, kTiers[1], true,
+                      dir.path() + "/whole_" + family, 2);
     ASSERT_EQ(apart.losses.size(), 2u) << family;
     ASSERT_EQ(whole.losses.size(), 2u) << family;
     EXPECT_TRUE(std::isfinite(apart.losses[1])) << family;
@@ -388,10 +395,16 @@ TEST(EmulatedCudaStepFallback, ActivationCompanionsRefusedAtStartGiveTheSameBits
 // the fp32 one, and the path counts every row of every micro-batch.
 TEST(EmulatedCudaStepFallback, LogitsIn16BitsTrackTheFp32Logits) {
   testing::TempDir dir;
+  // The norms' output gradient in 16 bits refused in both runs: they differ by the logits' rounding
+  // alone (with both roundings, AdamW's first steps carry the two into 1.3e-4 of GPT-2's second
+  // loss).
+  const std::string norm = backend::kNormGradAloneName;
+  const std::string logits = std::string(backend::kLogits16Name) + "," + norm;
   for (const std::string family : {"gpt2", "llama"}) {
-    const TrainedRun narrow = train(family, kTiers[0], true, dir.path() + "/narrow_" + family, 2);
-    const TrainedRun wide = train_refused(backend::kLogits16Name, family, kTiers[0], true,
-                                          dir.path() + "/wide_" + family, 2);
+    const TrainedRun narrow =
+        train_refused(norm.c_str(), family, kTiers[0], true, dir.path() + "/narrow_" + family, 2);
+    const TrainedRun wide =
+        train_refused(logits.c_str(), family, kTiers[0], true, dir.path() + "/wide_" + family, 2);
     ASSERT_EQ(narrow.losses.size(), 2u) << family;
     ASSERT_EQ(wide.losses.size(), 2u) << family;
     for (int step = 0; step < 2; ++step) {
@@ -496,10 +509,12 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // (attention_16bit_alone) needs this one and is off with it, as is its gradient's
 // (attention_grad_16bit: one cast kernel more per block and micro-batch, 2 bytes per element of
 // the gradient more). SwiGLU's output gradient in 16 bits (swiglu_grad_16bit) needs this path and
-// rounds what the fp32 path keeps: both runs refuse it.
+// rounds what the fp32 path keeps, as does the norms' output gradient in 16 bits (norm_grad_16bit):
+// both runs refuse them.
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
-  const std::string rounding = backend::kSwigluGradAloneName;
+  const std::string rounding =
+      std::string(backend::kSwigluGradAloneName) + "," + backend::kNormGradAloneName;
   const std::string refused = std::string(backend::kActivations16AloneName) + "," + rounding;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train_refused(rounding.c_str(), family, kTiers[0], true,
@@ -701,6 +716,48 @@ TEST(EmulatedCudaStepFallback, SwigluGradientsIn16BitsTrackTheFp32Gradients) {
             static_cast<std::uint64_t>(rows * inner) * 2);
 }
 
+// The gradient of the blocks' norm outputs in 16 bits alone (norm_grad_16bit) against the path
+// refused at start (the projections' input gradients in fp32, read so by the norms' backwards): the
+// products round that gradient once, as autocast's bf16 products do, so in both families the runs
+// differ by that rounding alone: the first loss the same to the bit (no update yet), losses within
+// 1e-4 of each other (relative) and updates within 10 % of the refused run's norm. The same kernels
+// in the same order, no cast before a GEMM, two norm backwards reading the gradient kept alone per
+// block and micro-batch, and exactly 2 bytes per element of the gradient fewer on the device.
+TEST(EmulatedCudaStepFallback, NormGradientsIn16BitsTrackTheFp32Gradients) {
+  testing::TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TrainedRun narrow = train(family, kTiers[0], true, dir.path() + "/narrow-" + family, 2);
+    const TrainedRun wide = train_refused(backend::kNormGradAloneName, family, kTiers[0], true,
+                                          dir.path() + "/wide-" + family, 2);
+    ASSERT_EQ(narrow.launches.size(), 2u) << family;
+    ASSERT_EQ(wide.launches.size(), 2u) << family;
+    EXPECT_EQ(narrow.losses[0], wide.losses[0]) << family;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_NEAR(narrow.losses[step], wide.losses[step], 1e-4 * wide.losses[step])
+          << family << " step " << step + 1;
+    }
+    const double difference = update_difference(narrow, wide);
+    EXPECT_LT(difference, 0.1) << family;
+    EXPECT_GT(difference, 0.0) << family << ": the gradient was not rounded";
+    std::printf(
+        "%s: the norms' output gradient in 16 bits: losses %.6f %.6f (fp32 gradient %.6f %.6f); "
+        "update differs by %.4f of its norm\n",
+        family.c_str(), narrow.losses[0], narrow.losses[1], wide.losses[0], wide.losses[1],
+        difference);
+    const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(narrow.launches[step], wide.launches[step]) << family << " step " << step + 1;
+      EXPECT_EQ(emu::casts_before_gemms(narrow.compute[step]), 0) << family << " step " << step + 1;
+    }
+    EXPECT_EQ(narrow.norm_grad_reads, 2 * 2 * blocks) << family;
+    EXPECT_EQ(wide.norm_grad_reads, -1) << family;
+    const std::int64_t rows = 2 * 32, hidden = 128;
+    EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
+              static_cast<std::uint64_t>(rows * hidden) * 2)
+        << family;
+  }
+}
+
 // The backend's start: the fast paths are checked by the emulated kernels, each attention check
 // once per process (a second backend does not run it again), the cheap residual-norm check every
 // time; without cuBLASLt the epilogues are not applicable.
@@ -735,6 +792,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
   EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;
+  EXPECT_TRUE(paths["norm_grad_16bit"].active) << paths["norm_grad_16bit"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :

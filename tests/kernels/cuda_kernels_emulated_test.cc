@@ -155,6 +155,61 @@ TEST(EmulatedKernels, NormsAndColumnReductionsMatchTheCpu) {
   expect_all_close("bias backward", db, db_w, Tolerance{1e-6, 1e-6});
 }
 
+// The norms' backwards reading dout in 16 bits (a gradient kept alone, Sixteen) give, for both
+// 16-bit types, the bits of the fp32 kernels on dout widened: dx (added to what it held, with its
+// companion beside), dw and db over several chunks of rows, in rows of 300 channels and 33; a dout
+// given both ways or neither is refused.
+TEST(EmulatedKernels, NormBackwardsReadingSixteenBitGradientsGiveTheBitsOfTheFp32Kernels) {
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const std::int64_t c : {300, 33}) {
+      const std::int64_t n = 50;
+      const std::vector<float> x = random_floats(n * c, 71, -2.0f, 3.0f), w = random_floats(c, 72);
+      const std::vector<float> bias = random_floats(c, 73), raw = random_floats(n * c, 74);
+      std::vector<std::uint16_t> dout16(raw.size());
+      std::vector<float> dout(raw.size());
+      kernels::cast_array(dout16.data(), type, raw.data(), kernels::DType::kF32, n * c);
+      kernels::cast_array(dout.data(), kernels::DType::kF32, dout16.data(), type, n * c);
+      const cuda::ColumnReducePlan plan = cuda::plan_column_reduce(n, c, 2, 1 << 20);
+      ASSERT_GT(plan.chunks, 1);
+      std::vector<double> scratch(static_cast<std::size_t>(plan.chunks * 2 * c));
+      std::vector<float> out(x.size()), mean(n), rstd(n);
+      ASSERT_EQ(run_layernorm_forward(kEmulator, out.data(), mean.data(), rstd.data(), x.data(),
+                                      w.data(), bias.data(), n, c, 1e-5),
+                0);
+      const Sixteen sixteen{dout16.data(), code};
+      std::vector<float> dx = raw, dw = w, db = bias, dx_w = raw, dw_w = w, db_w = bias;
+      std::vector<std::uint16_t> next(x.size()), next_w(x.size());
+      ASSERT_EQ(run_layernorm_backward(kEmulator, dx_w.data(), dw_w.data(), db_w.data(),
+                                       dout.data(), x.data(), w.data(), mean.data(), rstd.data(), n,
+                                       c, plan, scratch.data(), Narrow{next_w.data(), code}),
+                0);
+      ASSERT_EQ(run_layernorm_backward(kEmulator, dx.data(), dw.data(), db.data(), nullptr,
+                                       x.data(), w.data(), mean.data(), rstd.data(), n, c, plan,
+                                       scratch.data(), Narrow{next.data(), code}, sixteen),
+                0);
+      expect_bitwise_equal("layernorm dx, dout in 16 bits", dx, dx_w);
+      expect_bitwise_equal("layernorm dx's companion, dout in 16 bits", next, next_w);
+      expect_bitwise_equal("layernorm dw, dout in 16 bits", dw, dw_w);
+      expect_bitwise_equal("layernorm db, dout in 16 bits", db, db_w);
+      dx = dx_w = raw;
+      dw = dw_w = w;
+      ASSERT_EQ(run_rmsnorm_backward(kEmulator, dx_w.data(), dw_w.data(), dout.data(), x.data(),
+                                     w.data(), rstd.data(), n, c, plan, scratch.data()),
+                0);
+      ASSERT_EQ(run_rmsnorm_backward(kEmulator, dx.data(), dw.data(), nullptr, x.data(), w.data(),
+                                     rstd.data(), n, c, plan, scratch.data(), Narrow{}, sixteen),
+                0);
+      expect_bitwise_equal("rmsnorm dx, dout in 16 bits", dx, dx_w);
+      expect_bitwise_equal("rmsnorm dw, dout in 16 bits", dw, dw_w);
+      EXPECT_FALSE(norm_backward_dout_valid(nullptr, Sixteen{}));
+      EXPECT_FALSE(norm_backward_dout_valid(dout.data(), sixteen));
+      EXPECT_TRUE(norm_backward_dout_valid(nullptr, sixteen));
+      EXPECT_TRUE(norm_backward_dout_valid(dout.data(), Sixteen{}));
+    }
+  }
+}
+
 // The second pass of the column reductions loads its partials in batches but adds them in chunk
 // order, to the bit: partials of far apart magnitudes (where another order gives another sum), for
 // one array (a bias) and two (LayerNorm's weight and bias), past whole batches and a rest.

@@ -252,6 +252,38 @@ TEST(RunSettings, SwigluGradientsIn16BitsAloneAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_swiglu_grad);
 }
 
+// The gradient of the blocks' norm outputs in 16 bits alone too (RunnerOptions::narrow_norm_grad,
+// which the trainer asks of the backend's ops) is counted as such in both families: the backward's
+// one scratch array (N x C) as its 2-byte companion where the fp32 array took 4. Only with the
+// activations kept alone, not without the companions; the settings alone leave it off.
+TEST(RunSettings, NormGradientsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  for (const model::ModelShape& shape : {testing::tiny_gpt2(false), testing::tiny_llama(true)}) {
+    model::RunnerOptions with = runner_options(c, shape, false);
+    ASSERT_TRUE(with.narrow_companions);
+    EXPECT_FALSE(with.narrow_norm_grad);
+    with.narrow_alone = true;
+    model::RunnerOptions narrow = with;
+    narrow.narrow_norm_grad = true;
+    const auto dln = static_cast<std::uint64_t>(2 * 16 * shape.hidden_size);
+    EXPECT_EQ(device(shape, with) - device(shape, narrow), granule(dln * 4) - granule(dln * 2));
+    for (bool model::RunnerOptions::*needed :
+         {&model::RunnerOptions::narrow_alone, &model::RunnerOptions::narrow_companions}) {
+      model::RunnerOptions without = with, without_narrow = narrow;
+      without.*needed = without_narrow.*needed = false;
+      EXPECT_EQ(device(shape, without_narrow), device(shape, without));
+    }
+    EXPECT_FALSE(model::without_companions(shape, narrow).options.narrow_norm_grad);
+  }
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

@@ -26,6 +26,7 @@
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
+#include "backend/norm_grad_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
@@ -299,6 +300,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->attention_grad_reads();
       } else if (p.name == kSwigluGradAloneName) {
         p.uses = ops_->swiglu_grad_reads();
+      } else if (p.name == kNormGradAloneName) {
+        p.uses = ops_->norm_grad_reads();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -984,6 +987,24 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "projection's input gradient (fp32 accumulation rounded once; no fp32 array is allocated "
         "for it) and read so, widened, by SwiGLU's 16-bit backward",
         [&] { return check_swiglu_grad_alone(*this, swiglu_grad); }));
+  }
+  // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'
+  // input gradients and read so by the norms' backwards: within 1 unit in the last place of the
+  // verified product rounded, and the backwards' bits on those values.
+  if (!fast_paths_.active(kActivations16AloneName)) {
+    fast_paths_.not_applicable(kNormGradAloneName, kNormGradAloneReplaces,
+                               fmt::format("the activations are not kept in 16 bits alone ({} is "
+                                           "off)",
+                                           kActivations16AloneName));
+  } else {
+    const NormGradAlonePath norm_grad = ops_norm_grad_path(*ops_, ops_finished);
+    ops_->use_norm_grad_alone(true);
+    ops_->use_norm_grad_alone(fast_paths_.adopt(
+        kNormGradAloneName, kNormGradAloneReplaces,
+        "the gradient of each block's norm outputs written in 16 bits by the projections' input "
+        "gradients (fp32 accumulation rounded once; no fp32 array is allocated for it) and read "
+        "so, widened, by LayerNorm's and RMSNorm's backwards",
+        [&] { return check_norm_grad_alone(*this, norm_grad); }));
   }
   gemm_->reset_epilogue_counts();  // count the run's calls, not the checks'
   ops_->reset_alone_writes();

@@ -186,8 +186,10 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
   if (p.chunks == 0) return;
   w = param(w, channels);
   const ck::Narrow narrow = narrow_for(dx, rows * channels);
+  const ck::Sixteen dout16 =
+      grad_alone(&dout, rows * channels, keeps_norm_grad_alone(), &norm_grad_reads_);
   STRATA_OPS_CHECK(ck::layernorm_backward(stream_, dx, dw, db, dout, x, w, mean, rstd, rows,
-                                          channels, p, scratch_.reduce, narrow),
+                                          channels, p, scratch_.reduce, narrow, dout16),
                    "layernorm_backward");
   wrote(dx, rows * channels, narrow);
 }
@@ -211,8 +213,10 @@ void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dout, const fl
   if (p.chunks == 0) return;
   w = param(w, channels);
   const ck::Narrow narrow = narrow_for(dx, rows * channels);
+  const ck::Sixteen dout16 =
+      grad_alone(&dout, rows * channels, keeps_norm_grad_alone(), &norm_grad_reads_);
   STRATA_OPS_CHECK(ck::rmsnorm_backward(stream_, dx, dw, dout, x, w, rstd, rows, channels, p,
-                                        scratch_.reduce, narrow),
+                                        scratch_.reduce, narrow, dout16),
                    "rmsnorm_backward");
   wrote(dx, rows * channels, narrow);
 }
@@ -614,19 +618,11 @@ void CudaOps::swiglu_backward_narrow(float* dgate_up, const void* gate_up, const
   ++narrow_swiglu_calls_;
   const ck::Narrow narrow = narrow_for(dgate_up, 2 * rows * inner);
   // A gradient kept in 16 bits alone is read from its companion, widened.
-  const float* dout_wide = dout;
-  const std::uint16_t* dout16 = nullptr;
-  if (alone(dout, rows * inner)) {
-    dout16 = narrow_for(dout, rows * inner).p;
-    STRATA_ASSERT_MSG(keeps_swiglu_grad_alone() && dout16 != nullptr,
-                      "SwiGLU's output gradient kept in 16 bits alone without its companion to "
-                      "read");
-    dout_wide = nullptr;
-    ++swiglu_grad_reads_;
-  }
+  const ck::Sixteen dout16 =
+      grad_alone(&dout, rows * inner, keeps_swiglu_grad_alone(), &swiglu_grad_reads_);
   STRATA_OPS_CHECK(
-      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout_wide,
-                             dout16, rows, inner, narrow),
+      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout,
+                             dout16.p, rows, inner, narrow),
       "swiglu_backward_16");
   wrote(dgate_up, 2 * rows * inner, narrow);
 }
@@ -837,6 +833,17 @@ ck::Narrow CudaOps::narrow_for(const float* out, std::int64_t n) const {
   const Pair* p = pair_of(out, n);
   if (p == nullptr) return {};
   return {static_cast<std::uint16_t*>(p->narrow) + (out - p->wide), static_cast<int>(narrow_type_)};
+}
+
+ck::Sixteen CudaOps::grad_alone(const float** dout, std::int64_t n, bool kept,
+                                std::int64_t* reads) const {
+  if (!alone(*dout, n)) return {};
+  const ck::Narrow companion = narrow_for(*dout, n);
+  STRATA_ASSERT_MSG(kept && companion.p != nullptr,
+                    "a gradient kept in 16 bits alone reached a reader without its path on");
+  *dout = nullptr;
+  ++*reads;
+  return {companion.p, companion.code};
 }
 
 ck::Narrow CudaOps::rewrite_in_place(const float* x, std::int64_t n) {

@@ -211,9 +211,16 @@ class CudaOps final : public backend::Ops<float> {
   }
   // SwiGLU backwards that read their dout kept in 16 bits alone.
   std::int64_t swiglu_grad_reads() const { return swiglu_grad_reads_; }
+  // The gradient of the norms' outputs kept in 16 bits alone too (fast path norm_grad_16bit; off by
+  // default): only with keeps_narrow_alone().
+  void use_norm_grad_alone(bool on) { norm_grad_alone_ = on; }
+  bool keeps_norm_grad_alone() const override { return norm_grad_alone_ && keeps_narrow_alone(); }
+  // Norm backwards that read their dout kept in 16 bits alone.
+  std::int64_t norm_grad_reads() const { return norm_grad_reads_; }
   void reset_gradient_reads() {
     attention_grad_reads_ = 0;
     swiglu_grad_reads_ = 0;
+    norm_grad_reads_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -281,6 +288,11 @@ class CudaOps final : public backend::Ops<float> {
   float* wide_out(float* out, std::int64_t n);
   // The companion for the n values written at `out` (inside one paired buffer), or none.
   cuda_kernels::Narrow narrow_for(const float* out, std::int64_t n) const;
+  // A gradient `dout` (n floats) kept in 16 bits alone: its companion to read, `dout` nulled, and
+  // `reads` counted; asserts `kept` (the path that keeps it is on). Otherwise unset, `dout` as it
+  // was.
+  cuda_kernels::Sixteen grad_alone(const float** dout, std::int64_t n, bool kept,
+                                   std::int64_t* reads) const;
   // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
   // read it; otherwise they forget what they knew of those values.
   void wrote(const float* out, std::int64_t n, const cuda_kernels::Narrow& narrow = {});
@@ -313,6 +325,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t attention_grad_reads_ = 0;
   bool swiglu_grad_alone_ = false;
   std::int64_t swiglu_grad_reads_ = 0;
+  bool norm_grad_alone_ = false;
+  std::int64_t norm_grad_reads_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;
