@@ -48,7 +48,7 @@ cudaError_t swiglu_backward_16(cudaStream_t s, float* dgate_up, const void* gate
                                const float* dout, const void* dout16, std::int64_t rows,
                                std::int64_t inner, Narrow narrow) {
   const auto* dout_16 = static_cast<const std::uint16_t*>(dout16);
-  if (!swiglu_backward_16_dout_valid(dout, dout_16)) return cudaErrorInvalidValue;
+  if (!swiglu_backward_16_valid(dgate_up, narrow, dout, dout_16)) return cudaErrorInvalidValue;
   if (rows * inner <= 0) return cudaSuccess;
   return run_swiglu_backward_16(CudaLauncher{s}, dgate_up,
                                 static_cast<const std::uint16_t*>(gate_up), code, dout, dout_16,

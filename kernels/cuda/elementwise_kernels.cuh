@@ -158,8 +158,10 @@ __device__ __forceinline__ void swiglu_backward_each(float* dgate_up, const Load
     const std::int64_t j = i - r * inner;
     float dg, du;
     swiglu_grads(load(r * 2 * inner + j), load(r * 2 * inner + inner + j), load_dout(i), &dg, &du);
-    dgate_up[r * 2 * inner + j] = dg;
-    dgate_up[r * 2 * inner + inner + j] = du;
+    if (dgate_up != nullptr) {
+      dgate_up[r * 2 * inner + j] = dg;
+      dgate_up[r * 2 * inner + inner + j] = du;
+    }
     store_narrow(narrow, r * 2 * inner + j, dg);
     store_narrow(narrow, r * 2 * inner + inner + j, du);
   }
@@ -234,7 +236,8 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
 
 // SwiGLU's backward on gate_up in 16 bits (`code`), as swiglu_forward_16_kernel: the bits of
 // swiglu_backward_kernel on the widened values. dout is fp32 (`dout`), or in the same 16 bits
-// (`dout16`, `dout` null: a gradient kept in 16 bits alone), widened likewise.
+// (`dout16`, `dout` null: a gradient kept in 16 bits alone), widened likewise. A null `dgate_up`
+// with a companion writes the companion alone (a gradient kept in 16 bits alone), the same bits.
 __global__ void swiglu_backward_16_kernel(float* dgate_up, const std::uint16_t* gate_up, int code,
                                           const float* dout, const std::uint16_t* dout16,
                                           std::int64_t rows, std::int64_t inner, Narrow narrow) {
@@ -568,9 +571,11 @@ auto run_swiglu_forward_16(const L& launch, float* out, const std::uint16_t* gat
                 0, out, gate_up, code, rows, inner, narrow);
 }
 
-// Whether swiglu_backward_16's dout is given once: fp32 or 16 bits, not both, not neither.
-inline bool swiglu_backward_16_dout_valid(const float* dout, const std::uint16_t* dout16) {
-  return (dout == nullptr) != (dout16 == nullptr);
+// Whether swiglu_backward_16's dout is given once (fp32 or 16 bits, not both, not neither) and its
+// result has somewhere to go (dgate_up, its companion, or both).
+inline bool swiglu_backward_16_valid(const float* dgate_up, Narrow narrow, const float* dout,
+                                     const std::uint16_t* dout16) {
+  return (dout == nullptr) != (dout16 == nullptr) && (dgate_up != nullptr || narrow.p != nullptr);
 }
 
 template <typename L>

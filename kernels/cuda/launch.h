@@ -41,7 +41,8 @@ cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_u
 // SwiGLU's forward and backward on gate_up in 16 bits (`code`, kCodeBF16 or kCodeF16): the bits of
 // swiglu_forward and swiglu_backward on the widened values. The backward's dout is fp32 (`dout`,
 // `dout16` null) or in the same 16 bits (`dout16`, `dout` null: a gradient kept in 16 bits alone),
-// widened likewise; both or neither is cudaErrorInvalidValue.
+// widened likewise; both or neither is cudaErrorInvalidValue. The backward's `dgate_up` may be null
+// with a companion: it writes the companion alone (a gradient kept in 16 bits alone).
 cudaError_t swiglu_forward_16(cudaStream_t s, float* out, const void* gate_up, int code,
                               std::int64_t rows, std::int64_t inner, Narrow narrow = {});
 cudaError_t swiglu_backward_16(cudaStream_t s, float* dgate_up, const void* gate_up, int code,

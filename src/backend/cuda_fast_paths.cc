@@ -35,6 +35,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
+      {kGateUpGradAloneName, kGateUpGradAloneReplaces},
       {kNormGradAloneName, kNormGradAloneReplaces},
   };
   std::vector<FastPath> paths;

@@ -146,7 +146,88 @@ Status check_grad_shape(Backend& backend, const SwigluGradAlonePath& path, const
   return same_bits(backend, d_ref, d_got, n, where, "SwiGLU's backward on the gradient kept alone");
 }
 
+Status check_gate_up_grad_shape(Backend& backend, const GateUpGradAlonePath& path, const Shape& s) {
+  const std::int64_t outs = s.rows * s.inner, n = 2 * outs;
+  std::mt19937_64 rng(7700 + static_cast<std::uint64_t>(s.inner));
+  const char* purpose = "gate_up_grad_16bit_alone check";
+  const std::string where = fmt::format("{} rows of {} inner columns", s.rows, s.inner);
+  const std::vector<float> raw = normal_values(rng, n, 1.0f, 0.0f);
+  std::vector<std::uint16_t> gate_up16(static_cast<std::size_t>(n));
+  kernels::cast_array(gate_up16.data(), path.type, raw.data(), DType::kF32, n);
+  STRATA_ASSIGN_OR_RETURN(Buffer gate_up, device_copy(backend, gate_up16, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer dout,
+                          device_copy(backend, normal_values(rng, outs, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer wide, device_copy(backend, std::vector<float>(static_cast<std::size_t>(n)), purpose));
+  Buffer companions[2];
+  for (Buffer& c : companions) {
+    STRATA_ASSIGN_OR_RETURN(
+        c,
+        device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
+  }
+  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
+                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
+                                                "the gate_up_grad_16bit_alone check's key"));
+  auto* key = static_cast<float*>(key_range.begin());
+  float* beside = wide.as<float>();
+  UnpairOnExit unpair{path.unpair, {}};
+  STRATA_TRY(path.pair(beside, companions[0].data(), n, false).with_context(where));
+  unpair.wide.push_back(beside);
+  STRATA_TRY(path.pair(key, companions[1].data(), n, true).with_context(where));
+  unpair.wide.push_back(key);
+  if (!path.reads_companion(key, n)) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: a product reading the gradient of gate and up kept alone "
+                              "would not read its companion",
+                              where));
+  }
+  for (float* d : {beside, key})
+    path.backward(d, gate_up.data(), dout.as<float>(), s.rows, s.inner);
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(same_companions(backend, companions[0], companions[1], n, where, "SwiGLU's backward"));
+  return check_products_alone(backend, path.gemm, path.finish, beside, key, s.rows, 2 * s.inner,
+                              where, "SwiGLU's backward");
+}
+
 }  // namespace
+
+GateUpGradAlonePath ops_gate_up_grad_path(
+    Ops<float>& ops, std::function<bool(const float* p, std::int64_t n)> reads_companion,
+    std::function<Status()> finish) {
+  // The pairing is the activations' (alone_check.h): one way to pair, for every path.
+  const NarrowAlonePath activations = ops_alone_path(ops, std::move(reads_companion), {});
+  GateUpGradAlonePath path;
+  Ops<float>* o = &ops;
+  path.type = activations.type;
+  path.pair = activations.pair;
+  path.unpair = activations.unpair;
+  path.reads_companion = activations.reads_companion;
+  path.keeps = [o] { return o->keeps_gate_up_grad_alone(); };
+  path.backward = [o](float* d, const void* gate_up, const float* dout, std::int64_t rows,
+                      std::int64_t inner) {
+    o->swiglu_backward_narrow(d, gate_up, dout, rows, inner);
+  };
+  path.gemm = activations.gemm;
+  path.finish = std::move(finish);
+  return path;
+}
+
+Status check_gate_up_grad_alone(Backend& backend, const GateUpGradAlonePath& path) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("the gradient of gate and up kept in 16 bits alone is bf16 or fp16, "
+                              "not {}",
+                              to_string(path.type)));
+  }
+  if (!path.keeps()) {
+    return Status(ErrorCode::kUnavailable,
+                  "the ops would not keep the gradient of gate and up in 16 bits alone");
+  }
+  for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
+    STRATA_TRY(check_gate_up_grad_shape(backend, path, s));
+  }
+  return Status::ok();
+}
 
 SwigluGradAlonePath ops_swiglu_grad_path(Ops<float>& ops, std::function<Status()> finish) {
   // The pairing is the activations' (alone_check.h): one way to pair, for every path.

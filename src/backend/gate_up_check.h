@@ -97,4 +97,49 @@ SwigluGradAlonePath ops_swiglu_grad_path(Ops<float>& ops, std::function<Status()
 // backend's refusal or error).
 Status check_swiglu_grad_alone(Backend& backend, const SwigluGradAlonePath& path);
 
+// The start-up check of the gradient of gate and up kept in 16 bits alone
+// (`gate_up_grad_16bit_alone`, Ops::keeps_gate_up_grad_alone), on top of gate_up_16bit: SwiGLU's
+// 16-bit backward writes [dgate | dup] (dfc, N x 2I) into its companion only, no fp32 array is
+// allocated for it (an address range with nothing behind it stands for it), and the two products
+// that read it (the gate/up projection's input gradient, as A; its weight gradient, as A
+// transposed) read the companion, as they read the companion kept beside the fp32 array already.
+// The path changes no bits, and the check asks for exactly those bits: on the two shapes above,
+// SwiGLU's backward writes the gradient beside its fp32 values and alone, and the check asks for
+// the two companions, then the products on each (check_products_alone), bit for bit, reading the
+// one kept alone only after the backend says its products read it from the companion.
+inline constexpr const char* kGateUpGradAloneName = "gate_up_grad_16bit_alone";
+inline constexpr const char* kGateUpGradAloneReplaces =
+    "the fp32 array of the gradient of the Llama family's gate and up kept beside its 16-bit "
+    "companion";
+
+// The ops the path runs through (the backend's Ops<float>, or fakes), with Ops' contracts. The
+// void calls report their errors to `finish`.
+struct GateUpGradAlonePath {
+  DType type = DType::kBF16;  // the companions' type, and gate and up's
+  // As NarrowAlonePath's.
+  std::function<Status(float* wide, void* narrow, std::int64_t n, bool alone)> pair;
+  std::function<void(const float* wide)> unpair;
+  std::function<bool(const float* p, std::int64_t n)> reads_companion;
+  // Whether the ops keep the gradient alone (Ops::keeps_gate_up_grad_alone).
+  std::function<bool()> keeps;
+  // SwiGLU's backward on gate and up in 16 bits (Ops::swiglu_backward_narrow).
+  std::function<void(float* dgate_up, const void* gate_up, const float* dout, std::int64_t rows,
+                     std::int64_t inner)>
+      backward;
+  AloneGemm gemm;
+  // Waits for the calls so far; their first error.
+  std::function<Status()> finish;
+};
+
+// The path through a backend's own Ops<float> (pair_narrow, pair_narrow_alone, unpair_narrow,
+// keeps_gate_up_grad_alone, swiglu_backward_narrow, gemm with alpha 1 and beta 0), with the
+// caller's reads_companion and finish.
+GateUpGradAlonePath ops_gate_up_grad_path(
+    Ops<float>& ops, std::function<bool(const float* p, std::int64_t n)> reads_companion,
+    std::function<Status()> finish);
+
+// OK, or an error naming the shape, what differs and the first element whose bits differ (or the
+// backend's refusal or error).
+Status check_gate_up_grad_alone(Backend& backend, const GateUpGradAlonePath& path);
+
 }  // namespace strata::backend

@@ -333,6 +333,13 @@ class Ops {
   // alpha 1 and beta 0, C inside the key) writes it in 16 bits into the companion, and
   // layernorm_backward and rmsnorm_backward reading it as `dout` read the companion, widened.
   virtual bool keeps_norm_grad_alone() const { return false; }
+  // Whether the gradient of the Llama family's gate and up (the backward scratch dfc, N x 2I,
+  // written by swiglu_backward_narrow and read by the two products of the gate/up projection's
+  // backward alone) is kept in narrow_type() alone too (false, the default; only where
+  // keeps_gate_up_narrow() and keeps_narrow_alone()): pair_narrow_alone then takes it,
+  // swiglu_backward_narrow writing it writes the companion alone (the bits pair_narrow's companion
+  // would hold), and the products reading it read the companion.
+  virtual bool keeps_gate_up_grad_alone() const { return false; }
 };
 
 }  // namespace strata::backend

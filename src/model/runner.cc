@@ -222,7 +222,12 @@ Status ModelRunner<T>::allocate() {
   } else {
     STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
   }
-  STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
+  if (keeps_gate_up_grad_alone()) {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dfc,
+                            reserve(n * fc_width(spec_), "a gate and up gradient kept in 16 bits"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
+  }
   STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
   if (keeps_attention_grad_alone()) {
     STRATA_ASSIGN_OR_RETURN(scratch_.datt,
@@ -306,6 +311,12 @@ bool ModelRunner<T>::keeps_norm_grad_alone() const {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_gate_up_grad_alone() const {
+  return options_.narrow_gate_up_grad && keeps_gate_up_narrow() && keeps_alone() &&
+         (sizing_ || ops_->keeps_gate_up_grad_alone());
+}
+
+template <typename T>
 Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
   // Not device memory: nothing for the arena to count.
   if (sizing_) return reinterpret_cast<T*>(alignof(T));
@@ -355,7 +366,7 @@ Status ModelRunner<T>::allocate_companions() {
   if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
   if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
   if (keeps_norm_grad_alone()) STRATA_TRY(pair(scratch_.dln, n * c, true));
-  STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_)));
+  STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone()));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
   STRATA_TRY(pair(dres_[0], n * c));
   STRATA_TRY(pair(dres_[1], n * c));
@@ -691,6 +702,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_attention_grad = false;
   w.options.narrow_swiglu_grad = false;
   w.options.narrow_norm_grad = false;
+  w.options.narrow_gate_up_grad = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

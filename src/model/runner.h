@@ -93,6 +93,12 @@ struct RunnerOptions {
   // projections' input gradients, read so by the norms' backwards; memory_needed counts 2 bytes per
   // element. Only with narrow_alone in effect; otherwise the fp32 array.
   bool narrow_norm_grad = false;
+  // The gradient of the Llama family's gate and up (the backward scratch dfc, N x 2I) in the ops'
+  // 16-bit type alone (Ops::keeps_gate_up_grad_alone, fast path gate_up_grad_16bit_alone): written
+  // into its companion only by SwiGLU's 16-bit backward, read there by the products; memory_needed
+  // counts only the companion. Only with narrow_gate_up and narrow_alone in effect; otherwise the
+  // fp32 array beside its companion.
+  bool narrow_gate_up_grad = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -187,6 +193,9 @@ class ModelRunner {
   // Whether the gradient of the blocks' norm outputs is kept in 16 bits alone too
   // (RunnerOptions::narrow_norm_grad).
   bool keeps_norm_grad_alone() const;
+  // Whether the gradient of gate and up is kept in 16 bits alone too
+  // (RunnerOptions::narrow_gate_up_grad).
+  bool keeps_gate_up_grad_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

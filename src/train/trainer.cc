@@ -149,6 +149,9 @@ Status Trainer::setup() {
       runner.narrow_gate_up && runner.narrow_alone && backend_->ops_f32().keeps_swiglu_grad_alone();
   // The gradient of the blocks' norm outputs likewise (norm_grad_16bit).
   runner.narrow_norm_grad = runner.narrow_alone && backend_->ops_f32().keeps_norm_grad_alone();
+  // The gradient of gate and up kept in its companion alone likewise (gate_up_grad_16bit_alone).
+  runner.narrow_gate_up_grad = runner.narrow_gate_up && runner.narrow_alone &&
+                               backend_->ops_f32().keeps_gate_up_grad_alone();
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

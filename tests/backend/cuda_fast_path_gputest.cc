@@ -244,9 +244,19 @@ TEST(CudaFastPaths, GateAndUpIn16BitsAreOnWith16BitGemms) {
     const Status g = check_swiglu_grad_alone(gpu, swiglu_grad);
     EXPECT_TRUE(g.is_ok()) << g.to_string();
     EXPECT_EQ(find_path(gpu.fast_paths(), kSwigluGradAloneName)->uses - grad->uses, 2);
+    // The gradient of gate and up kept alone: SwiGLU's backward writes it alone once per shape.
+    const std::optional<FastPath> alone = find_path(gpu.fast_paths(), kGateUpGradAloneName);
+    ASSERT_TRUE(alone.has_value());
+    EXPECT_TRUE(alone->active) << alone->detail;
+    const GateUpGradAlonePath gate_up_grad = ops_gate_up_grad_path(
+        ops, [](const float*, std::int64_t) { return true; },
+        [&] { return gpu.synchronize(StreamKind::kCompute); });
+    const Status a = check_gate_up_grad_alone(gpu, gate_up_grad);
+    EXPECT_TRUE(a.is_ok()) << a.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kGateUpGradAloneName)->uses - alone->uses, 2);
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
-  for (const char* name : {kGateUp16Name, kSwigluGradAloneName}) {
+  for (const char* name : {kGateUp16Name, kSwigluGradAloneName, kGateUpGradAloneName}) {
     const std::optional<FastPath> path = find_path(fp32.fast_paths(), name);
     ASSERT_TRUE(path.has_value()) << name;
     EXPECT_FALSE(path->active) << name;

@@ -11,10 +11,17 @@
 // the ops would not keep alone, a 16-bit product 2 units off, a backward reading the gradient kept
 // alone as zeros, one reading it in fp32 rounded to the other 16-bit type and an op that fails
 // each fail, naming what went wrong; a failing path is listed off and unpairs what it paired.
+//
+// The check of the gradient of gate and up kept in 16 bits alone (gate_up_grad_16bit_alone)
+// likewise: the faithful fake passes; a refused pairing, a gradient the ops would not keep alone,
+// products that would not read the companion, a backward writing the companion kept alone 1 unit
+// off in its last element, products reading the gradient kept alone as zeros (as A) and an op that
+// fails each fail, naming what went wrong; a failing path is listed off and unpairs what it paired.
 #include "backend/gate_up_check.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -236,6 +243,128 @@ TEST(SwigluGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatIt
   EXPECT_NE(warnings[0].find("fast path swiglu_grad_16bit is off"), std::string::npos)
       << warnings[0];
   EXPECT_NE(warnings[0].find(kSwigluGradAloneReplaces), std::string::npos) << warnings[0];
+}
+
+enum class AloneFault { kNone, kRefused, kNotKept, kNotRead, kTruncated, kZerosAsA, kFails };
+
+struct AloneFake : testing::FakePairs {
+  Ops<float>* ops = nullptr;
+  AloneFault fault = AloneFault::kNone;
+};
+
+GateUpGradAlonePath alone_path(Backend& backend, DType type, AloneFault fault) {
+  auto fake = std::make_shared<AloneFake>();
+  fake->type = type;
+  fake->ops = &backend.ops_f32();
+  fake->fault = fault;
+  GateUpGradAlonePath p;
+  p.type = type;
+  p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
+    return fake->pair(wide, narrow, n, alone, fake->fault == AloneFault::kRefused);
+  };
+  p.unpair = [fake](const float* wide) { fake->unpair(wide); };
+  p.reads_companion = [fake](const float* at, std::int64_t n) {
+    return fake->reads_companion(at, n, fake->fault == AloneFault::kNotRead);
+  };
+  p.keeps = [fake] { return fake->fault != AloneFault::kNotKept; };
+  p.backward = [fake](float* d, const void* gate_up, const float* dout, std::int64_t rows,
+                      std::int64_t inner) {
+    const std::int64_t n = 2 * rows * inner;
+    const std::vector<float> g = widened(gate_up, fake->type, n);
+    std::vector<float> out(static_cast<std::size_t>(n));
+    fake->ops->swiglu_backward(out.data(), g.data(), dout, rows, inner);
+    const testing::FakePair* f = fake->pair_of(d, n);
+    const bool alone = f != nullptr && f->alone;
+    if (!alone) std::copy(out.begin(), out.end(), d);
+    if (f == nullptr) return;
+    std::uint16_t* narrow = f->narrow + (d - f->wide);
+    for (std::int64_t i = 0; i < n; ++i) {
+      narrow[i] = testing::to16(out[static_cast<std::size_t>(i)], fake->type);
+      if (alone && fake->fault == AloneFault::kTruncated && i == n - 1) narrow[i] ^= 1;
+    }
+  };
+  p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    const std::vector<float> a_in =
+        fake->read(a, (ta ? k : m) * lda, fake->fault == AloneFault::kZerosAsA);
+    const std::vector<float> b_in = fake->read(b, (tb ? n : k) * ldb);
+    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+  };
+  p.finish = [fake] {
+    if (fake->fault == AloneFault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
+    return Status::ok();
+  };
+  return p;
+}
+
+TEST(GateUpGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const Status s =
+        check_gate_up_grad_alone(*backend, alone_path(*backend, type, AloneFault::kNone));
+    EXPECT_TRUE(s.is_ok()) << to_string(type) << ": " << s.to_string();
+  }
+}
+
+TEST(GateUpGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const struct {
+    AloneFault fault;
+    const char* expect;
+  } cases[] = {
+      {AloneFault::kRefused, "6 rows of 40 inner columns: the ops refused"},
+      {AloneFault::kNotKept, "the ops would not keep the gradient of gate and up in 16 bits alone"},
+      {AloneFault::kNotRead,
+       "6 rows of 40 inner columns: a product reading the gradient of gate and up kept alone would "
+       "not read its companion"},
+      {AloneFault::kTruncated, "6 rows of 40 inner columns"},
+      {AloneFault::kZerosAsA,
+       "6 rows of 40 inner columns, after SwiGLU's backward: the next projection (activation as "
+       "A)"},
+      {AloneFault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_gate_up_grad_alone(*backend, alone_path(*backend, type, c.fault));
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  const Status truncated = check_gate_up_grad_alone(
+      *backend, alone_path(*backend, DType::kBF16, AloneFault::kTruncated));
+  EXPECT_NE(truncated.to_string().find("SwiGLU's backward"), std::string::npos)
+      << truncated.to_string();
+  EXPECT_NE(truncated.to_string().find("[479]"), std::string::npos) << truncated.to_string();
+  GateUpGradAlonePath fp32 = alone_path(*backend, DType::kBF16, AloneFault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_gate_up_grad_alone(*backend, fp32).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(GateUpGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  std::vector<std::string> warnings;
+  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
+  GateUpGradAlonePath truncated = alone_path(*backend, DType::kBF16, AloneFault::kTruncated);
+  int paired = 0;
+  const auto pair = truncated.pair;
+  truncated.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
+    ++paired;
+    return pair(wide, narrow, n, alone);
+  };
+  const auto unpair = truncated.unpair;
+  truncated.unpair = [&](const float* wide) {
+    --paired;
+    unpair(wide);
+  };
+  const bool on = paths.adopt(kGateUpGradAloneName, kGateUpGradAloneReplaces, "alone",
+                              [&] { return check_gate_up_grad_alone(*backend, truncated); });
+  EXPECT_FALSE(on);
+  EXPECT_FALSE(paths.active(kGateUpGradAloneName));
+  EXPECT_EQ(paired, 0);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("fast path gate_up_grad_16bit_alone is off"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(kGateUpGradAloneReplaces), std::string::npos) << warnings[0];
 }
 
 }  // namespace

@@ -143,6 +143,7 @@ struct TrainedRun {
   std::int64_t attention_grad_reads = -1;    // the attention_grad_16bit path's, where it is on
   std::int64_t swiglu_grad_reads = -1;       // the swiglu_grad_16bit path's, where it is on
   std::int64_t norm_grad_reads = -1;         // the norm_grad_16bit path's, where it is on
+  std::int64_t gate_up_grad_writes = -1;     // the gate_up_grad_16bit_alone path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -177,6 +178,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kAttentionGradAloneName && p.active) run.attention_grad_reads = p.uses;
     if (p.name == backend::kSwigluGradAloneName && p.active) run.swiglu_grad_reads = p.uses;
     if (p.name == backend::kNormGradAloneName && p.active) run.norm_grad_reads = p.uses;
+    if (p.name == backend::kGateUpGradAloneName && p.active) run.gate_up_grad_writes = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -538,8 +540,12 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     EXPECT_EQ(beside.attention_alone_writes, -1) << family;
     const std::int64_t hidden = 128, inner = family == "gpt2" ? 4 * hidden : 256;
     const std::int64_t attention = 2 * 64;  // heads x head size
+    // The Llama family's gradient of gate and up (gate_up_grad_16bit_alone) is off with this path
+    // too: its fp32 array beside the companion.
+    const std::int64_t gate_up_grad = family == "llama" ? rows * 2 * inner : 0;
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
-              static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention)) *
+              static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention) +
+                                         gate_up_grad) *
                       sizeof(float) +
                   static_cast<std::uint64_t>(rows * attention) * 2)
         << family;
@@ -666,8 +672,11 @@ TEST(EmulatedCudaStepFallback, GateUpIn16BitsTrackTheFp32GateUp) {
   EXPECT_EQ(wide.narrow_swiglu_calls, -1);
   EXPECT_EQ(wide.swiglu_grad_reads, -1);
   const std::int64_t inner = 256;
+  // With the gradient of gate and up kept alone (off with this path): its fp32 array, 4 bytes per
+  // element, too.
   EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
-            static_cast<std::uint64_t>(layers * rows * 2 * inner + rows * inner) * 2);
+            static_cast<std::uint64_t>(layers * rows * 2 * inner + rows * inner) * 2 +
+                static_cast<std::uint64_t>(rows * 2 * inner) * 4);
   const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
   EXPECT_EQ(gpt2.narrow_swiglu_calls, 0);
   EXPECT_EQ(gpt2.swiglu_grad_reads, 0);
@@ -714,6 +723,32 @@ TEST(EmulatedCudaStepFallback, SwigluGradientsIn16BitsTrackTheFp32Gradients) {
   const std::int64_t inner = 256;
   EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
             static_cast<std::uint64_t>(rows * inner) * 2);
+}
+
+// The gradient of the Llama family's gate and up kept in 16 bits alone (gate_up_grad_16bit_alone)
+// against the path refused at start (its fp32 array allocated beside the companion): SwiGLU's
+// backward writes the same companion, which the products read either way, so the losses and state
+// are the same to the bit, the kernels the same, one write kept alone per block and micro-batch,
+// and exactly the fp32 array's 4 bytes per element fewer on the device.
+TEST(EmulatedCudaStepFallback, GateUpGradientsAloneRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  const TrainedRun alone = train("llama", kTiers[0], true, dir.path() + "/alone", 2);
+  const TrainedRun beside = train_refused(backend::kGateUpGradAloneName, "llama", kTiers[0], true,
+                                          dir.path() + "/beside", 2);
+  ASSERT_EQ(alone.launches.size(), 2u);
+  ASSERT_EQ(beside.launches.size(), 2u);
+  EXPECT_TRUE(testing::same_bits(beside.state, alone.state));
+  EXPECT_EQ(beside.losses, alone.losses);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_EQ(alone.launches[step], beside.launches[step]) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(alone.gate_up_grad_writes, 2 * blocks);
+  EXPECT_EQ(beside.gate_up_grad_writes, -1);
+  const std::int64_t inner = 256;
+  EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+            static_cast<std::uint64_t>(rows * 2 * inner) * sizeof(float));
 }
 
 // The gradient of the blocks' norm outputs in 16 bits alone (norm_grad_16bit) against the path
@@ -793,6 +828,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;
   EXPECT_TRUE(paths["norm_grad_16bit"].active) << paths["norm_grad_16bit"].detail;
+  EXPECT_TRUE(paths["gate_up_grad_16bit_alone"].active) << paths["gate_up_grad_16bit_alone"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :

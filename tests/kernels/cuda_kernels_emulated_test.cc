@@ -607,10 +607,19 @@ TEST(EmulatedKernels, SixteenBitSwigluAndCompanionsAloneGiveTheBitsOfTheFp32Kern
                 0);
       expect_bitwise_equal("swiglu backward 16-bit, dout in 16 bits", dgot, dwant);
       expect_bitwise_equal("swiglu backward 16-bit, dout in 16 bits (companion)", dgot16, dwant16);
-      EXPECT_FALSE(swiglu_backward_16_dout_valid(nullptr, nullptr));
-      EXPECT_FALSE(swiglu_backward_16_dout_valid(dout.data(), dout16.data()));
-      EXPECT_TRUE(swiglu_backward_16_dout_valid(nullptr, dout16.data()));
-      EXPECT_TRUE(swiglu_backward_16_dout_valid(dout.data(), nullptr));
+      // dgate_up null: the companion alone, the same bits.
+      std::fill(dgot16.begin(), dgot16.end(), 0xdead);
+      ASSERT_EQ(run_swiglu_backward_16(kEmulator, nullptr, gate_up16.data(), code, nullptr,
+                                       dout16.data(), rows, inner, Narrow{dgot16.data(), code}),
+                0);
+      expect_bitwise_equal("swiglu backward 16-bit, companion alone", dgot16, dwant16);
+      const Narrow companion{dgot16.data(), code};
+      EXPECT_FALSE(swiglu_backward_16_valid(dgot.data(), {}, nullptr, nullptr));
+      EXPECT_FALSE(swiglu_backward_16_valid(dgot.data(), {}, dout.data(), dout16.data()));
+      EXPECT_FALSE(swiglu_backward_16_valid(nullptr, {}, dout.data(), nullptr));
+      EXPECT_TRUE(swiglu_backward_16_valid(dgot.data(), {}, nullptr, dout16.data()));
+      EXPECT_TRUE(swiglu_backward_16_valid(dgot.data(), {}, dout.data(), nullptr));
+      EXPECT_TRUE(swiglu_backward_16_valid(nullptr, companion, dout.data(), nullptr));
       ASSERT_EQ(run_swiglu_forward_16(kEmulator, nullptr, gate_up16.data(), code, rows, inner,
                                       Narrow{alone.data(), code}),
                 0);

@@ -284,6 +284,40 @@ TEST(RunSettings, NormGradientsIn16BitsAloneAreCountedAsSuch) {
   }
 }
 
+// The gradient of the Llama family's gate and up kept in 16 bits alone
+// (RunnerOptions::narrow_gate_up_grad) is counted as such: the backward's one scratch array
+// (N x 2I) is not allocated beside its companion. Only with gate and up in 16 bits and the
+// activations kept alone, not for GPT-2, not without the companions; the settings alone leave it
+// off.
+TEST(RunSettings, GateUpGradientsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape llama = testing::tiny_llama(true);
+  model::RunnerOptions with = runner_options(c, llama, false);
+  EXPECT_FALSE(with.narrow_gate_up_grad);
+  with.narrow_gate_up = with.narrow_alone = true;
+  model::RunnerOptions narrow = with;
+  narrow.narrow_gate_up_grad = true;
+  const auto dfc = static_cast<std::uint64_t>(2 * 16 * 2 * llama.intermediate_size);
+  EXPECT_EQ(device(llama, with) - device(llama, narrow), granule(dfc * 4));
+  for (bool model::RunnerOptions::*needed :
+       {&model::RunnerOptions::narrow_gate_up, &model::RunnerOptions::narrow_alone,
+        &model::RunnerOptions::narrow_companions}) {
+    model::RunnerOptions without = with, without_narrow = narrow;
+    without.*needed = without_narrow.*needed = false;
+    EXPECT_EQ(device(llama, without_narrow), device(llama, without));
+  }
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  EXPECT_EQ(device(gpt2, narrow), device(gpt2, with));
+  EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_gate_up_grad);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

@@ -302,6 +302,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->swiglu_grad_reads();
       } else if (p.name == kNormGradAloneName) {
         p.uses = ops_->norm_grad_reads();
+      } else if (p.name == kGateUpGradAloneName) {
+        p.uses = ops_->gate_up_grad_writes();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -987,6 +989,27 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "projection's input gradient (fp32 accumulation rounded once; no fp32 array is allocated "
         "for it) and read so, widened, by SwiGLU's 16-bit backward",
         [&] { return check_swiglu_grad_alone(*this, swiglu_grad); }));
+  }
+  // The gradient of the Llama family's gate and up in 16 bits alone, written into its companion
+  // only by SwiGLU's 16-bit backward and read there by its products: the bits of the companion kept
+  // beside the fp32 array.
+  if (!fast_paths_.active(kGateUp16Name) || !fast_paths_.active(kActivations16AloneName)) {
+    fast_paths_.not_applicable(
+        kGateUpGradAloneName, kGateUpGradAloneReplaces,
+        fmt::format("gate and up are not kept in 16 bits alone or the activations are not ({} or "
+                    "{} is off)",
+                    kGateUp16Name, kActivations16AloneName));
+  } else {
+    const GateUpGradAlonePath gate_up_grad =
+        ops_gate_up_grad_path(*ops_, reads_companion, ops_finished);
+    ops_->use_gate_up_grad_alone(true);
+    ops_->use_gate_up_grad_alone(fast_paths_.adopt(
+        kGateUpGradAloneName, kGateUpGradAloneReplaces,
+        "the gradient of the Llama family's gate and up written by SwiGLU's 16-bit backward into "
+        "its "
+        "16-bit companion only (no fp32 array is allocated for it) and read there by the gate/up "
+        "projection's two products",
+        [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
   }
   // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'
   // input gradients and read so by the norms' backwards: within 1 unit in the last place of the

@@ -620,8 +620,16 @@ void CudaOps::swiglu_backward_narrow(float* dgate_up, const void* gate_up, const
   // A gradient kept in 16 bits alone is read from its companion, widened.
   const ck::Sixteen dout16 =
       grad_alone(&dout, rows * inner, keeps_swiglu_grad_alone(), &swiglu_grad_reads_);
+  // A gradient of gate and up kept in 16 bits alone: its companion alone is written.
+  float* dgate_up_wide = dgate_up;
+  if (alone(dgate_up, 2 * rows * inner)) {
+    STRATA_ASSERT_MSG(keeps_gate_up_grad_alone() && narrow.p != nullptr,
+                      "the gradient of gate and up kept in 16 bits alone without its path on");
+    dgate_up_wide = nullptr;
+    ++gate_up_grad_writes_;
+  }
   STRATA_OPS_CHECK(
-      ck::swiglu_backward_16(stream_, dgate_up, gate_up, static_cast<int>(narrow_type_), dout,
+      ck::swiglu_backward_16(stream_, dgate_up_wide, gate_up, static_cast<int>(narrow_type_), dout,
                              dout16.p, rows, inner, narrow),
       "swiglu_backward_16");
   wrote(dgate_up, 2 * rows * inner, narrow);

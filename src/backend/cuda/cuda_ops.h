@@ -217,10 +217,19 @@ class CudaOps final : public backend::Ops<float> {
   bool keeps_norm_grad_alone() const override { return norm_grad_alone_ && keeps_narrow_alone(); }
   // Norm backwards that read their dout kept in 16 bits alone.
   std::int64_t norm_grad_reads() const { return norm_grad_reads_; }
+  // The gradient of gate and up kept in 16 bits alone too (fast path gate_up_grad_16bit_alone; off
+  // by default): only with keeps_gate_up_narrow() and keeps_narrow_alone().
+  void use_gate_up_grad_alone(bool on) { gate_up_grad_alone_ = on; }
+  bool keeps_gate_up_grad_alone() const override {
+    return gate_up_grad_alone_ && keeps_gate_up_narrow() && keeps_narrow_alone();
+  }
+  // SwiGLU backwards that wrote their dgate_up kept in 16 bits alone.
+  std::int64_t gate_up_grad_writes() const { return gate_up_grad_writes_; }
   void reset_gradient_reads() {
     attention_grad_reads_ = 0;
     swiglu_grad_reads_ = 0;
     norm_grad_reads_ = 0;
+    gate_up_grad_writes_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -327,6 +336,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t swiglu_grad_reads_ = 0;
   bool norm_grad_alone_ = false;
   std::int64_t norm_grad_reads_ = 0;
+  bool gate_up_grad_alone_ = false;
+  std::int64_t gate_up_grad_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;
