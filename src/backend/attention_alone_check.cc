@@ -11,7 +11,6 @@
 
 #include "backend/host_copies.h"
 #include "common/address_range.h"
-#include "kernels/cpu/cast.h"
 
 namespace strata::backend {
 namespace {
@@ -192,22 +191,10 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
     path.gemm(false, trans_b, rows, hd, kIns, x.as<float>(), kIns, w.as<float>(),
               trans_b ? kIns : hd, key, hd);
     STRATA_TRY(path.finish().with_context(where));
-    std::vector<float> wide(static_cast<std::size_t>(n));
-    std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
-    STRATA_TRY(copy_to_host(backend, &wide, product));
-    STRATA_TRY(copy_to_host(backend, &got16, companion));
-    const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, path.type);
-    if (apart.index >= 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{}, {}: the 16-bit gradient's element {} is {}, the verified "
-                                "fp32 product {} (allowed: 1 unit in the last place of its "
-                                "rounding)",
-                                where, layout, apart.index, apart.got, apart.want));
-    }
+    STRATA_TRY(within_one_unit_then_widen(backend, product, companion, n, path.type,
+                                          fmt::format("{}, {}", where, layout),
+                                          "the 16-bit gradient"));
     // The verified backward on the 16-bit values widened, the path's on the gradient kept alone.
-    kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, n);
-    STRATA_TRY(backend.copy_async(StreamKind::kCompute, product.data(), wide.data(),
-                                  wide.size() * sizeof(float)));
     float* dq = grads[0].as<float>();
     ops.attention_backward(dq, dq + hd, dq + hd + kvd, product.as<float>(), out.as<float>(),
                            lse.as<float>(), q, k, v, s);

@@ -49,22 +49,9 @@ Status check_shape(Backend& backend, const NarrowGateUpPath& path, const Shape& 
   path.to_narrow(false, true, s.rows, width, kIns, x.as<float>(), kIns, w.as<float>(), kIns,
                  narrow.data(), width);
   STRATA_TRY(path.finish().with_context(where));
-  std::vector<float> product(static_cast<std::size_t>(n));
-  std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
-  STRATA_TRY(copy_to_host(backend, &product, wide));
-  STRATA_TRY(copy_to_host(backend, &got16, narrow));
-  const BeyondOneUnit apart = first_beyond_one_unit(got16, product, path.type);
-  if (apart.index >= 0) {
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}: the 16-bit product's element {} is {}, the verified fp32 "
-                              "product {} (allowed: 1 unit in the last place of its rounding)",
-                              where, apart.index, apart.got, apart.want));
-  }
   // SwiGLU on the 16-bit gate and up, against the verified kernels on their values widened.
-  std::vector<float> widened(static_cast<std::size_t>(n));
-  kernels::cast_array(widened.data(), DType::kF32, got16.data(), path.type, n);
-  STRATA_TRY(backend.copy_async(StreamKind::kCompute, wide.data(), widened.data(),
-                                widened.size() * sizeof(float)));
+  STRATA_TRY(
+      within_one_unit_then_widen(backend, wide, narrow, n, path.type, where, "the 16-bit product"));
   ops.swiglu_forward(out_ref.as<float>(), wide.as<float>(), s.rows, s.inner);
   path.forward(out_got.as<float>(), narrow.data(), s.rows, s.inner);
   ops.swiglu_backward(d_ref.as<float>(), wide.as<float>(), dout.as<float>(), s.rows, s.inner);
@@ -123,22 +110,10 @@ Status check_grad_shape(Backend& backend, const SwigluGradAlonePath& path, const
   path.gemm(false, false, s.rows, s.inner, kIns, dy.as<float>(), kIns, down.as<float>(), s.inner,
             key, s.inner);
   STRATA_TRY(path.finish().with_context(where));
-  std::vector<float> wide(static_cast<std::size_t>(outs));
-  std::vector<std::uint16_t> got16(static_cast<std::size_t>(outs));
-  STRATA_TRY(copy_to_host(backend, &wide, product));
-  STRATA_TRY(copy_to_host(backend, &got16, companion));
-  const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, path.type);
-  if (apart.index >= 0) {
-    return Status(ErrorCode::kInternal,
-                  fmt::format("{}: the 16-bit gradient's element {} is {}, the verified fp32 "
-                              "product {} (allowed: 1 unit in the last place of its rounding)",
-                              where, apart.index, apart.got, apart.want));
-  }
+  STRATA_TRY(within_one_unit_then_widen(backend, product, companion, outs, path.type, where,
+                                        "the 16-bit gradient"));
   // SwiGLU's backward reading the gradient kept alone, against the verified kernel on gate, up and
   // the gradient widened.
-  kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, outs);
-  STRATA_TRY(backend.copy_async(StreamKind::kCompute, product.data(), wide.data(),
-                                wide.size() * sizeof(float)));
   ops.swiglu_backward(d_ref.as<float>(), wide_gate_up.as<float>(), product.as<float>(), s.rows,
                       s.inner);
   path.backward(d_got.as<float>(), gate_up.data(), key, s.rows, s.inner);

@@ -112,6 +112,29 @@ inline BeyondOneUnit first_beyond_one_unit(const std::vector<std::uint16_t>& got
   return d;
 }
 
+// The n 16-bit values of `type` in `narrow`, from a product rounded once, each within 1 unit in the
+// last place of the verified fp32 product in `verified` rounded: OK, with `verified` then holding
+// the 16-bit values widened (what the verified readers are run on); else an error naming `where`,
+// `what` (the 16-bit values) and the first element beyond.
+inline Status within_one_unit_then_widen(Backend& backend, const Buffer& verified,
+                                         const Buffer& narrow, std::int64_t n, DType type,
+                                         const std::string& where, const std::string& what) {
+  std::vector<float> wide(static_cast<std::size_t>(n));
+  std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
+  STRATA_TRY(copy_to_host(backend, &wide, verified));
+  STRATA_TRY(copy_to_host(backend, &got16, narrow));
+  const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, type);
+  if (apart.index >= 0) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: {}'s element {} is {}, the verified fp32 product {} (allowed: 1 "
+                              "unit in the last place of its rounding)",
+                              where, what, apart.index, apart.got, apart.want));
+  }
+  kernels::cast_array(wide.data(), DType::kF32, got16.data(), type, n);
+  return backend.copy_async(StreamKind::kCompute, verified.data(), wide.data(),
+                            wide.size() * sizeof(float));
+}
+
 // The first of n 16-bit elements whose bits differ between two device buffers (index -1: none).
 struct Bits16Differ {
   std::int64_t index = -1;

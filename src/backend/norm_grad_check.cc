@@ -9,7 +9,6 @@
 
 #include "backend/host_copies.h"
 #include "common/address_range.h"
-#include "kernels/cpu/cast.h"
 
 namespace strata::backend {
 namespace {
@@ -73,22 +72,10 @@ Status check_shape(Backend& backend, const NormGradAlonePath& path, const Shape&
     path.gemm(false, trans_b, s.rows, s.channels, kIns, dy.as<float>(), kIns, weight.as<float>(),
               ldb, key, s.channels);
     STRATA_TRY(path.finish().with_context(layout));
-    std::vector<float> wide(static_cast<std::size_t>(n));
-    std::vector<std::uint16_t> got16(static_cast<std::size_t>(n));
-    STRATA_TRY(copy_to_host(backend, &wide, product));
-    STRATA_TRY(copy_to_host(backend, &got16, companion));
-    const BeyondOneUnit apart = first_beyond_one_unit(got16, wide, path.type);
-    if (apart.index >= 0) {
-      return Status(ErrorCode::kInternal,
-                    fmt::format("{}: the 16-bit gradient's element {} is {}, the verified fp32 "
-                                "product {} (allowed: 1 unit in the last place of its rounding)",
-                                layout, apart.index, apart.got, apart.want));
-    }
+    STRATA_TRY(within_one_unit_then_widen(backend, product, companion, n, path.type, layout,
+                                          "the 16-bit gradient"));
     // The verified backwards on the gradient widened, the path's on the gradient kept alone, each
     // adding to the same dx, dw and db.
-    kernels::cast_array(wide.data(), DType::kF32, got16.data(), path.type, n);
-    STRATA_TRY(backend.copy_async(StreamKind::kCompute, product.data(), wide.data(),
-                                  wide.size() * sizeof(float)));
     const auto reset = [&]() -> Status {
       std::vector<float> start = dx0;
       start.insert(start.end(), dw0.begin(), dw0.end());

@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/fast_path.h"
 #include "support/cpu_backend_support.h"
 #include "support/narrow_pairs_fake.h"
 
@@ -189,29 +188,10 @@ TEST(NarrowAloneCheck, EachFaultFailsNamingWhatWentWrong) {
 
 TEST(NarrowAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  std::vector<std::string> warnings;
-  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
-  NarrowAlonePath stale = path(*backend, DType::kBF16, Fault::kStale);
-  int paired = 0;
-  const auto pair = stale.pair;
-  stale.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
-    ++paired;
-    return pair(wide, narrow, n, alone);
-  };
-  const auto unpair = stale.unpair;
-  stale.unpair = [&](const float* wide) {
-    --paired;
-    unpair(wide);
-  };
-  const bool on = paths.adopt(kActivations16AloneName, kActivations16AloneReplaces, "alone",
-                              [&] { return check_narrow_alone(*backend, stale); });
-  EXPECT_FALSE(on);
-  EXPECT_FALSE(paths.active(kActivations16AloneName));
-  EXPECT_EQ(paired, 0);
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("fast path activations_16bit_alone is off"), std::string::npos)
-      << warnings[0];
-  EXPECT_NE(warnings[0].find(kActivations16AloneReplaces), std::string::npos) << warnings[0];
+  testing::expect_listed_off_unpairing<NarrowAlonePath>(
+      path(*backend, DType::kBF16, Fault::kStale), kActivations16AloneName,
+      kActivations16AloneReplaces,
+      [&](const NarrowAlonePath& p) { return check_narrow_alone(*backend, p); });
 }
 
 }  // namespace

@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/fast_path.h"
 #include "support/cpu_backend_support.h"
 #include "support/narrow_pairs_fake.h"
 
@@ -204,29 +203,9 @@ TEST(AttentionGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
 
 TEST(AttentionAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  std::vector<std::string> warnings;
-  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
-  AttentionAlonePath truncated = path(*backend, DType::kBF16, Fault::kTruncated);
-  int paired = 0;
-  const auto pair = truncated.pair;
-  truncated.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
-    ++paired;
-    return pair(wide, narrow, n, alone);
-  };
-  const auto unpair = truncated.unpair;
-  truncated.unpair = [&](const float* wide) {
-    --paired;
-    unpair(wide);
-  };
-  const bool on = paths.adopt(kAttentionAloneName, kAttentionAloneReplaces, "alone",
-                              [&] { return check_attention_alone(*backend, truncated, 64); });
-  EXPECT_FALSE(on);
-  EXPECT_FALSE(paths.active(kAttentionAloneName));
-  EXPECT_EQ(paired, 0);
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("fast path attention_16bit_alone is off"), std::string::npos)
-      << warnings[0];
-  EXPECT_NE(warnings[0].find(kAttentionAloneReplaces), std::string::npos) << warnings[0];
+  testing::expect_listed_off_unpairing<AttentionAlonePath>(
+      path(*backend, DType::kBF16, Fault::kTruncated), kAttentionAloneName, kAttentionAloneReplaces,
+      [&](const AttentionAlonePath& p) { return check_attention_alone(*backend, p, 64); });
 }
 
 }  // namespace

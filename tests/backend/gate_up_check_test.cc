@@ -220,29 +220,10 @@ TEST(SwigluGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
 
 TEST(SwigluGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  std::vector<std::string> warnings;
-  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
-  SwigluGradAlonePath zeros = grad_path(*backend, DType::kBF16, GradFault::kReadAsZeros);
-  int paired = 0;
-  const auto pair = zeros.pair;
-  zeros.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
-    ++paired;
-    return pair(wide, narrow, n, alone);
-  };
-  const auto unpair = zeros.unpair;
-  zeros.unpair = [&](const float* wide) {
-    --paired;
-    unpair(wide);
-  };
-  const bool on = paths.adopt(kSwigluGradAloneName, kSwigluGradAloneReplaces, "alone",
-                              [&] { return check_swiglu_grad_alone(*backend, zeros); });
-  EXPECT_FALSE(on);
-  EXPECT_FALSE(paths.active(kSwigluGradAloneName));
-  EXPECT_EQ(paired, 0);
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("fast path swiglu_grad_16bit is off"), std::string::npos)
-      << warnings[0];
-  EXPECT_NE(warnings[0].find(kSwigluGradAloneReplaces), std::string::npos) << warnings[0];
+  testing::expect_listed_off_unpairing<SwigluGradAlonePath>(
+      grad_path(*backend, DType::kBF16, GradFault::kReadAsZeros), kSwigluGradAloneName,
+      kSwigluGradAloneReplaces,
+      [&](const SwigluGradAlonePath& p) { return check_swiglu_grad_alone(*backend, p); });
 }
 
 enum class AloneFault { kNone, kRefused, kNotKept, kNotRead, kTruncated, kZerosAsA, kFails };
@@ -342,29 +323,10 @@ TEST(GateUpGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
 
 TEST(GateUpGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  std::vector<std::string> warnings;
-  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
-  GateUpGradAlonePath truncated = alone_path(*backend, DType::kBF16, AloneFault::kTruncated);
-  int paired = 0;
-  const auto pair = truncated.pair;
-  truncated.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
-    ++paired;
-    return pair(wide, narrow, n, alone);
-  };
-  const auto unpair = truncated.unpair;
-  truncated.unpair = [&](const float* wide) {
-    --paired;
-    unpair(wide);
-  };
-  const bool on = paths.adopt(kGateUpGradAloneName, kGateUpGradAloneReplaces, "alone",
-                              [&] { return check_gate_up_grad_alone(*backend, truncated); });
-  EXPECT_FALSE(on);
-  EXPECT_FALSE(paths.active(kGateUpGradAloneName));
-  EXPECT_EQ(paired, 0);
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("fast path gate_up_grad_16bit_alone is off"), std::string::npos)
-      << warnings[0];
-  EXPECT_NE(warnings[0].find(kGateUpGradAloneReplaces), std::string::npos) << warnings[0];
+  testing::expect_listed_off_unpairing<GateUpGradAlonePath>(
+      alone_path(*backend, DType::kBF16, AloneFault::kTruncated), kGateUpGradAloneName,
+      kGateUpGradAloneReplaces,
+      [&](const GateUpGradAlonePath& p) { return check_gate_up_grad_alone(*backend, p); });
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/fast_path.h"
 #include "support/cpu_backend_support.h"
 #include "support/narrow_pairs_fake.h"
 
@@ -127,28 +126,10 @@ TEST(NormGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
 
 TEST(NormGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  std::vector<std::string> warnings;
-  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
-  NormGradAlonePath zeros = path(*backend, DType::kBF16, Fault::kLayerNormReadsZeros);
-  int paired = 0;
-  const auto pair = zeros.pair;
-  zeros.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
-    ++paired;
-    return pair(wide, narrow, n, alone);
-  };
-  const auto unpair = zeros.unpair;
-  zeros.unpair = [&](const float* wide) {
-    --paired;
-    unpair(wide);
-  };
-  const bool on = paths.adopt(kNormGradAloneName, kNormGradAloneReplaces, "alone",
-                              [&] { return check_norm_grad_alone(*backend, zeros); });
-  EXPECT_FALSE(on);
-  EXPECT_FALSE(paths.active(kNormGradAloneName));
-  EXPECT_EQ(paired, 0);
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_NE(warnings[0].find("fast path norm_grad_16bit is off"), std::string::npos) << warnings[0];
-  EXPECT_NE(warnings[0].find(kNormGradAloneReplaces), std::string::npos) << warnings[0];
+  testing::expect_listed_off_unpairing<NormGradAlonePath>(
+      path(*backend, DType::kBF16, Fault::kLayerNormReadsZeros), kNormGradAloneName,
+      kNormGradAloneReplaces,
+      [&](const NormGradAlonePath& p) { return check_norm_grad_alone(*backend, p); });
 }
 
 }  // namespace

@@ -1,13 +1,20 @@
 // The pairing of fp32 buffers with 16-bit companions (Ops::pair_narrow, pair_narrow_alone) as the
-// start-up checks' CPU fakes keep it (alone_check_test.cc, attention_alone_check_test.cc): the
-// pairs, and a buffer read as the backend's readers read it, from its companion where it has one.
+// start-up checks' CPU fakes keep it (alone_check_test.cc, attention_alone_check_test.cc,
+// gate_up_check_test.cc, norm_grad_check_test.cc): the pairs, and a buffer read as the backend's
+// readers read it, from its companion where it has one; and what a failing check of a path kept
+// alone must leave behind.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/fast_path.h"
 #include "common/status.h"
 #include "kernels/cpu/float16.h"
 
@@ -71,5 +78,34 @@ struct FakePairs {
     std::erase_if(pairs, [wide](const FakePair& f) { return f.wide == wide; });
   }
 };
+
+// `check` failing on `path` (a check's path with `pair` and `unpair`, which this counts) leaves
+// the fast path `name` off with one warning naming it and what it `replaces`, and unpairs all it
+// paired.
+template <typename Path>
+void expect_listed_off_unpairing(Path path, const char* name, const char* replaces,
+                                 const std::function<Status(const Path&)>& check) {
+  std::vector<std::string> warnings;
+  backend::FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
+  int paired = 0;
+  const auto pair = path.pair;
+  path.pair = [&](float* wide, void* narrow, std::int64_t n, bool alone) {
+    ++paired;
+    return pair(wide, narrow, n, alone);
+  };
+  const auto unpair = path.unpair;
+  path.unpair = [&](const float* wide) {
+    --paired;
+    unpair(wide);
+  };
+  const bool on = paths.adopt(name, replaces, "kept alone", [&] { return check(path); });
+  EXPECT_FALSE(on) << name;
+  EXPECT_FALSE(paths.active(name)) << name;
+  EXPECT_EQ(paired, 0) << name;
+  ASSERT_EQ(warnings.size(), 1u) << name;
+  EXPECT_NE(warnings[0].find(std::string("fast path ") + name + " is off"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(replaces), std::string::npos) << warnings[0];
+}
 
 }  // namespace strata::testing
