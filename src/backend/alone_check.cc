@@ -55,18 +55,13 @@ Status check_shape(Backend& backend, const NarrowAlonePath& path, const Shape& s
   const std::vector<std::uint16_t> zeros16(static_cast<std::size_t>(n), 0);
   STRATA_ASSIGN_OR_RETURN(Buffer beside16, device_copy(backend, zeros16, purpose));
   STRATA_ASSIGN_OR_RETURN(Buffer alone16, device_copy(backend, zeros16, purpose));
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
-                                                "the activations_16bit_alone check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
   float* beside = wide.as<float>();
   const std::string where = fmt::format("{} rows of {}", s.rows, s.inner);
 
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(beside, beside16.data(), n, false).with_context(where));
-  unpair.wide.push_back(beside);
-  STRATA_TRY(path.pair(key, alone16.data(), n, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_TRY(pairs.beside(beside, beside16.data(), n, where));
+  STRATA_ASSIGN_OR_RETURN(
+      float* key, pairs.alone(alone16.data(), n, "the activations_16bit_alone check's key", where));
   if (!path.reads_companion(key, n)) {
     return Status(ErrorCode::kInternal,
                   fmt::format("{}: a product reading the activation kept alone would not read its "
@@ -189,6 +184,29 @@ Status check_products_alone(Backend& backend, const AloneGemm& gemm,
                          fmt::format("after {}: {}", after, list[p].name)));
   }
   return Status::ok();
+}
+
+CheckPairs::~CheckPairs() {
+  for (const float* wide : paired_)
+    unpair_(wide);
+}
+
+Status CheckPairs::beside(float* wide, void* narrow, std::int64_t n, const std::string& where) {
+  STRATA_TRY(pair_(wide, narrow, n, false).with_context(where));
+  paired_.push_back(wide);
+  return Status::ok();
+}
+
+Result<float*> CheckPairs::alone(void* narrow, std::int64_t n, const std::string& what,
+                                 const std::string& where) {
+  STRATA_ASSIGN_OR_RETURN(
+      AddressRange range,
+      AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float), what));
+  auto* key = static_cast<float*>(range.begin());
+  ranges_.push_back(std::move(range));
+  STRATA_TRY(pair_(key, narrow, n, true).with_context(where));
+  paired_.push_back(key);
+  return key;
 }
 
 Status same_companions(Backend& backend, const Buffer& beside, const Buffer& alone, std::int64_t n,

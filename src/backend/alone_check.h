@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/address_range.h"
 #include "common/status.h"
 
 namespace strata::backend {
@@ -49,14 +50,32 @@ Status check_products_alone(Backend& backend, const AloneGemm& gemm,
                             const float* key, std::int64_t rows, std::int64_t cols,
                             const std::string& where, const std::string& after);
 
-// Unpairs what a check paired (its `wide` keys, through the path's unpair), however it ends.
-struct UnpairOnExit {
-  std::function<void(const float* wide)> unpair;
-  std::vector<const float*> wide;
-  ~UnpairOnExit() {
-    for (const float* w : wide)
-      unpair(w);
-  }
+// The pairs a start-up check makes through its path (`pair` and `unpair`, as NarrowAlonePath's):
+// buffers kept beside their fp32 values, and keys kept alone, each an address range the check
+// reserves (any access to it faults). However the check ends, what was paired is unpaired, then
+// the ranges are released.
+class CheckPairs {
+ public:
+  using Pair = std::function<Status(float* wide, void* narrow, std::int64_t n, bool alone)>;
+  using Unpair = std::function<void(const float* wide)>;
+  CheckPairs(Pair pair, Unpair unpair) : pair_(std::move(pair)), unpair_(std::move(unpair)) {}
+  ~CheckPairs();
+  CheckPairs(const CheckPairs&) = delete;
+  CheckPairs& operator=(const CheckPairs&) = delete;
+
+  // The n floats at `wide` paired beside their values with `narrow`; the pairing's error in
+  // `where`.
+  Status beside(float* wide, void* narrow, std::int64_t n, const std::string& where);
+  // A key of n floats reserved (`what` names it) and paired alone with `narrow`: the key, the
+  // reservation's error, or the pairing's in `where`.
+  Result<float*> alone(void* narrow, std::int64_t n, const std::string& what,
+                       const std::string& where);
+
+ private:
+  Pair pair_;
+  Unpair unpair_;
+  std::vector<AddressRange> ranges_;
+  std::vector<const float*> paired_;
 };
 
 // OK where the n 16-bit companions `beside` (kept beside fp32 values) and `alone` (kept alone)

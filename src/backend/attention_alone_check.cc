@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "backend/host_copies.h"
-#include "common/address_range.h"
 
 namespace strata::backend {
 namespace {
@@ -94,17 +93,11 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
     STRATA_ASSIGN_OR_RETURN(grads[i], device_copy(backend, zeros, purpose));
     STRATA_ASSIGN_OR_RETURN(companions[i], device_copy(backend, zeros16, purpose));
   }
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
-                                                "the attention_16bit_alone check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
   float* beside = wide.as<float>();
-
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(beside, companions[0].data(), n, false).with_context(where));
-  unpair.wide.push_back(beside);
-  STRATA_TRY(path.pair(key, companions[1].data(), n, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_TRY(pairs.beside(beside, companions[0].data(), n, where));
+  STRATA_ASSIGN_OR_RETURN(float* key, pairs.alone(companions[1].data(), n,
+                                                  "the attention_16bit_alone check's key", where));
   if (!path.reads_companion(key, n)) {
     return Status(ErrorCode::kInternal,
                   fmt::format("{}: a product reading the attention output kept alone would not "
@@ -170,13 +163,9 @@ Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& pa
   STRATA_ASSIGN_OR_RETURN(
       Buffer companion,
       device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
-                                                "the attention_grad_16bit check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(key, companion.data(), n, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_ASSIGN_OR_RETURN(
+      float* key, pairs.alone(companion.data(), n, "the attention_grad_16bit check's key", where));
 
   const float* q = qkv.as<float>();
   const float* k = q + hd;

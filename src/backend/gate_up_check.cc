@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "backend/host_copies.h"
-#include "common/address_range.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata::backend {
@@ -97,13 +96,9 @@ Status check_grad_shape(Backend& backend, const SwigluGradAlonePath& path, const
   STRATA_ASSIGN_OR_RETURN(
       Buffer companion,
       device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(outs), 0), purpose));
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(outs) * sizeof(float),
-                                                "the swiglu_grad_16bit check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(key, companion.data(), outs, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_ASSIGN_OR_RETURN(
+      float* key, pairs.alone(companion.data(), outs, "the swiglu_grad_16bit check's key", where));
 
   ops.gemm(false, false, s.rows, s.inner, kIns, 1.0f, dy.as<float>(), kIns, down.as<float>(),
            s.inner, 0.0f, product.as<float>(), s.inner);
@@ -140,16 +135,12 @@ Status check_gate_up_grad_shape(Backend& backend, const GateUpGradAlonePath& pat
         c,
         device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
   }
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
-                                                "the gate_up_grad_16bit_alone check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
   float* beside = wide.as<float>();
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(beside, companions[0].data(), n, false).with_context(where));
-  unpair.wide.push_back(beside);
-  STRATA_TRY(path.pair(key, companions[1].data(), n, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_TRY(pairs.beside(beside, companions[0].data(), n, where));
+  STRATA_ASSIGN_OR_RETURN(
+      float* key,
+      pairs.alone(companions[1].data(), n, "the gate_up_grad_16bit_alone check's key", where));
   if (!path.reads_companion(key, n)) {
     return Status(ErrorCode::kInternal,
                   fmt::format("{}: a product reading the gradient of gate and up kept alone "

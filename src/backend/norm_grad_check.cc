@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "backend/host_copies.h"
-#include "common/address_range.h"
 
 namespace strata::backend {
 namespace {
@@ -51,13 +50,9 @@ Status check_shape(Backend& backend, const NormGradAlonePath& path, const Shape&
   STRATA_ASSIGN_OR_RETURN(
       Buffer companion,
       device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose));
-  STRATA_ASSIGN_OR_RETURN(AddressRange key_range,
-                          AddressRange::reserve(static_cast<std::uint64_t>(n) * sizeof(float),
-                                                "the norm_grad_16bit check's key"));
-  auto* key = static_cast<float*>(key_range.begin());
-  UnpairOnExit unpair{path.unpair, {}};
-  STRATA_TRY(path.pair(key, companion.data(), n, true).with_context(where));
-  unpair.wide.push_back(key);
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_ASSIGN_OR_RETURN(
+      float* key, pairs.alone(companion.data(), n, "the norm_grad_16bit check's key", where));
   float* mean = stats.as<float>();
   float* rstd = mean + s.rows;
   ops.layernorm_forward(out.as<float>(), mean, rstd, x.as<float>(), w.as<float>(), b.as<float>(),

@@ -175,18 +175,22 @@ Status ModelRunner<T>::allocate() {
   const bool alone = keeps_alone();
   const bool attention_alone = keeps_attention_alone();
   const bool gate_up_narrow = keeps_gate_up_narrow();
-  auto gemm_input = [&](T** p, std::int64_t elements, const char* what) -> Status {
-    if (alone) {
-      STRATA_ASSIGN_OR_RETURN(*p, reserve(elements, "an activation kept in 16 bits"));
+  // An fp32 array (`what`), or where it is kept in 16 bits alone an address range standing for it
+  // (`kept`; its companion holds it).
+  auto fp32_or_key = [&](T** p, std::int64_t elements, bool kept_alone, const char* what,
+                         const char* kept) -> Status {
+    if (kept_alone) {
+      STRATA_ASSIGN_OR_RETURN(*p, reserve(elements, kept));
     } else {
       STRATA_ASSIGN_OR_RETURN(*p, alloc(elements, what));
     }
     return Status::ok();
   };
+  const char* activation = "an activation kept in 16 bits";
   for (std::int64_t l = 0; l < saved_sets; ++l) {
     BlockActs<T> a;
     const char* what = "block activations";
-    STRATA_TRY(gemm_input(&a.ln1, n * c, what));
+    STRATA_TRY(fp32_or_key(&a.ln1, n * c, alone, what, activation));
     STRATA_ASSIGN_OR_RETURN(a.mean1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(n * qkv_width(spec_), what));
@@ -194,14 +198,11 @@ Status ModelRunner<T>::allocate() {
       STRATA_ASSIGN_OR_RETURN(a.qkv_raw, alloc(n * qkv_raw_width(spec_), what));
       STRATA_ASSIGN_OR_RETURN(a.qk_rstd, alloc(n * qk_rstd_width(spec_), what));
     }
-    if (attention_alone) {
-      STRATA_ASSIGN_OR_RETURN(a.att, reserve(n * hd, "an attention output kept in 16 bits"));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(a.att, alloc(n * hd, what));
-    }
+    STRATA_TRY(
+        fp32_or_key(&a.att, n * hd, attention_alone, what, "an attention output kept in 16 bits"));
     STRATA_ASSIGN_OR_RETURN(a.lse, alloc(b * spec_.num_heads * t, what));
     STRATA_ASSIGN_OR_RETURN(a.res1, alloc(n * c, what));
-    STRATA_TRY(gemm_input(&a.ln2, n * c, what));
+    STRATA_TRY(fp32_or_key(&a.ln2, n * c, alone, what, activation));
     STRATA_ASSIGN_OR_RETURN(a.mean2, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd2, alloc(n, what));
     if (gate_up_narrow) {
@@ -213,33 +214,19 @@ Status ModelRunner<T>::allocate() {
     } else {
       STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
     }
-    STRATA_TRY(gemm_input(&a.act, n * in, what));
+    STRATA_TRY(fp32_or_key(&a.act, n * in, alone, what, activation));
     acts_.push_back(a);
   }
   const char* what = "backward scratch";
-  if (keeps_swiglu_grad_alone()) {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dact, reserve(n * in, "a SwiGLU gradient kept in 16 bits"));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dact, alloc(n * in, what));
-  }
-  if (keeps_gate_up_grad_alone()) {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dfc,
-                            reserve(n * fc_width(spec_), "a gate and up gradient kept in 16 bits"));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dfc, alloc(n * fc_width(spec_), what));
-  }
+  STRATA_TRY(fp32_or_key(&scratch_.dact, n * in, keeps_swiglu_grad_alone(), what,
+                         "a SwiGLU gradient kept in 16 bits"));
+  STRATA_TRY(fp32_or_key(&scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone(), what,
+                         "a gate and up gradient kept in 16 bits"));
   STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
-  if (keeps_attention_grad_alone()) {
-    STRATA_ASSIGN_OR_RETURN(scratch_.datt,
-                            reserve(n * hd, "an attention gradient kept in 16 bits"));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(scratch_.datt, alloc(n * hd, what));
-  }
-  if (keeps_norm_grad_alone()) {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dln, reserve(n * c, "a norm gradient kept in 16 bits"));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(scratch_.dln, alloc(n * c, what));
-  }
+  STRATA_TRY(fp32_or_key(&scratch_.datt, n * hd, keeps_attention_grad_alone(), what,
+                         "an attention gradient kept in 16 bits"));
+  STRATA_TRY(fp32_or_key(&scratch_.dln, n * c, keeps_norm_grad_alone(), what,
+                         "a norm gradient kept in 16 bits"));
   STRATA_ASSIGN_OR_RETURN(dres_[0], alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(dres_[1], alloc(n * c, what));
   STRATA_ASSIGN_OR_RETURN(lnf_, alloc(n * c, "final norm"));

@@ -107,15 +107,8 @@ AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
       fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
       return;
     }
-    // An output kept alone: the product rounded into the companion.
-    std::vector<float> product(static_cast<std::size_t>(m * ldc));
-    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, product.data(),
-                    ldc);
-    std::uint16_t* narrow = f->narrow + (c - f->wide);
-    for (std::int64_t i = 0; i < m * ldc; ++i) {
-      narrow[i] = to16(product[static_cast<std::size_t>(i)], fake->type);
-      if (fake->fault == Fault::kProductTwoUnitsOff && i == 7) narrow[i] += 2;
-    }
+    fake->product_alone(*fake->ops, ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb, c, ldc,
+                        fake->fault == Fault::kProductTwoUnitsOff ? 7 : -1);
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");

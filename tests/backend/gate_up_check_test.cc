@@ -156,15 +156,8 @@ SwigluGradAlonePath grad_path(Backend& backend, DType type, GradFault fault) {
   p.keeps = [fake] { return fake->fault != GradFault::kNotKept; };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-    const testing::FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
-    ASSERT_TRUE(f != nullptr && f->alone) << "the check's product writes the key kept alone";
-    std::vector<float> product(static_cast<std::size_t>(m * ldc));
-    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, product.data(), ldc);
-    std::uint16_t* narrow = f->narrow + (c - f->wide);
-    for (std::int64_t i = 0; i < m * ldc; ++i) {
-      narrow[i] = testing::to16(product[static_cast<std::size_t>(i)], fake->type);
-      if (fake->fault == GradFault::kTwoUnitsOff && i == 7) narrow[i] += 2;
-    }
+    fake->product_alone(*fake->ops, ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
+                        fake->fault == GradFault::kTwoUnitsOff ? 7 : -1);
   };
   p.backward = [fake](float* d, const void* gate_up, const float* dout, std::int64_t rows,
                       std::int64_t inner) {

@@ -77,6 +77,22 @@ struct FakePairs {
   void unpair(const float* wide) {
     std::erase_if(pairs, [wide](const FakePair& f) { return f.wide == wide; });
   }
+  // C = op(A) op(B) by `ops` (alpha 1, beta 0), rounded into the companion of `c`, which must be
+  // kept alone, as the backend's product writing an output kept alone does; `off_at` >= 0: that
+  // element 2 units off (the checks' tests' fault).
+  void product_alone(backend::Ops<float>& ops, bool ta, bool tb, std::int64_t m, std::int64_t n,
+                     std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                     std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t off_at = -1) const {
+    const FakePair* f = pair_of(c, (m - 1) * ldc + n);
+    ASSERT_TRUE(f != nullptr && f->alone) << "the product writes an output kept alone";
+    std::vector<float> product(static_cast<std::size_t>(m * ldc));
+    ops.gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, product.data(), ldc);
+    std::uint16_t* narrow = f->narrow + (c - f->wide);
+    for (std::int64_t i = 0; i < m * ldc; ++i) {
+      narrow[i] = to16(product[static_cast<std::size_t>(i)], type);
+      if (i == off_at) narrow[i] += 2;
+    }
+  }
 };
 
 // `check` failing on `path` (a check's path with `pair` and `unpair`, which this counts) leaves
