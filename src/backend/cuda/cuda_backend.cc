@@ -934,11 +934,17 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     return Status::ok();
   };
   const int attention_code = bf16 ? cuda_kernels::kCodeBF16 : cuda_kernels::kCodeF16;
-  if (!fast_paths_.active(kActivations16AloneName)) {
-    fast_paths_.not_applicable(
-        kAttentionAloneName, kAttentionAloneReplaces,
-        fmt::format("the activations are not kept in 16 bits alone ({} is off)",
-                    kActivations16AloneName));
+  // Why the paths kept alone on top of the activations' (and of gate and up's) do not apply.
+  const bool activations_alone = fast_paths_.active(kActivations16AloneName);
+  const std::string activations_not_alone = fmt::format(
+      "the activations are not kept in 16 bits alone ({} is off)", kActivations16AloneName);
+  const bool gate_up_alone = activations_alone && fast_paths_.active(kGateUp16Name);
+  const std::string gate_up_not_alone = fmt::format(
+      "gate and up are not kept in 16 bits alone or the activations are not ({} or {} "
+      "is off)",
+      kGateUp16Name, kActivations16AloneName);
+  if (!activations_alone) {
+    fast_paths_.not_applicable(kAttentionAloneName, kAttentionAloneReplaces, activations_not_alone);
   } else if (head_sizes.empty()) {
     fast_paths_.not_applicable(
         kAttentionAloneName, kAttentionAloneReplaces,
@@ -974,12 +980,8 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   // The gradient of the Llama family's SwiGLU output in 16 bits alone, written so by its product
   // and read so by SwiGLU's 16-bit backward: within 1 unit in the last place of the verified
   // product rounded, and the backward's bits on those values.
-  if (!fast_paths_.active(kGateUp16Name) || !fast_paths_.active(kActivations16AloneName)) {
-    fast_paths_.not_applicable(
-        kSwigluGradAloneName, kSwigluGradAloneReplaces,
-        fmt::format("gate and up are not kept in 16 bits alone or the activations are not ({} or "
-                    "{} is off)",
-                    kGateUp16Name, kActivations16AloneName));
+  if (!gate_up_alone) {
+    fast_paths_.not_applicable(kSwigluGradAloneName, kSwigluGradAloneReplaces, gate_up_not_alone);
   } else {
     const SwigluGradAlonePath swiglu_grad = ops_swiglu_grad_path(*ops_, ops_finished);
     ops_->use_swiglu_grad_alone(true);
@@ -993,12 +995,8 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   // The gradient of the Llama family's gate and up in 16 bits alone, written into its companion
   // only by SwiGLU's 16-bit backward and read there by its products: the bits of the companion kept
   // beside the fp32 array.
-  if (!fast_paths_.active(kGateUp16Name) || !fast_paths_.active(kActivations16AloneName)) {
-    fast_paths_.not_applicable(
-        kGateUpGradAloneName, kGateUpGradAloneReplaces,
-        fmt::format("gate and up are not kept in 16 bits alone or the activations are not ({} or "
-                    "{} is off)",
-                    kGateUp16Name, kActivations16AloneName));
+  if (!gate_up_alone) {
+    fast_paths_.not_applicable(kGateUpGradAloneName, kGateUpGradAloneReplaces, gate_up_not_alone);
   } else {
     const GateUpGradAlonePath gate_up_grad =
         ops_gate_up_grad_path(*ops_, reads_companion, ops_finished);
@@ -1006,19 +1004,15 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     ops_->use_gate_up_grad_alone(fast_paths_.adopt(
         kGateUpGradAloneName, kGateUpGradAloneReplaces,
         "the gradient of the Llama family's gate and up written by SwiGLU's 16-bit backward into "
-        "its "
-        "16-bit companion only (no fp32 array is allocated for it) and read there by the gate/up "
-        "projection's two products",
+        "its 16-bit companion only (no fp32 array is allocated for it) and read there by the "
+        "gate/up projection's two products",
         [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
   }
   // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'
   // input gradients and read so by the norms' backwards: within 1 unit in the last place of the
   // verified product rounded, and the backwards' bits on those values.
-  if (!fast_paths_.active(kActivations16AloneName)) {
-    fast_paths_.not_applicable(kNormGradAloneName, kNormGradAloneReplaces,
-                               fmt::format("the activations are not kept in 16 bits alone ({} is "
-                                           "off)",
-                                           kActivations16AloneName));
+  if (!activations_alone) {
+    fast_paths_.not_applicable(kNormGradAloneName, kNormGradAloneReplaces, activations_not_alone);
   } else {
     const NormGradAlonePath norm_grad = ops_norm_grad_path(*ops_, ops_finished);
     ops_->use_norm_grad_alone(true);
