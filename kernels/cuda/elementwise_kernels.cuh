@@ -386,7 +386,8 @@ __global__ void rope_block_to_16_kernel(std::uint16_t* dst, int dst_code, std::i
 // src (16-bit src_code, leading dimension src_ld) widened, then rotated as rope_kernel rotates it
 // in place (p.direction -1: its backward), and rounded into dst's companion `also` where it has
 // one: the bits of cast_block_from_16_kernel followed by rope_kernel. Each thread widens its
-// element's partner itself (a second 16-bit read), so dst is written once.
+// element's partner itself (a second 16-bit read), so dst is written once. A null dst with a
+// companion writes the companion alone (a gradient kept in 16 bits alone), the same bits.
 __global__ void rope_block_from_16_kernel(float* dst, std::int64_t dst_ld, const std::uint16_t* src,
                                           int src_code, std::int64_t src_ld, std::int64_t rows,
                                           RopeRows p, Narrow also) {
@@ -401,7 +402,7 @@ __global__ void rope_block_from_16_kernel(float* dst, std::int64_t dst_ld, const
     const auto load = [x, src_code](std::int64_t i) { return float_from_16_bits(x[i], src_code); };
     for (std::int64_t j = first; j < cols; j += stride) {
       const float v = rope_element(load, j, t, p);
-      dst[r * dst_ld + j] = v;
+      if (dst != nullptr) dst[r * dst_ld + j] = v;
       store_narrow(row, j, v);
     }
   }
@@ -498,14 +499,15 @@ __global__ void cast_ranges_from_16_kernel(float* dst, const std::uint16_t* src,
 
 // The converse: dst (rows x cols of fp32, leading dimension dst_ld) = src (16-bit `src_code`,
 // leading dimension src_ld), exactly; with a companion (`also`, leading dimension dst_ld) the
-// values rounded to its type too.
+// values rounded to its type too. A null dst with a companion writes the companion alone.
 __global__ void cast_block_from_16_kernel(float* dst, std::int64_t dst_ld, const std::uint16_t* src,
                                           int src_code, std::int64_t src_ld, std::int64_t rows,
                                           std::int64_t cols, Narrow also) {
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    convert_run(dst + r * dst_ld, src + r * src_ld, src_code, cols, first, stride);
+    if (dst != nullptr)
+      convert_run(dst + r * dst_ld, src + r * src_ld, src_code, cols, first, stride);
     if (also.p == nullptr) continue;
     const Narrow row{also.p + r * dst_ld, also.code};
     for (std::int64_t c = first; c < cols; c += stride)

@@ -33,7 +33,8 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
                                          const std::uint16_t* out16, const std::uint16_t* dout16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
-      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape)) {
+      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape) ||
+      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow, rope)) {
     return cudaErrorInvalidValue;
   }
   const CudaLauncher launch{s};
@@ -72,7 +73,8 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
                                      const std::uint16_t* out16, const std::uint16_t* dout16) {
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
-      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape)) {
+      !flash_f32_backward_out_valid(out, out16, dout, dout16, shape) ||
+      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow, rope)) {
     return cudaErrorInvalidValue;
   }
   const CudaLauncher launch{s};

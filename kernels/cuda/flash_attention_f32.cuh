@@ -30,6 +30,11 @@
 // in 16 bits alone likewise (fast path attention_grad_16bit: its product writes it in the
 // attention's 16-bit type) comes as `dout16` (compact rows, 16-byte aligned; `dout` null) and is
 // read in place instead of being rounded into the workspace.
+//
+// The q/k/v gradient kept in 16 bits alone (fast path qkv_grad_16bit_alone) likewise has no fp32
+// arrays: where the backward rotates (RoPE in the staging, whose widening writes the companions
+// anyway), dq, dk and dv are null and the widening writes only their companions (`d_narrow`), the
+// bits it writes beside the fp32 values.
 #pragma once
 
 #include <algorithm>
@@ -74,7 +79,22 @@ inline bool flash_f32_backward_out_valid(const float* out, const std::uint16_t* 
   return dout != nullptr;
 }
 
+// Likewise the backward's gradients: dq, dk and dv; or, kept in 16 bits alone, none of them, with
+// the three companions, where the backward rotates (`rope`: its widening writes them).
+inline bool flash_f32_backward_grads_valid(const float* dq, const float* dk, const float* dv,
+                                           const QkvNarrow& d_narrow,
+                                           const kernels::QkRotation<float>& rope) {
+  if (dq != nullptr && dk != nullptr && dv != nullptr) return true;
+  return dq == nullptr && dk == nullptr && dv == nullptr && rope.cos != nullptr &&
+         d_narrow.q.p != nullptr && d_narrow.k.p != nullptr && d_narrow.v.p != nullptr;
+}
+
 namespace flash_f32_detail {
+
+// `p` `offset` elements on (a gradient kept alone, null, stays null).
+inline float* at(float* p, std::int64_t offset) {
+  return p != nullptr ? p + offset : nullptr;
+}
 
 // Whether `Inner` writes its results into the fp32 arrays itself (FlashInner::kWritesWide).
 template <typename Inner>
@@ -372,16 +392,18 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     if (!launched(err)) return err;
     if (rope.cos != nullptr) {
       // dv widened, then dq and dk rotated back as they are widened (the rotation's transpose).
+      // Null arrays (kept alone): only the companions.
       const d::Widen values[] = {
-          {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
+          {d::at(dv, at_kv), shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
       err = d::widen(launch, io.code, rows, values);
       if (!launched(err)) return err;
-      err = d::widen_rotated(launch, io.code, shape, rope, p.first, rows, shape.heads,
-                             {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)});
+      err = d::widen_rotated(
+          launch, io.code, shape, rope, p.first, rows, shape.heads,
+          {d::at(dq, at_q), shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)});
       if (!launched(err)) return err;
       return d::widen_rotated(
           launch, io.code, shape, rope, p.first, rows, shape.kv_heads,
-          {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
+          {d::at(dk, at_kv), shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
     }
     const d::Widen result[] = {
         {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},

@@ -144,7 +144,9 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // `out16` (out's 16-bit companion, compact, 16-byte aligned), the backward reads out's 16 bits from
 // it instead of rounding out again. An output kept in 16 bits alone has a null `out` in both
 // directions: the forward writes its 16-bit results into `out_narrow` alone (of the attention's
-// type, compact rows), the backward reads `out16`; cudaErrorInvalidValue without them.
+// type, compact rows), the backward reads `out16`; cudaErrorInvalidValue without them. The
+// backward's dq, dk, dv kept in 16 bits alone are all null where it rotates: it writes their
+// companions (`d_narrow`, all three) alone; cudaErrorInvalidValue otherwise.
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,

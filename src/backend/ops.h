@@ -340,6 +340,18 @@ class Ops {
   // swiglu_backward_narrow writing it writes the companion alone (the bits pair_narrow's companion
   // would hold), and the products reading it read the companion.
   virtual bool keeps_gate_up_grad_alone() const { return false; }
+  // Whether the gradient of q, k and v of this shape (the backward scratch dqkv: dq, dk, dv side by
+  // side in each row, written by attention_backward_rotated and, in a block without q/k norms or a
+  // qkv bias, read by the two products of the qkv projection's backward alone) is kept in
+  // narrow_type() alone too (false, the default; only where keeps_narrow_alone() and
+  // attention_rotates(shape)): pair_narrow_alone then takes it, attention_backward_rotated writing
+  // it (dq, dk, dv at their places in the key, of q_stride and kv_stride its row width) writes the
+  // companion alone (the bits pair_narrow's companion would hold), and the products reading it read
+  // the companion.
+  virtual bool keeps_qkv_grad_alone(const AttentionShape& shape) const {
+    (void)shape;
+    return false;
+  }
 };
 
 }  // namespace strata::backend

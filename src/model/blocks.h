@@ -67,19 +67,40 @@ std::int64_t qk_rstd_width(const ModelShape& spec);
 kernels::AttentionShape attention_shape(const ModelShape& spec, std::int64_t batch,
                                         std::int64_t seq_len, int layer,
                                         const std::int32_t* positions = nullptr);
+// Whether `holds` holds for every block's attention shape over such micro-batches (and there is a
+// block).
+template <typename Holds>
+bool every_attention_shape(const ModelShape& spec, std::int64_t batch, std::int64_t seq_len,
+                           Holds&& holds) {
+  for (int l = 0; l < spec.num_layers; ++l) {
+    if (!holds(attention_shape(spec, batch, seq_len, l))) return false;
+  }
+  return spec.num_layers > 0;
+}
 // Whether `ops` keep every block's attention output (`gradient` false) or its gradient (true) in
 // 16 bits alone over such micro-batches (Ops::keeps_attention_alone or keeps_attention_grad_alone
 // for each layer's shape).
 template <typename T>
 bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
                            std::int64_t seq_len, bool gradient = false) {
-  for (int l = 0; l < spec.num_layers; ++l) {
-    const kernels::AttentionShape s = attention_shape(spec, batch, seq_len, l);
-    if (!(gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s))) {
-      return false;
-    }
-  }
-  return spec.num_layers > 0;
+  return every_attention_shape(spec, batch, seq_len, [&](const kernels::AttentionShape& s) {
+    return gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s);
+  });
+}
+// Whether only the qkv projection's two products read a block's q/k/v gradient (the backward
+// scratch dqkv): the Llama family without q/k norms (whose backward reads it in fp32) or a qkv bias
+// (whose column sums do).
+bool qkv_grad_read_by_products_alone(const ModelShape& spec);
+// Whether `ops` keep every block's q/k/v gradient in 16 bits alone over such micro-batches: only
+// the products read it, and Ops::keeps_qkv_grad_alone for each layer's shape (whose attention then
+// rotates q and k, writing the gradient).
+template <typename T>
+bool keeps_qkv_grad_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
+                          std::int64_t seq_len) {
+  return qkv_grad_read_by_products_alone(spec) &&
+         every_attention_shape(spec, batch, seq_len, [&](const kernels::AttentionShape& s) {
+           return ops.keeps_qkv_grad_alone(s) && ops.attention_rotates(s);
+         });
 }
 
 // out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.

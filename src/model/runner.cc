@@ -222,7 +222,8 @@ Status ModelRunner<T>::allocate() {
                          "a SwiGLU gradient kept in 16 bits"));
   STRATA_TRY(fp32_or_key(&scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone(), what,
                          "a gate and up gradient kept in 16 bits"));
-  STRATA_ASSIGN_OR_RETURN(scratch_.dqkv, alloc(n * qkv_width(spec_), what));
+  STRATA_TRY(fp32_or_key(&scratch_.dqkv, n * qkv_width(spec_), keeps_qkv_grad_alone(), what,
+                         "a q/k/v gradient kept in 16 bits"));
   STRATA_TRY(fp32_or_key(&scratch_.datt, n * hd, keeps_attention_grad_alone(), what,
                          "an attention gradient kept in 16 bits"));
   STRATA_TRY(fp32_or_key(&scratch_.dln, n * c, keeps_norm_grad_alone(), what,
@@ -304,6 +305,12 @@ bool ModelRunner<T>::keeps_gate_up_grad_alone() const {
 }
 
 template <typename T>
+bool ModelRunner<T>::keeps_qkv_grad_alone() const {
+  return options_.narrow_qkv_grad && keeps_alone() && qkv_grad_read_by_products_alone(spec_) &&
+         (sizing_ || model::keeps_qkv_grad_alone(*ops_, spec_, options_.batch, options_.seq_len));
+}
+
+template <typename T>
 Result<T*> ModelRunner<T>::reserve(std::int64_t elements, const char* purpose) {
   // Not device memory: nothing for the arena to count.
   if (sizing_) return reinterpret_cast<T*>(alignof(T));
@@ -354,7 +361,7 @@ Status ModelRunner<T>::allocate_companions() {
   if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
   if (keeps_norm_grad_alone()) STRATA_TRY(pair(scratch_.dln, n * c, true));
   STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone()));
-  STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_)));
+  STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_), keeps_qkv_grad_alone()));
   STRATA_TRY(pair(dres_[0], n * c));
   STRATA_TRY(pair(dres_[1], n * c));
   if (logits16_ == nullptr) STRATA_TRY(pair(logits_, chunk_rows_ * spec_.vocab_size));
@@ -690,6 +697,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_swiglu_grad = false;
   w.options.narrow_norm_grad = false;
   w.options.narrow_gate_up_grad = false;
+  w.options.narrow_qkv_grad = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

@@ -99,6 +99,14 @@ struct RunnerOptions {
   // counts only the companion. Only with narrow_gate_up and narrow_alone in effect; otherwise the
   // fp32 array beside its companion.
   bool narrow_gate_up_grad = false;
+  // The gradient of q, k and v (the backward scratch dqkv, N x qkv_width) in the ops' 16-bit type
+  // alone (Ops::keeps_qkv_grad_alone, fast path qkv_grad_16bit_alone): written into its companion
+  // only by the rotated attention's backward, read there by the qkv projection's products;
+  // memory_needed counts only the companion. Only with narrow_alone in effect, for the Llama family
+  // without q/k norms or a qkv bias, and only where the backend's ops promise it for every layer's
+  // shape (the trainer asks them: keeps_qkv_grad_alone in blocks.h); otherwise the fp32 array
+  // beside its companion.
+  bool narrow_qkv_grad = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -196,6 +204,9 @@ class ModelRunner {
   // Whether the gradient of gate and up is kept in 16 bits alone too
   // (RunnerOptions::narrow_gate_up_grad).
   bool keeps_gate_up_grad_alone() const;
+  // Whether the gradient of q, k and v is kept in 16 bits alone too
+  // (RunnerOptions::narrow_qkv_grad).
+  bool keeps_qkv_grad_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

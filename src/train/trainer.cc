@@ -152,6 +152,11 @@ Status Trainer::setup() {
   // The gradient of gate and up kept in its companion alone likewise (gate_up_grad_16bit_alone).
   runner.narrow_gate_up_grad = runner.narrow_gate_up && runner.narrow_alone &&
                                backend_->ops_f32().keeps_gate_up_grad_alone();
+  // The gradient of q, k and v kept in its companion alone, where every layer's attention rotates q
+  // and k and only the products read it (qkv_grad_16bit_alone).
+  runner.narrow_qkv_grad =
+      runner.narrow_alone &&
+      model::keeps_qkv_grad_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len);
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

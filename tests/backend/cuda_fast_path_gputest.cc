@@ -31,6 +31,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
+#include "backend/qkv_grad_check.h"
 #include "backend/rope_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
@@ -283,6 +284,32 @@ TEST(CudaFastPaths, NormGradientsKeptAloneAreOnWith16BitGemms) {
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   const std::optional<FastPath> path = find_path(fp32.fast_paths(), kNormGradAloneName);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+}
+
+// The gradient of q, k and v kept in 16 bits alone (the start-up check passed) with 16-bit GEMMs,
+// whose activations' path it needs, and RoPE in the attention's staging, whose widening writes it;
+// the check passes again on the backend's own Ops at head sizes 64 and 128, counting one rotated
+// backward writing it alone for each of its 2 cases; with fp32 GEMM inputs the path does not apply.
+TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kQkvGradAloneName);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    const QkvGradAlonePath qkv_grad = ops_qkv_grad_path(
+        gpu.ops_f32(), [](const float*, std::int64_t) { return true; },
+        [&] { return gpu.synchronize(StreamKind::kCompute); });
+    for (const std::int64_t head_dim : {64, 128}) {
+      const Status s = check_qkv_grad_alone(gpu, qkv_grad, head_dim);
+      EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
+    }
+    EXPECT_EQ(find_path(gpu.fast_paths(), kQkvGradAloneName)->uses - path->uses, 4);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kQkvGradAloneName);
   ASSERT_TRUE(path.has_value());
   EXPECT_FALSE(path->active);
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;

@@ -11,12 +11,15 @@
 //
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/host_copies.h"
 #include "backend/rope_check.h"
 #include "support/cpu_backend_support.h"
 #include "support/emulated_launch.h"
@@ -190,6 +193,94 @@ TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) 
       }
     }
   }
+}
+
+// The gradient of q, k and v kept in 16 bits alone (fast path qkv_grad_16bit_alone): the rotated
+// backward given null dq, dk, dv writes their companions alone, with the bits it writes into them
+// beside the fp32 arrays, in bf16 and fp16, over one pass and over one batch row per pass, with the
+// whole head rotated and a partial rotary width; and the launchers' rule for what may be null.
+TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsCompanionsAlone) {
+  const struct {
+    bool bf16, one_row;
+    std::int64_t rotary;
+  } cases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
+  for (const auto& c : cases) {
+    AttentionShape s{};
+    s.batch = 2;
+    s.seq_len = 19;
+    s.heads = 4;
+    s.kv_heads = 2;
+    s.head_dim = 64;
+    const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * s.head_dim;
+    const std::int64_t kvd = s.kv_heads * s.head_dim, stride = hd + 2 * kvd, n = rows * stride;
+    s.q_stride = s.kv_stride = stride;
+    s.out_stride = hd;
+    s.scale = 0.125;
+    std::mt19937_64 rng(4100 + static_cast<std::uint64_t>(c.rotary));
+    const std::vector<float> qkv = normal_values(rng, n, 1.0f, 0.0f);
+    const std::vector<float> dout = normal_values(rng, rows * hd, 1.0f, 0.0f);
+    std::vector<float> cos(static_cast<std::size_t>(s.seq_len * c.rotary / 2)), sin(cos.size());
+    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary, 10000.0);
+    kernels::QkRotation<float> rope;
+    rope.cos = cos.data();
+    rope.sin = sin.data();
+    rope.rotary_dim = c.rotary;
+    std::vector<float> out(static_cast<std::size_t>(rows * hd)),
+        lse(static_cast<std::size_t>(s.batch * s.heads * s.seq_len));
+    std::vector<float> wide(static_cast<std::size_t>(n), -3.0f);
+    const int code = c.bf16 ? ck::kCodeBF16 : ck::kCodeF16;
+    std::vector<std::uint16_t> beside(static_cast<std::size_t>(n), 0xffff), alone = beside;
+    const auto qkv_narrow = [&](std::vector<std::uint16_t>& to) {
+      std::uint16_t* p = to.data();
+      return ck::QkvNarrow{{p, code}, {p + hd, code}, {p + hd + kvd, code}};
+    };
+    std::vector<std::uint16_t> ws;
+    const float* q = qkv.data();
+    const auto run = [&](auto e) {
+      using E = decltype(e);
+      std::vector<std::uint16_t>& w = workspace_for(&ws, s, c.one_row, true);
+      const std::int64_t elements = static_cast<std::int64_t>(w.size());
+      ASSERT_EQ(
+          ck::run_flash_attention_forward_f32<E>(kEmulator, w.data(), elements, out.data(),
+                                                 lse.data(), q, q + hd, q + hd + kvd, s, {}, rope),
+          0);
+      ASSERT_EQ(ck::run_flash_attention_backward_f32<E>(
+                    kEmulator, w.data(), elements, wide.data(), wide.data() + hd,
+                    wide.data() + hd + kvd, dout.data(), out.data(), lse.data(), q, q + hd,
+                    q + hd + kvd, s, qkv_narrow(beside), rope),
+                0);
+      ASSERT_EQ(ck::run_flash_attention_backward_f32<E>(
+                    kEmulator, w.data(), elements, nullptr, nullptr, nullptr, dout.data(),
+                    out.data(), lse.data(), q, q + hd, q + hd + kvd, s, qkv_narrow(alone), rope),
+                0);
+    };
+    if (c.bf16) {
+      run(ck::FlashBf16{});
+    } else {
+      run(ck::FlashFp16{});
+    }
+    EXPECT_EQ(alone, beside) << "bf16 " << c.bf16 << ", one row per pass " << c.one_row
+                             << ", rotary width " << c.rotary;
+    EXPECT_EQ(std::count(alone.begin(), alone.end(), std::uint16_t{0xffff}), 0);
+    // The companions are the fp32 gradient's rounding (the arrays beside them were written).
+    for (std::int64_t i = 0; i < n; i += 97)
+      EXPECT_EQ(beside[static_cast<std::size_t>(i)],
+                ck::float_to_16_bits(wide[static_cast<std::size_t>(i)], code))
+          << i;
+  }
+  // Null arrays only all together, with all three companions, where the backward rotates.
+  std::uint16_t c16[3] = {};
+  float d[3] = {};
+  const ck::QkvNarrow all{{c16, ck::kCodeBF16}, {c16 + 1, ck::kCodeBF16}, {c16 + 2, ck::kCodeBF16}};
+  kernels::QkRotation<float> rope;
+  rope.cos = rope.sin = d;
+  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(d, d + 1, d + 2, {}, {}));
+  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, all, rope));
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, all, {}));
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, d + 1, d + 2, all, rope));
+  ck::QkvNarrow no_v = all;
+  no_v.v.p = nullptr;
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, no_v, rope));
 }
 
 #endif

@@ -39,6 +39,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
+#include "backend/qkv_grad_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "config/config.h"
@@ -144,6 +145,7 @@ struct TrainedRun {
   std::int64_t swiglu_grad_reads = -1;       // the swiglu_grad_16bit path's, where it is on
   std::int64_t norm_grad_reads = -1;         // the norm_grad_16bit path's, where it is on
   std::int64_t gate_up_grad_writes = -1;     // the gate_up_grad_16bit_alone path's, where it is on
+  std::int64_t qkv_grad_writes = -1;         // the qkv_grad_16bit_alone path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -179,6 +181,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kSwigluGradAloneName && p.active) run.swiglu_grad_reads = p.uses;
     if (p.name == backend::kNormGradAloneName && p.active) run.norm_grad_reads = p.uses;
     if (p.name == backend::kGateUpGradAloneName && p.active) run.gate_up_grad_writes = p.uses;
+    if (p.name == backend::kQkvGradAloneName && p.active) run.qkv_grad_writes = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -540,12 +543,13 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     EXPECT_EQ(beside.attention_alone_writes, -1) << family;
     const std::int64_t hidden = 128, inner = family == "gpt2" ? 4 * hidden : 256;
     const std::int64_t attention = 2 * 64;  // heads x head size
-    // The Llama family's gradient of gate and up (gate_up_grad_16bit_alone) is off with this path
-    // too: its fp32 array beside the companion.
+    // The Llama family's gradients of gate and up (gate_up_grad_16bit_alone) and of q, k and v
+    // (qkv_grad_16bit_alone) are off with this path too: their fp32 arrays beside the companions.
     const std::int64_t gate_up_grad = family == "llama" ? rows * 2 * inner : 0;
+    const std::int64_t qkv_grad = family == "llama" ? rows * (2 + 2 * 1) * 64 : 0;
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
               static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention) +
-                                         gate_up_grad) *
+                                         gate_up_grad + qkv_grad) *
                       sizeof(float) +
                   static_cast<std::uint64_t>(rows * attention) * 2)
         << family;
@@ -751,6 +755,36 @@ TEST(EmulatedCudaStepFallback, GateUpGradientsAloneRefusedAtStartGiveTheSameBits
             static_cast<std::uint64_t>(rows * 2 * inner) * sizeof(float));
 }
 
+// The gradient of q, k and v kept in 16 bits alone (qkv_grad_16bit_alone) against the path refused
+// at start (its fp32 array allocated beside the companion): the rotated backward's widening writes
+// the same companion, which the qkv projection's two products read either way, so the losses and
+// state are the same to the bit, the kernels the same, one write kept alone per block and
+// micro-batch, and exactly the fp32 array's 4 bytes per element fewer on the device. GPT-2 (a qkv
+// bias, whose column sums read the fp32 gradient, and no RoPE) keeps its fp32 array: the path is on
+// and unused.
+TEST(EmulatedCudaStepFallback, QkvGradientsAloneRefusedAtStartGiveTheSameBits) {
+  testing::TempDir dir;
+  const TrainedRun alone = train("llama", kTiers[0], true, dir.path() + "/alone", 2);
+  const TrainedRun beside = train_refused(backend::kQkvGradAloneName, "llama", kTiers[0], true,
+                                          dir.path() + "/beside", 2);
+  ASSERT_EQ(alone.launches.size(), 2u);
+  ASSERT_EQ(beside.launches.size(), 2u);
+  EXPECT_TRUE(testing::same_bits(beside.state, alone.state));
+  EXPECT_EQ(beside.losses, alone.losses);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_EQ(alone.launches[step], beside.launches[step]) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(alone.qkv_grad_writes, 2 * blocks);
+  EXPECT_EQ(beside.qkv_grad_writes, -1);
+  const std::int64_t qkv = (2 + 2 * 1) * 64;  // q's 2 heads, k's and v's 1, of 64
+  EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+            static_cast<std::uint64_t>(rows * qkv) * sizeof(float));
+  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
+  EXPECT_EQ(gpt2.qkv_grad_writes, 0);
+}
+
 // The gradient of the blocks' norm outputs in 16 bits alone (norm_grad_16bit) against the path
 // refused at start (the projections' input gradients in fp32, read so by the norms' backwards): the
 // products round that gradient once, as autocast's bf16 products do, so in both families the runs
@@ -829,6 +863,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;
   EXPECT_TRUE(paths["norm_grad_16bit"].active) << paths["norm_grad_16bit"].detail;
   EXPECT_TRUE(paths["gate_up_grad_16bit_alone"].active) << paths["gate_up_grad_16bit_alone"].detail;
+  EXPECT_TRUE(paths["qkv_grad_16bit_alone"].active) << paths["qkv_grad_16bit_alone"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :

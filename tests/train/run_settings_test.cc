@@ -318,6 +318,45 @@ TEST(RunSettings, GateUpGradientsIn16BitsAloneAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_gate_up_grad);
 }
 
+// The gradient of q, k and v kept in 16 bits alone (RunnerOptions::narrow_qkv_grad) is counted as
+// such: the backward's one scratch array (N x qkv_width) is not allocated beside its companion.
+// Only with the activations kept alone, only for the Llama family without q/k norms or a qkv bias
+// (GPT-2's bias and Qwen3's norms read it in fp32), not without the companions; the settings alone
+// leave it off.
+TEST(RunSettings, QkvGradientsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape llama = testing::tiny_llama(true);
+  model::RunnerOptions with = runner_options(c, llama, false);
+  EXPECT_FALSE(with.narrow_qkv_grad);
+  with.narrow_alone = true;
+  model::RunnerOptions narrow = with;
+  narrow.narrow_qkv_grad = true;
+  const auto dqkv = static_cast<std::uint64_t>(2 * 16 * model::qkv_width(llama));
+  EXPECT_EQ(device(llama, with) - device(llama, narrow), granule(dqkv * 4));
+  for (bool model::RunnerOptions::*needed :
+       {&model::RunnerOptions::narrow_alone, &model::RunnerOptions::narrow_companions}) {
+    model::RunnerOptions without = with, without_narrow = narrow;
+    without.*needed = without_narrow.*needed = false;
+    EXPECT_EQ(device(llama, without_narrow), device(llama, without));
+  }
+  model::ModelShape qk_norm = llama;
+  qk_norm.arch.qk_norm = true;
+  EXPECT_EQ(device(qk_norm, narrow), device(qk_norm, with));
+  model::ModelShape qkv_bias = llama;
+  qkv_bias.arch.qkv_bias = true;
+  EXPECT_EQ(device(qkv_bias, narrow), device(qkv_bias, with));
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  EXPECT_EQ(device(gpt2, narrow), device(gpt2, with));
+  EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_qkv_grad);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

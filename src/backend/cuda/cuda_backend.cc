@@ -27,6 +27,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
+#include "backend/qkv_grad_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
@@ -304,6 +305,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->norm_grad_reads();
       } else if (p.name == kGateUpGradAloneName) {
         p.uses = ops_->gate_up_grad_writes();
+      } else if (p.name == kQkvGradAloneName) {
+        p.uses = ops_->qkv_grad_writes();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -1007,6 +1010,33 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "its 16-bit companion only (no fp32 array is allocated for it) and read there by the "
         "gate/up projection's two products",
         [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
+  }
+  // The gradient of q, k and v in 16 bits alone where the attention rotates them, written into its
+  // companion only by the rotated staging's widening and read there by its products: the bits of
+  // the companion kept beside the fp32 array, at one head size the rotated attention took (the
+  // widening does not depend on it).
+  if (!activations_alone) {
+    fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, activations_not_alone);
+  } else if (!fast_paths_.active(kRopeAttentionName)) {
+    fast_paths_.not_applicable(
+        kQkvGradAloneName, kQkvGradAloneReplaces,
+        fmt::format("the attention does not rotate q and k ({} is off): the rope kernel's "
+                    "backward rotates the fp32 gradient in place",
+                    kRopeAttentionName));
+  } else {
+    const QkvGradAlonePath qkv_grad = ops_qkv_grad_path(*ops_, reads_companion, ops_finished);
+    const std::int64_t head_dim = head_sizes.front();
+    ops_->use_qkv_grad_alone(true);
+    ops_->use_qkv_grad_alone(fast_paths_.adopt(
+        kQkvGradAloneName, kQkvGradAloneReplaces,
+        "the gradient of q, k and v (where the attention rotates them) written by the 16-bit "
+        "attention's widening into its 16-bit companion only (no fp32 array is allocated for it) "
+        "and read there by the qkv projection's two products",
+        [&] {
+          return checked_once(fmt::format("{}:{}:{}:{}", kQkvGradAloneName, bf16 ? "bf16" : "fp16",
+                                          head_dim, scratch.sixteen_elements),
+                              [&] { return check_qkv_grad_alone(*this, qkv_grad, head_dim); });
+        }));
   }
   // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'
   // input gradients and read so by the norms' backwards: within 1 unit in the last place of the

@@ -509,19 +509,32 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
                                       const float* k, const float* v,
                                       const backend::AttentionShape& shape,
                                       const kernels::QkRotation<float>& rope) {
-  if (rotating(shape, rope)) ++rotated_attention_calls_;
+  const bool rotates = rotating(shape, rope);
+  if (rotates) ++rotated_attention_calls_;
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
-  wrote(dq, strided(rows, shape.q_stride, hd));
-  wrote(dk, strided(rows, shape.kv_stride, kvd));
-  wrote(dv, strided(rows, shape.kv_stride, kvd));
   // dq, dk and dv side by side in every row of one buffer (the model's q/k/v gradient): the 16-bit
   // paths round them into its companion too, noted as one range once all three are written.
   const std::int64_t stride = hd + 2 * kvd;
+  const bool side_by_side =
+      dk == dq + hd && dv == dk + kvd && shape.q_stride == stride && shape.kv_stride == stride;
   ck::QkvNarrow narrow;
-  if (dk == dq + hd && dv == dk + kvd && shape.q_stride == stride && shape.kv_stride == stride) {
+  if (side_by_side) {
     const ck::Narrow all = narrow_for(dq, rows * stride);
     if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
+  }
+  // A gradient kept in 16 bits alone (keeps_qkv_grad_alone): the rotated staging's widening writes
+  // its companion alone.
+  float *dq_wide = dq, *dk_wide = dk, *dv_wide = dv;
+  if (side_by_side && alone(dq, rows * stride)) {
+    STRATA_ASSERT_MSG(keeps_qkv_grad_alone(shape) && rotates && narrow.q.p != nullptr,
+                      "the gradient of q, k and v kept in 16 bits alone without its path on");
+    dq_wide = dk_wide = dv_wide = nullptr;
+    ++qkv_grad_writes_;
+  } else {
+    wrote(dq, strided(rows, shape.q_stride, hd));
+    wrote(dk, strided(rows, shape.kv_stride, kvd));
+    wrote(dv, strided(rows, shape.kv_stride, kvd));
   }
   const std::uint16_t* out16 = staged_companion(out, shape);
   // An output kept alone is read from its companion alone; so is a gradient kept alone.
@@ -542,11 +555,11 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     ++attention_grad_reads_;
   }
   if (takes_cudnn(shape, lse) &&
-      staged_ran(
-          ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                       scratch_.sixteen_elements, dq, dk, dv, dout_wide, out_wide,
-                                       lse, q, k, v, shape, narrow, rope, out16, dout16),
-          "cuDNN attention backward")) {
+      staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
+                                              scratch_.sixteen_elements, dq_wide, dk_wide, dv_wide,
+                                              dout_wide, out_wide, lse, q, k, v, shape, narrow,
+                                              rope, out16, dout16),
+                 "cuDNN attention backward")) {
     if (out16 != nullptr) ++staged_companion_reads_;
     wrote(dq, rows * stride, narrow.q);
     return;
@@ -554,9 +567,10 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
   if (takes_flash(shape)) {
     ++flash_calls_;
     if (out16 != nullptr) ++staged_companion_reads_;
-    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(
-                         stream_, flash_bf16_, scratch_.sixteen, scratch_.sixteen_elements, dq, dk,
-                         dv, dout_wide, out_wide, lse, q, k, v, shape, narrow, rope, out16, dout16),
+    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
+                                                      scratch_.sixteen_elements, dq_wide, dk_wide,
+                                                      dv_wide, dout_wide, out_wide, lse, q, k, v,
+                                                      shape, narrow, rope, out16, dout16),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;

@@ -225,11 +225,21 @@ class CudaOps final : public backend::Ops<float> {
   }
   // SwiGLU backwards that wrote their dgate_up kept in 16 bits alone.
   std::int64_t gate_up_grad_writes() const { return gate_up_grad_writes_; }
+  // The gradient of q, k and v kept in 16 bits alone too (fast path qkv_grad_16bit_alone; off by
+  // default): only with keeps_narrow_alone(), for shapes whose attention rotates (the staging's
+  // widening then writes the companion).
+  void use_qkv_grad_alone(bool on) { qkv_grad_alone_ = on; }
+  bool keeps_qkv_grad_alone(const backend::AttentionShape& shape) const override {
+    return qkv_grad_alone_ && keeps_narrow_alone() && attention_rotates(shape);
+  }
+  // Attention backwards that wrote their dq, dk, dv kept in 16 bits alone.
+  std::int64_t qkv_grad_writes() const { return qkv_grad_writes_; }
   void reset_gradient_reads() {
     attention_grad_reads_ = 0;
     swiglu_grad_reads_ = 0;
     norm_grad_reads_ = 0;
     gate_up_grad_writes_ = 0;
+    qkv_grad_writes_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -338,6 +348,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t norm_grad_reads_ = 0;
   bool gate_up_grad_alone_ = false;
   std::int64_t gate_up_grad_writes_ = 0;
+  bool qkv_grad_alone_ = false;
+  std::int64_t qkv_grad_writes_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;

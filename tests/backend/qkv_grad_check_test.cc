@@ -1,0 +1,177 @@
+// The start-up check of the gradient of q, k and v kept in 16 bits alone (qkv_grad_check.h) on the
+// CPU backend, with fakes of the ops built from the verified ones and the rounding (a CPU backend's
+// memory is the host's) that keep their pairs as the backend does and never touch the key's address
+// range (any access to it faults). The fake's rotated attention rotates a copy of q and k
+// (rope_forward), runs the verified attention on it and rotates dq and dk back (rope_backward),
+// then writes the gradient into its fp32 array, its companion or both, as it is paired. The
+// faithful fake passes in bf16 and fp16 at head sizes 64 and 128; a refused pairing, a gradient the
+// ops would not keep alone, products that would not read its companion, a gradient kept alone whose
+// dq and dk are not rotated back, one whose dv is left unwritten, one rotated over the whole head
+// where the rotary width is partial, products reading it as zeros in the B position, and an op
+// that fails each fail, naming the case and what went wrong. FastPaths then lists the path off with
+// one warning naming it, and the check unpairs what it paired.
+#include "backend/qkv_grad_check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/cpu_backend_support.h"
+#include "support/narrow_pairs_fake.h"
+
+namespace strata::backend {
+namespace {
+
+enum class Fault {
+  kNone,
+  kRefused,
+  kNotKept,
+  kNotRead,
+  kNotRotatedBack,
+  kDvUnwritten,
+  kWholeHead,
+  kZerosAsB,
+  kFails
+};
+
+using testing::FakePair;
+using testing::to16;
+
+// The fake ops' state: the pairs, shared by the path's calls.
+struct Fake : testing::FakePairs {
+  Ops<float>* ops = nullptr;
+  Fault fault = Fault::kNone;
+};
+
+// q, k, v side by side (rows of s.q_stride from q) copied, q's and k's heads rotated by
+// rope_forward over `rotary` of each head's dimensions.
+std::vector<float> rotated(Ops<float>& ops, const float* q, const AttentionShape& s,
+                           const kernels::QkRotation<float>& rope, std::int64_t rotary) {
+  const std::int64_t rows = s.batch * s.seq_len;
+  std::vector<float> x(q, q + rows * s.q_stride);
+  const RopeShape shape{rows,       s.q_stride, s.seq_len,  s.heads + s.kv_heads,
+                        s.head_dim, rotary,     s.positions};
+  ops.rope_forward(x.data(), shape, rope.cos, rope.sin);
+  return x;
+}
+
+QkvGradAlonePath path(Backend& backend, DType type, Fault fault) {
+  auto fake = std::make_shared<Fake>();
+  fake->type = type;
+  fake->ops = &backend.ops_f32();
+  fake->fault = fault;
+  QkvGradAlonePath p;
+  p.type = type;
+  p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
+    return fake->pair(wide, narrow, n, alone, fake->fault == Fault::kRefused);
+  };
+  p.unpair = [fake](const float* wide) { fake->unpair(wide); };
+  p.reads_companion = [fake](const float* at, std::int64_t n) {
+    return fake->reads_companion(at, n, fake->fault == Fault::kNotRead);
+  };
+  p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
+  p.forward_rotated = [fake](float* out, float* lse, const float* q, const float*, const float*,
+                             const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+    const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+    const std::vector<float> x = rotated(*fake->ops, q, s, rope, rope.rotary_dim);
+    fake->ops->attention_forward(out, lse, x.data(), x.data() + hd, x.data() + hd + kvd, s);
+  };
+  p.backward_rotated = [fake](float* dq, float*, float*, const float* dout, const float* out,
+                              const float* lse, const float* q, const float*, const float*,
+                              const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+    const std::int64_t rows = s.batch * s.seq_len, stride = s.q_stride;
+    const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+    const std::int64_t n = rows * stride;
+    const FakePair* f = fake->pair_of(dq, n);
+    const bool alone = f != nullptr && f->alone;
+    const std::int64_t rotary =
+        alone && fake->fault == Fault::kWholeHead ? s.head_dim : rope.rotary_dim;
+    const std::vector<float> x = rotated(*fake->ops, q, s, rope, rotary);
+    std::vector<float> d(static_cast<std::size_t>(n), 0.0f);
+    fake->ops->attention_backward(d.data(), d.data() + hd, d.data() + hd + kvd, dout, out, lse,
+                                  x.data(), x.data() + hd, x.data() + hd + kvd, s);
+    if (!(alone && fake->fault == Fault::kNotRotatedBack)) {
+      const RopeShape shape{rows,       stride, s.seq_len,  s.heads + s.kv_heads,
+                            s.head_dim, rotary, s.positions};
+      fake->ops->rope_backward(d.data(), shape, rope.cos, rope.sin);
+    }
+    if (!alone) std::copy(d.begin(), d.end(), dq);
+    if (f == nullptr) return;
+    std::uint16_t* narrow = f->narrow + (dq - f->wide);
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (alone && fake->fault == Fault::kDvUnwritten && i % stride >= hd + kvd) continue;
+      narrow[i] = to16(d[static_cast<std::size_t>(i)], fake->type);
+    }
+  };
+  p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
+    const std::vector<float> b_in =
+        fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
+    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+  };
+  p.finish = [fake] {
+    if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
+    return Status::ok();
+  };
+  return p;
+}
+
+TEST(QkvGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    for (std::int64_t head_dim : {64, 128}) {
+      const Status s = check_qkv_grad_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
+      EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
+    }
+  }
+}
+
+TEST(QkvGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const std::string whole =
+      "GQA, whole head rotated (head size 64, rotary width 64, 2 x 24 tokens)";
+  const struct {
+    Fault fault;
+    std::string expect;
+  } cases[] = {
+      {Fault::kRefused, whole + ": the ops refused to keep an activation alone"},
+      {Fault::kNotKept, whole + ": the ops would not keep its q/k/v gradient alone"},
+      {Fault::kNotRead, "a product reading the q/k/v gradient kept alone would not read"},
+      {Fault::kNotRotatedBack,
+       whole + ", the rotated backward (dq, dk, dv side by side): the companion kept alone holds"},
+      {Fault::kDvUnwritten,
+       whole + ", the rotated backward (dq, dk, dv side by side): the companion kept alone holds "
+               "0x0000 at [192]"},
+      {Fault::kWholeHead,
+       "partial rotary width (head size 64, rotary width 32, 2 x 23 tokens), the rotated "
+       "backward"},
+      {Fault::kZerosAsB,
+       "after the rotated backward: the Llama family's weight gradient (activation as B)["},
+      {Fault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_qkv_grad_alone(*backend, path(*backend, type, c.fault), 64);
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  QkvGradAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_qkv_grad_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(QkvGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  testing::expect_listed_off_unpairing<QkvGradAlonePath>(
+      path(*backend, DType::kBF16, Fault::kNotRotatedBack), kQkvGradAloneName,
+      kQkvGradAloneReplaces,
+      [&](const QkvGradAlonePath& p) { return check_qkv_grad_alone(*backend, p, 64); });
+}
+
+}  // namespace
+}  // namespace strata::backend
