@@ -31,5 +31,10 @@ struct Sixteen {
 struct QkvNarrow {
   Narrow q, k, v;
 };
+// An attention's q, k and v in 16 bits (each kept so alone, Ops::keeps_qkv_alone), read in place
+// of their fp32 arrays where set.
+struct QkvSixteen {
+  Sixteen q, k, v;
+};
 
 }  // namespace strata::cuda_kernels

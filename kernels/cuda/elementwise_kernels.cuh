@@ -366,19 +366,50 @@ __device__ __forceinline__ float rope_element(const Load& load, std::int64_t j, 
 // dimension src_ld) rotated as rope_kernel rotates it in place (p.direction), then rounded to
 // nearest even: the bits of rope_kernel followed by cast_block_kernel, in one pass that leaves src
 // unrotated. Threads over a row's columns (x), blocks over rows (y, grid-stride); each thread
-// reads its element's partner too.
+// reads its element's partner too. With `src16` set (src null: q and k kept in 16 bits alone), the
+// source is those 16-bit values widened, exactly: the bits of the same on an fp32 src holding them.
 __global__ void rope_block_to_16_kernel(std::uint16_t* dst, int dst_code, std::int64_t dst_ld,
-                                        const float* src, std::int64_t src_ld, std::int64_t rows,
-                                        RopeRows p) {
+                                        const float* src, Sixteen src16, std::int64_t src_ld,
+                                        std::int64_t rows, RopeRows p) {
   const std::int64_t cols = p.heads * p.head_dim;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float* x = src + r * src_ld;
     const std::int64_t t = p.positions != nullptr ? p.positions[r] : r % p.seq_len;
+    if (src16.p != nullptr) {
+      const std::uint16_t* x = src16.p + r * src_ld;
+      const int code = src16.code;
+      const auto load = [x, code](std::int64_t i) { return float_from_16_bits(x[i], code); };
+      for (std::int64_t j = first; j < cols; j += stride)
+        dst[r * dst_ld + j] = float_to_16_bits(rope_element(load, j, t, p), dst_code);
+      continue;
+    }
+    const float* x = src + r * src_ld;
     const auto load = [x](std::int64_t i) { return x[i]; };
     for (std::int64_t j = first; j < cols; j += stride)
       dst[r * dst_ld + j] = float_to_16_bits(rope_element(load, j, t, p), dst_code);
+  }
+}
+
+// dst (rows x cols, 16-bit dst_code, leading dimension dst_ld) = src (16-bit src.code, leading
+// dimension src_ld): copied where the types agree, else widened (exactly) and rounded to nearest
+// even; the bits of cast_block_kernel on an fp32 src holding src's values widened. Threads over
+// columns (x), blocks over rows (y, grid-stride).
+__global__ void cast_block_16_kernel(std::uint16_t* dst, int dst_code, std::int64_t dst_ld,
+                                     Sixteen src, std::int64_t src_ld, std::int64_t rows,
+                                     std::int64_t cols) {
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::uint16_t* x = src.p + r * src_ld;
+    std::uint16_t* y = dst + r * dst_ld;
+    if (src.code == dst_code) {
+      for (std::int64_t c = first; c < cols; c += stride)
+        y[c] = x[c];
+    } else {
+      for (std::int64_t c = first; c < cols; c += stride)
+        y[c] = float_to_16_bits(float_from_16_bits(x[c], src.code), dst_code);
+    }
   }
 }
 
@@ -633,14 +664,23 @@ auto run_rope(const L& launch, float* x, const kernels::RopeShape& shape, const 
                 dim3(kElementwiseThreads), 0, x, shape, half, cos, sin, direction, narrow);
 }
 
-// `rows` rows of fp32 `src` rotated (RopeRows) and rounded into 16-bit `dst`.
+// `rows` rows of fp32 `src` (or of 16-bit `src16`, widened, where set) rotated (RopeRows) and
+// rounded into 16-bit `dst`.
 template <typename L>
 auto run_rope_block_to_16(const L& launch, void* dst, int dst_code, std::int64_t dst_ld,
                           const float* src, std::int64_t src_ld, std::int64_t rows,
-                          const RopeRows& rope) {
+                          const RopeRows& rope, Sixteen src16 = {}) {
   return launch(rope_block_to_16_kernel, cast_block_grid(rows, rope.heads * rope.head_dim),
                 dim3(kElementwiseThreads), 0, static_cast<std::uint16_t*>(dst), dst_code, dst_ld,
-                src, src_ld, rows, rope);
+                src, src16, src_ld, rows, rope);
+}
+
+// `rows` rows of 16-bit `src` copied (or converted) into 16-bit `dst` (cast_block_16_kernel).
+template <typename L>
+auto run_cast_block_16(const L& launch, void* dst, int dst_code, std::int64_t dst_ld, Sixteen src,
+                       std::int64_t src_ld, std::int64_t rows, std::int64_t cols) {
+  return launch(cast_block_16_kernel, cast_block_grid(rows, cols), dim3(kElementwiseThreads), 0,
+                static_cast<std::uint16_t*>(dst), dst_code, dst_ld, src, src_ld, rows, cols);
 }
 
 // `rows` rows of 16-bit `src` widened, rotated (RopeRows, its direction) into fp32 `dst`, and

@@ -35,6 +35,11 @@
 // arrays: where the backward rotates (RoPE in the staging, whose widening writes the companions
 // anyway), dq, dk and dv are null and the widening writes only their companions (`d_narrow`), the
 // bits it writes beside the fp32 values.
+//
+// q, k and v kept in 16 bits alone (fast path qkv_16bit) come as `qkv16` (each piece's 16 bits at
+// its first element, with the caller's strides; its fp32 pointer null): the staging reads them
+// widened (q and k rotated as they are rounded again, v copied), with the bits it gives on fp32
+// arrays holding those values.
 #pragma once
 
 #include <algorithm>
@@ -87,6 +92,17 @@ inline bool flash_f32_backward_grads_valid(const float* dq, const float* dk, con
   if (dq != nullptr && dk != nullptr && dv != nullptr) return true;
   return dq == nullptr && dk == nullptr && dv == nullptr && rope.cos != nullptr &&
          d_narrow.q.p != nullptr && d_narrow.k.p != nullptr && d_narrow.v.p != nullptr;
+}
+
+// Whether a call's inputs are valid: each of q, k and v given once, in fp32 or (kept in 16 bits
+// alone) as bf16 or fp16 in qkv16.
+inline bool flash_f32_inputs_valid(const float* q, const float* k, const float* v,
+                                   const QkvSixteen& qkv16) {
+  const auto once = [](const float* wide, const Sixteen& narrow) {
+    if (narrow.p == nullptr) return wide != nullptr;
+    return wide == nullptr && (narrow.code == kCodeBF16 || narrow.code == kCodeF16);
+  };
+  return once(q, qkv16.q) && once(k, qkv16.k) && once(v, qkv16.v);
 }
 
 namespace flash_f32_detail {
@@ -144,11 +160,13 @@ using LaunchResult = decltype(std::declval<const L&>()(
     std::int64_t{0}, static_cast<const float*>(nullptr), std::int64_t{0}, std::int64_t{0},
     std::int64_t{0}));
 
-// `rows` rows of fp32 `src` (leading dimension src_ld) rounded into compact 16-bit `dst`.
+// `rows` rows of fp32 `src` (leading dimension src_ld) rounded into compact 16-bit `dst`; or, where
+// `src16` is set (src null), its 16-bit rows copied.
 struct Narrow {
   std::uint16_t* dst;
   const float* src;
   std::int64_t src_ld, cols;
+  cuda_kernels::Sixteen src16 = {};
 };
 // `rows` rows of compact 16-bit `src` widened into fp32 `dst` (leading dimension dst_ld), and
 // rounded into dst's companion where `also` has one (its pointer at dst's first element).
@@ -165,12 +183,21 @@ inline cuda_kernels::Narrow advance(cuda_kernels::Narrow n, std::int64_t offset)
   if (n.p != nullptr) n.p += offset;
   return n;
 }
+inline cuda_kernels::Sixteen advance(cuda_kernels::Sixteen n, std::int64_t offset) {
+  if (n.p != nullptr) n.p += offset;
+  return n;
+}
+inline const float* at(const float* p, std::int64_t offset) {
+  return p != nullptr ? p + offset : nullptr;
+}
 
 template <typename L, std::size_t N>
 LaunchResult<L> narrow(const L& launch, int code, std::int64_t rows, const Narrow (&pieces)[N]) {
   LaunchResult<L> err{};
   for (const Narrow& p : pieces) {
-    err = run_cast_block_to_16(launch, p.dst, code, p.cols, p.src, p.src_ld, rows, p.cols);
+    err = p.src16.p != nullptr
+              ? run_cast_block_16(launch, p.dst, code, p.cols, p.src16, p.src_ld, rows, p.cols)
+              : run_cast_block_to_16(launch, p.dst, code, p.cols, p.src, p.src_ld, rows, p.cols);
     if (!launched(err)) return err;
   }
   return err;
@@ -216,7 +243,7 @@ LaunchResult<L> narrow_rotated(const L& launch, int code, const kernels::Attenti
                                const kernels::QkRotation<float>& rope, std::int64_t first,
                                std::int64_t rows, std::int64_t heads, const Narrow& piece) {
   return run_rope_block_to_16(launch, piece.dst, code, piece.cols, piece.src, piece.src_ld, rows,
-                              rope_rows(shape, rope, first, heads, 1.0f));
+                              rope_rows(shape, rope, first, heads, 1.0f), piece.src16);
 }
 
 // dq's or dk's rows of one pass widened and rotated back (rope_block_from_16_kernel: the
@@ -230,11 +257,12 @@ LaunchResult<L> widen_rotated(const L& launch, int code, const kernels::Attentio
 }
 
 // For each pass of io.plan: rounds the pass's q, k, v into the workspace (q and k rotated first
-// where `rope` has tables), then runs body(pass).
+// where `rope` has tables; from their 16 bits where `qkv16` has them), then runs body(pass).
 template <typename L, typename Body>
 LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::AttentionShape& shape,
                               std::uint16_t* workspace, const float* q, const float* k,
-                              const float* v, const kernels::QkRotation<float>& rope, Body&& body) {
+                              const float* v, const kernels::QkRotation<float>& rope,
+                              const QkvSixteen& qkv16, Body&& body) {
   LaunchResult<L> err{};
   for (std::int64_t b0 = 0; b0 < shape.batch; b0 += io.plan.batch_rows) {
     Pass p;
@@ -246,9 +274,10 @@ LaunchResult<L> for_each_pass(const L& launch, const Io& io, const kernels::Atte
     p.k16 = p.q16 + p.rows * io.hd;
     p.v16 = p.k16 + p.rows * io.kvd;
     p.rest = p.v16 + p.rows * io.kvd;
-    const Narrow in[] = {{p.q16, q + p.first * shape.q_stride, shape.q_stride, io.hd},
-                         {p.k16, k + p.first * shape.kv_stride, shape.kv_stride, io.kvd},
-                         {p.v16, v + p.first * shape.kv_stride, shape.kv_stride, io.kvd}};
+    const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
+    const Narrow in[] = {{p.q16, at(q, at_q), shape.q_stride, io.hd, advance(qkv16.q, at_q)},
+                         {p.k16, at(k, at_kv), shape.kv_stride, io.kvd, advance(qkv16.k, at_kv)},
+                         {p.v16, at(v, at_kv), shape.kv_stride, io.kvd, advance(qkv16.v, at_kv)}};
     if (rope.cos != nullptr) {
       // A pass holds whole sequences, so row r of it is at r % T (without positions).
       err = narrow_rotated(launch, io.code, shape, rope, p.first, p.rows, shape.heads, in[0]);
@@ -311,34 +340,35 @@ flash_f32_detail::LaunchResult<L> run_attention16_forward_f32(
     const L& launch, const Inner& inner, std::uint16_t* workspace, std::int64_t workspace_elements,
     float* out, float* lse, const float* q, const float* k, const float* v,
     const kernels::AttentionShape& shape, Narrow out_narrow = {},
-    const kernels::QkRotation<float>& rope = {}) {
+    const kernels::QkRotation<float>& rope = {}, const QkvSixteen& qkv16 = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, false);
-  return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
-    const std::int64_t at = p.first * shape.out_stride;
-    float* pass_lse = lse + p.b0 * shape.heads * io.T;
-    if (out == nullptr) {
-      // Kept alone: the pass's compact 16-bit result is the companion's rows themselves.
-      return inner.forward(d::advance(out_narrow, at).p, pass_lse, p.q16, p.k16, p.v16,
-                           d::pass_shape(shape, p.b0, p.batch_rows));
-    }
-    if constexpr (d::WritesWide<Inner>) {
-      if (d::same_code(out_narrow, io.code)) {
-        // The kernel writes out (and its companion) in the caller's layout.
-        kernels::AttentionShape pass = d::pass_shape(shape, p.b0, p.batch_rows);
-        pass.out_stride = shape.out_stride;
-        return inner.forward_wide(d::advance(out_narrow, at).p, out + at, pass_lse, p.q16, p.k16,
-                                  p.v16, pass);
-      }
-    }
-    std::uint16_t* o16 = p.rest;
-    auto err =
-        inner.forward(o16, pass_lse, p.q16, p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows));
-    if (!launched(err)) return err;
-    const d::Widen result[] = {
-        {out + at, shape.out_stride, o16, io.hd, d::advance(out_narrow, at)}};
-    return d::widen(launch, io.code, p.rows, result);
-  });
+  return d::for_each_pass(
+      launch, io, shape, workspace, q, k, v, rope, qkv16, [&](const d::Pass& p) {
+        const std::int64_t at = p.first * shape.out_stride;
+        float* pass_lse = lse + p.b0 * shape.heads * io.T;
+        if (out == nullptr) {
+          // Kept alone: the pass's compact 16-bit result is the companion's rows themselves.
+          return inner.forward(d::advance(out_narrow, at).p, pass_lse, p.q16, p.k16, p.v16,
+                               d::pass_shape(shape, p.b0, p.batch_rows));
+        }
+        if constexpr (d::WritesWide<Inner>) {
+          if (d::same_code(out_narrow, io.code)) {
+            // The kernel writes out (and its companion) in the caller's layout.
+            kernels::AttentionShape pass = d::pass_shape(shape, p.b0, p.batch_rows);
+            pass.out_stride = shape.out_stride;
+            return inner.forward_wide(d::advance(out_narrow, at).p, out + at, pass_lse, p.q16,
+                                      p.k16, p.v16, pass);
+          }
+        }
+        std::uint16_t* o16 = p.rest;
+        auto err = inner.forward(o16, pass_lse, p.q16, p.k16, p.v16,
+                                 d::pass_shape(shape, p.b0, p.batch_rows));
+        if (!launched(err)) return err;
+        const d::Widen result[] = {
+            {out + at, shape.out_stride, o16, io.hd, d::advance(out_narrow, at)}};
+        return d::widen(launch, io.code, p.rows, result);
+      });
 }
 
 template <typename E, typename L, typename Inner>
@@ -347,70 +377,74 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
     float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
     const float* q, const float* k, const float* v, const kernels::AttentionShape& shape,
     QkvNarrow d_narrow = {}, const kernels::QkRotation<float>& rope = {},
-    const std::uint16_t* out16 = nullptr, const std::uint16_t* dout16 = nullptr) {
+    const std::uint16_t* out16 = nullptr, const std::uint16_t* dout16 = nullptr,
+    const QkvSixteen& qkv16 = {}) {
   namespace d = flash_f32_detail;
   const d::Io io = d::io_of<E>(shape, workspace_elements, true);
-  return d::for_each_pass(launch, io, shape, workspace, q, k, v, rope, [&](const d::Pass& p) {
-    const std::int64_t rows = p.rows, hd = io.hd, kvd = io.kvd;
-    std::uint16_t* dq16 = p.rest;
-    std::uint16_t* dk16 = dq16 + rows * hd;
-    std::uint16_t* dv16 = dk16 + rows * kvd;
-    std::uint16_t* o16_room = dv16 + rows * kvd;
-    std::uint16_t* do16_room = o16_room + rows * hd;
-    auto* delta = reinterpret_cast<float*>(do16_room + rows * hd);
-    // out's and dO's 16 bits where they are there already (compact rows: read in place), else
-    // rounded into the workspace.
-    const std::uint16_t* o16 = out16 != nullptr ? out16 + p.first * hd : o16_room;
-    const std::uint16_t* do16 = dout16 != nullptr ? dout16 + p.first * hd : do16_room;
-    d::LaunchResult<L> err{};
-    if (out16 == nullptr) {
-      const d::Narrow in[] = {{o16_room, out + p.first * shape.out_stride, shape.out_stride, hd}};
-      err = d::narrow(launch, io.code, rows, in);
-      if (!launched(err)) return err;
-    }
-    if (dout16 == nullptr) {
-      const d::Narrow in[] = {{do16_room, dout + p.first * shape.out_stride, shape.out_stride, hd}};
-      err = d::narrow(launch, io.code, rows, in);
-      if (!launched(err)) return err;
-    }
-    const float* pass_lse = lse + p.b0 * shape.heads * io.T;
-    const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
-    if constexpr (d::WritesWide<Inner>) {
-      if (rope.cos == nullptr && d::same_code(d_narrow.q, io.code) &&
-          d::same_code(d_narrow.k, io.code) && d::same_code(d_narrow.v, io.code)) {
-        // The kernels write dq, dk, dv (and their companions) in the caller's layout.
-        const FlashGradsOut wide{dq + at_q, dk + at_kv, dv + at_kv, shape.q_stride,
-                                 shape.kv_stride};
-        return inner.backward_wide(d::advance(d_narrow.q, at_q).p, d::advance(d_narrow.k, at_kv).p,
-                                   d::advance(d_narrow.v, at_kv).p, delta, do16, o16, pass_lse,
-                                   p.q16, p.k16, p.v16, d::pass_shape(shape, p.b0, p.batch_rows),
-                                   wide);
-      }
-    }
-    err = inner.backward(dq16, dk16, dv16, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
-                         d::pass_shape(shape, p.b0, p.batch_rows));
-    if (!launched(err)) return err;
-    if (rope.cos != nullptr) {
-      // dv widened, then dq and dk rotated back as they are widened (the rotation's transpose).
-      // Null arrays (kept alone): only the companions.
-      const d::Widen values[] = {
-          {d::at(dv, at_kv), shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
-      err = d::widen(launch, io.code, rows, values);
-      if (!launched(err)) return err;
-      err = d::widen_rotated(
-          launch, io.code, shape, rope, p.first, rows, shape.heads,
-          {d::at(dq, at_q), shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)});
-      if (!launched(err)) return err;
-      return d::widen_rotated(
-          launch, io.code, shape, rope, p.first, rows, shape.kv_heads,
-          {d::at(dk, at_kv), shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
-    }
-    const d::Widen result[] = {
-        {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
-        {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},
-        {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
-    return d::widen(launch, io.code, rows, result);
-  });
+  return d::for_each_pass(
+      launch, io, shape, workspace, q, k, v, rope, qkv16, [&](const d::Pass& p) {
+        const std::int64_t rows = p.rows, hd = io.hd, kvd = io.kvd;
+        std::uint16_t* dq16 = p.rest;
+        std::uint16_t* dk16 = dq16 + rows * hd;
+        std::uint16_t* dv16 = dk16 + rows * kvd;
+        std::uint16_t* o16_room = dv16 + rows * kvd;
+        std::uint16_t* do16_room = o16_room + rows * hd;
+        auto* delta = reinterpret_cast<float*>(do16_room + rows * hd);
+        // out's and dO's 16 bits where they are there already (compact rows: read in place), else
+        // rounded into the workspace.
+        const std::uint16_t* o16 = out16 != nullptr ? out16 + p.first * hd : o16_room;
+        const std::uint16_t* do16 = dout16 != nullptr ? dout16 + p.first * hd : do16_room;
+        d::LaunchResult<L> err{};
+        if (out16 == nullptr) {
+          const d::Narrow in[] = {
+              {o16_room, out + p.first * shape.out_stride, shape.out_stride, hd}};
+          err = d::narrow(launch, io.code, rows, in);
+          if (!launched(err)) return err;
+        }
+        if (dout16 == nullptr) {
+          const d::Narrow in[] = {
+              {do16_room, dout + p.first * shape.out_stride, shape.out_stride, hd}};
+          err = d::narrow(launch, io.code, rows, in);
+          if (!launched(err)) return err;
+        }
+        const float* pass_lse = lse + p.b0 * shape.heads * io.T;
+        const std::int64_t at_q = p.first * shape.q_stride, at_kv = p.first * shape.kv_stride;
+        if constexpr (d::WritesWide<Inner>) {
+          if (rope.cos == nullptr && d::same_code(d_narrow.q, io.code) &&
+              d::same_code(d_narrow.k, io.code) && d::same_code(d_narrow.v, io.code)) {
+            // The kernels write dq, dk, dv (and their companions) in the caller's layout.
+            const FlashGradsOut wide{dq + at_q, dk + at_kv, dv + at_kv, shape.q_stride,
+                                     shape.kv_stride};
+            return inner.backward_wide(
+                d::advance(d_narrow.q, at_q).p, d::advance(d_narrow.k, at_kv).p,
+                d::advance(d_narrow.v, at_kv).p, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
+                d::pass_shape(shape, p.b0, p.batch_rows), wide);
+          }
+        }
+        err = inner.backward(dq16, dk16, dv16, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
+                             d::pass_shape(shape, p.b0, p.batch_rows));
+        if (!launched(err)) return err;
+        if (rope.cos != nullptr) {
+          // dv widened, then dq and dk rotated back as they are widened (the rotation's transpose).
+          // Null arrays (kept alone): only the companions.
+          const d::Widen values[] = {
+              {d::at(dv, at_kv), shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
+          err = d::widen(launch, io.code, rows, values);
+          if (!launched(err)) return err;
+          err = d::widen_rotated(
+              launch, io.code, shape, rope, p.first, rows, shape.heads,
+              {d::at(dq, at_q), shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)});
+          if (!launched(err)) return err;
+          return d::widen_rotated(
+              launch, io.code, shape, rope, p.first, rows, shape.kv_heads,
+              {d::at(dk, at_kv), shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
+        }
+        const d::Widen result[] = {
+            {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
+            {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},
+            {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
+        return d::widen(launch, io.code, rows, result);
+      });
 }
 
 // The flash kernels on the fp32 arrays.
@@ -419,10 +453,10 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_forward_f32(
     const L& launch, std::uint16_t* workspace, std::int64_t workspace_elements, float* out,
     float* lse, const float* q, const float* k, const float* v,
     const kernels::AttentionShape& shape, Narrow out_narrow = {},
-    const kernels::QkRotation<float>& rope = {}) {
+    const kernels::QkRotation<float>& rope = {}, const QkvSixteen& qkv16 = {}) {
   return run_attention16_forward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                         workspace_elements, out, lse, q, k, v, shape, out_narrow,
-                                        rope);
+                                        rope, qkv16);
 }
 
 template <typename E, FlashFault kFault = FlashFault::kNone, typename L>
@@ -431,10 +465,10 @@ flash_f32_detail::LaunchResult<L> run_flash_attention_backward_f32(
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
     const float* k, const float* v, const kernels::AttentionShape& shape, QkvNarrow d_narrow = {},
     const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr,
-    const std::uint16_t* dout16 = nullptr) {
+    const std::uint16_t* dout16 = nullptr, const QkvSixteen& qkv16 = {}) {
   return run_attention16_backward_f32<E>(launch, FlashInner<E, kFault, L>{launch}, workspace,
                                          workspace_elements, dq, dk, dv, dout, out, lse, q, k, v,
-                                         shape, d_narrow, rope, out16, dout16);
+                                         shape, d_narrow, rope, out16, dout16, qkv16);
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

@@ -146,18 +146,22 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // directions: the forward writes its 16-bit results into `out_narrow` alone (of the attention's
 // type, compact rows), the backward reads `out16`; cudaErrorInvalidValue without them. The
 // backward's dq, dk, dv kept in 16 bits alone are all null where it rotates: it writes their
-// companions (`d_narrow`, all three) alone; cudaErrorInvalidValue otherwise.
+// companions (`d_narrow`, all three) alone; cudaErrorInvalidValue otherwise. q, k and v kept in
+// 16 bits alone come in `qkv16` (bf16 or fp16, with the caller's strides; their fp32 pointers
+// null): the staging reads them widened, with the bits it gives on fp32 arrays holding those
+// values; cudaErrorInvalidValue unless each of q, k, v is given once.
 cudaError_t flash_attention_forward_f32(cudaStream_t s, bool bf16, std::uint16_t* workspace,
                                         std::int64_t workspace_elements, float* out, float* lse,
                                         const float* q, const float* k, const float* v,
                                         const AttentionShape& shape, Narrow out_narrow = {},
-                                        const kernels::QkRotation<float>& rope = {});
+                                        const kernels::QkRotation<float>& rope = {},
+                                        const QkvSixteen& qkv16 = {});
 cudaError_t flash_attention_backward_f32(
     cudaStream_t s, bool bf16, std::uint16_t* workspace, std::int64_t workspace_elements, float* dq,
     float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q,
     const float* k, const float* v, const AttentionShape& shape, QkvNarrow d_narrow = {},
     const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr,
-    const std::uint16_t* dout16 = nullptr);
+    const std::uint16_t* dout16 = nullptr, const QkvSixteen& qkv16 = {});
 
 // Another 16-bit attention on the same staging (cuDNN's fused attention, cudnn_sdpa.h): each pass's
 // q, k, v (and out, dO) in the compact 16-bit layout (strides heads * head_dim and
@@ -180,16 +184,15 @@ cudaError_t attention16_forward_f32(cudaStream_t s, bool bf16, const Attention16
                                     float* out, float* lse, const float* q, const float* k,
                                     const float* v, const AttentionShape& shape,
                                     Narrow out_narrow = {},
-                                    const kernels::QkRotation<float>& rope = {});
-cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention16& inner,
-                                     std::uint16_t* workspace, std::int64_t workspace_elements,
-                                     float* dq, float* dk, float* dv, const float* dout,
-                                     const float* out, const float* lse, const float* q,
-                                     const float* k, const float* v, const AttentionShape& shape,
-                                     QkvNarrow d_narrow = {},
-                                     const kernels::QkRotation<float>& rope = {},
-                                     const std::uint16_t* out16 = nullptr,
-                                     const std::uint16_t* dout16 = nullptr);
+                                    const kernels::QkRotation<float>& rope = {},
+                                    const QkvSixteen& qkv16 = {});
+cudaError_t attention16_backward_f32(
+    cudaStream_t s, bool bf16, const Attention16& inner, std::uint16_t* workspace,
+    std::int64_t workspace_elements, float* dq, float* dk, float* dv, const float* dout,
+    const float* out, const float* lse, const float* q, const float* k, const float* v,
+    const AttentionShape& shape, QkvNarrow d_narrow = {},
+    const kernels::QkRotation<float>& rope = {}, const std::uint16_t* out16 = nullptr,
+    const std::uint16_t* dout16 = nullptr, const QkvSixteen& qkv16 = {});
 
 // ---- loss and reductions (loss.cu) ----
 cudaError_t cross_entropy_forward(cudaStream_t s, float* losses, const float* logits,

@@ -10,7 +10,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
-#include "backend/qkv_grad_check.h"
+#include "backend/qkv_alone_check.h"
 #include "backend/rope_check.h"
 
 namespace strata::backend {
@@ -37,6 +37,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kGateUp16Name, kGateUp16Replaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
       {kGateUpGradAloneName, kGateUpGradAloneReplaces},
+      {kQkvAloneName, kQkvAloneReplaces},
       {kQkvGradAloneName, kQkvGradAloneReplaces},
       {kNormGradAloneName, kNormGradAloneReplaces},
   };

@@ -352,6 +352,18 @@ class Ops {
     (void)shape;
     return false;
   }
+  // Whether q, k and v of this shape (the qkv projection's output: q, k, v side by side in each
+  // row, read by the attention's forward and backward alone in a block without q/k norms or a qkv
+  // bias, where the attention rotates q and k) are kept in narrow_type() alone too (false, the
+  // default; only where keeps_narrow_alone() and attention_rotates(shape)): pair_narrow_alone then
+  // takes them, the product writing them (gemm with alpha 1 and beta 0, C inside the key) writes
+  // them in 16 bits into the companion (fp32 accumulation rounded once), and
+  // attention_forward_rotated and attention_backward_rotated reading them (q, k, v at their places
+  // in the key) read the companion, widened.
+  virtual bool keeps_qkv_alone(const AttentionShape& shape) const {
+    (void)shape;
+    return false;
+  }
 };
 
 }  // namespace strata::backend

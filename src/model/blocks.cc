@@ -13,7 +13,7 @@ std::int64_t qkv_width(const ModelShape& s) {
                                    : (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
 }
 
-bool qkv_grad_read_by_products_alone(const ModelShape& s) {
+bool qkv_alone_applies(const ModelShape& s) {
   return s.family == Family::kLlama && !s.arch.qk_norm && llama_block_slots(s).qkv_b < 0;
 }
 

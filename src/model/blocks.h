@@ -87,19 +87,22 @@ bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, s
     return gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s);
   });
 }
-// Whether only the qkv projection's two products read a block's q/k/v gradient (the backward
-// scratch dqkv): the Llama family without q/k norms (whose backward reads it in fp32) or a qkv bias
-// (whose column sums do).
-bool qkv_grad_read_by_products_alone(const ModelShape& spec);
-// Whether `ops` keep every block's q/k/v gradient in 16 bits alone over such micro-batches: only
-// the products read it, and Ops::keeps_qkv_grad_alone for each layer's shape (whose attention then
-// rotates q and k, writing the gradient).
+// Whether a block's q, k, v and their gradient may be kept in 16 bits alone: the Llama family
+// without q/k norms (whose forward reads the raw projection and whose backward reads the gradient
+// in fp32) or a qkv bias (whose epilogue writes the projection in fp32 and whose column sums read
+// the gradient). The projection's output is then read by the attention alone, and its gradient
+// (the backward scratch dqkv) by the projection's two products alone.
+bool qkv_alone_applies(const ModelShape& spec);
+// Whether `ops` keep every block's q, k and v (`gradient` false) or their gradient (true) in 16
+// bits alone over such micro-batches: qkv_alone_applies, and Ops::keeps_qkv_alone or
+// keeps_qkv_grad_alone for each layer's shape (whose attention then rotates q and k).
 template <typename T>
-bool keeps_qkv_grad_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
-                          std::int64_t seq_len) {
-  return qkv_grad_read_by_products_alone(spec) &&
+bool keeps_qkv_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
+                     std::int64_t seq_len, bool gradient = false) {
+  return qkv_alone_applies(spec) &&
          every_attention_shape(spec, batch, seq_len, [&](const kernels::AttentionShape& s) {
-           return ops.keeps_qkv_grad_alone(s) && ops.attention_rotates(s);
+           return (gradient ? ops.keeps_qkv_grad_alone(s) : ops.keeps_qkv_alone(s)) &&
+                  ops.attention_rotates(s);
          });
 }
 

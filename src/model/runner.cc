@@ -193,7 +193,8 @@ Status ModelRunner<T>::allocate() {
     STRATA_TRY(fp32_or_key(&a.ln1, n * c, alone, what, activation));
     STRATA_ASSIGN_OR_RETURN(a.mean1, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd1, alloc(n, what));
-    STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(n * qkv_width(spec_), what));
+    STRATA_TRY(fp32_or_key(&a.qkv, n * qkv_width(spec_), keeps_qkv_alone(), what,
+                           "q, k and v kept in 16 bits"));
     if (spec_.arch.qk_norm) {
       STRATA_ASSIGN_OR_RETURN(a.qkv_raw, alloc(n * qkv_raw_width(spec_), what));
       STRATA_ASSIGN_OR_RETURN(a.qk_rstd, alloc(n * qk_rstd_width(spec_), what));
@@ -306,8 +307,14 @@ bool ModelRunner<T>::keeps_gate_up_grad_alone() const {
 
 template <typename T>
 bool ModelRunner<T>::keeps_qkv_grad_alone() const {
-  return options_.narrow_qkv_grad && keeps_alone() && qkv_grad_read_by_products_alone(spec_) &&
-         (sizing_ || model::keeps_qkv_grad_alone(*ops_, spec_, options_.batch, options_.seq_len));
+  return options_.narrow_qkv_grad && keeps_alone() && qkv_alone_applies(spec_) &&
+         (sizing_ || model::keeps_qkv_alone(*ops_, spec_, options_.batch, options_.seq_len, true));
+}
+
+template <typename T>
+bool ModelRunner<T>::keeps_qkv_alone() const {
+  return options_.narrow_qkv && keeps_alone() && qkv_alone_applies(spec_) &&
+         (sizing_ || model::keeps_qkv_alone(*ops_, spec_, options_.batch, options_.seq_len));
 }
 
 template <typename T>
@@ -356,6 +363,7 @@ Status ModelRunner<T>::allocate_companions() {
     STRATA_TRY(pair(a.att, n * hd, attention_alone));
     STRATA_TRY(pair(a.ln2, n * c, alone));
     STRATA_TRY(pair(a.act, n * in, alone));
+    if (keeps_qkv_alone()) STRATA_TRY(pair(a.qkv, n * qkv_width(spec_), true));
   }
   if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
   if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
@@ -698,6 +706,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_norm_grad = false;
   w.options.narrow_gate_up_grad = false;
   w.options.narrow_qkv_grad = false;
+  w.options.narrow_qkv = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);

@@ -104,9 +104,15 @@ struct RunnerOptions {
   // only by the rotated attention's backward, read there by the qkv projection's products;
   // memory_needed counts only the companion. Only with narrow_alone in effect, for the Llama family
   // without q/k norms or a qkv bias, and only where the backend's ops promise it for every layer's
-  // shape (the trainer asks them: keeps_qkv_grad_alone in blocks.h); otherwise the fp32 array
-  // beside its companion.
+  // shape (the trainer asks them: keeps_qkv_alone in blocks.h); otherwise the fp32 array beside its
+  // companion.
   bool narrow_qkv_grad = false;
+  // Each block's q, k and v (qkv, N x qkv_width) in the ops' 16-bit type alone (Ops::
+  // keeps_qkv_alone, fast path qkv_16bit): written so by the qkv projection, read so (widened) by
+  // the rotated attention's forward and backward; memory_needed counts 2 bytes per element. Only
+  // with narrow_alone in effect, where qkv_alone_applies, and only where the backend's ops promise
+  // it for every layer's shape (the trainer asks them); otherwise the fp32 array.
+  bool narrow_qkv = false;
 };
 
 // What a runner allocates: device bytes as the arena counts them (256-byte granules), pinned
@@ -207,6 +213,8 @@ class ModelRunner {
   // Whether the gradient of q, k and v is kept in 16 bits alone too
   // (RunnerOptions::narrow_qkv_grad).
   bool keeps_qkv_grad_alone() const;
+  // Whether q, k and v are kept in 16 bits alone too (RunnerOptions::narrow_qkv).
+  bool keeps_qkv_alone() const;
   BlockActs<T>& acts_for(int layer);
   // Block `layer`'s input (layer == num_layers: the head's input).
   T* block_input(int layer);

@@ -156,7 +156,10 @@ Status Trainer::setup() {
   // and k and only the products read it (qkv_grad_16bit_alone).
   runner.narrow_qkv_grad =
       runner.narrow_alone &&
-      model::keeps_qkv_grad_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len);
+      model::keeps_qkv_alone(backend_->ops_f32(), shape_, runner.batch, runner.seq_len, true);
+  // Each block's q, k and v in 16 bits alone likewise (qkv_16bit).
+  runner.narrow_qkv = runner.narrow_alone && model::keeps_qkv_alone(backend_->ops_f32(), shape_,
+                                                                    runner.batch, runner.seq_len);
   model::RunnerMemory activations = model::ModelRunner<float>::memory_needed(shape_, runner);
   if (!s.trace_file.empty()) {
     STRATA_ASSIGN_OR_RETURN(

@@ -31,7 +31,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
-#include "backend/qkv_grad_check.h"
+#include "backend/qkv_alone_check.h"
 #include "backend/rope_check.h"
 #include "kernels/cpu/float16.h"
 #include "support/gpu_support.h"
@@ -292,14 +292,16 @@ TEST(CudaFastPaths, NormGradientsKeptAloneAreOnWith16BitGemms) {
 // The gradient of q, k and v kept in 16 bits alone (the start-up check passed) with 16-bit GEMMs,
 // whose activations' path it needs, and RoPE in the attention's staging, whose widening writes it;
 // the check passes again on the backend's own Ops at head sizes 64 and 128, counting one rotated
-// backward writing it alone for each of its 2 cases; with fp32 GEMM inputs the path does not apply.
+// backward writing it alone for each of its 2 cases; so does q, k and v's (qkv_16bit), counting a
+// forward and a backward reading them alone for each case. With fp32 GEMM inputs neither path
+// applies.
 TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
     const std::optional<FastPath> path = find_path(gpu.fast_paths(), kQkvGradAloneName);
     ASSERT_TRUE(path.has_value());
     EXPECT_TRUE(path->active) << path->detail;
-    const QkvGradAlonePath qkv_grad = ops_qkv_grad_path(
+    const QkvAlonePath qkv_grad = ops_qkv_alone_path(
         gpu.ops_f32(), [](const float*, std::int64_t) { return true; },
         [&] { return gpu.synchronize(StreamKind::kCompute); });
     for (const std::int64_t head_dim : {64, 128}) {
@@ -307,12 +309,24 @@ TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
       EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
     }
     EXPECT_EQ(find_path(gpu.fast_paths(), kQkvGradAloneName)->uses - path->uses, 4);
+    // q, k and v kept alone: cuBLASLt writing the product's D in 16 bits (within 1 unit in the last
+    // place), then the rotated forward and backward reading them, for each of the 2 cases.
+    const std::optional<FastPath> qkv = find_path(gpu.fast_paths(), kQkvAloneName);
+    ASSERT_TRUE(qkv.has_value());
+    EXPECT_TRUE(qkv->active) << qkv->detail;
+    for (const std::int64_t head_dim : {64, 128}) {
+      const Status s = check_qkv_alone(gpu, qkv_grad, head_dim);
+      EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
+    }
+    EXPECT_EQ(find_path(gpu.fast_paths(), kQkvAloneName)->uses - qkv->uses, 8);
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
-  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kQkvGradAloneName);
-  ASSERT_TRUE(path.has_value());
-  EXPECT_FALSE(path->active);
-  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  for (const char* name : {kQkvGradAloneName, kQkvAloneName}) {
+    const std::optional<FastPath> path = find_path(fp32.fast_paths(), name);
+    ASSERT_TRUE(path.has_value()) << name;
+    EXPECT_FALSE(path->active) << name;
+    EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
+  }
 }
 
 // The norm weights and biases kept apart (the start-up check passed) with 16-bit GEMMs, whose

@@ -283,6 +283,111 @@ TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsC
   EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, no_v, rope));
 }
 
+// q, k and v kept in 16 bits alone (fast path qkv_16bit): the rotated forward and backward given
+// their 16 bits (qkv16, null fp32 pointers, the caller's strides) give the bits they give on fp32
+// arrays holding those values widened (out, lse; dq, dk, dv and their companions), in bf16 and
+// fp16, over one pass and over one batch row per pass, with the whole head rotated and a partial
+// rotary width; and the launchers' rule for what may be given.
+TEST(RopeInAttentionEmulated, TheStagingReadsQkvKeptAloneWithTheBitsOfTheirValuesWidened) {
+  const struct {
+    bool bf16, one_row;
+    std::int64_t rotary;
+  } cases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
+  for (const auto& c : cases) {
+    AttentionShape s{};
+    s.batch = 2;
+    s.seq_len = 19;
+    s.heads = 4;
+    s.kv_heads = 2;
+    s.head_dim = 64;
+    const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * s.head_dim;
+    const std::int64_t kvd = s.kv_heads * s.head_dim, stride = hd + 2 * kvd, n = rows * stride;
+    s.q_stride = s.kv_stride = stride;
+    s.out_stride = hd;
+    s.scale = 0.125;
+    const int code = c.bf16 ? ck::kCodeBF16 : ck::kCodeF16;
+    std::mt19937_64 rng(4300 + static_cast<std::uint64_t>(c.rotary));
+    const std::vector<float> raw = normal_values(rng, n, 1.0f, 0.0f);
+    std::vector<std::uint16_t> qkv16(static_cast<std::size_t>(n));
+    std::vector<float> qkv(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < qkv.size(); ++i) {
+      qkv16[i] = ck::float_to_16_bits(raw[i], code);
+      qkv[i] = ck::float_from_16_bits(qkv16[i], code);
+    }
+    const std::vector<float> dout = normal_values(rng, rows * hd, 1.0f, 0.0f);
+    std::vector<float> cos(static_cast<std::size_t>(s.seq_len * c.rotary / 2)), sin(cos.size());
+    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary, 10000.0);
+    kernels::QkRotation<float> rope;
+    rope.cos = cos.data();
+    rope.sin = sin.data();
+    rope.rotary_dim = c.rotary;
+    struct Side {
+      std::vector<float> out, lse, d;
+      std::vector<std::uint16_t> d16;
+    } sides[2];
+    for (Side& side : sides) {
+      side.out.assign(static_cast<std::size_t>(rows * hd), -3.0f);
+      side.lse.assign(static_cast<std::size_t>(s.batch * s.heads * s.seq_len), -3.0f);
+      side.d.assign(static_cast<std::size_t>(n), -3.0f);
+      side.d16.assign(static_cast<std::size_t>(n), 0xffff);
+    }
+    const ck::QkvSixteen sixteen{
+        {qkv16.data(), code}, {qkv16.data() + hd, code}, {qkv16.data() + hd + kvd, code}};
+    std::vector<std::uint16_t> ws;
+    const auto run = [&](auto e) {
+      using E = decltype(e);
+      for (int alone = 0; alone < 2; ++alone) {
+        Side& side = sides[alone];
+        const float* q = alone ? nullptr : qkv.data();
+        const float* k = alone ? nullptr : qkv.data() + hd;
+        const float* v = alone ? nullptr : qkv.data() + hd + kvd;
+        const ck::QkvSixteen in16 = alone ? sixteen : ck::QkvSixteen{};
+        std::uint16_t* d16 = side.d16.data();
+        const ck::QkvNarrow dn{{d16, code}, {d16 + hd, code}, {d16 + hd + kvd, code}};
+        std::vector<std::uint16_t>& w = workspace_for(&ws, s, c.one_row, true);
+        const std::int64_t elements = static_cast<std::int64_t>(w.size());
+        ASSERT_EQ(
+            ck::run_flash_attention_forward_f32<E>(kEmulator, w.data(), elements, side.out.data(),
+                                                   side.lse.data(), q, k, v, s, {}, rope, in16),
+            0);
+        float* d = side.d.data();
+        ASSERT_EQ(ck::run_flash_attention_backward_f32<E>(kEmulator, w.data(), elements, d, d + hd,
+                                                          d + hd + kvd, dout.data(),
+                                                          side.out.data(), side.lse.data(), q, k, v,
+                                                          s, dn, rope, nullptr, nullptr, in16),
+                  0);
+      }
+    };
+    if (c.bf16) {
+      run(ck::FlashBf16{});
+    } else {
+      run(ck::FlashFp16{});
+    }
+    const std::string what = "bf16 " + std::to_string(c.bf16) + ", one row per pass " +
+                             std::to_string(c.one_row) + ", rotary width " +
+                             std::to_string(c.rotary);
+    EXPECT_TRUE(std::memcmp(sides[0].out.data(), sides[1].out.data(), sides[0].out.size() * 4) == 0)
+        << what;
+    EXPECT_TRUE(std::memcmp(sides[0].lse.data(), sides[1].lse.data(), sides[0].lse.size() * 4) == 0)
+        << what;
+    EXPECT_TRUE(std::memcmp(sides[0].d.data(), sides[1].d.data(), sides[0].d.size() * 4) == 0)
+        << what;
+    EXPECT_EQ(sides[0].d16, sides[1].d16) << what;
+    EXPECT_EQ(std::count(sides[1].out.begin(), sides[1].out.end(), -3.0f), 0) << what;
+  }
+  // Each of q, k and v once, in fp32 or 16 bits.
+  std::uint16_t h[3] = {};
+  float f[3] = {};
+  const ck::QkvSixteen all{{h, ck::kCodeBF16}, {h + 1, ck::kCodeBF16}, {h + 2, ck::kCodeF16}};
+  EXPECT_TRUE(ck::flash_f32_inputs_valid(f, f + 1, f + 2, {}));
+  EXPECT_TRUE(ck::flash_f32_inputs_valid(nullptr, nullptr, nullptr, all));
+  EXPECT_FALSE(ck::flash_f32_inputs_valid(f, nullptr, nullptr, all));
+  EXPECT_FALSE(ck::flash_f32_inputs_valid(nullptr, f + 1, f + 2, {}));
+  ck::QkvSixteen fp32_code = all;
+  fp32_code.v.code = ck::kCodeF32;
+  EXPECT_FALSE(ck::flash_f32_inputs_valid(nullptr, nullptr, nullptr, fp32_code));
+}
+
 #endif
 
 }  // namespace

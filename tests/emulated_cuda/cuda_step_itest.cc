@@ -39,7 +39,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
-#include "backend/qkv_grad_check.h"
+#include "backend/qkv_alone_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "config/config.h"
@@ -146,6 +146,7 @@ struct TrainedRun {
   std::int64_t norm_grad_reads = -1;         // the norm_grad_16bit path's, where it is on
   std::int64_t gate_up_grad_writes = -1;     // the gate_up_grad_16bit_alone path's, where it is on
   std::int64_t qkv_grad_writes = -1;         // the qkv_grad_16bit_alone path's, where it is on
+  std::int64_t qkv_alone_reads = -1;         // the qkv_16bit path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -182,6 +183,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kNormGradAloneName && p.active) run.norm_grad_reads = p.uses;
     if (p.name == backend::kGateUpGradAloneName && p.active) run.gate_up_grad_writes = p.uses;
     if (p.name == backend::kQkvGradAloneName && p.active) run.qkv_grad_writes = p.uses;
+    if (p.name == backend::kQkvAloneName && p.active) run.qkv_alone_reads = p.uses;
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -316,13 +318,13 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
   }
 }
 
-// The paths `names` refused at start, with the head's logits, the Llama family's gate and up and
-// the norms' output gradient in 16 bits: those paths need the weights' and the activations'
-// 16-bit paths, and round what the fp32 paths keep, so runs compared bit for bit against one
-// without those refuse them too (SwiGLU's output gradient goes with gate and up).
+// The paths `names` refused at start, with the head's logits, the Llama family's gate and up, the
+// norms' output gradient and q, k and v in 16 bits: those paths need the weights' and the
+// activations' 16-bit paths, and round what the fp32 paths keep, so runs compared bit for bit
+// against one without those refuse them too (SwiGLU's output gradient goes with gate and up).
 std::string refused_with_logits(const std::string& names) {
   const std::string rounding = std::string(backend::kLogits16Name) + "," + backend::kGateUp16Name +
-                               "," + backend::kNormGradAloneName;
+                               "," + backend::kNormGradAloneName + "," + backend::kQkvAloneName;
   return names.empty() ? rounding : names + "," + rounding;
 }
 
@@ -468,7 +470,10 @@ TEST(EmulatedCudaStepFallback, AResidualNormRefusedAtStartRunsTwoKernelsWithTheS
 // unused.
 TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
   testing::TempDir dir;
-  const TrainedRun fused = train("llama", kTiers[0], true, dir.path() + "/fused", 2);
+  // q, k and v in 16 bits (qkv_16bit) need this path and round what the fp32 path keeps: the fused
+  // run refuses them.
+  const TrainedRun fused =
+      train_refused(backend::kQkvAloneName, "llama", kTiers[0], true, dir.path() + "/fused", 2);
   const TrainedRun refused = train_refused(backend::kRopeAttentionName, "llama", kTiers[0], true,
                                            dir.path() + "/refused", 2);
   ASSERT_EQ(fused.launches.size(), 2u);
@@ -518,8 +523,8 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // both runs refuse them.
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
-  const std::string rounding =
-      std::string(backend::kSwigluGradAloneName) + "," + backend::kNormGradAloneName;
+  const std::string rounding = std::string(backend::kSwigluGradAloneName) + "," +
+                               backend::kNormGradAloneName + "," + backend::kQkvAloneName;
   const std::string refused = std::string(backend::kActivations16AloneName) + "," + rounding;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train_refused(rounding.c_str(), family, kTiers[0], true,
@@ -785,6 +790,56 @@ TEST(EmulatedCudaStepFallback, QkvGradientsAloneRefusedAtStartGiveTheSameBits) {
   EXPECT_EQ(gpt2.qkv_grad_writes, 0);
 }
 
+// Each block's q, k and v in 16 bits alone (qkv_16bit) against the path refused at start (the
+// projection's output in fp32, rounded by the attention's staging after RoPE's rotation): the
+// product rounds q, k and v once, as autocast's bf16 projection does, and the staging rotates q and
+// k from those 16 bits, so the runs differ by that rounding alone (v's 16 bits are the same either
+// way): losses within 1e-4 of each other (relative) and updates within 10 % of the refused run's
+// norm. The same kernels in the same order but v's staging, which copies its 16 bits
+// (cast_block_16_kernel) where it rounded the fp32 values (cast_block_kernel), in the forward and
+// the backward; no cast before a GEMM; two attention calls reading q, k and v kept alone per block
+// and micro-batch; and exactly 2 bytes per element of q, k and v fewer on the device, in each
+// layer's saved activations.
+TEST(EmulatedCudaStepFallback, QkvIn16BitsTrackTheFp32Qkv) {
+  testing::TempDir dir;
+  const TrainedRun narrow = train("llama", kTiers[0], true, dir.path() + "/narrow", 2);
+  const TrainedRun wide =
+      train_refused(backend::kQkvAloneName, "llama", kTiers[0], true, dir.path() + "/wide", 2);
+  ASSERT_EQ(narrow.launches.size(), 2u);
+  ASSERT_EQ(wide.launches.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_NEAR(narrow.losses[step], wide.losses[step], 1e-4 * wide.losses[step])
+        << "step " << step + 1;
+  }
+  const double difference = update_difference(narrow, wide);
+  EXPECT_LT(difference, 0.1);
+  EXPECT_GT(difference, 0.0) << "q, k and v were not rounded";
+  std::printf(
+      "llama: q, k and v in 16 bits: losses %.6f %.6f (fp32 q, k, v %.6f %.6f); update differs by "
+      "%.4f of its norm\n",
+      narrow.losses[0], narrow.losses[1], wide.losses[0], wide.losses[1], difference);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::string> renamed = narrow.launches[step];
+    for (std::string& k : renamed) {
+      if (k == "cast_block_16_kernel") k = "cast_block_kernel";
+    }
+    EXPECT_EQ(renamed, wide.launches[step]) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(narrow.launches[step], "cast_block_16_kernel"), 2 * blocks)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(wide.launches[step], "cast_block_16_kernel"), 0)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(narrow.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(narrow.qkv_alone_reads, 2 * 2 * blocks);
+  EXPECT_EQ(wide.qkv_alone_reads, -1);
+  const std::int64_t qkv = (2 + 2 * 1) * 64;  // q's 2 heads, k's and v's 1, of 64
+  EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
+            static_cast<std::uint64_t>(layers * rows * qkv) * 2);
+  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
+  EXPECT_EQ(gpt2.qkv_alone_reads, 0);
+}
+
 // The gradient of the blocks' norm outputs in 16 bits alone (norm_grad_16bit) against the path
 // refused at start (the projections' input gradients in fp32, read so by the norms' backwards): the
 // products round that gradient once, as autocast's bf16 products do, so in both families the runs
@@ -864,6 +919,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["norm_grad_16bit"].active) << paths["norm_grad_16bit"].detail;
   EXPECT_TRUE(paths["gate_up_grad_16bit_alone"].active) << paths["gate_up_grad_16bit_alone"].detail;
   EXPECT_TRUE(paths["qkv_grad_16bit_alone"].active) << paths["qkv_grad_16bit_alone"].detail;
+  EXPECT_TRUE(paths["qkv_16bit"].active) << paths["qkv_16bit"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
   for (const char* epilogue :

@@ -357,6 +357,47 @@ TEST(RunSettings, QkvGradientsIn16BitsAloneAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_qkv_grad);
 }
 
+// Each block's q, k and v kept in 16 bits alone (RunnerOptions::narrow_qkv) are counted as such: 2
+// bytes per element of each layer's saved projection in place of 4. Only with the activations kept
+// alone, only for the Llama family without q/k norms or a qkv bias, not without the companions;
+// the settings alone leave it off.
+TEST(RunSettings, QkvIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  const model::ModelShape llama = testing::tiny_llama(true);
+  model::RunnerOptions with = runner_options(c, llama, false);
+  EXPECT_FALSE(with.narrow_qkv);
+  with.narrow_alone = true;
+  model::RunnerOptions narrow = with;
+  narrow.narrow_qkv = true;
+  // Each layer's fp32 array (4 bytes an element) goes; its companion (2) comes: both in 256-byte
+  // granules.
+  const auto qkv = static_cast<std::uint64_t>(2 * 16 * model::qkv_width(llama));
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  EXPECT_EQ(device(llama, with) - device(llama, narrow),
+            static_cast<std::uint64_t>(llama.num_layers) * (granule(qkv * 4) - granule(qkv * 2)));
+  for (bool model::RunnerOptions::*needed :
+       {&model::RunnerOptions::narrow_alone, &model::RunnerOptions::narrow_companions}) {
+    model::RunnerOptions without = with, without_narrow = narrow;
+    without.*needed = without_narrow.*needed = false;
+    EXPECT_EQ(device(llama, without_narrow), device(llama, without));
+  }
+  model::ModelShape qk_norm = llama;
+  qk_norm.arch.qk_norm = true;
+  EXPECT_EQ(device(qk_norm, narrow), device(qk_norm, with));
+  model::ModelShape qkv_bias = llama;
+  qkv_bias.arch.qkv_bias = true;
+  EXPECT_EQ(device(qkv_bias, narrow), device(qkv_bias, with));
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  EXPECT_EQ(device(gpt2, narrow), device(gpt2, with));
+  EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_qkv);
+}
+
 // Where the working set does not fit the device budget with the companions, the estimate goes
 // without them (as the trainer does) and says so; where it fits, it keeps them.
 TEST(RunSettings, TheEstimateDropsTheCompanionsWhereTheyDoNotFit) {

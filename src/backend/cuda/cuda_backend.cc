@@ -27,7 +27,7 @@
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
 #include "backend/norm_grad_check.h"
-#include "backend/qkv_grad_check.h"
+#include "backend/qkv_alone_check.h"
 #include "backend/rope_check.h"
 #include "common/fault_points.h"
 #include "common/log.h"
@@ -307,6 +307,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->gate_up_grad_writes();
       } else if (p.name == kQkvGradAloneName) {
         p.uses = ops_->qkv_grad_writes();
+      } else if (p.name == kQkvAloneName) {
+        p.uses = ops_->qkv_alone_reads();
       } else if (p.name == kRopeAttentionName) {
         p.uses = ops_->rotated_attention_calls();
       } else if (p.name == kGemmBiasName) {
@@ -1011,32 +1013,53 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "gate/up projection's two products",
         [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
   }
-  // The gradient of q, k and v in 16 bits alone where the attention rotates them, written into its
-  // companion only by the rotated staging's widening and read there by its products: the bits of
-  // the companion kept beside the fp32 array, at one head size the rotated attention took (the
-  // widening does not depend on it).
+  // Each block's q, k and v in 16 bits alone where the attention rotates them, written so by their
+  // product and read so (widened) by the rotated staging: within 1 unit in the last place of the
+  // verified product rounded, and the attention's bits on those values. Then their gradient,
+  // written into its companion only by the rotated staging's widening and read there by its
+  // products: the bits of the companion kept beside the fp32 array. Each at one head size the
+  // rotated attention took (the staging does not depend on it).
+  const std::string not_rotating = fmt::format(
+      "the attention does not rotate q and k ({} is off): the rope kernel rotates them in place "
+      "in fp32",
+      kRopeAttentionName);
+  const QkvAlonePath qkv_path = ops_qkv_alone_path(*ops_, reads_companion, ops_finished);
+  const auto qkv_checked = [&](const char* name,
+                               Status (*check)(Backend&, const QkvAlonePath&, std::int64_t)) {
+    const std::int64_t head_dim = head_sizes.front();
+    return checked_once(fmt::format("{}:{}:{}:{}", name, bf16 ? "bf16" : "fp16", head_dim,
+                                    scratch.sixteen_elements),
+                        [&] { return check(*this, qkv_path, head_dim); });
+  };
+  if (!activations_alone) {
+    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces, activations_not_alone);
+  } else if (!fast_paths_.active(kRopeAttentionName)) {
+    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces, not_rotating);
+  } else if (static_cast<int>(sixteen) != attention_code) {
+    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces,
+                               "the attention's 16-bit type is not the companions'");
+  } else {
+    ops_->use_qkv_alone(true);
+    ops_->use_qkv_alone(fast_paths_.adopt(
+        kQkvAloneName, kQkvAloneReplaces,
+        "each block's q, k and v (where the attention rotates them) written in 16 bits by their "
+        "product (fp32 accumulation rounded once; no fp32 array is allocated for them) and read "
+        "so, "
+        "widened, by the 16-bit attention's staging",
+        [&] { return qkv_checked(kQkvAloneName, check_qkv_alone); }));
+  }
   if (!activations_alone) {
     fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, activations_not_alone);
   } else if (!fast_paths_.active(kRopeAttentionName)) {
-    fast_paths_.not_applicable(
-        kQkvGradAloneName, kQkvGradAloneReplaces,
-        fmt::format("the attention does not rotate q and k ({} is off): the rope kernel's "
-                    "backward rotates the fp32 gradient in place",
-                    kRopeAttentionName));
+    fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, not_rotating);
   } else {
-    const QkvGradAlonePath qkv_grad = ops_qkv_grad_path(*ops_, reads_companion, ops_finished);
-    const std::int64_t head_dim = head_sizes.front();
     ops_->use_qkv_grad_alone(true);
     ops_->use_qkv_grad_alone(fast_paths_.adopt(
         kQkvGradAloneName, kQkvGradAloneReplaces,
         "the gradient of q, k and v (where the attention rotates them) written by the 16-bit "
         "attention's widening into its 16-bit companion only (no fp32 array is allocated for it) "
         "and read there by the qkv projection's two products",
-        [&] {
-          return checked_once(fmt::format("{}:{}:{}:{}", kQkvGradAloneName, bf16 ? "bf16" : "fp16",
-                                          head_dim, scratch.sixteen_elements),
-                              [&] { return check_qkv_grad_alone(*this, qkv_grad, head_dim); });
-        }));
+        [&] { return qkv_checked(kQkvGradAloneName, check_qkv_grad_alone); }));
   }
   // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'
   // input gradients and read so by the norms' backwards: within 1 unit in the last place of the

@@ -408,6 +408,12 @@ bool CudaOps::keeps_attention_alone(const backend::AttentionShape& s) const {
          s.out_stride == s.heads * s.head_dim && takes_flash(s);
 }
 
+bool CudaOps::keeps_qkv_alone(const backend::AttentionShape& s) const {
+  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+  return qkv_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
+         attention_rotates(s);
+}
+
 bool CudaOps::attention_rotates(const backend::AttentionShape& shape) const {
   return rope_in_attention_ && takes_flash(shape);
 }
@@ -462,10 +468,13 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
   // (every value of the range written).
   const ck::Narrow narrow =
       shape.out_stride == width ? narrow_for(out, rows * width) : ck::Narrow{};
+  // q, k and v kept in 16 bits alone are staged from their companion.
+  const float *q_wide = q, *k_wide = k, *v_wide = v;
+  const ck::QkvSixteen qkv16 = qkv_alone(&q_wide, &k_wide, &v_wide, shape);
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_forward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
-                                             scratch_.sixteen_elements, wide, lse, q, k, v, shape,
-                                             narrow, rope),
+                                             scratch_.sixteen_elements, wide, lse, q_wide, k_wide,
+                                             v_wide, shape, narrow, rope, qkv16),
                  "cuDNN attention forward")) {
     wrote(out, rows * width, narrow);
     return;
@@ -473,8 +482,8 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
   if (takes_flash(shape)) {
     ++flash_calls_;
     STRATA_OPS_CHECK(ck::flash_attention_forward_f32(stream_, flash_bf16_, scratch_.sixteen,
-                                                     scratch_.sixteen_elements, wide, lse, q, k, v,
-                                                     shape, narrow, rope),
+                                                     scratch_.sixteen_elements, wide, lse, q_wide,
+                                                     k_wide, v_wide, shape, narrow, rope, qkv16),
                      "flash attention forward");
     wrote(out, rows * width, narrow);
     return;
@@ -554,11 +563,14 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     dout_wide = nullptr;
     ++attention_grad_reads_;
   }
+  // q, k and v kept in 16 bits alone are staged from their companion.
+  const float *q_wide = q, *k_wide = k, *v_wide = v;
+  const ck::QkvSixteen qkv16 = qkv_alone(&q_wide, &k_wide, &v_wide, shape);
   if (takes_cudnn(shape, lse) &&
       staged_ran(ck::attention16_backward_f32(stream_, flash_bf16_, *cudnn_.inner, scratch_.sixteen,
                                               scratch_.sixteen_elements, dq_wide, dk_wide, dv_wide,
-                                              dout_wide, out_wide, lse, q, k, v, shape, narrow,
-                                              rope, out16, dout16),
+                                              dout_wide, out_wide, lse, q_wide, k_wide, v_wide,
+                                              shape, narrow, rope, out16, dout16, qkv16),
                  "cuDNN attention backward")) {
     if (out16 != nullptr) ++staged_companion_reads_;
     wrote(dq, rows * stride, narrow.q);
@@ -567,10 +579,10 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
   if (takes_flash(shape)) {
     ++flash_calls_;
     if (out16 != nullptr) ++staged_companion_reads_;
-    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(stream_, flash_bf16_, scratch_.sixteen,
-                                                      scratch_.sixteen_elements, dq_wide, dk_wide,
-                                                      dv_wide, dout_wide, out_wide, lse, q, k, v,
-                                                      shape, narrow, rope, out16, dout16),
+    STRATA_OPS_CHECK(ck::flash_attention_backward_f32(
+                         stream_, flash_bf16_, scratch_.sixteen, scratch_.sixteen_elements, dq_wide,
+                         dk_wide, dv_wide, dout_wide, out_wide, lse, q_wide, k_wide, v_wide, shape,
+                         narrow, rope, out16, dout16, qkv16),
                      "flash attention backward");
     wrote(dq, rows * stride, narrow.q);
     return;
@@ -855,6 +867,21 @@ ck::Narrow CudaOps::narrow_for(const float* out, std::int64_t n) const {
   const Pair* p = pair_of(out, n);
   if (p == nullptr) return {};
   return {static_cast<std::uint16_t*>(p->narrow) + (out - p->wide), static_cast<int>(narrow_type_)};
+}
+
+ck::QkvSixteen CudaOps::qkv_alone(const float** q, const float** k, const float** v,
+                                  const backend::AttentionShape& shape) {
+  const std::int64_t rows = shape.batch * shape.seq_len;
+  const std::int64_t nq = strided(rows, shape.q_stride, shape.heads * shape.head_dim);
+  const std::int64_t nkv = strided(rows, shape.kv_stride, shape.kv_heads * shape.head_dim);
+  if (!alone(*q, nq)) return {};
+  const ck::Narrow cq = narrow_for(*q, nq), ck_ = narrow_for(*k, nkv), cv = narrow_for(*v, nkv);
+  STRATA_ASSERT_MSG(keeps_qkv_alone(shape) && alone(*k, nkv) && alone(*v, nkv) && cq.p != nullptr &&
+                        ck_.p != nullptr && cv.p != nullptr,
+                    "q, k and v kept in 16 bits alone reached an attention without their path on");
+  *q = *k = *v = nullptr;
+  ++qkv_alone_reads_;
+  return {{cq.p, cq.code}, {ck_.p, ck_.code}, {cv.p, cv.code}};
 }
 
 ck::Sixteen CudaOps::grad_alone(const float** dout, std::int64_t n, bool kept,

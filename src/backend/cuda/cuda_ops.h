@@ -234,12 +234,20 @@ class CudaOps final : public backend::Ops<float> {
   }
   // Attention backwards that wrote their dq, dk, dv kept in 16 bits alone.
   std::int64_t qkv_grad_writes() const { return qkv_grad_writes_; }
+  // Each block's q, k and v kept in 16 bits alone too (fast path qkv_16bit; off by default): only
+  // with keeps_narrow_alone(), for shapes whose attention rotates, where the attention's 16-bit
+  // type is the companions'.
+  void use_qkv_alone(bool on) { qkv_alone_ = on; }
+  bool keeps_qkv_alone(const backend::AttentionShape& shape) const override;
+  // Attention calls (forward and backward) that read q, k and v kept in 16 bits alone.
+  std::int64_t qkv_alone_reads() const { return qkv_alone_reads_; }
   void reset_gradient_reads() {
     attention_grad_reads_ = 0;
     swiglu_grad_reads_ = 0;
     norm_grad_reads_ = 0;
     gate_up_grad_writes_ = 0;
     qkv_grad_writes_ = 0;
+    qkv_alone_reads_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -310,6 +318,11 @@ class CudaOps final : public backend::Ops<float> {
   // A gradient `dout` (n floats) kept in 16 bits alone: its companion to read, `dout` nulled, and
   // `reads` counted; asserts `kept` (the path that keeps it is on). Otherwise unset, `dout` as it
   // was.
+  // q, k and v (n floats each from its pointer) kept in 16 bits alone: their companions to read,
+  // the pointers nulled, and the read counted; asserts keeps_qkv_alone(shape). Otherwise unset, the
+  // pointers as they were.
+  cuda_kernels::QkvSixteen qkv_alone(const float** q, const float** k, const float** v,
+                                     const backend::AttentionShape& shape);
   cuda_kernels::Sixteen grad_alone(const float** dout, std::int64_t n, bool kept,
                                    std::int64_t* reads) const;
   // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
@@ -350,6 +363,8 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t gate_up_grad_writes_ = 0;
   bool qkv_grad_alone_ = false;
   std::int64_t qkv_grad_writes_ = 0;
+  bool qkv_alone_ = false;
+  std::int64_t qkv_alone_reads_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
   std::vector<Apart> aparts_;

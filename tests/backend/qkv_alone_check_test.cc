@@ -1,16 +1,22 @@
-// The start-up check of the gradient of q, k and v kept in 16 bits alone (qkv_grad_check.h) on the
-// CPU backend, with fakes of the ops built from the verified ones and the rounding (a CPU backend's
-// memory is the host's) that keep their pairs as the backend does and never touch the key's address
-// range (any access to it faults). The fake's rotated attention rotates a copy of q and k
+// The start-up checks of q, k, v and their gradient kept in 16 bits alone (qkv_alone_check.h) on
+// the CPU backend, with fakes of the ops built from the verified ones and the rounding (a CPU
+// backend's memory is the host's) that keep their pairs as the backend does and never touch a key's
+// address range (any access to it faults). The fake's rotated attention reads q, k and v as the
+// backend's staging does (from their companion where they are paired), rotates a copy of q and k
 // (rope_forward), runs the verified attention on it and rotates dq and dk back (rope_backward),
-// then writes the gradient into its fp32 array, its companion or both, as it is paired. The
-// faithful fake passes in bf16 and fp16 at head sizes 64 and 128; a refused pairing, a gradient the
-// ops would not keep alone, products that would not read its companion, a gradient kept alone whose
-// dq and dk are not rotated back, one whose dv is left unwritten, one rotated over the whole head
-// where the rotary width is partial, products reading it as zeros in the B position, and an op
-// that fails each fail, naming the case and what went wrong. FastPaths then lists the path off with
-// one warning naming it, and the check unpairs what it paired.
-#include "backend/qkv_grad_check.h"
+// then writes the gradient into its fp32 array, its companion or both, as it is paired.
+// - The gradient's check (qkv_grad_16bit_alone): the faithful fake passes in bf16 and fp16 at head
+//   sizes 64 and 128; a refused pairing, a gradient the ops would not keep alone, products that
+//   would not read its companion, a gradient kept alone whose dq and dk are not rotated back, one
+//   whose dv is left unwritten, one rotated over the whole head where the rotary width is partial,
+//   products reading it as zeros in the B position, and an op that fails each fail, naming the case
+//   and what went wrong.
+// - q, k and v's check (qkv_16bit): the faithful fake passes likewise; q, k and v the ops would not
+//   keep alone, a 16-bit product 2 units off, a forward and a backward reading them kept alone as
+//   zeros, and an op that fails each fail, naming the case and what went wrong.
+// FastPaths then lists a failing path off with one warning naming it, and the check unpairs what it
+// paired.
+#include "backend/qkv_alone_check.h"
 
 #include <gtest/gtest.h>
 
@@ -34,7 +40,12 @@ enum class Fault {
   kDvUnwritten,
   kWholeHead,
   kZerosAsB,
-  kFails
+  kFails,
+  // q, k and v's faults.
+  kQkvNotKept,
+  kProductTwoUnitsOff,
+  kForwardReadsZeros,
+  kBackwardReadsZeros,
 };
 
 using testing::FakePair;
@@ -46,24 +57,27 @@ struct Fake : testing::FakePairs {
   Fault fault = Fault::kNone;
 };
 
-// q, k, v side by side (rows of s.q_stride from q) copied, q's and k's heads rotated by
-// rope_forward over `rotary` of each head's dimensions.
-std::vector<float> rotated(Ops<float>& ops, const float* q, const AttentionShape& s,
-                           const kernels::QkRotation<float>& rope, std::int64_t rotary) {
+// q, k, v side by side (rows of s.q_stride from q) read as the staging reads them (as zeros where
+// they are kept alone and `zeros`), q's and k's heads rotated by rope_forward over `rotary` of each
+// head's dimensions.
+std::vector<float> rotated(const Fake& fake, const float* q, const AttentionShape& s,
+                           const kernels::QkRotation<float>& rope, std::int64_t rotary,
+                           bool zeros = false) {
   const std::int64_t rows = s.batch * s.seq_len;
-  std::vector<float> x(q, q + rows * s.q_stride);
+  Ops<float>& ops = *fake.ops;
+  std::vector<float> x = fake.read(q, rows * s.q_stride, zeros);
   const RopeShape shape{rows,       s.q_stride, s.seq_len,  s.heads + s.kv_heads,
                         s.head_dim, rotary,     s.positions};
   ops.rope_forward(x.data(), shape, rope.cos, rope.sin);
   return x;
 }
 
-QkvGradAlonePath path(Backend& backend, DType type, Fault fault) {
+QkvAlonePath path(Backend& backend, DType type, Fault fault) {
   auto fake = std::make_shared<Fake>();
   fake->type = type;
   fake->ops = &backend.ops_f32();
   fake->fault = fault;
-  QkvGradAlonePath p;
+  QkvAlonePath p;
   p.type = type;
   p.pair = [fake](float* wide, void* narrow, std::int64_t n, bool alone) {
     return fake->pair(wide, narrow, n, alone, fake->fault == Fault::kRefused);
@@ -72,11 +86,13 @@ QkvGradAlonePath path(Backend& backend, DType type, Fault fault) {
   p.reads_companion = [fake](const float* at, std::int64_t n) {
     return fake->reads_companion(at, n, fake->fault == Fault::kNotRead);
   };
-  p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
+  p.keeps = [fake](const AttentionShape&) { return fake->fault != Fault::kQkvNotKept; };
+  p.keeps_grad = [fake](const AttentionShape&) { return fake->fault != Fault::kNotKept; };
   p.forward_rotated = [fake](float* out, float* lse, const float* q, const float*, const float*,
                              const AttentionShape& s, const kernels::QkRotation<float>& rope) {
     const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
-    const std::vector<float> x = rotated(*fake->ops, q, s, rope, rope.rotary_dim);
+    const std::vector<float> x =
+        rotated(*fake, q, s, rope, rope.rotary_dim, fake->fault == Fault::kForwardReadsZeros);
     fake->ops->attention_forward(out, lse, x.data(), x.data() + hd, x.data() + hd + kvd, s);
   };
   p.backward_rotated = [fake](float* dq, float*, float*, const float* dout, const float* out,
@@ -89,7 +105,8 @@ QkvGradAlonePath path(Backend& backend, DType type, Fault fault) {
     const bool alone = f != nullptr && f->alone;
     const std::int64_t rotary =
         alone && fake->fault == Fault::kWholeHead ? s.head_dim : rope.rotary_dim;
-    const std::vector<float> x = rotated(*fake->ops, q, s, rope, rotary);
+    const std::vector<float> x =
+        rotated(*fake, q, s, rope, rotary, fake->fault == Fault::kBackwardReadsZeros);
     std::vector<float> d(static_cast<std::size_t>(n), 0.0f);
     fake->ops->attention_backward(d.data(), d.data() + hd, d.data() + hd + kvd, dout, out, lse,
                                   x.data(), x.data() + hd, x.data() + hd + kvd, s);
@@ -111,7 +128,13 @@ QkvGradAlonePath path(Backend& backend, DType type, Fault fault) {
     const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
     const std::vector<float> b_in =
         fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
-    fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+    const FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
+    if (f == nullptr || !f->alone) {
+      fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+      return;
+    }
+    fake->product_alone(*fake->ops, ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb, c, ldc,
+                        fake->fault == Fault::kProductTwoUnitsOff ? 11 : -1);
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
@@ -160,17 +183,61 @@ TEST(QkvGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
       EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
     }
   }
-  QkvGradAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  QkvAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
   fp32.type = DType::kF32;
   EXPECT_EQ(check_qkv_grad_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
 }
 
+TEST(QkvAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    for (std::int64_t head_dim : {64, 128}) {
+      const Status s = check_qkv_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
+      EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
+    }
+  }
+}
+
+TEST(QkvAloneCheck, EachFaultFailsNamingWhatWentWrong) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  const std::string whole =
+      "GQA, whole head rotated (head size 64, rotary width 64, 2 x 24 tokens)";
+  const struct {
+    Fault fault;
+    std::string expect;
+  } cases[] = {
+      {Fault::kRefused, whole + ": the ops refused to keep an activation alone"},
+      {Fault::kQkvNotKept, whole + ": the ops would not keep its q, k and v alone"},
+      {Fault::kProductTwoUnitsOff, whole + ": the 16-bit q, k, v's element 11 is"},
+      {Fault::kForwardReadsZeros, whole + ", the rotated forward's out["},
+      {Fault::kBackwardReadsZeros, whole + ", the rotated backward's dq, dk, dv (side by side)["},
+      {Fault::kFails, "the kernel failed"},
+  };
+  for (const auto& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check_qkv_alone(*backend, path(*backend, type, c.fault), 64);
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  QkvAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check_qkv_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(QkvAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  testing::expect_listed_off_unpairing<QkvAlonePath>(
+      path(*backend, DType::kBF16, Fault::kBackwardReadsZeros), kQkvAloneName, kQkvAloneReplaces,
+      [&](const QkvAlonePath& p) { return check_qkv_alone(*backend, p, 64); });
+}
+
 TEST(QkvGradAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {
   auto backend = testing::small_cpu_backend(64ull << 20);
-  testing::expect_listed_off_unpairing<QkvGradAlonePath>(
+  testing::expect_listed_off_unpairing<QkvAlonePath>(
       path(*backend, DType::kBF16, Fault::kNotRotatedBack), kQkvGradAloneName,
       kQkvGradAloneReplaces,
-      [&](const QkvGradAlonePath& p) { return check_qkv_grad_alone(*backend, p, 64); });
+      [&](const QkvAlonePath& p) { return check_qkv_grad_alone(*backend, p, 64); });
 }
 
 }  // namespace

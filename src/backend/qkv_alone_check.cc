@@ -1,0 +1,230 @@
+// The start-up checks of q, k, v and their gradient kept in 16 bits alone (see qkv_alone_check.h).
+#include "backend/qkv_alone_check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/host_copies.h"
+#include "kernels/cpu/nn_ops.h"
+
+namespace strata::backend {
+namespace {
+
+struct Case {
+  const char* name;
+  std::int64_t seq_len, rotary_dim;
+};
+
+// One case on the backend: its shape (q, k, v side by side in rows of `stride`), its rotation and
+// its random inputs (q, k, v and dO).
+struct Setup {
+  AttentionShape s{};
+  std::int64_t rows = 0, hd = 0, kvd = 0, stride = 0, n = 0;
+  std::string where;
+  Buffer qkv, dout, cos, sin;
+  kernels::QkRotation<float> rope;
+};
+
+Result<Setup> set_up(Backend& backend, std::int64_t head_dim, const Case& c, std::uint64_t seed,
+                     const char* purpose) {
+  Setup u;
+  AttentionShape& s = u.s;
+  s.batch = 2;
+  s.seq_len = c.seq_len;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = head_dim;
+  u.rows = s.batch * s.seq_len;
+  u.hd = s.heads * head_dim;
+  u.kvd = s.kv_heads * head_dim;
+  u.stride = u.hd + 2 * u.kvd;
+  u.n = u.rows * u.stride;
+  s.q_stride = s.kv_stride = u.stride;
+  s.out_stride = u.hd;
+  s.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  u.where = fmt::format("{} (head size {}, rotary width {}, {} x {} tokens)", c.name, head_dim,
+                        c.rotary_dim, s.batch, s.seq_len);
+  std::mt19937_64 rng(seed + static_cast<std::uint64_t>(head_dim * 3 + c.rotary_dim));
+  const std::int64_t half = c.rotary_dim / 2;
+  std::vector<float> cos(static_cast<std::size_t>(s.seq_len * half)), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary_dim, 10000.0);
+  STRATA_ASSIGN_OR_RETURN(u.qkv,
+                          device_copy(backend, normal_values(rng, u.n, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      u.dout, device_copy(backend, normal_values(rng, u.rows * u.hd, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(u.cos, device_copy(backend, cos, purpose));
+  STRATA_ASSIGN_OR_RETURN(u.sin, device_copy(backend, sin, purpose));
+  u.rope.cos = u.cos.as<float>();
+  u.rope.sin = u.sin.as<float>();
+  u.rope.rotary_dim = c.rotary_dim;
+  return u;
+}
+
+// n 16-bit zeros on the backend.
+Result<Buffer> zeros16(Backend& backend, std::int64_t n, const char* purpose) {
+  return device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose);
+}
+
+Status check_grad_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
+                       const Case& c) {
+  const char* purpose = "qkv_grad_16bit_alone check";
+  STRATA_ASSIGN_OR_RETURN(Setup u, set_up(backend, head_dim, c, 7900, purpose));
+  const std::string& where = u.where;
+  if (!path.keeps_grad(u.s)) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{}: the ops would not keep its q/k/v gradient alone", where));
+  }
+  const std::vector<float> zeros(static_cast<std::size_t>(u.n), 0.0f);
+  STRATA_ASSIGN_OR_RETURN(Buffer out, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer lse, device_copy(backend, zeros, purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer wide, device_copy(backend, zeros, purpose));
+  Buffer companions[2];
+  for (Buffer& b : companions) {
+    STRATA_ASSIGN_OR_RETURN(b, zeros16(backend, u.n, purpose));
+  }
+  float* beside = wide.as<float>();
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_TRY(pairs.beside(beside, companions[0].data(), u.n, where));
+  STRATA_ASSIGN_OR_RETURN(float* key, pairs.alone(companions[1].data(), u.n,
+                                                  "the qkv_grad_16bit_alone check's key", where));
+  if (!path.reads_companion(key, u.n)) {
+    return Status(ErrorCode::kInternal,
+                  fmt::format("{}: a product reading the q/k/v gradient kept alone would not read "
+                              "its companion",
+                              where));
+  }
+  const float* q = u.qkv.as<float>();
+  const float* k = q + u.hd;
+  const float* v = k + u.kvd;
+  path.forward_rotated(out.as<float>(), lse.as<float>(), q, k, v, u.s, u.rope);
+  for (float* d : {beside, key}) {
+    path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
+                          lse.as<float>(), q, k, v, u.s, u.rope);
+  }
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(same_companions(backend, companions[0], companions[1], u.n, where,
+                             "the rotated backward (dq, dk, dv side by side)"));
+  return check_products_alone(backend, path.gemm, path.finish, beside, key, u.rows, u.stride, where,
+                              "the rotated backward");
+}
+
+Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
+                      const Case& c) {
+  const char* purpose = "qkv_16bit check";
+  constexpr std::int64_t kIns = 40;  // the projection's k (the hidden size)
+  STRATA_ASSIGN_OR_RETURN(Setup u, set_up(backend, head_dim, c, 8100, purpose));
+  const std::string& where = u.where;
+  if (!path.keeps(u.s)) {
+    return Status(ErrorCode::kUnavailable,
+                  fmt::format("{}: the ops would not keep its q, k and v alone", where));
+  }
+  std::mt19937_64 rng(8200 + static_cast<std::uint64_t>(head_dim));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer x, device_copy(backend, normal_values(rng, u.rows * kIns, 1.0f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer w, device_copy(backend, normal_values(rng, u.stride * kIns, 0.3f, 0.0f), purpose));
+  const std::vector<float> zeros(static_cast<std::size_t>(u.n), 0.0f);
+  Buffer product, outs[2], lses[2], grads[2];
+  STRATA_ASSIGN_OR_RETURN(product, device_copy(backend, zeros, purpose));
+  for (int side = 0; side < 2; ++side) {
+    STRATA_ASSIGN_OR_RETURN(outs[side], device_copy(backend, zeros, purpose));
+    STRATA_ASSIGN_OR_RETURN(lses[side], device_copy(backend, zeros, purpose));
+    STRATA_ASSIGN_OR_RETURN(grads[side], device_copy(backend, zeros, purpose));
+  }
+  STRATA_ASSIGN_OR_RETURN(Buffer companion, zeros16(backend, u.n, purpose));
+  CheckPairs pairs(path.pair, path.unpair);
+  STRATA_ASSIGN_OR_RETURN(float* key,
+                          pairs.alone(companion.data(), u.n, "the qkv_16bit check's key", where));
+
+  // The verified product in fp32 (the backend's own gemm), the path's into q, k, v kept alone (the
+  // model's projection: x W^T).
+  backend.ops_f32().gemm(false, true, u.rows, u.stride, kIns, 1.0f, x.as<float>(), kIns,
+                         w.as<float>(), kIns, 0.0f, product.as<float>(), u.stride);
+  path.gemm(false, true, u.rows, u.stride, kIns, x.as<float>(), kIns, w.as<float>(), kIns, key,
+            u.stride);
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(within_one_unit_then_widen(backend, product, companion, u.n, path.type, where,
+                                        "the 16-bit q, k, v"));
+  // The rotated attention on fp32 arrays holding those values widened, and on them kept alone.
+  float* sources[2] = {product.as<float>(), key};
+  for (int side = 0; side < 2; ++side) {
+    const float* q = sources[side];
+    path.forward_rotated(outs[side].as<float>(), lses[side].as<float>(), q, q + u.hd,
+                         q + u.hd + u.kvd, u.s, u.rope);
+  }
+  STRATA_TRY(path.finish().with_context(where));
+  STRATA_TRY(
+      same_bits(backend, outs[0], outs[1], u.rows * u.hd, where, "the rotated forward's out"));
+  STRATA_TRY(same_bits(backend, lses[0], lses[1], u.s.batch * u.s.heads * u.s.seq_len, where,
+                       "the rotated forward's log-sum-exp"));
+  for (int side = 0; side < 2; ++side) {
+    const float* q = sources[side];
+    float* d = grads[side].as<float>();
+    path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), outs[side].as<float>(),
+                          lses[side].as<float>(), q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+  }
+  STRATA_TRY(path.finish().with_context(where));
+  return same_bits(backend, grads[0], grads[1], u.n, where,
+                   "the rotated backward's dq, dk, dv (side by side)");
+}
+
+// The checks' two cases at `head_dim`, a partial width rounded down to an even number, at least 2.
+Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
+                 Status (*check)(Backend&, const QkvAlonePath&, std::int64_t, const Case&),
+                 const char* what) {
+  if (path.type != DType::kBF16 && path.type != DType::kF16) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} kept in 16 bits alone is bf16 or fp16, not {}", what,
+                              to_string(path.type)));
+  }
+  const std::int64_t partial = std::max<std::int64_t>(2, (head_dim / 2) & ~std::int64_t{1});
+  for (const Case& c :
+       {Case{"GQA, whole head rotated", 24, head_dim}, Case{"partial rotary width", 23, partial}}) {
+    STRATA_TRY(check(backend, path, head_dim, c));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+QkvAlonePath ops_qkv_alone_path(Ops<float>& ops,
+                                std::function<bool(const float* p, std::int64_t n)> reads_companion,
+                                std::function<Status()> finish) {
+  // The pairing is the activations' (alone_check.h): one way to pair, for every path.
+  const NarrowAlonePath activations = ops_alone_path(ops, std::move(reads_companion), {});
+  QkvAlonePath path;
+  Ops<float>* o = &ops;
+  path.type = activations.type;
+  path.pair = activations.pair;
+  path.unpair = activations.unpair;
+  path.reads_companion = activations.reads_companion;
+  path.keeps = [o](const AttentionShape& s) { return o->keeps_qkv_alone(s); };
+  path.keeps_grad = [o](const AttentionShape& s) { return o->keeps_qkv_grad_alone(s); };
+  path.forward_rotated = [o](float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+    o->attention_forward_rotated(out, lse, q, k, v, s, rope);
+  };
+  path.backward_rotated = [o](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+    o->attention_backward_rotated(dq, dk, dv, dout, out, lse, q, k, v, s, rope);
+  };
+  path.gemm = activations.gemm;
+  path.finish = std::move(finish);
+  return path;
+}
+
+Status check_qkv_grad_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
+  return each_case(backend, path, head_dim, check_grad_case, "a q/k/v gradient");
+}
+
+Status check_qkv_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
+  return each_case(backend, path, head_dim, check_qkv_case, "q, k and v");
+}
+
+}  // namespace strata::backend
