@@ -99,16 +99,9 @@ AttentionAlonePath path(Backend& backend, DType type, Fault fault) {
   };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
-    const std::vector<float> b_in =
-        fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
-    const FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
-    if (f == nullptr || !f->alone) {
-      fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
-      return;
-    }
-    fake->product_alone(*fake->ops, ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb, c, ldc,
-                        fake->fault == Fault::kProductTwoUnitsOff ? 7 : -1);
+    testing::paired_product(*fake, *fake->ops, ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
+                            fake->fault == Fault::kZerosAsB,
+                            fake->fault == Fault::kProductTwoUnitsOff ? 7 : -1);
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");

@@ -125,16 +125,9 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
   };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
-    const std::vector<float> b_in =
-        fake->read(b, (tb ? n : k) * ldb, fake->fault == Fault::kZerosAsB);
-    const FakePair* f = fake->pair_of(c, (m - 1) * ldc + n);
-    if (f == nullptr || !f->alone) {
-      fake->ops->gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
-      return;
-    }
-    fake->product_alone(*fake->ops, ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb, c, ldc,
-                        fake->fault == Fault::kProductTwoUnitsOff ? 11 : -1);
+    testing::paired_product(*fake, *fake->ops, ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
+                            fake->fault == Fault::kZerosAsB,
+                            fake->fault == Fault::kProductTwoUnitsOff ? 11 : -1);
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
@@ -143,86 +136,79 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
   return p;
 }
 
-TEST(QkvGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+using Check = Status (*)(Backend&, const QkvAlonePath&, std::int64_t);
+
+// The faithful fake passes `check` in bf16 and fp16 at head sizes 64 and 128.
+void expect_faithful_passes(Check check) {
   auto backend = testing::small_cpu_backend(64ull << 20);
   for (DType type : {DType::kBF16, DType::kF16}) {
     for (std::int64_t head_dim : {64, 128}) {
-      const Status s = check_qkv_grad_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
+      const Status s = check(*backend, path(*backend, type, Fault::kNone), head_dim);
       EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
     }
   }
+}
+
+struct FaultCase {
+  Fault fault;
+  std::string expect;  // in the error
+};
+// Each fault fails `check` in bf16 and fp16, naming what went wrong; an fp32 path is refused.
+void expect_each_fault_fails(Check check, const std::vector<FaultCase>& cases) {
+  auto backend = testing::small_cpu_backend(64ull << 20);
+  for (const FaultCase& c : cases) {
+    for (DType type : {DType::kBF16, DType::kF16}) {
+      const Status s = check(*backend, path(*backend, type, c.fault), 64);
+      ASSERT_FALSE(s.is_ok()) << c.expect;
+      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
+    }
+  }
+  QkvAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
+  fp32.type = DType::kF32;
+  EXPECT_EQ(check(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+}
+
+const std::string kWhole = "GQA, whole head rotated (head size 64, rotary width 64, 2 x 24 tokens)";
+
+TEST(QkvGradAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
+  expect_faithful_passes(check_qkv_grad_alone);
 }
 
 TEST(QkvGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
-  auto backend = testing::small_cpu_backend(64ull << 20);
-  const std::string whole =
-      "GQA, whole head rotated (head size 64, rotary width 64, 2 x 24 tokens)";
-  const struct {
-    Fault fault;
-    std::string expect;
-  } cases[] = {
-      {Fault::kRefused, whole + ": the ops refused to keep an activation alone"},
-      {Fault::kNotKept, whole + ": the ops would not keep its q/k/v gradient alone"},
-      {Fault::kNotRead, "a product reading the q/k/v gradient kept alone would not read"},
-      {Fault::kNotRotatedBack,
-       whole + ", the rotated backward (dq, dk, dv side by side): the companion kept alone holds"},
-      {Fault::kDvUnwritten,
-       whole + ", the rotated backward (dq, dk, dv side by side): the companion kept alone holds "
-               "0x0000 at [192]"},
-      {Fault::kWholeHead,
-       "partial rotary width (head size 64, rotary width 32, 2 x 23 tokens), the rotated "
-       "backward"},
-      {Fault::kZerosAsB,
-       "after the rotated backward: the Llama family's weight gradient (activation as B)["},
-      {Fault::kFails, "the kernel failed"},
-  };
-  for (const auto& c : cases) {
-    for (DType type : {DType::kBF16, DType::kF16}) {
-      const Status s = check_qkv_grad_alone(*backend, path(*backend, type, c.fault), 64);
-      ASSERT_FALSE(s.is_ok()) << c.expect;
-      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
-    }
-  }
-  QkvAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
-  fp32.type = DType::kF32;
-  EXPECT_EQ(check_qkv_grad_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+  const std::string backward = kWhole + ", the rotated backward (dq, dk, dv side by side): ";
+  expect_each_fault_fails(
+      check_qkv_grad_alone,
+      {
+          {Fault::kRefused, kWhole + ": the ops refused to keep an activation alone"},
+          {Fault::kNotKept, kWhole + ": the ops would not keep its q/k/v gradient alone"},
+          {Fault::kNotRead, "a product reading the q/k/v gradient kept alone would not read"},
+          {Fault::kNotRotatedBack, backward + "the companion kept alone holds"},
+          {Fault::kDvUnwritten, backward + "the companion kept alone holds 0x0000 at [192]"},
+          {Fault::kWholeHead,
+           "partial rotary width (head size 64, rotary width 32, 2 x 23 tokens), the rotated "
+           "backward"},
+          {Fault::kZerosAsB,
+           "after the rotated backward: the Llama family's weight gradient (activation as B)["},
+          {Fault::kFails, "the kernel failed"},
+      });
 }
 
 TEST(QkvAloneCheck, TheFaithfulPathPassesInBf16AndFp16) {
-  auto backend = testing::small_cpu_backend(64ull << 20);
-  for (DType type : {DType::kBF16, DType::kF16}) {
-    for (std::int64_t head_dim : {64, 128}) {
-      const Status s = check_qkv_alone(*backend, path(*backend, type, Fault::kNone), head_dim);
-      EXPECT_TRUE(s.is_ok()) << to_string(type) << " " << head_dim << ": " << s.to_string();
-    }
-  }
+  expect_faithful_passes(check_qkv_alone);
 }
 
 TEST(QkvAloneCheck, EachFaultFailsNamingWhatWentWrong) {
-  auto backend = testing::small_cpu_backend(64ull << 20);
-  const std::string whole =
-      "GQA, whole head rotated (head size 64, rotary width 64, 2 x 24 tokens)";
-  const struct {
-    Fault fault;
-    std::string expect;
-  } cases[] = {
-      {Fault::kRefused, whole + ": the ops refused to keep an activation alone"},
-      {Fault::kQkvNotKept, whole + ": the ops would not keep its q, k and v alone"},
-      {Fault::kProductTwoUnitsOff, whole + ": the 16-bit q, k, v's element 11 is"},
-      {Fault::kForwardReadsZeros, whole + ", the rotated forward's out["},
-      {Fault::kBackwardReadsZeros, whole + ", the rotated backward's dq, dk, dv (side by side)["},
-      {Fault::kFails, "the kernel failed"},
-  };
-  for (const auto& c : cases) {
-    for (DType type : {DType::kBF16, DType::kF16}) {
-      const Status s = check_qkv_alone(*backend, path(*backend, type, c.fault), 64);
-      ASSERT_FALSE(s.is_ok()) << c.expect;
-      EXPECT_NE(s.to_string().find(c.expect), std::string::npos) << s.to_string();
-    }
-  }
-  QkvAlonePath fp32 = path(*backend, DType::kBF16, Fault::kNone);
-  fp32.type = DType::kF32;
-  EXPECT_EQ(check_qkv_alone(*backend, fp32, 64).code(), ErrorCode::kInvalidArgument);
+  expect_each_fault_fails(
+      check_qkv_alone,
+      {
+          {Fault::kRefused, kWhole + ": the ops refused to keep an activation alone"},
+          {Fault::kQkvNotKept, kWhole + ": the ops would not keep its q, k and v alone"},
+          {Fault::kProductTwoUnitsOff, kWhole + ": the 16-bit q, k, v's element 11 is"},
+          {Fault::kForwardReadsZeros, kWhole + ", the rotated forward's out["},
+          {Fault::kBackwardReadsZeros,
+           kWhole + ", the rotated backward's dq, dk, dv (side by side)["},
+          {Fault::kFails, "the kernel failed"},
+      });
 }
 
 TEST(QkvAloneCheck, AFailingPathIsListedOffWithOneWarningAndUnpairsWhatItPaired) {

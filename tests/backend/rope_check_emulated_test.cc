@@ -195,36 +195,59 @@ TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) 
   }
 }
 
-// The gradient of q, k and v kept in 16 bits alone (fast path qkv_grad_16bit_alone): the rotated
-// backward given null dq, dk, dv writes their companions alone, with the bits it writes into them
-// beside the fp32 arrays, in bf16 and fp16, over one pass and over one batch row per pass, with the
-// whole head rotated and a partial rotary width; and the launchers' rule for what may be null.
-TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsCompanionsAlone) {
-  const struct {
-    bool bf16, one_row;
-    std::int64_t rotary;
-  } cases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
-  for (const auto& c : cases) {
-    AttentionShape s{};
+// The cases of the two tests of q, k, v kept alone below: bf16 or fp16, the whole workspace in one
+// pass or one batch row per pass, the rotary width.
+struct QkvCase {
+  bool bf16, one_row;
+  std::int64_t rotary;
+};
+constexpr QkvCase kQkvCases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
+
+// GQA 2:1 over 2 x 19 tokens of head size 64, q, k, v side by side in each row as the model keeps
+// them, and the case's rotation tables.
+struct QkvSetup {
+  explicit QkvSetup(const QkvCase& c) : rotary(c.rotary) {
     s.batch = 2;
     s.seq_len = 19;
     s.heads = 4;
     s.kv_heads = 2;
     s.head_dim = 64;
-    const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * s.head_dim;
-    const std::int64_t kvd = s.kv_heads * s.head_dim, stride = hd + 2 * kvd, n = rows * stride;
-    s.q_stride = s.kv_stride = stride;
+    rows = s.batch * s.seq_len;
+    hd = s.heads * s.head_dim;
+    kvd = s.kv_heads * s.head_dim;
+    n = rows * (hd + 2 * kvd);
+    s.q_stride = s.kv_stride = hd + 2 * kvd;
     s.out_stride = hd;
     s.scale = 0.125;
+    cos.resize(static_cast<std::size_t>(s.seq_len * rotary / 2));
+    sin.resize(cos.size());
+    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, rotary, 10000.0);
+  }
+  kernels::QkRotation<float> rope() const {
+    kernels::QkRotation<float> r;
+    r.cos = cos.data();
+    r.sin = sin.data();
+    r.rotary_dim = rotary;
+    return r;
+  }
+  AttentionShape s{};
+  std::int64_t rotary, rows = 0, hd = 0, kvd = 0, n = 0;
+  std::vector<float> cos, sin;
+};
+
+// The gradient of q, k and v kept in 16 bits alone (fast path qkv_grad_16bit_alone): the rotated
+// backward given null dq, dk, dv writes their companions alone, with the bits it writes into them
+// beside the fp32 arrays, in bf16 and fp16, over one pass and over one batch row per pass, with the
+// whole head rotated and a partial rotary width; and the launchers' rule for what may be null.
+TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsCompanionsAlone) {
+  for (const QkvCase& c : kQkvCases) {
+    const QkvSetup u(c);
+    const AttentionShape& s = u.s;
+    const std::int64_t rows = u.rows, hd = u.hd, kvd = u.kvd, n = u.n;
+    const kernels::QkRotation<float> rope = u.rope();
     std::mt19937_64 rng(4100 + static_cast<std::uint64_t>(c.rotary));
     const std::vector<float> qkv = normal_values(rng, n, 1.0f, 0.0f);
     const std::vector<float> dout = normal_values(rng, rows * hd, 1.0f, 0.0f);
-    std::vector<float> cos(static_cast<std::size_t>(s.seq_len * c.rotary / 2)), sin(cos.size());
-    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary, 10000.0);
-    kernels::QkRotation<float> rope;
-    rope.cos = cos.data();
-    rope.sin = sin.data();
-    rope.rotary_dim = c.rotary;
     std::vector<float> out(static_cast<std::size_t>(rows * hd)),
         lse(static_cast<std::size_t>(s.batch * s.heads * s.seq_len));
     std::vector<float> wide(static_cast<std::size_t>(n), -3.0f);
@@ -289,22 +312,11 @@ TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsC
 // fp16, over one pass and over one batch row per pass, with the whole head rotated and a partial
 // rotary width; and the launchers' rule for what may be given.
 TEST(RopeInAttentionEmulated, TheStagingReadsQkvKeptAloneWithTheBitsOfTheirValuesWidened) {
-  const struct {
-    bool bf16, one_row;
-    std::int64_t rotary;
-  } cases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
-  for (const auto& c : cases) {
-    AttentionShape s{};
-    s.batch = 2;
-    s.seq_len = 19;
-    s.heads = 4;
-    s.kv_heads = 2;
-    s.head_dim = 64;
-    const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * s.head_dim;
-    const std::int64_t kvd = s.kv_heads * s.head_dim, stride = hd + 2 * kvd, n = rows * stride;
-    s.q_stride = s.kv_stride = stride;
-    s.out_stride = hd;
-    s.scale = 0.125;
+  for (const QkvCase& c : kQkvCases) {
+    const QkvSetup u(c);
+    const AttentionShape& s = u.s;
+    const std::int64_t rows = u.rows, hd = u.hd, kvd = u.kvd, n = u.n;
+    const kernels::QkRotation<float> rope = u.rope();
     const int code = c.bf16 ? ck::kCodeBF16 : ck::kCodeF16;
     std::mt19937_64 rng(4300 + static_cast<std::uint64_t>(c.rotary));
     const std::vector<float> raw = normal_values(rng, n, 1.0f, 0.0f);
@@ -315,12 +327,6 @@ TEST(RopeInAttentionEmulated, TheStagingReadsQkvKeptAloneWithTheBitsOfTheirValue
       qkv[i] = ck::float_from_16_bits(qkv16[i], code);
     }
     const std::vector<float> dout = normal_values(rng, rows * hd, 1.0f, 0.0f);
-    std::vector<float> cos(static_cast<std::size_t>(s.seq_len * c.rotary / 2)), sin(cos.size());
-    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary, 10000.0);
-    kernels::QkRotation<float> rope;
-    rope.cos = cos.data();
-    rope.sin = sin.data();
-    rope.rotary_dim = c.rotary;
     struct Side {
       std::vector<float> out, lse, d;
       std::vector<std::uint16_t> d16;

@@ -95,6 +95,24 @@ struct FakePairs {
   }
 };
 
+// C = op(A) op(B) (alpha 1, beta 0) by `ops` as the backend's products run it: A and B read from
+// their companions where they have one (B as zeros where it is kept alone and `zeros_as_b`: the
+// checks' tests' fault), C written in fp32, or rounded into its companion where it is kept alone
+// (product_alone, with its `off_at`).
+inline void paired_product(const FakePairs& pairs, backend::Ops<float>& ops, bool ta, bool tb,
+                           std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                           std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                           std::int64_t ldc, bool zeros_as_b = false, std::int64_t off_at = -1) {
+  const std::vector<float> a_in = pairs.read(a, (ta ? k : m) * lda);
+  const std::vector<float> b_in = pairs.read(b, (tb ? n : k) * ldb, zeros_as_b);
+  const FakePair* f = pairs.pair_of(c, (m - 1) * ldc + n);
+  if (f == nullptr || !f->alone) {
+    ops.gemm(ta, tb, m, n, k, 1.0f, a_in.data(), lda, b_in.data(), ldb, 0.0f, c, ldc);
+    return;
+  }
+  pairs.product_alone(ops, ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb, c, ldc, off_at);
+}
+
 // `check` failing on `path` (a check's path with `pair` and `unpair`, which this counts) leaves
 // the fast path `name` off with one warning naming it and what it `replaces`, and unpairs all it
 // paired.
