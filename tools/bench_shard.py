@@ -30,6 +30,7 @@ Usage: bench_shard.py [--ranks N] [--stage 1|2|3] [--gradient-sum ordered|backen
 """
 import argparse
 import faulthandler
+import gc
 import json
 import os
 import statistics
@@ -63,10 +64,16 @@ def _worker(rank, args, init, out):
     from strata.torch import OffloadAdamW, offload_parameters
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     try:
-        # Every object of the run is gone when _run returns, before the group is destroyed (a gloo
-        # group outliving them, or left to the interpreter's exit, can abort the process).
+        # Every object of the run is gone before the group is destroyed (a gloo group outliving
+        # them, or left to the interpreter's exit, can abort the process): _run's locals go when it
+        # returns, and the reference cycles among them (the optimizer and its shard, the parameters'
+        # hooks) with the collection below. Left to the interpreter's exit, a cycle still holding
+        # the group kept its worker threads running into finalization, where one releasing a
+        # finished collective's tensors aborted the process ("terminate called without an active
+        # exception", ProcessGroupGloo::runLoop taking the GIL).
         _run(rank, args, out, torch, dist, OffloadAdamW, offload_parameters)
     finally:
+        gc.collect()
         dist.destroy_process_group()
 
 

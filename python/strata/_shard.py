@@ -512,6 +512,12 @@ class Sharding:
         for h in self.handles:
             h.remove()
         self.handles = []
+        # The optimizer and the shard refer to each other (a cycle only the garbage collector
+        # frees): the group goes now, so that destroying it after close() ends its gloo threads
+        # before the interpreter's exit, where one still running can abort the process.
+        self.group = None
+        self.opt = None
+        self.hand = None
 
     def usage(self):
         return {"rank": self.rank, "world": self.world, "stage": self.stage,

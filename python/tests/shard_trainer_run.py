@@ -8,6 +8,7 @@ Under torchrun the Trainer wraps the model in DDP, which averages the gradients 
 so the optimizer is told gradients="averaged" and shards its state over the ranks (stage 2).
 Batches are taken in order (a SequentialSampler): with 2 ranks, step k trains on batches 2k and
 2k+1, one per rank, as one process accumulating 2 micro-batches does."""
+import gc
 import json
 import os
 import sys
@@ -69,6 +70,7 @@ def main(out, nvme, accumulation):
         # and the group before the interpreter's exit: a gloo group left to be destroyed during
         # finalization can abort the process ("terminate called without an active exception").
         del trainer, opt, model
+        gc.collect()  # and the reference cycles among them, which hold the group (bench_shard.py)
         dist.destroy_process_group()
 
 

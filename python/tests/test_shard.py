@@ -9,6 +9,7 @@ stage-3 fetches depart from each other, fail naming the first difference.
 
 Skipped, with the reason, when `strata` cannot be imported; STRATA_REQUIRE_PYTHON=1 makes that a
 failure."""
+import gc
 import json
 import os
 
@@ -120,6 +121,7 @@ def _worker(rank, world, init, args, out):
             f.write(repr(ex))
         raise
     finally:
+        gc.collect()  # the run's reference cycles, and the group they hold (bench_shard.py)
         dist.destroy_process_group()
 
 
@@ -464,4 +466,5 @@ def test_stage_3_needs_the_offload_over_the_same_group(strata, tmp_path):
                                                      r" across ranks is not built yet"):
             st.OffloadAdamW(plain.parameters(), config=cfg2, process_group=group, overlap=True)
     finally:
+        gc.collect()  # the run's reference cycles, and the group they hold (bench_shard.py)
         dist.destroy_process_group()
