@@ -37,7 +37,7 @@ cudaError_t flash_attention_backward_f32(cudaStream_t s, bool bf16, std::uint16_
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
       !flash_f32_backward_out_valid(out, out16, dout, dout16, shape) ||
-      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow, rope) ||
+      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow) ||
       !flash_f32_inputs_valid(q, k, v, qkv16)) {
     return cudaErrorInvalidValue;
   }
@@ -83,7 +83,7 @@ cudaError_t attention16_backward_f32(cudaStream_t s, bool bf16, const Attention1
   if (shape.batch <= 0 || shape.seq_len <= 0 || shape.heads <= 0) return cudaSuccess;
   if (!flash_f32_supported(shape, workspace_elements) ||
       !flash_f32_backward_out_valid(out, out16, dout, dout16, shape) ||
-      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow, rope) ||
+      !flash_f32_backward_grads_valid(dq, dk, dv, d_narrow) ||
       !flash_f32_inputs_valid(q, k, v, qkv16)) {
     return cudaErrorInvalidValue;
   }

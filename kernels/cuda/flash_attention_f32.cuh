@@ -32,9 +32,8 @@
 // read in place instead of being rounded into the workspace.
 //
 // The q/k/v gradient kept in 16 bits alone (fast path qkv_grad_16bit_alone) likewise has no fp32
-// arrays: where the backward rotates (RoPE in the staging, whose widening writes the companions
-// anyway), dq, dk and dv are null and the widening writes only their companions (`d_narrow`), the
-// bits it writes beside the fp32 values.
+// arrays: dq, dk and dv are null and the flash epilogue or the widening writes only their
+// companions (`d_narrow`), the bits it writes beside the fp32 values.
 //
 // q, k and v kept in 16 bits alone (fast path qkv_16bit) come as `qkv16` (each piece's 16 bits at
 // its first element, with the caller's strides; its fp32 pointer null): the staging reads them
@@ -85,13 +84,12 @@ inline bool flash_f32_backward_out_valid(const float* out, const std::uint16_t* 
 }
 
 // Likewise the backward's gradients: dq, dk and dv; or, kept in 16 bits alone, none of them, with
-// the three companions, where the backward rotates (`rope`: its widening writes them).
+// the three companions (the flash epilogue or the widening writes them).
 inline bool flash_f32_backward_grads_valid(const float* dq, const float* dk, const float* dv,
-                                           const QkvNarrow& d_narrow,
-                                           const kernels::QkRotation<float>& rope) {
+                                           const QkvNarrow& d_narrow) {
   if (dq != nullptr && dk != nullptr && dv != nullptr) return true;
-  return dq == nullptr && dk == nullptr && dv == nullptr && rope.cos != nullptr &&
-         d_narrow.q.p != nullptr && d_narrow.k.p != nullptr && d_narrow.v.p != nullptr;
+  return dq == nullptr && dk == nullptr && dv == nullptr && d_narrow.q.p != nullptr &&
+         d_narrow.k.p != nullptr && d_narrow.v.p != nullptr;
 }
 
 // Whether a call's inputs are valid: each of q, k and v given once, in fp32 or (kept in 16 bits
@@ -412,9 +410,10 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
         if constexpr (d::WritesWide<Inner>) {
           if (rope.cos == nullptr && d::same_code(d_narrow.q, io.code) &&
               d::same_code(d_narrow.k, io.code) && d::same_code(d_narrow.v, io.code)) {
-            // The kernels write dq, dk, dv (and their companions) in the caller's layout.
-            const FlashGradsOut wide{dq + at_q, dk + at_kv, dv + at_kv, shape.q_stride,
-                                     shape.kv_stride};
+            // The kernels write dq, dk, dv (and their companions, or those alone where the arrays
+            // are null: kept alone) in the caller's layout.
+            const FlashGradsOut wide{d::at(dq, at_q), d::at(dk, at_kv), d::at(dv, at_kv),
+                                     shape.q_stride, shape.kv_stride};
             return inner.backward_wide(
                 d::advance(d_narrow.q, at_q).p, d::advance(d_narrow.k, at_kv).p,
                 d::advance(d_narrow.v, at_kv).p, delta, do16, o16, pass_lse, p.q16, p.k16, p.v16,
@@ -440,9 +439,9 @@ flash_f32_detail::LaunchResult<L> run_attention16_backward_f32(
               {d::at(dk, at_kv), shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)});
         }
         const d::Widen result[] = {
-            {dq + at_q, shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
-            {dk + at_kv, shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},
-            {dv + at_kv, shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
+            {d::at(dq, at_q), shape.q_stride, dq16, hd, d::advance(d_narrow.q, at_q)},
+            {d::at(dk, at_kv), shape.kv_stride, dk16, kvd, d::advance(d_narrow.k, at_kv)},
+            {d::at(dv, at_kv), shape.kv_stride, dv16, kvd, d::advance(d_narrow.v, at_kv)}};
         return d::widen(launch, io.code, rows, result);
       });
 }

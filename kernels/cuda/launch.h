@@ -110,9 +110,11 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
                                    std::int64_t heads, std::int64_t head_dim, std::int64_t d_stride,
                                    std::int64_t x_stride, const cuda::ColumnReducePlan& plan,
                                    double* scratch, Narrow narrow = {});
+// dout in fp32, or in 16 bits (`dout16`, dout null: a gradient kept in 16 bits alone) read widened;
+// both or neither is cudaErrorInvalidValue.
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                          double* scratch);
+                          double* scratch, Sixteen dout16 = {});
 // Deterministic without atomics: each (token, column) gradient adds its rows in row order (and
 // each (position, column) of dwpe likewise); rows of token padding_idx (-1: none) add nothing.
 cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
@@ -145,7 +147,7 @@ cudaError_t attention_backward(cudaStream_t s, float* dq, float* dk, float* dv, 
 // it instead of rounding out again. An output kept in 16 bits alone has a null `out` in both
 // directions: the forward writes its 16-bit results into `out_narrow` alone (of the attention's
 // type, compact rows), the backward reads `out16`; cudaErrorInvalidValue without them. The
-// backward's dq, dk, dv kept in 16 bits alone are all null where it rotates: it writes their
+// backward's dq, dk, dv kept in 16 bits alone are all null: it writes their
 // companions (`d_narrow`, all three) alone; cudaErrorInvalidValue otherwise. q, k and v kept in
 // 16 bits alone come in `qkv16` (bf16 or fp16, with the caller's strides; their fp32 pointers
 // null): the staging reads them widened, with the bits it gives on fp32 arrays holding those

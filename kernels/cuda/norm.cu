@@ -78,9 +78,10 @@ cudaError_t rmsnorm_heads_backward(cudaStream_t s, float* d, float* dw, const fl
 
 cudaError_t bias_backward(cudaStream_t s, float* dbias, const float* dout, std::int64_t rows,
                           std::int64_t channels, const cuda::ColumnReducePlan& plan,
-                          double* scratch) {
+                          double* scratch, Sixteen dout16) {
+  if (!norm_backward_dout_valid(dout, dout16)) return cudaErrorInvalidValue;
   if (rows <= 0 || channels <= 0) return cudaSuccess;
-  return run_bias_backward(CudaLauncher{s}, dbias, dout, rows, channels, plan, scratch);
+  return run_bias_backward(CudaLauncher{s}, dbias, dout, rows, channels, plan, scratch, dout16);
 }
 
 cudaError_t embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,

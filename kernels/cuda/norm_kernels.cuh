@@ -482,10 +482,11 @@ auto run_rmsnorm_heads_backward(const L& launch, float* d, float* dw, const floa
 
 template <typename L>
 auto run_bias_backward(const L& launch, float* dbias, const float* dout, std::int64_t rows,
-                       std::int64_t channels, const cuda::ColumnReducePlan& plan, double* scratch) {
+                       std::int64_t channels, const cuda::ColumnReducePlan& plan, double* scratch,
+                       Sixteen dout16 = {}) {
   return run_column_reduce<ColumnTerm::kBias>(launch, dbias, nullptr,
-                                              ColumnInputs{dout, nullptr, nullptr, nullptr}, rows,
-                                              channels, plan, scratch);
+                                              ColumnInputs{dout, nullptr, nullptr, nullptr, dout16},
+                                              rows, channels, plan, scratch);
 }
 
 template <typename L>

@@ -341,13 +341,15 @@ class Ops {
   // would hold), and the products reading it read the companion.
   virtual bool keeps_gate_up_grad_alone() const { return false; }
   // Whether the gradient of q, k and v of this shape (the backward scratch dqkv: dq, dk, dv side by
-  // side in each row, written by attention_backward_rotated and, in a block without q/k norms or a
-  // qkv bias, read by the two products of the qkv projection's backward alone) is kept in
-  // narrow_type() alone too (false, the default; only where keeps_narrow_alone() and
-  // attention_rotates(shape)): pair_narrow_alone then takes it, attention_backward_rotated writing
-  // it (dq, dk, dv at their places in the key, of q_stride and kv_stride its row width) writes the
-  // companion alone (the bits pair_narrow's companion would hold), and the products reading it read
-  // the companion.
+  // side in each row, written by attention_backward or attention_backward_rotated and read by the
+  // two products of the qkv projection's backward, and by bias_backward where the projection has a
+  // bias) is kept in narrow_type() alone too (false, the default; only where keeps_narrow_alone()):
+  // pair_narrow_alone then takes it, the attention's backward writing it (dq, dk, dv at their places
+  // in the key, of q_stride and kv_stride its row width) writes the companion alone (the bits
+  // pair_narrow's companion would hold), the products reading it read the companion, and
+  // bias_backward reading it as `dout` reads the companion, widened. Which blocks may keep it so is
+  // the model's to say (model::keeps_qkv_alone): an unrotated gradient's companion holds its values
+  // exactly, a rotated one's holds them rounded.
   virtual bool keeps_qkv_grad_alone(const AttentionShape& shape) const {
     (void)shape;
     return false;

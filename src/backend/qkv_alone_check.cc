@@ -50,18 +50,22 @@ Result<Setup> set_up(Backend& backend, std::int64_t head_dim, const Case& c, std
   u.where = fmt::format("{} (head size {}, rotary width {}, {} x {} tokens)", c.name, head_dim,
                         c.rotary_dim, s.batch, s.seq_len);
   std::mt19937_64 rng(seed + static_cast<std::uint64_t>(head_dim * 3 + c.rotary_dim));
-  const std::int64_t half = c.rotary_dim / 2;
+  // No tables without rotation (one element each, unread, for the buffers).
+  const std::int64_t half = std::max<std::int64_t>(c.rotary_dim / 2, 1);
   std::vector<float> cos(static_cast<std::size_t>(s.seq_len * half)), sin(cos.size());
-  kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary_dim, 10000.0);
+  if (c.rotary_dim > 0)
+    kernels::rope_tables(cos.data(), sin.data(), s.seq_len, c.rotary_dim, 10000.0);
   STRATA_ASSIGN_OR_RETURN(u.qkv,
                           device_copy(backend, normal_values(rng, u.n, 1.0f, 0.0f), purpose));
   STRATA_ASSIGN_OR_RETURN(
       u.dout, device_copy(backend, normal_values(rng, u.rows * u.hd, 1.0f, 0.0f), purpose));
   STRATA_ASSIGN_OR_RETURN(u.cos, device_copy(backend, cos, purpose));
   STRATA_ASSIGN_OR_RETURN(u.sin, device_copy(backend, sin, purpose));
-  u.rope.cos = u.cos.as<float>();
-  u.rope.sin = u.sin.as<float>();
-  u.rope.rotary_dim = c.rotary_dim;
+  if (c.rotary_dim > 0) {
+    u.rope.cos = u.cos.as<float>();
+    u.rope.sin = u.sin.as<float>();
+    u.rope.rotary_dim = c.rotary_dim;
+  }
   return u;
 }
 
@@ -101,16 +105,40 @@ Status check_grad_case(Backend& backend, const QkvAlonePath& path, std::int64_t 
   const float* q = u.qkv.as<float>();
   const float* k = q + u.hd;
   const float* v = k + u.kvd;
-  path.forward_rotated(out.as<float>(), lse.as<float>(), q, k, v, u.s, u.rope);
+  const bool rotates = u.rope.cos != nullptr;
+  if (rotates) {
+    path.forward_rotated(out.as<float>(), lse.as<float>(), q, k, v, u.s, u.rope);
+  } else {
+    path.forward(out.as<float>(), lse.as<float>(), q, k, v, u.s);
+  }
   for (float* d : {beside, key}) {
-    path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
-                          lse.as<float>(), q, k, v, u.s, u.rope);
+    if (rotates) {
+      path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
+                            lse.as<float>(), q, k, v, u.s, u.rope);
+    } else {
+      path.backward(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
+                    lse.as<float>(), q, k, v, u.s);
+    }
   }
   STRATA_TRY(path.finish().with_context(where));
+  const char* writer = rotates ? "the rotated backward" : "the backward";
   STRATA_TRY(same_companions(backend, companions[0], companions[1], u.n, where,
-                             "the rotated backward (dq, dk, dv side by side)"));
-  return check_products_alone(backend, path.gemm, path.finish, beside, key, u.rows, u.stride, where,
-                              "the rotated backward");
+                             fmt::format("{} (dq, dk, dv side by side)", writer)));
+  STRATA_TRY(check_products_alone(backend, path.gemm, path.finish, beside, key, u.rows, u.stride,
+                                  where, writer));
+  if (rotates) return Status::ok();
+  // GPT-2's bias: its column sums of the gradient kept beside its fp32 values and of the one kept
+  // alone (read from its companion, widened).
+  Buffer dbias[2];
+  for (Buffer& b : dbias) {
+    STRATA_ASSIGN_OR_RETURN(
+        b, device_copy(backend, std::vector<float>(static_cast<std::size_t>(u.stride)), purpose));
+  }
+  path.bias_backward(dbias[0].as<float>(), beside, u.rows, u.stride);
+  path.bias_backward(dbias[1].as<float>(), key, u.rows, u.stride);
+  STRATA_TRY(path.finish().with_context(where));
+  return same_bits(backend, dbias[0], dbias[1], u.stride, where,
+                   "the bias's gradient (its column sums)");
 }
 
 Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
@@ -173,10 +201,11 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
                    "the rotated backward's dq, dk, dv (side by side)");
 }
 
-// The checks' two cases at `head_dim`, a partial width rounded down to an even number, at least 2.
+// The checks' cases at `head_dim` (a partial width rounded down to an even number, at least 2),
+// and the unrotated one too where `with_unrotated`.
 Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
                  Status (*check)(Backend&, const QkvAlonePath&, std::int64_t, const Case&),
-                 const char* what) {
+                 const char* what, bool with_unrotated) {
   if (path.type != DType::kBF16 && path.type != DType::kF16) {
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("{} kept in 16 bits alone is bf16 or fp16, not {}", what,
@@ -187,6 +216,7 @@ Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_d
        {Case{"GQA, whole head rotated", 24, head_dim}, Case{"partial rotary width", 23, partial}}) {
     STRATA_TRY(check(backend, path, head_dim, c));
   }
+  if (with_unrotated) STRATA_TRY(check(backend, path, head_dim, Case{"no rotation", 24, 0}));
   return Status::ok();
 }
 
@@ -214,17 +244,28 @@ QkvAlonePath ops_qkv_alone_path(Ops<float>& ops,
                               const AttentionShape& s, const kernels::QkRotation<float>& rope) {
     o->attention_backward_rotated(dq, dk, dv, dout, out, lse, q, k, v, s, rope);
   };
+  path.forward = [o](float* out, float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& s) { o->attention_forward(out, lse, q, k, v, s); };
+  path.backward = [o](float* dq, float* dk, float* dv, const float* dout, const float* out,
+                      const float* lse, const float* q, const float* k, const float* v,
+                      const AttentionShape& s) {
+    o->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  };
+  path.bias_backward = [o](float* dbias, const float* dout, std::int64_t rows,
+                           std::int64_t channels) {
+    o->bias_backward(dbias, dout, rows, channels);
+  };
   path.gemm = activations.gemm;
   path.finish = std::move(finish);
   return path;
 }
 
 Status check_qkv_grad_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
-  return each_case(backend, path, head_dim, check_grad_case, "a q/k/v gradient");
+  return each_case(backend, path, head_dim, check_grad_case, "a q/k/v gradient", true);
 }
 
 Status check_qkv_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
-  return each_case(backend, path, head_dim, check_qkv_case, "q, k and v");
+  return each_case(backend, path, head_dim, check_qkv_case, "q, k and v", false);
 }
 
 }  // namespace strata::backend

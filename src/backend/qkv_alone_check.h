@@ -7,15 +7,19 @@
 // is on (an address range with nothing behind it, AddressRange, stands for it). CUDA-free: the
 // CUDA backend passes its ops, the tests fakes on the CPU backend.
 //
-// `qkv_grad_16bit_alone` (Ops::keeps_qkv_grad_alone): the rotated backward's widening writes the
+// `qkv_grad_16bit_alone` (Ops::keeps_qkv_grad_alone): the attention's backward (the flash
+// epilogue, or the staging's widening, rotating dq and dk back where RoPE rides in it) writes the
 // gradient into its companion only, and the products read the companion, as they read the
-// companion kept beside the fp32 array already. The path changes no bits, and its check asks for
-// exactly those bits: for two cases of one head size the rotated attention took (GQA 2:1 over two
-// batch rows of 24 tokens with the whole head rotated; a partial rotary width over 2 x 23), the
-// rotated backward writes the gradient beside its fp32 values and alone, and the check asks for the
-// two companions, then the three products on each (check_products_alone), bit for bit, reading the
-// one kept alone only after the backend says its products read it from the companion (any access
-// to the key faults).
+// companion kept beside the fp32 array already. GPT-2's blocks keep it so too: their attention
+// does not rotate, so the companion (of the attention's 16-bit type) holds the gradient's fp32
+// values exactly, and the qkv bias's column sums (bias_backward) read it widened. The path changes
+// no bits, and its check asks for exactly those bits: for three cases of one head size the
+// attention took (GQA 2:1 over two batch rows of 24 tokens with the whole head rotated; a partial
+// rotary width over 2 x 23; no rotation over 2 x 24, as GPT-2's), the backward writes the gradient
+// beside its fp32 values and alone, and the check asks for the two companions, then the three
+// products on each (check_products_alone), bit for bit, reading the one kept alone only after the
+// backend says its products read it from the companion (any access to the key faults); and, without
+// rotation, the bias's column sums of each, bit for bit.
 //
 // `qkv_16bit` (Ops::keeps_qkv_alone): the projection writes q, k and v in 16 bits (its fp32
 // accumulation rounded once, as autocast's bf16 projection does) and the attention's staging reads
@@ -64,14 +68,24 @@ struct QkvAlonePath {
                      const float* lse, const float* q, const float* k, const float* v,
                      const AttentionShape& shape, const kernels::QkRotation<float>& rope)>
       backward_rotated;
+  // Ops::attention_forward and attention_backward (no rotation), and bias_backward.
+  std::function<void(float* out, float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& shape)>
+      forward;
+  std::function<void(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                     const float* lse, const float* q, const float* k, const float* v,
+                     const AttentionShape& shape)>
+      backward;
+  std::function<void(float* dbias, const float* dout, std::int64_t rows, std::int64_t channels)>
+      bias_backward;
   AloneGemm gemm;
   // Waits for the calls so far; their first error.
   std::function<Status()> finish;
 };
 
 // The path through a backend's own Ops<float> (pair_narrow, pair_narrow_alone, unpair_narrow,
-// keeps_qkv_alone, keeps_qkv_grad_alone, attention_forward_rotated, attention_backward_rotated,
-// gemm with alpha 1 and beta 0), with the caller's reads_companion and finish.
+// keeps_qkv_alone, keeps_qkv_grad_alone, attention_forward(_rotated), attention_backward(_rotated),
+// bias_backward, gemm with alpha 1 and beta 0), with the caller's reads_companion and finish.
 QkvAlonePath ops_qkv_alone_path(Ops<float>& ops,
                                 std::function<bool(const float* p, std::int64_t n)> reads_companion,
                                 std::function<Status()> finish);

@@ -17,6 +17,10 @@ bool qkv_alone_applies(const ModelShape& s) {
   return s.family == Family::kLlama && !s.arch.qk_norm && llama_block_slots(s).qkv_b < 0;
 }
 
+bool qkv_grad_alone_applies(const ModelShape& s) {
+  return s.family == Family::kGpt2 || qkv_alone_applies(s);
+}
+
 std::int64_t fc_width(const ModelShape& s) {
   return s.family == Family::kGpt2 ? s.intermediate_size : 2 * s.intermediate_size;
 }

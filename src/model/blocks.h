@@ -87,23 +87,28 @@ bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, s
     return gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s);
   });
 }
-// Whether a block's q, k, v and their gradient may be kept in 16 bits alone: the Llama family
-// without q/k norms (whose forward reads the raw projection and whose backward reads the gradient
-// in fp32) or a qkv bias (whose epilogue writes the projection in fp32 and whose column sums read
-// the gradient). The projection's output is then read by the attention alone, and its gradient
-// (the backward scratch dqkv) by the projection's two products alone.
+// Whether a block's q, k and v may be kept in 16 bits alone: the Llama family without q/k norms
+// (whose forward reads the raw projection) or a qkv bias (whose epilogue writes the projection in
+// fp32). The projection's output is then read by the attention alone.
 bool qkv_alone_applies(const ModelShape& spec);
+// Whether a block's q/k/v gradient (the backward scratch dqkv) may be: GPT-2's (its attention does
+// not rotate, so the gradient's companion holds its fp32 values exactly, and the bias's column sums
+// read those), and the Llama family's where qkv_alone_applies (no q/k norm backward reads it in
+// fp32, no bias sums it: only the projection's two products read it).
+bool qkv_grad_alone_applies(const ModelShape& spec);
 // Whether `ops` keep every block's q, k and v (`gradient` false) or their gradient (true) in 16
-// bits alone over such micro-batches: qkv_alone_applies, and Ops::keeps_qkv_alone or
-// keeps_qkv_grad_alone for each layer's shape (whose attention then rotates q and k).
+// bits alone over such micro-batches: the model allows it (above), and Ops::keeps_qkv_alone or
+// keeps_qkv_grad_alone for each layer's shape, whose attention rotates q and k in the Llama family
+// (else the rope kernel rotates them in fp32).
 template <typename T>
 bool keeps_qkv_alone(const backend::Ops<T>& ops, const ModelShape& spec, std::int64_t batch,
                      std::int64_t seq_len, bool gradient = false) {
-  return qkv_alone_applies(spec) &&
-         every_attention_shape(spec, batch, seq_len, [&](const kernels::AttentionShape& s) {
-           return (gradient ? ops.keeps_qkv_grad_alone(s) : ops.keeps_qkv_alone(s)) &&
-                  ops.attention_rotates(s);
-         });
+  if (!(gradient ? qkv_grad_alone_applies(spec) : qkv_alone_applies(spec))) return false;
+  const bool rotates = spec.family != Family::kGpt2;
+  return every_attention_shape(spec, batch, seq_len, [&](const kernels::AttentionShape& s) {
+    return (gradient ? ops.keeps_qkv_grad_alone(s) : ops.keeps_qkv_alone(s)) &&
+           (!rotates || ops.attention_rotates(s));
+  });
 }
 
 // out(N,C) = block(x); fills `acts`. `w` is the unit's flat parameters.

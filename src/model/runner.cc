@@ -307,7 +307,7 @@ bool ModelRunner<T>::keeps_gate_up_grad_alone() const {
 
 template <typename T>
 bool ModelRunner<T>::keeps_qkv_grad_alone() const {
-  return options_.narrow_qkv_grad && keeps_alone() && qkv_alone_applies(spec_) &&
+  return options_.narrow_qkv_grad && keeps_alone() && qkv_grad_alone_applies(spec_) &&
          (sizing_ || model::keeps_qkv_alone(*ops_, spec_, options_.batch, options_.seq_len, true));
 }
 

@@ -101,11 +101,11 @@ struct RunnerOptions {
   bool narrow_gate_up_grad = false;
   // The gradient of q, k and v (the backward scratch dqkv, N x qkv_width) in the ops' 16-bit type
   // alone (Ops::keeps_qkv_grad_alone, fast path qkv_grad_16bit_alone): written into its companion
-  // only by the rotated attention's backward, read there by the qkv projection's products;
-  // memory_needed counts only the companion. Only with narrow_alone in effect, for the Llama family
-  // without q/k norms or a qkv bias, and only where the backend's ops promise it for every layer's
-  // shape (the trainer asks them: keeps_qkv_alone in blocks.h); otherwise the fp32 array beside its
-  // companion.
+  // only by the attention's backward, read there by the qkv projection's products (and, for GPT-2,
+  // by its bias's column sums); memory_needed counts only the companion. Only with narrow_alone in
+  // effect, where qkv_grad_alone_applies, and only where the backend's ops promise it for every
+  // layer's shape (the trainer asks them: keeps_qkv_alone in blocks.h); otherwise the fp32 array
+  // beside its companion.
   bool narrow_qkv_grad = false;
   // Each block's q, k and v (qkv, N x qkv_width) in the ops' 16-bit type alone (Ops::
   // keeps_qkv_alone, fast path qkv_16bit): written so by the qkv projection, read so (widened) by

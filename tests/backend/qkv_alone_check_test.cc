@@ -9,7 +9,8 @@
 //   sizes 64 and 128; a refused pairing, a gradient the ops would not keep alone, products that
 //   would not read its companion, a gradient kept alone whose dq and dk are not rotated back, one
 //   whose dv is left unwritten, one rotated over the whole head where the rotary width is partial,
-//   products reading it as zeros in the B position, and an op that fails each fail, naming the case
+//   products reading it as zeros in the B position, the bias's column sums reading it as zeros
+//   (without rotation, as GPT-2's), and an op that fails each fail, naming the case
 //   and what went wrong.
 // - q, k and v's check (qkv_16bit): the faithful fake passes likewise; q, k and v the ops would not
 //   keep alone, a 16-bit product 2 units off, a forward and a backward reading them kept alone as
@@ -40,6 +41,7 @@ enum class Fault {
   kDvUnwritten,
   kWholeHead,
   kZerosAsB,
+  kBiasReadsZeros,
   kFails,
   // q, k and v's faults.
   kQkvNotKept,
@@ -66,6 +68,7 @@ std::vector<float> rotated(const Fake& fake, const float* q, const AttentionShap
   const std::int64_t rows = s.batch * s.seq_len;
   Ops<float>& ops = *fake.ops;
   std::vector<float> x = fake.read(q, rows * s.q_stride, zeros);
+  if (rope.cos == nullptr) return x;  // no rotation
   const RopeShape shape{rows,       s.q_stride, s.seq_len,  s.heads + s.kv_heads,
                         s.head_dim, rotary,     s.positions};
   ops.rope_forward(x.data(), shape, rope.cos, rope.sin);
@@ -95,9 +98,12 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
         rotated(*fake, q, s, rope, rope.rotary_dim, fake->fault == Fault::kForwardReadsZeros);
     fake->ops->attention_forward(out, lse, x.data(), x.data() + hd, x.data() + hd + kvd, s);
   };
-  p.backward_rotated = [fake](float* dq, float*, float*, const float* dout, const float* out,
-                              const float* lse, const float* q, const float*, const float*,
-                              const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+  // The backward (rotating dq and dk back where `rope` has tables), writing the gradient into its
+  // fp32 array, its companion or both, as it is paired. Without rotation the values are the 16-bit
+  // attention's, widened: its companion holds them exactly.
+  const auto backward = [fake](float* dq, const float* dout, const float* out, const float* lse,
+                               const float* q, const AttentionShape& s,
+                               const kernels::QkRotation<float>& rope) {
     const std::int64_t rows = s.batch * s.seq_len, stride = s.q_stride;
     const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
     const std::int64_t n = rows * stride;
@@ -110,7 +116,10 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
     std::vector<float> d(static_cast<std::size_t>(n), 0.0f);
     fake->ops->attention_backward(d.data(), d.data() + hd, d.data() + hd + kvd, dout, out, lse,
                                   x.data(), x.data() + hd, x.data() + hd + kvd, s);
-    if (!(alone && fake->fault == Fault::kNotRotatedBack)) {
+    if (rope.cos == nullptr) {
+      for (float& e : d)
+        e = testing::from16(to16(e, fake->type), fake->type);
+    } else if (!(alone && fake->fault == Fault::kNotRotatedBack)) {
       const RopeShape shape{rows,       stride, s.seq_len,  s.heads + s.kv_heads,
                             s.head_dim, rotary, s.positions};
       fake->ops->rope_backward(d.data(), shape, rope.cos, rope.sin);
@@ -122,6 +131,24 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
       if (alone && fake->fault == Fault::kDvUnwritten && i % stride >= hd + kvd) continue;
       narrow[i] = to16(d[static_cast<std::size_t>(i)], fake->type);
     }
+  };
+  p.backward_rotated = [backward](float* dq, float*, float*, const float* dout, const float* out,
+                                  const float* lse, const float* q, const float*, const float*,
+                                  const AttentionShape& s, const kernels::QkRotation<float>& rope) {
+    backward(dq, dout, out, lse, q, s, rope);
+  };
+  p.forward = [forward = p.forward_rotated](float* out, float* lse, const float* q, const float* k,
+                                            const float* v, const AttentionShape& s) {
+    forward(out, lse, q, k, v, s, {});
+  };
+  p.backward = [backward](float* dq, float*, float*, const float* dout, const float* out,
+                          const float* lse, const float* q, const float*, const float*,
+                          const AttentionShape& s) { backward(dq, dout, out, lse, q, s, {}); };
+  p.bias_backward = [fake](float* dbias, const float* dout, std::int64_t rows,
+                           std::int64_t channels) {
+    const std::vector<float> d =
+        fake->read(dout, rows * channels, fake->fault == Fault::kBiasReadsZeros);
+    fake->ops->bias_backward(dbias, d.data(), rows, channels);
   };
   p.gemm = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
@@ -189,6 +216,9 @@ TEST(QkvGradAloneCheck, EachFaultFailsNamingWhatWentWrong) {
            "backward"},
           {Fault::kZerosAsB,
            "after the rotated backward: the Llama family's weight gradient (activation as B)["},
+          {Fault::kBiasReadsZeros,
+           "no rotation (head size 64, rotary width 0, 2 x 24 tokens), the bias's gradient (its "
+           "column sums)["},
           {Fault::kFails, "the kernel failed"},
       });
 }

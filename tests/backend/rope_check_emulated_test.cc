@@ -196,12 +196,13 @@ TEST(RopeInAttentionEmulated, RotatingWhileRoundingGivesTheBitsOfTheTwoKernels) 
 }
 
 // The cases of the two tests of q, k, v kept alone below: bf16 or fp16, the whole workspace in one
-// pass or one batch row per pass, the rotary width.
+// pass or one batch row per pass, the rotary width (0: no rotation, as GPT-2's attention).
 struct QkvCase {
   bool bf16, one_row;
   std::int64_t rotary;
 };
-constexpr QkvCase kQkvCases[] = {{true, false, 64}, {true, true, 32}, {false, true, 64}};
+constexpr QkvCase kQkvCases[] = {
+    {true, false, 64}, {true, true, 32}, {false, true, 64}, {true, false, 0}, {false, true, 0}};
 
 // GQA 2:1 over 2 x 19 tokens of head size 64, q, k, v side by side in each row as the model keeps
 // them, and the case's rotation tables.
@@ -219,12 +220,15 @@ struct QkvSetup {
     s.q_stride = s.kv_stride = hd + 2 * kvd;
     s.out_stride = hd;
     s.scale = 0.125;
+    if (rotary == 0) return;
     cos.resize(static_cast<std::size_t>(s.seq_len * rotary / 2));
     sin.resize(cos.size());
     kernels::rope_tables(cos.data(), sin.data(), s.seq_len, rotary, 10000.0);
   }
+  // None without rotation.
   kernels::QkRotation<float> rope() const {
     kernels::QkRotation<float> r;
+    if (rotary == 0) return r;
     r.cos = cos.data();
     r.sin = sin.data();
     r.rotary_dim = rotary;
@@ -235,11 +239,12 @@ struct QkvSetup {
   std::vector<float> cos, sin;
 };
 
-// The gradient of q, k and v kept in 16 bits alone (fast path qkv_grad_16bit_alone): the rotated
-// backward given null dq, dk, dv writes their companions alone, with the bits it writes into them
-// beside the fp32 arrays, in bf16 and fp16, over one pass and over one batch row per pass, with the
-// whole head rotated and a partial rotary width; and the launchers' rule for what may be null.
-TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsCompanionsAlone) {
+// The gradient of q, k and v kept in 16 bits alone (fast path qkv_grad_16bit_alone): the backward
+// given null dq, dk, dv writes their companions alone, with the bits it writes into them beside the
+// fp32 arrays, in bf16 and fp16, over one pass and over one batch row per pass, with the whole head
+// rotated, a partial rotary width (the widening rotating back) and no rotation (the flash epilogue
+// writing them); and the launchers' rule for what may be null.
+TEST(RopeInAttentionEmulated, TheBackwardWritesAGradientKeptAloneIntoItsCompanionsAlone) {
   for (const QkvCase& c : kQkvCases) {
     const QkvSetup u(c);
     const AttentionShape& s = u.s;
@@ -291,26 +296,24 @@ TEST(RopeInAttentionEmulated, TheRotatedBackwardWritesAGradientKeptAloneIntoItsC
                 ck::float_to_16_bits(wide[static_cast<std::size_t>(i)], code))
           << i;
   }
-  // Null arrays only all together, with all three companions, where the backward rotates.
+  // Null arrays only all together, with all three companions.
   std::uint16_t c16[3] = {};
   float d[3] = {};
   const ck::QkvNarrow all{{c16, ck::kCodeBF16}, {c16 + 1, ck::kCodeBF16}, {c16 + 2, ck::kCodeBF16}};
-  kernels::QkRotation<float> rope;
-  rope.cos = rope.sin = d;
-  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(d, d + 1, d + 2, {}, {}));
-  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, all, rope));
-  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, all, {}));
-  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, d + 1, d + 2, all, rope));
+  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(d, d + 1, d + 2, {}));
+  EXPECT_TRUE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, all));
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, {}));
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, d + 1, d + 2, all));
   ck::QkvNarrow no_v = all;
   no_v.v.p = nullptr;
-  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, no_v, rope));
+  EXPECT_FALSE(ck::flash_f32_backward_grads_valid(nullptr, nullptr, nullptr, no_v));
 }
 
 // q, k and v kept in 16 bits alone (fast path qkv_16bit): the rotated forward and backward given
 // their 16 bits (qkv16, null fp32 pointers, the caller's strides) give the bits they give on fp32
 // arrays holding those values widened (out, lse; dq, dk, dv and their companions), in bf16 and
-// fp16, over one pass and over one batch row per pass, with the whole head rotated and a partial
-// rotary width; and the launchers' rule for what may be given.
+// fp16, over one pass and over one batch row per pass, with the whole head rotated, a partial
+// rotary width and no rotation; and the launchers' rule for what may be given.
 TEST(RopeInAttentionEmulated, TheStagingReadsQkvKeptAloneWithTheBitsOfTheirValuesWidened) {
   for (const QkvCase& c : kQkvCases) {
     const QkvSetup u(c);

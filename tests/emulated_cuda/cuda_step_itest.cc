@@ -32,6 +32,7 @@
 #include "backend/attention_alone_check.h"
 #include "backend/backend_factory.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda_fast_paths.h"
 #include "backend/fast_path.h"
 #include "backend/gate_up_check.h"
@@ -146,6 +147,7 @@ struct TrainedRun {
   std::int64_t norm_grad_reads = -1;         // the norm_grad_16bit path's, where it is on
   std::int64_t gate_up_grad_writes = -1;     // the gate_up_grad_16bit_alone path's, where it is on
   std::int64_t qkv_grad_writes = -1;         // the qkv_grad_16bit_alone path's, where it is on
+  std::int64_t qkv_grad_bias_reads = -1;     // its bias gradients reading it, likewise
   std::int64_t qkv_alone_reads = -1;         // the qkv_16bit path's, where it is on
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
@@ -184,6 +186,9 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kGateUpGradAloneName && p.active) run.gate_up_grad_writes = p.uses;
     if (p.name == backend::kQkvGradAloneName && p.active) run.qkv_grad_writes = p.uses;
     if (p.name == backend::kQkvAloneName && p.active) run.qkv_alone_reads = p.uses;
+  }
+  if (const auto* ops = dynamic_cast<const backend::CudaOps*>(&trainer->backend().ops_f32())) {
+    run.qkv_grad_bias_reads = ops->qkv_grad_bias_reads();
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -548,10 +553,11 @@ TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
     EXPECT_EQ(beside.attention_alone_writes, -1) << family;
     const std::int64_t hidden = 128, inner = family == "gpt2" ? 4 * hidden : 256;
     const std::int64_t attention = 2 * 64;  // heads x head size
-    // The Llama family's gradients of gate and up (gate_up_grad_16bit_alone) and of q, k and v
-    // (qkv_grad_16bit_alone) are off with this path too: their fp32 arrays beside the companions.
+    // The Llama family's gradient of gate and up (gate_up_grad_16bit_alone) and both families'
+    // gradient of q, k and v (qkv_grad_16bit_alone) are off with this path too: their fp32 arrays
+    // beside the companions.
     const std::int64_t gate_up_grad = family == "llama" ? rows * 2 * inner : 0;
-    const std::int64_t qkv_grad = family == "llama" ? rows * (2 + 2 * 1) * 64 : 0;
+    const std::int64_t qkv_grad = rows * (family == "llama" ? (2 + 2 * 1) * 64 : 3 * hidden);
     EXPECT_EQ(beside.device_in_use - alone.device_in_use,
               static_cast<std::uint64_t>(layers * rows * (2 * hidden + inner + attention) +
                                          gate_up_grad + qkv_grad) *
@@ -761,33 +767,38 @@ TEST(EmulatedCudaStepFallback, GateUpGradientsAloneRefusedAtStartGiveTheSameBits
 }
 
 // The gradient of q, k and v kept in 16 bits alone (qkv_grad_16bit_alone) against the path refused
-// at start (its fp32 array allocated beside the companion): the rotated backward's widening writes
-// the same companion, which the qkv projection's two products read either way, so the losses and
-// state are the same to the bit, the kernels the same, one write kept alone per block and
-// micro-batch, and exactly the fp32 array's 4 bytes per element fewer on the device. GPT-2 (a qkv
-// bias, whose column sums read the fp32 gradient, and no RoPE) keeps its fp32 array: the path is on
-// and unused.
+// at start (its fp32 array allocated beside the companion), in both families: the attention's
+// backward writes the same companion (the Llama family's rotated back by the staging's widening,
+// GPT-2's by the flash epilogue), which the qkv projection's two products read either way, and
+// GPT-2's bias sums it widened, the values of its fp32 array; so the losses and state are the same
+// to the bit, the kernels the same, one write kept alone per block and micro-batch (and for GPT-2
+// one bias gradient reading it), and exactly the fp32 array's 4 bytes per element fewer on the
+// device.
 TEST(EmulatedCudaStepFallback, QkvGradientsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
-  const TrainedRun alone = train("llama", kTiers[0], true, dir.path() + "/alone", 2);
-  const TrainedRun beside = train_refused(backend::kQkvGradAloneName, "llama", kTiers[0], true,
-                                          dir.path() + "/beside", 2);
-  ASSERT_EQ(alone.launches.size(), 2u);
-  ASSERT_EQ(beside.launches.size(), 2u);
-  EXPECT_TRUE(testing::same_bits(beside.state, alone.state));
-  EXPECT_EQ(beside.losses, alone.losses);
-  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
-  for (int step = 0; step < 2; ++step) {
-    EXPECT_EQ(alone.launches[step], beside.launches[step]) << "step " << step + 1;
-    EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << "step " << step + 1;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TrainedRun alone = train(family, kTiers[0], true, dir.path() + "/alone-" + family, 2);
+    const TrainedRun beside = train_refused(backend::kQkvGradAloneName, family, kTiers[0], true,
+                                            dir.path() + "/beside-" + family, 2);
+    ASSERT_EQ(alone.launches.size(), 2u) << family;
+    ASSERT_EQ(beside.launches.size(), 2u) << family;
+    EXPECT_TRUE(testing::same_bits(beside.state, alone.state)) << family;
+    EXPECT_EQ(beside.losses, alone.losses) << family;
+    const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
+    const std::int64_t rows = 2 * 32;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(alone.launches[step], beside.launches[step]) << family << " step " << step + 1;
+      EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << family << " step " << step + 1;
+    }
+    EXPECT_EQ(alone.qkv_grad_writes, 2 * blocks) << family;
+    EXPECT_EQ(beside.qkv_grad_writes, -1) << family;
+    EXPECT_EQ(alone.qkv_grad_bias_reads, family == "gpt2" ? 2 * blocks : 0) << family;
+    // GPT-2: 3 x 128; the Llama family: q's 2 heads, k's and v's 1, of 64.
+    const std::int64_t qkv = family == "gpt2" ? 3 * 128 : (2 + 2 * 1) * 64;
+    EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+              static_cast<std::uint64_t>(rows * qkv) * sizeof(float))
+        << family;
   }
-  EXPECT_EQ(alone.qkv_grad_writes, 2 * blocks);
-  EXPECT_EQ(beside.qkv_grad_writes, -1);
-  const std::int64_t qkv = (2 + 2 * 1) * 64;  // q's 2 heads, k's and v's 1, of 64
-  EXPECT_EQ(beside.device_in_use - alone.device_in_use,
-            static_cast<std::uint64_t>(rows * qkv) * sizeof(float));
-  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
-  EXPECT_EQ(gpt2.qkv_grad_writes, 0);
 }
 
 // Each block's q, k and v in 16 bits alone (qkv_16bit) against the path refused at start (the

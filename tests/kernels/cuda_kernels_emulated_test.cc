@@ -155,10 +155,10 @@ TEST(EmulatedKernels, NormsAndColumnReductionsMatchTheCpu) {
   expect_all_close("bias backward", db, db_w, Tolerance{1e-6, 1e-6});
 }
 
-// The norms' backwards reading dout in 16 bits (a gradient kept alone, Sixteen) give, for both
-// 16-bit types, the bits of the fp32 kernels on dout widened: dx (added to what it held, with its
-// companion beside), dw and db over several chunks of rows, in rows of 300 channels and 33; a dout
-// given both ways or neither is refused.
+// The norms' backwards and the bias's reading dout in 16 bits (a gradient kept alone, Sixteen)
+// give, for both 16-bit types, the bits of the fp32 kernels on dout widened: dx (added to what it
+// held, with its companion beside), dw and db over several chunks of rows, in rows of 300 channels
+// and 33; a dout given both ways or neither is refused.
 TEST(EmulatedKernels, NormBackwardsReadingSixteenBitGradientsGiveTheBitsOfTheFp32Kernels) {
   for (const int code : {kCodeBF16, kCodeF16}) {
     const auto type = static_cast<kernels::DType>(code);
@@ -202,6 +202,13 @@ TEST(EmulatedKernels, NormBackwardsReadingSixteenBitGradientsGiveTheBitsOfTheFp3
                 0);
       expect_bitwise_equal("rmsnorm dx, dout in 16 bits", dx, dx_w);
       expect_bitwise_equal("rmsnorm dw, dout in 16 bits", dw, dw_w);
+      // The bias's column sums (GPT-2's q/k/v gradient kept alone) likewise.
+      db = db_w = bias;
+      ASSERT_EQ(run_bias_backward(kEmulator, db_w.data(), dout.data(), n, c, plan, scratch.data()),
+                0);
+      ASSERT_EQ(
+          run_bias_backward(kEmulator, db.data(), nullptr, n, c, plan, scratch.data(), sixteen), 0);
+      expect_bitwise_equal("bias backward, dout in 16 bits", db, db_w);
       EXPECT_FALSE(norm_backward_dout_valid(nullptr, Sixteen{}));
       EXPECT_FALSE(norm_backward_dout_valid(dout.data(), sixteen));
       EXPECT_TRUE(norm_backward_dout_valid(nullptr, sixteen));

@@ -1016,9 +1016,10 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   // Each block's q, k and v in 16 bits alone where the attention rotates them, written so by their
   // product and read so (widened) by the rotated staging: within 1 unit in the last place of the
   // verified product rounded, and the attention's bits on those values. Then their gradient,
-  // written into its companion only by the rotated staging's widening and read there by its
-  // products: the bits of the companion kept beside the fp32 array. Each at one head size the
-  // rotated attention took (the staging does not depend on it).
+  // written into its companion only by the attention's backward and read there by its products
+  // (and GPT-2's bias gradient): the bits of the companion kept beside the fp32 array. Each at one
+  // head size the attention took (the staging does not depend on it); the gradient's check runs
+  // rotated cases too, so it needs rope_in_attention even for GPT-2.
   const std::string not_rotating = fmt::format(
       "the attention does not rotate q and k ({} is off): the rope kernel rotates them in place "
       "in fp32",
@@ -1056,9 +1057,10 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     ops_->use_qkv_grad_alone(true);
     ops_->use_qkv_grad_alone(fast_paths_.adopt(
         kQkvGradAloneName, kQkvGradAloneReplaces,
-        "the gradient of q, k and v (where the attention rotates them) written by the 16-bit "
-        "attention's widening into its 16-bit companion only (no fp32 array is allocated for it) "
-        "and read there by the qkv projection's two products",
+        "the gradient of q, k and v written by the 16-bit attention's backward (its epilogue, or "
+        "its staging's widening where it rotates q and k) into its 16-bit companion only (no fp32 "
+        "array is allocated for it) and read there by the qkv projection's two products and "
+        "GPT-2's bias gradient",
         [&] { return qkv_checked(kQkvGradAloneName, check_qkv_grad_alone); }));
   }
   // The gradient of the blocks' norm outputs in 16 bits alone, written so by the projections'

@@ -293,8 +293,13 @@ void CudaOps::bias_backward(float* dbias, const float* dout, std::int64_t rows,
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "bias_backward");
   if (p.chunks == 0) return;
-  STRATA_OPS_CHECK(ck::bias_backward(stream_, dbias, dout, rows, channels, p, scratch_.reduce),
-                   "bias_backward");
+  // A gradient kept in 16 bits alone (GPT-2's q/k/v gradient, keeps_qkv_grad_alone) is read from
+  // its companion, widened: the values of the fp32 array it stands for.
+  const ck::Sixteen dout16 =
+      grad_alone(&dout, rows * channels, qkv_grad_alone_, &qkv_grad_bias_reads_);
+  STRATA_OPS_CHECK(
+      ck::bias_backward(stream_, dbias, dout, rows, channels, p, scratch_.reduce, dout16),
+      "bias_backward");
 }
 
 namespace {
@@ -408,6 +413,12 @@ bool CudaOps::keeps_attention_alone(const backend::AttentionShape& s) const {
          s.out_stride == s.heads * s.head_dim && takes_flash(s);
 }
 
+bool CudaOps::keeps_qkv_grad_alone(const backend::AttentionShape& s) const {
+  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+  return qkv_grad_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
+         takes_flash(s);
+}
+
 bool CudaOps::keeps_qkv_alone(const backend::AttentionShape& s) const {
   const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
   return qkv_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
@@ -518,8 +529,7 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
                                       const float* k, const float* v,
                                       const backend::AttentionShape& shape,
                                       const kernels::QkRotation<float>& rope) {
-  const bool rotates = rotating(shape, rope);
-  if (rotates) ++rotated_attention_calls_;
+  if (rotating(shape, rope)) ++rotated_attention_calls_;
   const std::int64_t rows = shape.batch * shape.seq_len;
   const std::int64_t hd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim;
   // dq, dk and dv side by side in every row of one buffer (the model's q/k/v gradient): the 16-bit
@@ -532,11 +542,11 @@ void CudaOps::attention_backward_impl(float* dq, float* dk, float* dv, const flo
     const ck::Narrow all = narrow_for(dq, rows * stride);
     if (all.p != nullptr) narrow = {all, {all.p + hd, all.code}, {all.p + hd + kvd, all.code}};
   }
-  // A gradient kept in 16 bits alone (keeps_qkv_grad_alone): the rotated staging's widening writes
-  // its companion alone.
+  // A gradient kept in 16 bits alone (keeps_qkv_grad_alone): the flash epilogue or the staging's
+  // widening writes its companion alone.
   float *dq_wide = dq, *dk_wide = dk, *dv_wide = dv;
   if (side_by_side && alone(dq, rows * stride)) {
-    STRATA_ASSERT_MSG(keeps_qkv_grad_alone(shape) && rotates && narrow.q.p != nullptr,
+    STRATA_ASSERT_MSG(keeps_qkv_grad_alone(shape) && narrow.q.p != nullptr,
                       "the gradient of q, k and v kept in 16 bits alone without its path on");
     dq_wide = dk_wide = dv_wide = nullptr;
     ++qkv_grad_writes_;

@@ -226,14 +226,16 @@ class CudaOps final : public backend::Ops<float> {
   // SwiGLU backwards that wrote their dgate_up kept in 16 bits alone.
   std::int64_t gate_up_grad_writes() const { return gate_up_grad_writes_; }
   // The gradient of q, k and v kept in 16 bits alone too (fast path qkv_grad_16bit_alone; off by
-  // default): only with keeps_narrow_alone(), for shapes whose attention rotates (the staging's
-  // widening then writes the companion).
+  // default): only with keeps_narrow_alone(), for shapes the 16-bit attention takes (its epilogue
+  // or its staging's widening then writes the companion), where the attention's 16-bit type is the
+  // companions' (so that an unrotated gradient's companion holds its fp32 values exactly, for
+  // bias_backward to read).
   void use_qkv_grad_alone(bool on) { qkv_grad_alone_ = on; }
-  bool keeps_qkv_grad_alone(const backend::AttentionShape& shape) const override {
-    return qkv_grad_alone_ && keeps_narrow_alone() && attention_rotates(shape);
-  }
-  // Attention backwards that wrote their dq, dk, dv kept in 16 bits alone.
+  bool keeps_qkv_grad_alone(const backend::AttentionShape& shape) const override;
+  // Attention backwards that wrote their dq, dk, dv kept in 16 bits alone, and bias_backward calls
+  // that read such a gradient.
   std::int64_t qkv_grad_writes() const { return qkv_grad_writes_; }
+  std::int64_t qkv_grad_bias_reads() const { return qkv_grad_bias_reads_; }
   // Each block's q, k and v kept in 16 bits alone too (fast path qkv_16bit; off by default): only
   // with keeps_narrow_alone(), for shapes whose attention rotates, where the attention's 16-bit
   // type is the companions'.
@@ -247,6 +249,7 @@ class CudaOps final : public backend::Ops<float> {
     norm_grad_reads_ = 0;
     gate_up_grad_writes_ = 0;
     qkv_grad_writes_ = 0;
+    qkv_grad_bias_reads_ = 0;
     qkv_alone_reads_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
@@ -363,6 +366,7 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t gate_up_grad_writes_ = 0;
   bool qkv_grad_alone_ = false;
   std::int64_t qkv_grad_writes_ = 0;
+  std::int64_t qkv_grad_bias_reads_ = 0;
   bool qkv_alone_ = false;
   std::int64_t qkv_alone_reads_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
