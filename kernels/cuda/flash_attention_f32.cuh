@@ -105,11 +105,6 @@ inline bool flash_f32_inputs_valid(const float* q, const float* k, const float* 
 
 namespace flash_f32_detail {
 
-// `p` `offset` elements on (a gradient kept alone, null, stays null).
-inline float* at(float* p, std::int64_t offset) {
-  return p != nullptr ? p + offset : nullptr;
-}
-
 // Whether `Inner` writes its results into the fp32 arrays itself (FlashInner::kWritesWide).
 template <typename Inner>
 concept WritesWide = requires {
@@ -176,17 +171,17 @@ struct Widen {
   cuda_kernels::Narrow also;
 };
 
-// The companion's pointer `offset` elements on (none stays none).
-inline cuda_kernels::Narrow advance(cuda_kernels::Narrow n, std::int64_t offset) {
-  if (n.p != nullptr) n.p += offset;
-  return n;
-}
-inline cuda_kernels::Sixteen advance(cuda_kernels::Sixteen n, std::int64_t offset) {
-  if (n.p != nullptr) n.p += offset;
-  return n;
-}
-inline const float* at(const float* p, std::int64_t offset) {
+// `p` `offset` elements on; null (an array kept in 16 bits alone) stays null.
+template <typename T>
+T* at(T* p, std::int64_t offset) {
   return p != nullptr ? p + offset : nullptr;
+}
+// A companion's (Narrow) or 16-bit input's (Sixteen) pointer `offset` elements on (none stays
+// none).
+template <typename Bits>
+Bits advance(Bits n, std::int64_t offset) {
+  n.p = at(n.p, offset);
+  return n;
 }
 
 template <typename L, std::size_t N>

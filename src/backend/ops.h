@@ -344,9 +344,9 @@ class Ops {
   // side in each row, written by attention_backward or attention_backward_rotated and read by the
   // two products of the qkv projection's backward, and by bias_backward where the projection has a
   // bias) is kept in narrow_type() alone too (false, the default; only where keeps_narrow_alone()):
-  // pair_narrow_alone then takes it, the attention's backward writing it (dq, dk, dv at their places
-  // in the key, of q_stride and kv_stride its row width) writes the companion alone (the bits
-  // pair_narrow's companion would hold), the products reading it read the companion, and
+  // pair_narrow_alone then takes it, the attention's backward writing it (dq, dk, dv at their
+  // places in the key, of q_stride and kv_stride its row width) writes the companion alone (the
+  // bits pair_narrow's companion would hold), the products reading it read the companion, and
   // bias_backward reading it as `dout` reads the companion, widened. Which blocks may keep it so is
   // the model's to say (model::keeps_qkv_alone): an unrotated gradient's companion holds its values
   // exactly, a rotated one's holds them rounded.

@@ -1020,10 +1020,18 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
   // (and GPT-2's bias gradient): the bits of the companion kept beside the fp32 array. Each at one
   // head size the attention took (the staging does not depend on it); the gradient's check runs
   // rotated cases too, so it needs rope_in_attention even for GPT-2.
-  const std::string not_rotating = fmt::format(
-      "the attention does not rotate q and k ({} is off): the rope kernel rotates them in place "
-      "in fp32",
-      kRopeAttentionName);
+  // Why neither applies (the same conditions for both; empty: they do).
+  std::string qkv_not_applicable;
+  if (!activations_alone) {
+    qkv_not_applicable = activations_not_alone;
+  } else if (!fast_paths_.active(kRopeAttentionName)) {
+    qkv_not_applicable = fmt::format(
+        "the attention does not rotate q and k ({} is off): the rope kernel rotates them in place "
+        "in fp32",
+        kRopeAttentionName);
+  } else if (static_cast<int>(sixteen) != attention_code) {
+    qkv_not_applicable = "the attention's 16-bit type is not the companions'";
+  }
   const QkvAlonePath qkv_path = ops_qkv_alone_path(*ops_, reads_companion, ops_finished);
   const auto qkv_checked = [&](const char* name,
                                Status (*check)(Backend&, const QkvAlonePath&, std::int64_t)) {
@@ -1032,27 +1040,19 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
                                     scratch.sixteen_elements),
                         [&] { return check(*this, qkv_path, head_dim); });
   };
-  if (!activations_alone) {
-    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces, activations_not_alone);
-  } else if (!fast_paths_.active(kRopeAttentionName)) {
-    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces, not_rotating);
-  } else if (static_cast<int>(sixteen) != attention_code) {
-    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces,
-                               "the attention's 16-bit type is not the companions'");
+  if (!qkv_not_applicable.empty()) {
+    fast_paths_.not_applicable(kQkvAloneName, kQkvAloneReplaces, qkv_not_applicable);
   } else {
     ops_->use_qkv_alone(true);
     ops_->use_qkv_alone(fast_paths_.adopt(
         kQkvAloneName, kQkvAloneReplaces,
         "each block's q, k and v (where the attention rotates them) written in 16 bits by their "
         "product (fp32 accumulation rounded once; no fp32 array is allocated for them) and read "
-        "so, "
-        "widened, by the 16-bit attention's staging",
+        "so, widened, by the 16-bit attention's staging",
         [&] { return qkv_checked(kQkvAloneName, check_qkv_alone); }));
   }
-  if (!activations_alone) {
-    fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, activations_not_alone);
-  } else if (!fast_paths_.active(kRopeAttentionName)) {
-    fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, not_rotating);
+  if (!qkv_not_applicable.empty()) {
+    fast_paths_.not_applicable(kQkvGradAloneName, kQkvGradAloneReplaces, qkv_not_applicable);
   } else {
     ops_->use_qkv_grad_alone(true);
     ops_->use_qkv_grad_alone(fast_paths_.adopt(

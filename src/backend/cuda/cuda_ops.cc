@@ -407,22 +407,25 @@ bool rotating(const backend::AttentionShape& shape, const kernels::QkRotation<fl
 
 }  // namespace
 
+int CudaOps::attention_code() const {
+  return flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+}
+
+bool CudaOps::keeps_attention_typed_alone() const {
+  return keeps_narrow_alone() && static_cast<int>(narrow_type_) == attention_code();
+}
+
 bool CudaOps::keeps_attention_alone(const backend::AttentionShape& s) const {
-  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
-  return attention_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
+  return attention_alone_ && keeps_attention_typed_alone() &&
          s.out_stride == s.heads * s.head_dim && takes_flash(s);
 }
 
 bool CudaOps::keeps_qkv_grad_alone(const backend::AttentionShape& s) const {
-  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
-  return qkv_grad_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
-         takes_flash(s);
+  return qkv_grad_alone_ && keeps_attention_typed_alone() && takes_flash(s);
 }
 
 bool CudaOps::keeps_qkv_alone(const backend::AttentionShape& s) const {
-  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
-  return qkv_alone_ && keeps_narrow_alone() && static_cast<int>(narrow_type_) == code &&
-         attention_rotates(s);
+  return qkv_alone_ && keeps_attention_typed_alone() && attention_rotates(s);
 }
 
 bool CudaOps::attention_rotates(const backend::AttentionShape& shape) const {
@@ -515,7 +518,7 @@ void CudaOps::attention_forward_impl(float* out, float* lse, const float* q, con
 const std::uint16_t* CudaOps::staged_companion(const float* out,
                                                const backend::AttentionShape& shape) const {
   const std::int64_t width = shape.heads * shape.head_dim;
-  const int code = flash_bf16_ ? ck::kCodeBF16 : ck::kCodeF16;
+  const int code = attention_code();
   if (shape.out_stride != width || static_cast<int>(narrow_type_) != code) return nullptr;
   const std::int64_t n = shape.batch * shape.seq_len * width;
   if (!gemm_->has_companion(out, n, code)) return nullptr;

@@ -318,14 +318,19 @@ class CudaOps final : public backend::Ops<float> {
   float* wide_out(float* out, std::int64_t n);
   // The companion for the n values written at `out` (inside one paired buffer), or none.
   cuda_kernels::Narrow narrow_for(const float* out, std::int64_t n) const;
+  // q, k and v of `shape` kept in 16 bits alone: their companions to read, the pointers nulled,
+  // and the read counted; asserts keeps_qkv_alone(shape). Otherwise unset, the pointers as they
+  // were.
+  cuda_kernels::QkvSixteen qkv_alone(const float** q, const float** k, const float** v,
+                                     const backend::AttentionShape& shape);
+  // The attention's 16-bit type (cuda_kernels::kCodeBF16 or kCodeF16).
+  int attention_code() const;
+  // Whether activations are kept in 16 bits alone in the attention's 16-bit type (what the paths
+  // kept alone around the attention need).
+  bool keeps_attention_typed_alone() const;
   // A gradient `dout` (n floats) kept in 16 bits alone: its companion to read, `dout` nulled, and
   // `reads` counted; asserts `kept` (the path that keeps it is on). Otherwise unset, `dout` as it
   // was.
-  // q, k and v (n floats each from its pointer) kept in 16 bits alone: their companions to read,
-  // the pointers nulled, and the read counted; asserts keeps_qkv_alone(shape). Otherwise unset, the
-  // pointers as they were.
-  cuda_kernels::QkvSixteen qkv_alone(const float** q, const float** k, const float** v,
-                                     const backend::AttentionShape& shape);
   cuda_kernels::Sixteen grad_alone(const float** dout, std::int64_t n, bool kept,
                                    std::int64_t* reads) const;
   // n values were written at `out`, with their companion where `narrow` has one: the GEMMs may
