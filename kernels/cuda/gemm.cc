@@ -130,7 +130,7 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
     const cublasLtEpilogue_t epilogue = key.epilogue == 3   ? CUBLASLT_EPILOGUE_DGELU
                                         : key.epilogue == 2 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                             : CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_32F;
+    const cudaDataType_t bias_type = data_type(key.bias_code);
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue))));
     STRATA_TRY(STRATA_CUBLAS_CHECK(
@@ -186,7 +186,8 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        std::int64_t ldb, float beta, void* c, std::int64_t ldc, int in_code,
                        const GemmEpilogue& epilogue, int out_code) {
   const float* bias = epilogue.bias;
-  STRATA_ASSERT(out_code == cuda_kernels::kCodeF32 || (bias == nullptr && !epilogue.dgelu));
+  const bool wide = out_code == cuda_kernels::kCodeF32;
+  STRATA_ASSERT(wide || (epilogue.aux == nullptr && !epilogue.dgelu));
   if (api_ != nullptr && k > 0) {
     Key key;
     key.trans_a = trans_a;
@@ -203,12 +204,14 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     key.align_b = static_cast<int>(alignment_of(b));
     key.align_c = static_cast<int>(alignment_of(c));
     key.epilogue = epilogue.dgelu ? 3 : (bias == nullptr ? 0 : (epilogue.aux != nullptr ? 2 : 1));
+    key.bias_code = epilogue.bias16 != nullptr ? out_code : cuda_kernels::kCodeF32;
     STRATA_ASSIGN_OR_RETURN(Entry * entry, lookup(key));
     if (entry->has_algo && key.epilogue != 0) {
       // The bias vector is cuBLAS's D row vector: one value per column of our row-major C.
       if (bias != nullptr) {
-        STRATA_TRY(STRATA_CUBLAS_CHECK(
-            api_->desc_set(entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))));
+        const void* vector = epilogue.bias16 != nullptr ? epilogue.bias16 : bias;
+        STRATA_TRY(STRATA_CUBLAS_CHECK(api_->desc_set(
+            entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector))));
       }
       if (epilogue.aux != nullptr) {
         const std::int64_t aux_ld = n;
@@ -231,15 +234,26 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
       entry->has_algo = false;  // remember, and run the fallback from now on
     }
     // No algorithm with the epilogue at this shape: GELU's and DGELU's callers run their own path;
-    // the bias's gets the plain product and adds the bias itself.
+    // the bias's gets the plain product and adds the bias itself, but with a 16-bit C, whose
+    // product may be rounded only once: the fallback kernel adds it.
     if (epilogue.aux != nullptr) return Status::ok();
-    if (bias != nullptr) {
+    if (bias != nullptr && wide) {
       return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
     }
   }
+  // An fp32 C's caller adds its bias itself (without cuBLASLt no epilogue is asked for).
+  return fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code, out_code,
+                  wide ? nullptr : bias);
+}
+
+Status GemmEngine::fallback(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                            std::int64_t k, float alpha, const void* a, std::int64_t lda,
+                            const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
+                            int in_code, int out_code, const float* bias) {
   ++fallback_calls_;
-  return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(
-      stream_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code, out_code));
+  return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(stream_, trans_a, trans_b, m, n, k, alpha, a,
+                                                       lda, b, ldb, beta, c, ldc, in_code, out_code,
+                                                       bias));
 }
 
 int GemmEngine::sixteen_code() const {
@@ -283,7 +297,7 @@ Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, st
 
 Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                              std::int64_t ldb, void* c, std::int64_t ldc) {
+                              std::int64_t ldb, void* c, std::int64_t ldc, const float* bias) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
   if (!cuda::converts_operands(config_.precision)) {
     return Status(ErrorCode::kUnavailable,
@@ -304,14 +318,36 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
       room >= k) {
     block = room / k >= 8 ? room / k / 8 * 8 : room / k;
   }
+  // A weight's bias has its 16-bit twin (its exact values); an activation's companion holds values
+  // rounded, so it is not one.
+  bool rounded = false;
+  const auto* bias16 =
+      bias != nullptr ? static_cast<const std::uint16_t*>(twin_of(bias, 1, n, n, code, &rounded))
+                      : nullptr;
+  if (rounded) bias16 = nullptr;
   for (std::int64_t j = 0; j < n; j += block) {
     const std::int64_t cols = std::min(block, n - j);
     std::uint16_t* ws = workspace;  // each block's B converted at the same place, in stream order
     STRATA_ASSIGN_OR_RETURN(const void* b16,
                             operand_16(trans_b ? b + j * ldb : b + j, trans_b ? cols : k,
                                        trans_b ? k : cols, ldb, &ldb16, &ws, "B operand"));
-    STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f,
-                   static_cast<std::uint16_t*>(c) + j, ldc, code, {}, code));
+    auto* c16 = static_cast<std::uint16_t*>(c) + j;
+    if (bias == nullptr) {
+      STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
+                     code, {}, code));
+      continue;
+    }
+    if (bias_epilogue_) {
+      bool applied = false;
+      GemmEpilogue epilogue{bias + j, nullptr, &applied};
+      if (bias16 != nullptr) epilogue.bias16 = bias16 + j;
+      STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
+                     code, epilogue, code));
+      ++(applied ? bias_fused_ : bias_unfused_);
+    } else {
+      STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
+                          ldc, code, code, bias + j));
+    }
   }
   return Status::ok();
 }

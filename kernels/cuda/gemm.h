@@ -40,6 +40,9 @@ struct GemmEpilogue {
   float* aux = nullptr;
   bool* applied = nullptr;
   bool dgelu = false;
+  // With a 16-bit C (a bias alone): the bias's 16-bit twin of C's type (a weight's, holding exactly
+  // its values), which cuBLASLt then reads as a bias of C's type; null: it reads the fp32 bias.
+  const void* bias16 = nullptr;
 };
 
 class GemmEngine {
@@ -69,9 +72,15 @@ class GemmEngine {
   // never cut along k: each output is rounded once). Only with 16-bit inputs (kUnavailable
   // otherwise), and kUnavailable where A to convert does not fit the workspace whole, or not one
   // column of B beside it.
+  // With `bias` (n fp32 values, or null) each output is the product plus its column's bias, rounded
+  // once: cuBLASLt's BIAS epilogue with a 16-bit D where the bias epilogue is on
+  // (use_bias_epilogue) and cuBLASLt has an algorithm for it (reading the bias's 16-bit twin where
+  // it has one, as a weight's parameters do: exactly its values; else the fp32 bias), otherwise the
+  // fallback kernel adding the fp32 bias to each fp32 result before rounding it (the bits of the
+  // fp32 product, add_bias and a rounding after it). Counted in bias_fused / bias_unfused.
   Status gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
-                    std::int64_t ldc);
+                    std::int64_t ldc, const float* bias = nullptr);
   // C = alpha op(A) op(B) + beta C (fp32) with A given in the products' 16-bit type (an array
   // written by gemm_to_16 or a 16-bit kernel), B as for gemm_to_16.
   Status gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -188,6 +197,7 @@ class GemmEngine {
     // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 3
     // CUBLASLT_EPILOGUE_DGELU
     int epilogue = 0;
+    int bias_code = 0;  // the bias's element type (kCodeF32, or D's with GemmEpilogue::bias16)
     bool operator==(const Key&) const = default;
   };
   struct Entry {
@@ -207,7 +217,8 @@ class GemmEngine {
   // One call on operands of element type in_code (fp32, bf16 or fp16): cuBLASLt, or the fallback.
   // With an epilogue (beta 0): cuBLASLt's, where it has an algorithm for it, setting *applied.
   // Where it has none, a bias epilogue runs the plain product and a GELU epilogue runs nothing.
-  // C is of element type out_code (fp32 unless given; no epilogue with a 16-bit C).
+  // C is of element type out_code (fp32 unless given; with a 16-bit C only a bias epilogue, which
+  // the fallback kernel applies too where cuBLASLt has no algorithm for it).
   Status run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
              float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
              float beta, void* c, std::int64_t ldc, int in_code, const GemmEpilogue& epilogue = {},
@@ -220,6 +231,11 @@ class GemmEngine {
                                  const char* what);
   // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
+  // Strata's own kernel (gemm_fallback), counted; `bias` as gemm_fallback's.
+  Status fallback(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
+                  float beta, void* c, std::int64_t ldc, int in_code, int out_code,
+                  const float* bias = nullptr);
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
   Status describe(const Key& key, Entry* out);
   void release(Entry& entry);

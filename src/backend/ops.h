@@ -355,13 +355,15 @@ class Ops {
     return false;
   }
   // Whether q, k and v of this shape (the qkv projection's output: q, k, v side by side in each
-  // row, read by the attention's forward and backward alone in a block without q/k norms or a qkv
-  // bias, where the attention rotates q and k) are kept in narrow_type() alone too (false, the
-  // default; only where keeps_narrow_alone() and attention_rotates(shape)): pair_narrow_alone then
-  // takes them, the product writing them (gemm with alpha 1 and beta 0, C inside the key) writes
-  // them in 16 bits into the companion (fp32 accumulation rounded once), and
-  // attention_forward_rotated and attention_backward_rotated reading them (q, k, v at their places
-  // in the key) read the companion, widened.
+  // row, read by the attention's forward and backward alone in a block without q/k norms) are kept
+  // in narrow_type() alone too (false, the default; only where keeps_narrow_alone()):
+  // pair_narrow_alone then takes them, the product writing them (gemm with alpha 1 and beta 0, or
+  // gemm_bias, C inside the key) writes them in 16 bits into the companion (fp32 accumulation, plus
+  // the bias in fp32, rounded once), and the attention's forward and backward reading them (q, k,
+  // v at their places in the key; rotated or not) read the companion, widened. Which blocks may
+  // keep them so is the model's to say (model::keeps_qkv_alone): where the family rotates q and k,
+  // only where the attention rotates them (attention_rotates), since the rope kernel would rotate
+  // them in place in fp32.
   virtual bool keeps_qkv_alone(const AttentionShape& shape) const {
     (void)shape;
     return false;

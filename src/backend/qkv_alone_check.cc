@@ -18,6 +18,7 @@ namespace {
 struct Case {
   const char* name;
   std::int64_t seq_len, rotary_dim;
+  bool bias;  // the qkv projection has one (q, k and v's check)
 };
 
 // One case on the backend: its shape (q, k, v side by side in rows of `stride`), its rotation and
@@ -156,6 +157,8 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
       Buffer x, device_copy(backend, normal_values(rng, u.rows * kIns, 1.0f, 0.0f), purpose));
   STRATA_ASSIGN_OR_RETURN(
       Buffer w, device_copy(backend, normal_values(rng, u.stride * kIns, 0.3f, 0.0f), purpose));
+  STRATA_ASSIGN_OR_RETURN(Buffer bias,
+                          device_copy(backend, normal_values(rng, u.stride, 0.5f, 0.0f), purpose));
   const std::vector<float> zeros(static_cast<std::size_t>(u.n), 0.0f);
   Buffer product, outs[2], lses[2], grads[2];
   STRATA_ASSIGN_OR_RETURN(product, device_copy(backend, zeros, purpose));
@@ -169,43 +172,67 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
   STRATA_ASSIGN_OR_RETURN(float* key,
                           pairs.alone(companion.data(), u.n, "the qkv_16bit check's key", where));
 
-  // The verified product in fp32 (the backend's own gemm), the path's into q, k, v kept alone (the
-  // model's projection: x W^T).
-  backend.ops_f32().gemm(false, true, u.rows, u.stride, kIns, 1.0f, x.as<float>(), kIns,
-                         w.as<float>(), kIns, 0.0f, product.as<float>(), u.stride);
-  path.gemm(false, true, u.rows, u.stride, kIns, x.as<float>(), kIns, w.as<float>(), kIns, key,
-            u.stride);
+  // The verified product in fp32 (the backend's own gemm or gemm_bias), the path's into q, k, v
+  // kept alone (the model's projection: x W^T, plus the bias where it has one).
+  if (c.bias) {
+    backend.ops_f32().gemm_bias(false, true, u.rows, u.stride, kIns, x.as<float>(), kIns,
+                                w.as<float>(), kIns, bias.as<float>(), product.as<float>());
+    path.gemm_bias(false, true, u.rows, u.stride, kIns, x.as<float>(), kIns, w.as<float>(), kIns,
+                   bias.as<float>(), key);
+  } else {
+    backend.ops_f32().gemm(false, true, u.rows, u.stride, kIns, 1.0f, x.as<float>(), kIns,
+                           w.as<float>(), kIns, 0.0f, product.as<float>(), u.stride);
+    path.gemm(false, true, u.rows, u.stride, kIns, x.as<float>(), kIns, w.as<float>(), kIns, key,
+              u.stride);
+  }
   STRATA_TRY(path.finish().with_context(where));
-  STRATA_TRY(within_one_unit_then_widen(backend, product, companion, u.n, path.type, where,
-                                        "the 16-bit q, k, v"));
-  // The rotated attention on fp32 arrays holding those values widened, and on them kept alone.
+  STRATA_TRY(within_one_unit_then_widen(
+      backend, product, companion, u.n, path.type, where,
+      c.bias ? "the 16-bit q, k, v (with their bias)" : "the 16-bit q, k, v"));
+  // The attention (rotating q and k where the case does) on fp32 arrays holding those values
+  // widened, and on them kept alone.
+  const bool rotates = u.rope.cos != nullptr;
+  const char* forward = rotates ? "the rotated forward" : "the forward";
   float* sources[2] = {product.as<float>(), key};
   for (int side = 0; side < 2; ++side) {
     const float* q = sources[side];
-    path.forward_rotated(outs[side].as<float>(), lses[side].as<float>(), q, q + u.hd,
-                         q + u.hd + u.kvd, u.s, u.rope);
+    float* out = outs[side].as<float>();
+    float* lse = lses[side].as<float>();
+    if (rotates) {
+      path.forward_rotated(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+    } else {
+      path.forward(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s);
+    }
   }
   STRATA_TRY(path.finish().with_context(where));
   STRATA_TRY(
-      same_bits(backend, outs[0], outs[1], u.rows * u.hd, where, "the rotated forward's out"));
+      same_bits(backend, outs[0], outs[1], u.rows * u.hd, where, fmt::format("{}'s out", forward)));
   STRATA_TRY(same_bits(backend, lses[0], lses[1], u.s.batch * u.s.heads * u.s.seq_len, where,
-                       "the rotated forward's log-sum-exp"));
+                       fmt::format("{}'s log-sum-exp", forward)));
   for (int side = 0; side < 2; ++side) {
     const float* q = sources[side];
     float* d = grads[side].as<float>();
-    path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), outs[side].as<float>(),
-                          lses[side].as<float>(), q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+    const float* out = outs[side].as<float>();
+    const float* lse = lses[side].as<float>();
+    if (rotates) {
+      path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out, lse, q,
+                            q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+    } else {
+      path.backward(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out, lse, q, q + u.hd,
+                    q + u.hd + u.kvd, u.s);
+    }
   }
   STRATA_TRY(path.finish().with_context(where));
   return same_bits(backend, grads[0], grads[1], u.n, where,
-                   "the rotated backward's dq, dk, dv (side by side)");
+                   fmt::format("{}'s dq, dk, dv (side by side)",
+                               rotates ? "the rotated backward" : "the backward"));
 }
 
-// The checks' cases at `head_dim` (a partial width rounded down to an even number, at least 2),
-// and the unrotated one too where `with_unrotated`.
+// The checks' three cases at `head_dim` (a partial width rounded down to an even number, at least
+// 2): the qkv projection with a bias in the last two (q, k and v's check).
 Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
                  Status (*check)(Backend&, const QkvAlonePath&, std::int64_t, const Case&),
-                 const char* what, bool with_unrotated) {
+                 const char* what) {
   if (path.type != DType::kBF16 && path.type != DType::kF16) {
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("{} kept in 16 bits alone is bf16 or fp16, not {}", what,
@@ -213,10 +240,10 @@ Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_d
   }
   const std::int64_t partial = std::max<std::int64_t>(2, (head_dim / 2) & ~std::int64_t{1});
   for (const Case& c :
-       {Case{"GQA, whole head rotated", 24, head_dim}, Case{"partial rotary width", 23, partial}}) {
+       {Case{"GQA, whole head rotated", 24, head_dim, false},
+        Case{"partial rotary width", 23, partial, true}, Case{"no rotation", 24, 0, true}}) {
     STRATA_TRY(check(backend, path, head_dim, c));
   }
-  if (with_unrotated) STRATA_TRY(check(backend, path, head_dim, Case{"no rotation", 24, 0}));
   return Status::ok();
 }
 
@@ -256,16 +283,20 @@ QkvAlonePath ops_qkv_alone_path(Ops<float>& ops,
     o->bias_backward(dbias, dout, rows, channels);
   };
   path.gemm = activations.gemm;
+  path.gemm_bias = [o](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const float* bias,
+                       float* c) { o->gemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c); };
   path.finish = std::move(finish);
   return path;
 }
 
 Status check_qkv_grad_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
-  return each_case(backend, path, head_dim, check_grad_case, "a q/k/v gradient", true);
+  return each_case(backend, path, head_dim, check_grad_case, "a q/k/v gradient");
 }
 
 Status check_qkv_alone(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim) {
-  return each_case(backend, path, head_dim, check_qkv_case, "q, k and v", false);
+  return each_case(backend, path, head_dim, check_qkv_case, "q, k and v");
 }
 
 }  // namespace strata::backend

@@ -14,11 +14,11 @@ std::int64_t qkv_width(const ModelShape& s) {
 }
 
 bool qkv_alone_applies(const ModelShape& s) {
-  return s.family == Family::kLlama && !s.arch.qk_norm && llama_block_slots(s).qkv_b < 0;
+  return !s.arch.qk_norm;
 }
 
 bool qkv_grad_alone_applies(const ModelShape& s) {
-  return s.family == Family::kGpt2 || qkv_alone_applies(s);
+  return s.family == Family::kGpt2 || (qkv_alone_applies(s) && llama_block_slots(s).qkv_b < 0);
 }
 
 std::int64_t fc_width(const ModelShape& s) {

@@ -87,14 +87,15 @@ bool keeps_attention_alone(const backend::Ops<T>& ops, const ModelShape& spec, s
     return gradient ? ops.keeps_attention_grad_alone(s) : ops.keeps_attention_alone(s);
   });
 }
-// Whether a block's q, k and v may be kept in 16 bits alone: the Llama family without q/k norms
-// (whose forward reads the raw projection) or a qkv bias (whose epilogue writes the projection in
-// fp32). The projection's output is then read by the attention alone.
+// Whether a block's q, k and v may be kept in 16 bits alone: every block without q/k norms (whose
+// forward reads the raw projection and writes q and k normalised in fp32). The projection's output
+// (with its bias where it has one: GPT-2's, Qwen2's) is then read by the attention alone.
 bool qkv_alone_applies(const ModelShape& spec);
 // Whether a block's q/k/v gradient (the backward scratch dqkv) may be: GPT-2's (its attention does
 // not rotate, so the gradient's companion holds its fp32 values exactly, and the bias's column sums
-// read those), and the Llama family's where qkv_alone_applies (no q/k norm backward reads it in
-// fp32, no bias sums it: only the projection's two products read it).
+// read those), and the Llama family's without q/k norms or a qkv bias (no q/k norm backward reads
+// it in fp32, no bias sums its rotated values rounded: only the projection's two products read
+// it).
 bool qkv_grad_alone_applies(const ModelShape& spec);
 // Whether `ops` keep every block's q, k and v (`gradient` false) or their gradient (true) in 16
 // bits alone over such micro-batches: the model allows it (above), and Ops::keeps_qkv_alone or

@@ -108,8 +108,9 @@ struct RunnerOptions {
   // beside its companion.
   bool narrow_qkv_grad = false;
   // Each block's q, k and v (qkv, N x qkv_width) in the ops' 16-bit type alone (Ops::
-  // keeps_qkv_alone, fast path qkv_16bit): written so by the qkv projection, read so (widened) by
-  // the rotated attention's forward and backward; memory_needed counts 2 bytes per element. Only
+  // keeps_qkv_alone, fast path qkv_16bit): written so by the qkv projection (its bias added before
+  // the rounding), read so (widened) by the attention's forward and backward; memory_needed counts
+  // 2 bytes per element. Only
   // with narrow_alone in effect, where qkv_alone_applies, and only where the backend's ops promise
   // it for every layer's shape (the trainer asks them); otherwise the fp32 array.
   bool narrow_qkv = false;

@@ -293,9 +293,9 @@ TEST(CudaFastPaths, NormGradientsKeptAloneAreOnWith16BitGemms) {
 // whose activations' path it needs, and RoPE in the attention's staging, whose widening writes it;
 // the check passes again on the backend's own Ops at head sizes 64 and 128, counting one backward
 // writing it alone for each of its 3 cases (two rotated, one not, with GPT-2's bias sums); so does
-// q, k and v's (qkv_16bit), counting a forward and a backward reading them alone for each of its 2
-// cases. With fp32 GEMM inputs neither path
-// applies.
+// q, k and v's (qkv_16bit), counting a forward and a backward reading them alone for each of its 3
+// cases (two with the projection's bias, cuBLASLt's bias epilogue writing a 16-bit D or the
+// fallback kernel adding it). With fp32 GEMM inputs neither path applies.
 TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));
@@ -311,7 +311,8 @@ TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
     }
     EXPECT_EQ(find_path(gpu.fast_paths(), kQkvGradAloneName)->uses - path->uses, 6);
     // q, k and v kept alone: cuBLASLt writing the product's D in 16 bits (within 1 unit in the last
-    // place), then the rotated forward and backward reading them, for each of the 2 cases.
+    // place; with the bias in two cases), then the forward and backward reading them, for each of
+    // the 3 cases.
     const std::optional<FastPath> qkv = find_path(gpu.fast_paths(), kQkvAloneName);
     ASSERT_TRUE(qkv.has_value());
     EXPECT_TRUE(qkv->active) << qkv->detail;
@@ -319,7 +320,7 @@ TEST(CudaFastPaths, QkvGradientsKeptAloneAreOnWith16BitGemms) {
       const Status s = check_qkv_alone(gpu, qkv_grad, head_dim);
       EXPECT_TRUE(s.is_ok()) << head_dim << ": " << s.to_string();
     }
-    EXPECT_EQ(find_path(gpu.fast_paths(), kQkvAloneName)->uses - qkv->uses, 8);
+    EXPECT_EQ(find_path(gpu.fast_paths(), kQkvAloneName)->uses - qkv->uses, 12);
   }
   STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
   for (const char* name : {kQkvGradAloneName, kQkvAloneName}) {

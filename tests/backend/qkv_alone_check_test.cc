@@ -13,8 +13,9 @@
 //   (without rotation, as GPT-2's), and an op that fails each fail, naming the case
 //   and what went wrong.
 // - q, k and v's check (qkv_16bit): the faithful fake passes likewise; q, k and v the ops would not
-//   keep alone, a 16-bit product 2 units off, a forward and a backward reading them kept alone as
-//   zeros, and an op that fails each fail, naming the case and what went wrong.
+//   keep alone, a 16-bit product 2 units off, one leaving its bias out, a forward and a backward
+//   reading them kept alone as zeros (rotated; the forward unrotated too, as GPT-2's), and an op
+//   that fails each fail, naming the case and what went wrong.
 // FastPaths then lists a failing path off with one warning naming it, and the check unpairs what it
 // paired.
 #include "backend/qkv_alone_check.h"
@@ -48,6 +49,8 @@ enum class Fault {
   kProductTwoUnitsOff,
   kForwardReadsZeros,
   kBackwardReadsZeros,
+  kBiasLeftOut,
+  kUnrotatedReadsZeros,
 };
 
 using testing::FakePair;
@@ -137,9 +140,13 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
                                   const AttentionShape& s, const kernels::QkRotation<float>& rope) {
     backward(dq, dout, out, lse, q, s, rope);
   };
-  p.forward = [forward = p.forward_rotated](float* out, float* lse, const float* q, const float* k,
-                                            const float* v, const AttentionShape& s) {
-    forward(out, lse, q, k, v, s, {});
+  p.forward = [fake](float* out, float* lse, const float* q, const float*, const float*,
+                     const AttentionShape& s) {
+    const std::int64_t hd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
+    const std::vector<float> x = rotated(
+        *fake, q, s, {}, 0,
+        fake->fault == Fault::kForwardReadsZeros || fake->fault == Fault::kUnrotatedReadsZeros);
+    fake->ops->attention_forward(out, lse, x.data(), x.data() + hd, x.data() + hd + kvd, s);
   };
   p.backward = [backward](float* dq, float*, float*, const float* dout, const float* out,
                           const float* lse, const float* q, const float*, const float*,
@@ -155,6 +162,27 @@ QkvAlonePath path(Backend& backend, DType type, Fault fault) {
     testing::paired_product(*fake, *fake->ops, ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
                             fake->fault == Fault::kZerosAsB,
                             fake->fault == Fault::kProductTwoUnitsOff ? 11 : -1);
+  };
+  // The product plus its bias in fp32 (the verified gemm_bias), rounded once into a companion kept
+  // alone (without the bias: kBiasLeftOut).
+  p.gemm_bias = [fake](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const float* bias, float* c) {
+    const std::vector<float> a_in = fake->read(a, (ta ? k : m) * lda);
+    const std::vector<float> b_in = fake->read(b, (tb ? n : k) * ldb);
+    std::vector<float> product(static_cast<std::size_t>(m * n));
+    const std::vector<float> none(static_cast<std::size_t>(n), 0.0f);
+    const bool left_out = fake->fault == Fault::kBiasLeftOut;
+    fake->ops->gemm_bias(ta, tb, m, n, k, a_in.data(), lda, b_in.data(), ldb,
+                         left_out ? none.data() : bias, product.data());
+    const FakePair* f = fake->pair_of(c, m * n);
+    if (f == nullptr || !f->alone) {
+      std::copy(product.begin(), product.end(), c);
+      return;
+    }
+    std::uint16_t* narrow = f->narrow + (c - f->wide);
+    for (std::int64_t i = 0; i < m * n; ++i)
+      narrow[i] = to16(product[static_cast<std::size_t>(i)], fake->type);
   };
   p.finish = [fake] {
     if (fake->fault == Fault::kFails) return Status(ErrorCode::kInternal, "the kernel failed");
@@ -237,6 +265,11 @@ TEST(QkvAloneCheck, EachFaultFailsNamingWhatWentWrong) {
           {Fault::kForwardReadsZeros, kWhole + ", the rotated forward's out["},
           {Fault::kBackwardReadsZeros,
            kWhole + ", the rotated backward's dq, dk, dv (side by side)["},
+          {Fault::kBiasLeftOut,
+           "partial rotary width (head size 64, rotary width 32, 2 x 23 tokens): the 16-bit q, k, "
+           "v (with their bias)'s element"},
+          {Fault::kUnrotatedReadsZeros,
+           "no rotation (head size 64, rotary width 0, 2 x 24 tokens), the forward's out["},
           {Fault::kFails, "the kernel failed"},
       });
 }

@@ -42,8 +42,10 @@
 #include "backend/norm_grad_check.h"
 #include "backend/qkv_alone_check.h"
 #include "backend/rope_check.h"
+#include "common/address_range.h"
 #include "common/fault_points.h"
 #include "config/config.h"
+#include "kernels/cpu/cast.h"
 #include "model/runner.h"
 #include "tests/model/tiny_models.h"
 #include "tests/support/emulated_cuda/emulated_cuda.h"
@@ -149,6 +151,7 @@ struct TrainedRun {
   std::int64_t qkv_grad_writes = -1;         // the qkv_grad_16bit_alone path's, where it is on
   std::int64_t qkv_grad_bias_reads = -1;     // its bias gradients reading it, likewise
   std::int64_t qkv_alone_reads = -1;         // the qkv_16bit path's, where it is on
+  std::int64_t bias_alone_writes = -1;       // its biased products (CudaOps::bias_alone_writes)
   std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
 };
 
@@ -189,6 +192,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
   }
   if (const auto* ops = dynamic_cast<const backend::CudaOps*>(&trainer->backend().ops_f32())) {
     run.qkv_grad_bias_reads = ops->qkv_grad_bias_reads();
+    run.bias_alone_writes = ops->bias_alone_writes();
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -847,8 +851,66 @@ TEST(EmulatedCudaStepFallback, QkvIn16BitsTrackTheFp32Qkv) {
   const std::int64_t qkv = (2 + 2 * 1) * 64;  // q's 2 heads, k's and v's 1, of 64
   EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
             static_cast<std::uint64_t>(layers * rows * qkv) * 2);
-  const TrainedRun gpt2 = train("gpt2", kTiers[0], true, dir.path() + "/gpt2", 1);
-  EXPECT_EQ(gpt2.qkv_alone_reads, 0);
+}
+
+// A step's kernels without the bias added to each block's qkv product by a kernel of its own (the
+// add_bias_kernel right before the attention's staging, cast_block_kernel): what GPT-2's step runs
+// with q, k and v in 16 bits, whose product adds its bias before the rounding. *removed counts
+// them.
+std::vector<std::string> without_qkv_bias_adds(const std::vector<std::string>& log,
+                                               std::int64_t* removed) {
+  std::vector<std::string> kept;
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    if (log[i] == "add_bias_kernel" && i + 1 < log.size() && log[i + 1] == "cast_block_kernel") {
+      ++*removed;
+      continue;
+    }
+    kept.push_back(log[i]);
+  }
+  return kept;
+}
+
+// GPT-2's q, k and v in 16 bits alone (qkv_16bit), its projection with a bias, against the path
+// refused at start (the product and its bias in fp32, rounded by the attention's staging): the
+// product adds the bias to each fp32 result before rounding it once, the bits the staging rounded
+// from the fp32 array, and GPT-2's attention does not rotate them, so the losses and state are the
+// same to the bit. The same kernels in the same order but the bias kernel after each block's qkv
+// product (the product adds it) and the staging copying q, k and v's 16 bits
+// (cast_block_16_kernel, three per attention call) where it rounded the fp32 values
+// (cast_block_kernel); no cast before a GEMM; one biased product written alone and two attention
+// calls reading it per block and micro-batch; and exactly 2 bytes per element of q, k and v fewer
+// on the device, in each layer's saved activations.
+TEST(EmulatedCudaStepFallback, Gpt2QkvIn16BitsWithTheirBiasGiveTheSameBits) {
+  testing::TempDir dir;
+  const TrainedRun narrow = train("gpt2", kTiers[0], true, dir.path() + "/narrow", 2);
+  const TrainedRun wide =
+      train_refused(backend::kQkvAloneName, "gpt2", kTiers[0], true, dir.path() + "/wide", 2);
+  ASSERT_EQ(narrow.launches.size(), 2u);
+  ASSERT_EQ(wide.launches.size(), 2u);
+  EXPECT_TRUE(testing::same_bits(wide.state, narrow.state));
+  EXPECT_EQ(wide.losses, narrow.losses);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::string> renamed = narrow.launches[step];
+    for (std::string& k : renamed) {
+      if (k == "cast_block_16_kernel") k = "cast_block_kernel";
+    }
+    std::int64_t removed = 0;
+    EXPECT_EQ(renamed, without_qkv_bias_adds(wide.launches[step], &removed)) << "step " << step + 1;
+    EXPECT_EQ(removed, blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(narrow.launches[step], "cast_block_16_kernel"), 3 * 2 * blocks)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(wide.launches[step], "cast_block_16_kernel"), 0)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(narrow.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(narrow.qkv_alone_reads, 2 * 2 * blocks);
+  EXPECT_EQ(narrow.bias_alone_writes, 2 * blocks);
+  EXPECT_EQ(wide.qkv_alone_reads, -1);
+  EXPECT_EQ(wide.bias_alone_writes, 0);
+  const std::int64_t qkv = 3 * 128;
+  EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
+            static_cast<std::uint64_t>(layers * rows * qkv) * 2);
 }
 
 // The gradient of the blocks' norm outputs in 16 bits alone (norm_grad_16bit) against the path
@@ -1570,11 +1632,16 @@ TEST(EmulatedCudaBackend, InPlaceRewritesKeepACompanionCurrent) {
 // A product written in 16 bits (the head's logits, the Llama family's gate and up) whose B has no
 // 16-bit copy and does not fit the conversion workspace beside A is multiplied in blocks of its n
 // columns (a multiple of 8, each over all of k): the bits of the one call a larger workspace makes.
+// With a bias (gemm_bias writing an output kept in 16 bits alone, as GPT-2's qkv projection does),
+// each block of columns adds its own part of the bias: the same bits each way, and those of the
+// fp32 product plus its bias rounded on the host.
 TEST(EmulatedCudaBackend, AProductWrittenIn16BitsConvertsALargeBInBlocksOfColumns) {
   const std::int64_t m = 8, n = 200, k = 256;  // B: 51200 elements
   struct Run {
     std::int64_t gemms = 0;
     std::vector<std::uint16_t> c;
+    std::vector<std::uint16_t> biased;  // gemm_bias into an output kept alone
+    std::vector<float> wide;            // gemm_bias in fp32
   };
   auto product = [&](std::uint64_t workspace_bytes) {
     backend::CudaBackendOptions options = small_options(cuda::GemmPrecision::kBf16);
@@ -1603,6 +1670,31 @@ TEST(EmulatedCudaBackend, AProductWrittenIn16BitsConvertsALargeBInBlocksOfColumn
     EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
     for (const std::string& kernel : emu::launch_log())
       run.gemms += emu::kernel_family(kernel) == "gemm";
+    // The same product plus a bias, written into an output kept alone, and in fp32.
+    std::vector<float> bias(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < bias.size(); ++i)
+      bias[i] = std::cos(0.21f * static_cast<float>(i)) * 1.7f;
+    auto bias_device = b.allocate_device(static_cast<std::uint64_t>(n) * 4, "bias");
+    auto wide = b.allocate_device(static_cast<std::uint64_t>(m * n) * 4, "wide");
+    auto key = AddressRange::reserve(static_cast<std::uint64_t>(m * n) * 4, "key");
+    EXPECT_TRUE(bias_device.is_ok() && wide.is_ok() && key.is_ok());
+    if (!bias_device.is_ok() || !wide.is_ok() || !key.is_ok()) return run;
+    EXPECT_TRUE(
+        b.copy_async(StreamKind::kCompute, bias_device->data(), bias.data(), bias.size() * 4)
+            .is_ok());
+    auto* alone = static_cast<float*>(key->begin());
+    EXPECT_TRUE(ops.pair_narrow_alone(alone, out->data(), m * n));
+    ops.gemm_bias(false, true, m, n, k, x, k, x + m * k, k, bias_device->as<float>(), alone);
+    ops.gemm_bias(false, true, m, n, k, x, k, x + m * k, k, bias_device->as<float>(),
+                  wide->as<float>());
+    run.biased.resize(static_cast<std::size_t>(m * n));
+    run.wide.resize(static_cast<std::size_t>(m * n));
+    EXPECT_TRUE(
+        b.copy_async(StreamKind::kCompute, run.biased.data(), out->data(), m * n * 2).is_ok());
+    EXPECT_TRUE(
+        b.copy_async(StreamKind::kCompute, run.wide.data(), wide->data(), m * n * 4).is_ok());
+    EXPECT_TRUE(b.synchronize(StreamKind::kCompute).is_ok());
+    ops.unpair_narrow(alone);
     return run;
   };
   const Run whole = product(4u << 20);
@@ -1611,6 +1703,13 @@ TEST(EmulatedCudaBackend, AProductWrittenIn16BitsConvertsALargeBInBlocksOfColumn
   EXPECT_EQ(blocks.gemms, 2);  // 120 columns, then 80
   ASSERT_EQ(blocks.c.size(), whole.c.size());
   EXPECT_EQ(blocks.c, whole.c);
+  ASSERT_EQ(whole.biased.size(), static_cast<std::size_t>(m * n));
+  EXPECT_EQ(blocks.biased, whole.biased);
+  std::vector<std::uint16_t> rounded(whole.wide.size());
+  kernels::cast_array(rounded.data(), kernels::DType::kBF16, whole.wide.data(),
+                      kernels::DType::kF32, static_cast<std::int64_t>(rounded.size()));
+  EXPECT_EQ(whole.biased, rounded);
+  EXPECT_NE(whole.biased, whole.c) << "the bias was not added";
 }
 
 // A product too large for the conversion workspace is cut into blocks; an operand with its 16-bit

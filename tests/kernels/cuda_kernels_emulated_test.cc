@@ -865,6 +865,50 @@ TEST(EmulatedKernels, FallbackGemmWritesItsResultRoundedTo16Bits) {
   }
 }
 
+// A bias (GPT-2's qkv projection written in 16 bits): each element the kernel's fp32 product plus
+// its column's bias in fp32 (what add_bias adds to a stored product), rounded once to nearest even,
+// bit for bit; in fp32 the same sums; the padding past n in each row untouched.
+TEST(EmulatedKernels, FallbackGemmAddsItsBiasBeforeTheRounding) {
+  const std::int64_t m = 19, n = 41, k = 36, ldc = n + 5;
+  const std::vector<float> a = random_floats(m * k, 27), b = random_floats(n * k, 28);
+  const std::vector<float> bias = random_floats(n, 29, -2.0f, 2.0f);
+  std::vector<float> product(static_cast<std::size_t>(m * ldc), 0.0f);
+  ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+                              product.data(), ldc, kCodeF32),
+            0);
+  std::vector<float> sums = product;
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j)
+      sums[static_cast<std::size_t>(r * ldc + j)] += bias[static_cast<std::size_t>(j)];
+  }
+  std::vector<float> wide(product.size(), 7.0f);
+  ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+                              wide.data(), ldc, kCodeF32, kCodeF32, bias.data()),
+            0);
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const auto i = static_cast<std::size_t>(r * ldc + j);
+      ASSERT_EQ(wide[i], j < n ? sums[i] : 7.0f) << "fp32 element " << i;
+    }
+  }
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    std::vector<std::uint16_t> c16(product.size(), 0x7777);
+    ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                                0.0f, c16.data(), ldc, kCodeF32, code, bias.data()),
+              0);
+    std::vector<std::uint16_t> want(product.size());
+    kernels::cast_array(want.data(), type, sums.data(), kernels::DType::kF32,
+                        static_cast<std::int64_t>(sums.size()));
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < ldc; ++j) {
+        const auto i = static_cast<std::size_t>(r * ldc + j);
+        ASSERT_EQ(c16[i], j < n ? want[i] : 0x7777) << "code " << code << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(EmulatedKernels, AdamIsTheCpusBitsAndSkipsNonFiniteTiles) {
   const std::size_t n = 3000;
   std::vector<float> p = random_floats(n, 20), m = random_floats(n, 21, -0.01f, 0.01f);

@@ -359,8 +359,8 @@ TEST(RunSettings, QkvGradientsIn16BitsAloneAreCountedAsSuch) {
 }
 
 // Each block's q, k and v kept in 16 bits alone (RunnerOptions::narrow_qkv) are counted as such: 2
-// bytes per element of each layer's saved projection in place of 4. Only with the activations kept
-// alone, only for the Llama family without q/k norms or a qkv bias, not without the companions;
+// bytes per element of each layer's saved projection in place of 4, in both families, with a qkv
+// bias too. Only with the activations kept alone, not with q/k norms, not without the companions;
 // the settings alone leave it off.
 TEST(RunSettings, QkvIn16BitsAloneAreCountedAsSuch) {
   config::Config c;
@@ -380,7 +380,13 @@ TEST(RunSettings, QkvIn16BitsAloneAreCountedAsSuch) {
   // granules.
   const auto qkv = static_cast<std::uint64_t>(2 * 16 * model::qkv_width(llama));
   auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
-  EXPECT_EQ(device(llama, with) - device(llama, narrow),
+  const auto saved = [&](const model::ModelShape& shape) {
+    const auto elements = static_cast<std::uint64_t>(2 * 16 * model::qkv_width(shape));
+    return static_cast<std::uint64_t>(shape.num_layers) *
+           (granule(elements * 4) - granule(elements * 2));
+  };
+  EXPECT_EQ(device(llama, with) - device(llama, narrow), saved(llama));
+  EXPECT_EQ(saved(llama),
             static_cast<std::uint64_t>(llama.num_layers) * (granule(qkv * 4) - granule(qkv * 2)));
   for (bool model::RunnerOptions::*needed :
        {&model::RunnerOptions::narrow_alone, &model::RunnerOptions::narrow_companions}) {
@@ -393,9 +399,9 @@ TEST(RunSettings, QkvIn16BitsAloneAreCountedAsSuch) {
   EXPECT_EQ(device(qk_norm, narrow), device(qk_norm, with));
   model::ModelShape qkv_bias = llama;
   qkv_bias.arch.qkv_bias = true;
-  EXPECT_EQ(device(qkv_bias, narrow), device(qkv_bias, with));
+  EXPECT_EQ(device(qkv_bias, with) - device(qkv_bias, narrow), saved(qkv_bias));
   const model::ModelShape gpt2 = testing::tiny_gpt2(false);
-  EXPECT_EQ(device(gpt2, narrow), device(gpt2, with));
+  EXPECT_EQ(device(gpt2, with) - device(gpt2, narrow), saved(gpt2));
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_qkv);
 }
 

@@ -1013,13 +1013,13 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "gate/up projection's two products",
         [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
   }
-  // Each block's q, k and v in 16 bits alone where the attention rotates them, written so by their
-  // product and read so (widened) by the rotated staging: within 1 unit in the last place of the
-  // verified product rounded, and the attention's bits on those values. Then their gradient,
-  // written into its companion only by the attention's backward and read there by its products
-  // (and GPT-2's bias gradient): the bits of the companion kept beside the fp32 array. Each at one
-  // head size the attention took (the staging does not depend on it); the gradient's check runs
-  // rotated cases too, so it needs rope_in_attention even for GPT-2.
+  // Each block's q, k and v in 16 bits alone, written so by their product (with its bias where it
+  // has one) and read so (widened) by the attention's staging, rotating or not: within 1 unit in
+  // the last place of the verified product rounded, and the attention's bits on those values.
+  // Then their gradient, written into its companion only by the attention's backward and read
+  // there by its products (and GPT-2's bias gradient): the bits of the companion kept beside the
+  // fp32 array. Each at one head size the attention took (the staging does not depend on it); both
+  // checks run rotated cases too, so they need rope_in_attention even for GPT-2.
   // Why neither applies (the same conditions for both; empty: they do).
   std::string qkv_not_applicable;
   if (!activations_alone) {
@@ -1046,9 +1046,9 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
     ops_->use_qkv_alone(true);
     ops_->use_qkv_alone(fast_paths_.adopt(
         kQkvAloneName, kQkvAloneReplaces,
-        "each block's q, k and v (where the attention rotates them) written in 16 bits by their "
-        "product (fp32 accumulation rounded once; no fp32 array is allocated for them) and read "
-        "so, widened, by the 16-bit attention's staging",
+        "each block's q, k and v written in 16 bits by their product (fp32 accumulation, plus "
+        "the bias where the projection has one, rounded once; no fp32 array is allocated for "
+        "them) and read so, widened, by the 16-bit attention's staging",
         [&] { return qkv_checked(kQkvAloneName, check_qkv_alone); }));
   }
   if (!qkv_not_applicable.empty()) {

@@ -76,6 +76,14 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         const float* bias, float* c) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
   bias = param(bias, n);
+  if (m > 0 && n > 0 && alone(c, m * n)) {
+    // An output kept in 16 bits alone (keeps_qkv_alone: a qkv projection with a bias): the product
+    // plus the bias in fp32, rounded once into its companion.
+    ++bias_alone_writes_;
+    sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, narrow_for(c, m * n).p,
+                                 n, bias));
+    return;
+  }
   if (!epilogue_done(gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c))) {
     add_bias(c, bias, m, n);  // C holds the product alone
   }
@@ -425,7 +433,7 @@ bool CudaOps::keeps_qkv_grad_alone(const backend::AttentionShape& s) const {
 }
 
 bool CudaOps::keeps_qkv_alone(const backend::AttentionShape& s) const {
-  return qkv_alone_ && keeps_attention_typed_alone() && attention_rotates(s);
+  return qkv_alone_ && keeps_attention_typed_alone() && takes_flash(s);
 }
 
 bool CudaOps::attention_rotates(const backend::AttentionShape& shape) const {

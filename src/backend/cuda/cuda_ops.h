@@ -237,12 +237,15 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t qkv_grad_writes() const { return qkv_grad_writes_; }
   std::int64_t qkv_grad_bias_reads() const { return qkv_grad_bias_reads_; }
   // Each block's q, k and v kept in 16 bits alone too (fast path qkv_16bit; off by default): only
-  // with keeps_narrow_alone(), for shapes whose attention rotates, where the attention's 16-bit
-  // type is the companions'.
+  // with keeps_narrow_alone(), for shapes the 16-bit attention takes (its staging then reads them),
+  // where the attention's 16-bit type is the companions'. Whether a block's attention must rotate
+  // them is the model's to say (model::keeps_qkv_alone).
   void use_qkv_alone(bool on) { qkv_alone_ = on; }
   bool keeps_qkv_alone(const backend::AttentionShape& shape) const override;
-  // Attention calls (forward and backward) that read q, k and v kept in 16 bits alone.
+  // Attention calls (forward and backward) that read q, k and v kept in 16 bits alone, and
+  // gemm_bias calls that wrote an output kept so (the product and its bias rounded once).
   std::int64_t qkv_alone_reads() const { return qkv_alone_reads_; }
+  std::int64_t bias_alone_writes() const { return bias_alone_writes_; }
   void reset_gradient_reads() {
     attention_grad_reads_ = 0;
     swiglu_grad_reads_ = 0;
@@ -251,6 +254,7 @@ class CudaOps final : public backend::Ops<float> {
     qkv_grad_writes_ = 0;
     qkv_grad_bias_reads_ = 0;
     qkv_alone_reads_ = 0;
+    bias_alone_writes_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -373,6 +377,7 @@ class CudaOps final : public backend::Ops<float> {
   std::int64_t qkv_grad_writes_ = 0;
   std::int64_t qkv_grad_bias_reads_ = 0;
   bool qkv_alone_ = false;
+  std::int64_t bias_alone_writes_ = 0;
   std::int64_t qkv_alone_reads_ = 0;
   std::int64_t narrow_logit_rows_ = 0;
   bool kept_apart_ = false;
