@@ -297,7 +297,8 @@ Result<const void*> GemmEngine::operand_16(const float* x, std::int64_t rows, st
 
 Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                              std::int64_t ldb, void* c, std::int64_t ldc, const float* bias) {
+                              std::int64_t ldb, void* c, std::int64_t ldc, const float* bias,
+                              const float* bias_home) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
   if (!cuda::converts_operands(config_.precision)) {
     return Status(ErrorCode::kUnavailable,
@@ -309,6 +310,31 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
   std::int64_t lda16 = 0, ldb16 = 0;
   STRATA_ASSIGN_OR_RETURN(const void* a16, operand_16(a, trans_a ? k : m, trans_a ? m : k, lda,
                                                       &lda16, &workspace, "A operand"));
+  // cuBLASLt's bias is of D's type: a weight's 16-bit twin where it has one (an activation's
+  // companion holds values rounded, so it is not one), else the fp32 bias rounded into the
+  // workspace (a parameter's values: exact).
+  const bool epilogue = bias != nullptr && bias_epilogue_ && api_ != nullptr && k > 0;
+  const std::uint16_t* bias16 = nullptr;
+  if (epilogue) {
+    bool rounded = false;
+    bias16 = static_cast<const std::uint16_t*>(
+        twin_of(bias_home != nullptr ? bias_home : bias, 1, n, n, code, &rounded));
+    if (bias16 == nullptr || rounded) {
+      const std::int64_t start = block_start(workspace);
+      if (start + n > config_.convert_elements) {
+        return Status(ErrorCode::kUnavailable,
+                      fmt::format("a product written in 16 bits needs its bias ({} values) in 16 "
+                                  "bits beside its A operand: the conversion workspace ({} "
+                                  "elements) is too small",
+                                  n, config_.convert_elements));
+      }
+      std::uint16_t* dst = static_cast<std::uint16_t*>(config_.convert_workspace) + start;
+      STRATA_TRY(
+          STRATA_CUDA_CHECK(cuda_kernels::cast_block_to_16(stream_, dst, code, n, bias, n, 1, n)));
+      workspace = dst + n;
+      bias16 = dst;
+    }
+  }
   // B without a 16-bit copy that does not fit the workspace beside A is converted and multiplied
   // in blocks of its n columns of the product (each output still sums all of k and is rounded
   // once), of a multiple of 8 columns where it can, so that every block of C stays 16-byte aligned.
@@ -318,13 +344,6 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
       room >= k) {
     block = room / k >= 8 ? room / k / 8 * 8 : room / k;
   }
-  // A weight's bias has its 16-bit twin (its exact values); an activation's companion holds values
-  // rounded, so it is not one.
-  bool rounded = false;
-  const auto* bias16 =
-      bias != nullptr ? static_cast<const std::uint16_t*>(twin_of(bias, 1, n, n, code, &rounded))
-                      : nullptr;
-  if (rounded) bias16 = nullptr;
   for (std::int64_t j = 0; j < n; j += block) {
     const std::int64_t cols = std::min(block, n - j);
     std::uint16_t* ws = workspace;  // each block's B converted at the same place, in stream order
@@ -337,16 +356,17 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
                      code, {}, code));
       continue;
     }
-    if (bias_epilogue_) {
+    if (epilogue) {
       bool applied = false;
-      GemmEpilogue epilogue{bias + j, nullptr, &applied};
-      if (bias16 != nullptr) epilogue.bias16 = bias16 + j;
+      GemmEpilogue with{bias + j, nullptr, &applied};
+      with.bias16 = bias16 + j;
       STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
-                     code, epilogue, code));
+                     code, with, code));
       ++(applied ? bias_fused_ : bias_unfused_);
     } else {
       STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
                           ldc, code, code, bias + j));
+      if (bias_epilogue_) ++bias_unfused_;
     }
   }
   return Status::ok();

@@ -40,8 +40,8 @@ struct GemmEpilogue {
   float* aux = nullptr;
   bool* applied = nullptr;
   bool dgelu = false;
-  // With a 16-bit C (a bias alone): the bias's 16-bit twin of C's type (a weight's, holding exactly
-  // its values), which cuBLASLt then reads as a bias of C's type; null: it reads the fp32 bias.
+  // With a 16-bit C (a bias alone): the bias in C's type, which cuBLASLt then reads (its bias type
+  // is D's); the fallback kernel reads the fp32 `bias`.
   const void* bias16 = nullptr;
 };
 
@@ -73,14 +73,18 @@ class GemmEngine {
   // otherwise), and kUnavailable where A to convert does not fit the workspace whole, or not one
   // column of B beside it.
   // With `bias` (n fp32 values, or null) each output is the product plus its column's bias, rounded
-  // once: cuBLASLt's BIAS epilogue with a 16-bit D where the bias epilogue is on
-  // (use_bias_epilogue) and cuBLASLt has an algorithm for it (reading the bias's 16-bit twin where
-  // it has one, as a weight's parameters do: exactly its values; else the fp32 bias), otherwise the
-  // fallback kernel adding the fp32 bias to each fp32 result before rounding it (the bits of the
-  // fp32 product, add_bias and a rounding after it). Counted in bias_fused / bias_unfused.
+  // once. Where the bias epilogue is on (use_bias_epilogue) and cuBLASLt is used: cuBLASLt's BIAS
+  // epilogue with a 16-bit D, whose bias is of D's type: the bias's 16-bit twin, looked up at
+  // `bias_home` (where the bias lies in a unit's compute copy; null: at `bias`), or else the bias
+  // rounded into the conversion workspace. Both hold exactly its values where it holds 16-bit
+  // values, as a parameter widened from its 16-bit copy does. Otherwise, or where cuBLASLt has no
+  // algorithm for it, the fallback kernel adds the fp32 bias to each fp32 result before rounding
+  // it (the bits of the fp32 product, add_bias and a rounding after it). Counted in bias_fused /
+  // bias_unfused while the epilogue is on.
   Status gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
-                    std::int64_t ldc, const float* bias = nullptr);
+                    std::int64_t ldc, const float* bias = nullptr,
+                    const float* bias_home = nullptr);
   // C = alpha op(A) op(B) + beta C (fp32) with A given in the products' 16-bit type (an array
   // written by gemm_to_16 or a 16-bit kernel), B as for gemm_to_16.
   Status gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -27,7 +27,8 @@
 // accumulation, plus its bias in fp32 where it has one, rounded once, as autocast's bf16 projection
 // rounds its output) and the attention's staging reads those 16 bits, widened, where it rounded the
 // fp32 values before (rotating q and k as it rounds them again where RoPE rides in it, copying the
-// rest). Its check, the projection with a bias in the last two cases, asks for each 16-bit element
+// rest). Its check, the projection with a bias (of 16-bit values, as a parameter's are) in the last
+// two cases, asks for each 16-bit element
 // within 1 unit in the last place of the verified fp32 product (the backend's own gemm or
 // gemm_bias) rounded, then the forward (out, lse) and backward (dq, dk, dv), rotated or not,
 // reading q, k and v kept alone, bit for bit what they give on fp32 arrays holding those 16-bit
