@@ -24,6 +24,22 @@ cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float
   return run_gelu_backward(CudaLauncher{s}, dx, x, dout, n, narrow);
 }
 
+cudaError_t gelu_forward_16(cudaStream_t s, float* out, const void* x, int code, std::int64_t n,
+                            Narrow narrow) {
+  if (!gelu_16_valid(out, narrow)) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  return run_gelu_forward_16(CudaLauncher{s}, out, static_cast<const std::uint16_t*>(x), code, n,
+                             narrow);
+}
+
+cudaError_t gelu_backward_16(cudaStream_t s, float* dx, const void* x, int code, const float* dout,
+                             std::int64_t n, Narrow narrow) {
+  if (!gelu_16_valid(dx, narrow)) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  return run_gelu_backward_16(CudaLauncher{s}, dx, static_cast<const std::uint16_t*>(x), code, dout,
+                              n, narrow);
+}
+
 cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
                            std::int64_t inner, Narrow narrow) {
   if (rows * inner <= 0) return cudaSuccess;

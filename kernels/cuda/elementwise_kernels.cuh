@@ -119,6 +119,31 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dou
   }
 }
 
+// GELU's forward and backward reading its input x (the pre-activation, kept in 16 bits: `code`)
+// widened: the bits of gelu_forward_kernel and gelu_backward_kernel on the widened values. The
+// forward's `out` may be null with a companion (the activation kept in 16 bits alone). The backward
+// assigns dx = GELU'(x) dout, as gelu_backward_kernel accumulates it onto a zeroed dx (0 + the
+// product, so a -0 becomes +0 in both); its `dx` may be null with a companion: it writes the
+// companion alone (a gradient kept in 16 bits alone).
+__global__ void gelu_forward_16_kernel(float* out, const std::uint16_t* x, int code, std::int64_t n,
+                                       Narrow narrow) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float o = gelu_value(float_from_16_bits(x[i], code));
+    if (out != nullptr) out[i] = o;
+    store_narrow(narrow, i, o);
+  }
+}
+
+__global__ void gelu_backward_16_kernel(float* dx, const std::uint16_t* x, int code,
+                                        const float* dout, std::int64_t n, Narrow narrow) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    float v = 0.0f;
+    v += gelu_grad(float_from_16_bits(x[i], code)) * dout[i];
+    if (dx != nullptr) dx[i] = v;
+    store_narrow(narrow, i, v);
+  }
+}
+
 __device__ __forceinline__ float silu_sigmoid(float g) {
   return 1.0f / (1.0f + expf(-g));
 }
@@ -581,6 +606,25 @@ auto run_gelu_backward(const L& launch, float* dx, const float* x, const float* 
                        std::int64_t n, Narrow narrow = {}) {
   return launch(gelu_backward_kernel, elementwise_grid((n + 3) / 4), dim3(kElementwiseThreads), 0,
                 dx, x, dout, n, narrow);
+}
+
+// Whether a 16-bit GELU call's result has somewhere to go (its fp32 array, its companion or both).
+inline bool gelu_16_valid(const float* out, Narrow narrow) {
+  return out != nullptr || narrow.p != nullptr;
+}
+
+template <typename L>
+auto run_gelu_forward_16(const L& launch, float* out, const std::uint16_t* x, int code,
+                         std::int64_t n, Narrow narrow = {}) {
+  return launch(gelu_forward_16_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, out, x,
+                code, n, narrow);
+}
+
+template <typename L>
+auto run_gelu_backward_16(const L& launch, float* dx, const std::uint16_t* x, int code,
+                          const float* dout, std::int64_t n, Narrow narrow = {}) {
+  return launch(gelu_backward_16_kernel, elementwise_grid(n), dim3(kElementwiseThreads), 0, dx, x,
+                code, dout, n, narrow);
 }
 
 template <typename L>

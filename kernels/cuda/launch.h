@@ -33,6 +33,14 @@ cudaError_t gelu_forward(cudaStream_t s, float* out, const float* x, std::int64_
                          Narrow narrow = {});
 cudaError_t gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout,
                           std::int64_t n, Narrow narrow = {});
+// GELU's forward and backward on x (the pre-activation) in 16 bits (`code`, kCodeBF16 or
+// kCodeF16): the bits of gelu_forward and of gelu_backward onto a zeroed dx, on the widened values.
+// The backward assigns dx. Either's fp32 output may be null with a companion: it writes the
+// companion alone; null without one is cudaErrorInvalidValue.
+cudaError_t gelu_forward_16(cudaStream_t s, float* out, const void* x, int code, std::int64_t n,
+                            Narrow narrow = {});
+cudaError_t gelu_backward_16(cudaStream_t s, float* dx, const void* x, int code, const float* dout,
+                             std::int64_t n, Narrow narrow = {});
 cudaError_t swiglu_forward(cudaStream_t s, float* out, const float* gate_up, std::int64_t rows,
                            std::int64_t inner, Narrow narrow = {});
 cudaError_t swiglu_backward(cudaStream_t s, float* dgate_up, const float* gate_up,

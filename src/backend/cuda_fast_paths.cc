@@ -6,6 +6,7 @@
 #include "backend/attention_alone_check.h"
 #include "backend/attention_check.h"
 #include "backend/gate_up_check.h"
+#include "backend/gelu_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -35,6 +36,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kKeptApartName, kKeptApartReplaces},
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},
+      {kGelu16Name, kGelu16Replaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
       {kGateUpGradAloneName, kGateUpGradAloneReplaces},
       {kQkvAloneName, kQkvAloneReplaces},

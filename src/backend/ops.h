@@ -195,6 +195,30 @@ class Ops {
     (void)dgate_up, (void)gate_up, (void)dout, (void)rows, (void)inner;
     STRATA_ASSERT_MSG(false, "swiglu_backward_narrow on a backend without keeps_gate_up_narrow()");
   }
+  // Whether GPT-2's MLP pre-activation (fc, N x 4C, saved for GELU's backward) may be kept in
+  // narrow_type() alone (false, the default): gemm_bias_gelu_narrow writes it, and it and
+  // gemm_dgelu_narrow read it.
+  virtual bool keeps_gelu_narrow() const { return false; }
+  // pre16(m,n) (narrow_type(), contiguous) = op(A) op(B) + bias, the fp32 sum rounded once; act =
+  // GELU(pre16 widened), written as gelu_forward writes it (with its companion, or its companion
+  // alone where it is kept so). Only where keeps_gelu_narrow().
+  virtual void gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                                     std::int64_t ldb, const T* bias, void* pre16, T* act) {
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
+        (void)bias, (void)pre16, (void)act;
+    STRATA_ASSERT_MSG(false, "gemm_bias_gelu_narrow on a backend without keeps_gelu_narrow()");
+  }
+  // dpre(m,n) = (op(A) op(B)) * GELU'(pre16 widened), pre16 a gemm_bias_gelu_narrow output: the
+  // product into `scratch` (m x n, fp32), then GELU's backward writing dpre (with its companion
+  // where it has one). Only where keeps_gelu_narrow().
+  virtual void gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                 std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                                 std::int64_t ldb, const void* pre16, T* scratch, T* dpre) {
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
+        (void)pre16, (void)scratch, (void)dpre;
+    STRATA_ASSERT_MSG(false, "gemm_dgelu_narrow on a backend without keeps_gelu_narrow()");
+  }
   // C = alpha op(A) op(B) + beta C with A in narrow_type() (a gemm_to_narrow output).
   virtual void gemm_from_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                 std::int64_t k, T alpha, const void* a, std::int64_t lda,

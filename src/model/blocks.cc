@@ -95,7 +95,13 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
                         attention_shape(ctx, u.layer));
   ops.gemm_bias(false, false, n, c, c, a.att, c, p(kProjW), c, p(kProjB), a.res1);
   ops.add_layernorm_forward(a.res1, x, a.ln2, a.mean2, a.rstd2, p(kLn2W), p(kLn2B), n, c, eps);
-  ops.gemm_bias_gelu(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc, a.act);
+  if (a.fc16 != nullptr) {
+    // The pre-activation in 16 bits (the runner chose it: Ops::keeps_gelu_narrow).
+    ops.gemm_bias_gelu_narrow(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc16,
+                              a.act);
+  } else {
+    ops.gemm_bias_gelu(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc, a.act);
+  }
   ops.gemm_bias(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), out);
   ops.add(out, out, a.res1, n * c);
 }
@@ -109,7 +115,11 @@ void gpt2_backward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
   auto p = [&](int i) { return w + u.tensors[i].offset; };
   auto gp = [&](int i) { return g + u.tensors[i].offset; };
   // MLP: out = res1 + gelu(ln2 Wfc + bfc) Wproj + bproj
-  ops.gemm_dgelu(false, true, n, in, c, dout, c, p(kFcProjW), c, a.fc, s.dact, s.dfc);
+  if (a.fc16 != nullptr) {
+    ops.gemm_dgelu_narrow(false, true, n, in, c, dout, c, p(kFcProjW), c, a.fc16, s.dact, s.dfc);
+  } else {
+    ops.gemm_dgelu(false, true, n, in, c, dout, c, p(kFcProjW), c, a.fc, s.dact, s.dfc);
+  }
   ops.gemm(true, false, in, c, n, T(1), a.act, in, dout, c, T(1), gp(kFcProjW), c);
   ops.bias_backward(gp(kFcProjB), dout, n, c);
   ops.gemm(false, true, n, c, in, T(1), s.dfc, in, p(kFcW), in, T(0), s.dln, c);

@@ -41,8 +41,10 @@ struct BlockActs {
   T* mean2 = nullptr;    // (N)
   T* rstd2 = nullptr;    // (N)
   T* fc = nullptr;       // (N, fc_width): GPT-2 I (pre-GELU); Llama 2I ([gate | up])
-  // Llama (N, 2I) [gate | up] in the ops' narrow_type() in place of fc (RunnerOptions::
-  // narrow_gate_up; fc is then null): the product writes it in 16 bits, SwiGLU reads it so.
+  // fc in the ops' narrow_type() in place of the fp32 array (fc is then null): the Llama family's
+  // [gate | up] (RunnerOptions::narrow_gate_up), SwiGLU reading them so; GPT-2's pre-activation
+  // (RunnerOptions::narrow_gelu), GELU's forward and backward reading it so. The product writes it
+  // in 16 bits.
   void* fc16 = nullptr;
   T* act = nullptr;  // (N, I): GELU output / SwiGLU output
 };

@@ -174,7 +174,8 @@ Status ModelRunner<T>::allocate() {
   // them.
   const bool alone = keeps_alone();
   const bool attention_alone = keeps_attention_alone();
-  const bool gate_up_narrow = keeps_gate_up_narrow();
+  // The MLP's pre-activation in 16 bits: the Llama family's gate and up, GPT-2's fc.
+  const bool fc_narrow = keeps_gate_up_narrow() || keeps_gelu_narrow();
   // An fp32 array (`what`), or where it is kept in 16 bits alone an address range standing for it
   // (`kept`; its companion holds it).
   auto fp32_or_key = [&](T** p, std::int64_t elements, bool kept_alone, const char* what,
@@ -206,11 +207,11 @@ Status ModelRunner<T>::allocate() {
     STRATA_TRY(fp32_or_key(&a.ln2, n * c, alone, what, activation));
     STRATA_ASSIGN_OR_RETURN(a.mean2, alloc(n, what));
     STRATA_ASSIGN_OR_RETURN(a.rstd2, alloc(n, what));
-    if (gate_up_narrow) {
+    if (fc_narrow) {
       const std::int64_t bytes = n * fc_width(spec_) * 2;  // bf16 or fp16
       STRATA_ASSIGN_OR_RETURN(T * fc16,
                               alloc((bytes + static_cast<std::int64_t>(sizeof(T)) - 1) / sizeof(T),
-                                    "gate and up projections (16-bit)"));
+                                    "the MLP's pre-activation (16-bit)"));
       a.fc16 = fc16;
     } else {
       STRATA_ASSIGN_OR_RETURN(a.fc, alloc(n * fc_width(spec_), what));
@@ -286,6 +287,12 @@ template <typename T>
 bool ModelRunner<T>::keeps_gate_up_narrow() const {
   return options_.narrow_gate_up && options_.narrow_companions && spec_.family == Family::kLlama &&
          llama_block_slots(spec_).gate_up_b < 0 && (sizing_ || ops_->keeps_gate_up_narrow());
+}
+
+template <typename T>
+bool ModelRunner<T>::keeps_gelu_narrow() const {
+  return options_.narrow_gelu && options_.narrow_companions && spec_.family == Family::kGpt2 &&
+         (sizing_ || ops_->keeps_gelu_narrow());
 }
 
 template <typename T>
@@ -708,6 +715,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_qkv_grad = false;
   w.options.narrow_qkv = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
+  w.options.narrow_gelu = false;     // likewise
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

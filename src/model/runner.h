@@ -70,6 +70,12 @@ struct RunnerOptions {
   // narrow_companions, for the Llama family without an MLP bias, and only where the backend's ops
   // promise it (the trainer asks them); otherwise the fp32 fc.
   bool narrow_gate_up = false;
+  // GPT-2's MLP pre-activation (each block's fc, N x 4C) in the ops' 16-bit type
+  // (Ops::keeps_gelu_narrow, fast path gelu_16bit): written so by its product and bias, read so by
+  // GELU's forward and backward; memory_needed counts 2 bytes per element where the fp32 fc took
+  // 4. Only with narrow_companions, for GPT-2, and only where the backend's ops promise it (the
+  // trainer asks them); otherwise the fp32 fc.
+  bool narrow_gelu = false;
   // Each block's attention output (att, N x H*D) in the ops' 16-bit type alone too (Ops::
   // keeps_attention_alone, fast path attention_16bit_alone): written so by the 16-bit attention,
   // read so by its backward and its products; memory_needed counts 2 bytes per element. Only with
@@ -202,6 +208,8 @@ class ModelRunner {
   // Whether the Llama family's gate and up are kept in 16 bits alone
   // (RunnerOptions::narrow_gate_up).
   bool keeps_gate_up_narrow() const;
+  // Whether GPT-2's MLP pre-activation is kept in 16 bits (RunnerOptions::narrow_gelu).
+  bool keeps_gelu_narrow() const;
   // Whether the gradient of SwiGLU's output is kept in 16 bits alone too
   // (RunnerOptions::narrow_swiglu_grad).
   bool keeps_swiglu_grad_alone() const;

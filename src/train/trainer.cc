@@ -135,6 +135,8 @@ Status Trainer::setup() {
   runner.narrow_alone = runner.narrow_companions && backend_->ops_f32().keeps_narrow_alone();
   // The Llama family's gate and up projections in 16 bits alone likewise (gate_up_16bit).
   runner.narrow_gate_up = runner.narrow_companions && backend_->ops_f32().keeps_gate_up_narrow();
+  // GPT-2's MLP pre-activation in 16 bits likewise (gelu_16bit).
+  runner.narrow_gelu = runner.narrow_companions && backend_->ops_f32().keeps_gelu_narrow();
   // Each block's attention output in 16 bits alone too, where every layer's shape takes it
   // (attention_16bit_alone).
   runner.narrow_attention_alone =

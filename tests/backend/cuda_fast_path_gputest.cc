@@ -27,6 +27,7 @@
 #include "backend/attention_check.h"
 #include "backend/fast_path.h"
 #include "backend/gate_up_check.h"
+#include "backend/gelu_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -216,6 +217,29 @@ TEST(CudaFastPaths, AttentionOutputsKeptAloneAreOnWithTheFlashAttention) {
     EXPECT_FALSE(path->active) << name;
     EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
   }
+}
+
+// GPT-2's MLP pre-activation in 16 bits (the start-up check passed) with 16-bit GEMMs: the check
+// passes again on the backend's own Ops (cuBLASLt's bias epilogue writing the product's D in 16
+// bits, within 1 unit in the last place), counting 2 GELU calls for each of its 2 shapes. With fp32
+// GEMM inputs it does not apply.
+TEST(CudaFastPaths, GeluInputIn16BitsIsOnWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGelu16Name);
+    ASSERT_TRUE(path.has_value());
+    EXPECT_TRUE(path->active) << path->detail;
+    const NarrowGeluPath gelu =
+        ops_gelu_path(gpu.ops_f32(), [&] { return gpu.synchronize(StreamKind::kCompute); });
+    const Status s = check_narrow_gelu(gpu, gelu);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(find_path(gpu.fast_paths(), kGelu16Name)->uses - path->uses, 4);
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  const std::optional<FastPath> path = find_path(fp32.fast_paths(), kGelu16Name);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_FALSE(path->active);
+  EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 
 // The Llama family's gate and up in 16 bits alone (the start-up check passed) with 16-bit GEMMs,

@@ -36,6 +36,7 @@
 #include "backend/cuda_fast_paths.h"
 #include "backend/fast_path.h"
 #include "backend/gate_up_check.h"
+#include "backend/gelu_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -143,6 +144,7 @@ struct TrainedRun {
   std::int64_t rotated_attention_calls = -1;        // the rope_in_attention path's, where it is on
   std::int64_t alone_writes = -1;            // the activations_16bit_alone path's, where it is on
   std::int64_t narrow_swiglu_calls = -1;     // the gate_up_16bit path's, where it is on
+  std::int64_t narrow_gelu_calls = -1;       // the gelu_16bit path's, where it is on
   std::int64_t attention_alone_writes = -1;  // the attention_16bit_alone path's, where it is on
   std::int64_t attention_grad_reads = -1;    // the attention_grad_16bit path's, where it is on
   std::int64_t swiglu_grad_reads = -1;       // the swiglu_grad_16bit path's, where it is on
@@ -182,6 +184,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kRopeAttentionName && p.active) run.rotated_attention_calls = p.uses;
     if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
     if (p.name == backend::kGateUp16Name && p.active) run.narrow_swiglu_calls = p.uses;
+    if (p.name == backend::kGelu16Name && p.active) run.narrow_gelu_calls = p.uses;
     if (p.name == backend::kAttentionAloneName && p.active) run.attention_alone_writes = p.uses;
     if (p.name == backend::kAttentionGradAloneName && p.active) run.attention_grad_reads = p.uses;
     if (p.name == backend::kSwigluGradAloneName && p.active) run.swiglu_grad_reads = p.uses;
@@ -328,12 +331,14 @@ TEST_P(EmulatedCudaStep, EveryTierTracksTheCpuBackendWithTheSameBits) {
 }
 
 // The paths `names` refused at start, with the head's logits, the Llama family's gate and up, the
-// norms' output gradient and q, k and v in 16 bits: those paths need the weights' and the
+// norms' output gradient, q, k and v and GPT-2's MLP pre-activation in 16 bits: those paths need
+// the weights' and the
 // activations' 16-bit paths, and round what the fp32 paths keep, so runs compared bit for bit
 // against one without those refuse them too (SwiGLU's output gradient goes with gate and up).
 std::string refused_with_logits(const std::string& names) {
   const std::string rounding = std::string(backend::kLogits16Name) + "," + backend::kGateUp16Name +
-                               "," + backend::kNormGradAloneName + "," + backend::kQkvAloneName;
+                               "," + backend::kNormGradAloneName + "," + backend::kQkvAloneName +
+                               "," + backend::kGelu16Name;
   return names.empty() ? rounding : names + "," + rounding;
 }
 
@@ -853,6 +858,62 @@ TEST(EmulatedCudaStepFallback, QkvIn16BitsTrackTheFp32Qkv) {
             static_cast<std::uint64_t>(layers * rows * qkv) * 2);
 }
 
+// GPT-2's MLP pre-activation in 16 bits (gelu_16bit) against the path refused at start (the
+// product and its bias in fp32, read so by GELU's forward and backward): the product rounds the
+// pre-activation once, as autocast's bf16 c_fc does, and GELU reads those 16 bits both ways, so the
+// runs differ by that rounding alone: the first loss moves by it too (the forward reads the rounded
+// values), losses within 1e-4 of each other (relative) and updates within 10 % of the refused run's
+// norm. Per block and micro-batch: the forward's bias kernel fewer (the product adds the bias
+// before the rounding; the backward's zeroing of GELU's gradient, a memset and no kernel, goes too:
+// the 16-bit kernel assigns it), and GELU's two kernels their 16-bit forms; no cast before a GEMM;
+// two GELU calls on the 16 bits per block and micro-batch; and exactly 2 bytes per element of each
+// layer's pre-activation fewer on the device.
+TEST(EmulatedCudaStepFallback, Gpt2GeluInputIn16BitsTracksTheFp32Input) {
+  testing::TempDir dir;
+  const TrainedRun narrow = train("gpt2", kTiers[0], true, dir.path() + "/narrow", 2);
+  const TrainedRun wide =
+      train_refused(backend::kGelu16Name, "gpt2", kTiers[0], true, dir.path() + "/wide", 2);
+  ASSERT_EQ(narrow.launches.size(), 2u);
+  ASSERT_EQ(wide.launches.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_NEAR(narrow.losses[step], wide.losses[step], 1e-4 * wide.losses[step])
+        << "step " << step + 1;
+  }
+  EXPECT_NE(narrow.losses[0], wide.losses[0]) << "the pre-activation was not rounded";
+  const double difference = update_difference(narrow, wide);
+  EXPECT_LT(difference, 0.1);
+  EXPECT_GT(difference, 0.0);
+  std::printf(
+      "gpt2: GELU's input in 16 bits: losses %.6f %.6f (fp32 input %.6f %.6f); update differs by "
+      "%.4f of its norm\n",
+      narrow.losses[0], narrow.losses[1], wide.losses[0], wide.losses[1], difference);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    const auto& on = narrow.launches[step];
+    const auto& off = wide.launches[step];
+    EXPECT_EQ(emu::launches_of(on, "gelu_forward_16_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "gelu_backward_16_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(
+        emu::launches_of(on, "gelu_forward_kernel") + emu::launches_of(on, "gelu_backward_kernel"),
+        0)
+        << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "gelu_forward_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(off, "gelu_backward_kernel"), blocks) << "step " << step + 1;
+    EXPECT_EQ(emu::launches_of(on, "add_bias_kernel") + blocks,
+              emu::launches_of(off, "add_bias_kernel"))
+        << "step " << step + 1;
+    EXPECT_EQ(on.size() + blocks, off.size()) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(narrow.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(narrow.narrow_gelu_calls, 2 * 2 * blocks);
+  EXPECT_EQ(wide.narrow_gelu_calls, -1);
+  const std::int64_t inner = 4 * 128;
+  EXPECT_EQ(wide.device_in_use - narrow.device_in_use,
+            static_cast<std::uint64_t>(layers * rows * inner) * 2);
+  const TrainedRun llama = train("llama", kTiers[0], true, dir.path() + "/llama", 1);
+  EXPECT_EQ(llama.narrow_gelu_calls, 0);
+}
+
 // A step's kernels without the bias added to each block's qkv product by a kernel of its own (the
 // add_bias_kernel right before the attention's staging, cast_block_kernel): what GPT-2's step runs
 // with q, k and v in 16 bits, whose product adds its bias before the rounding. *removed counts
@@ -986,6 +1047,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["rope_in_attention"].active) << paths["rope_in_attention"].detail;
   EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
   EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
+  EXPECT_TRUE(paths["gelu_16bit"].active) << paths["gelu_16bit"].detail;
   EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
   EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;

@@ -565,6 +565,69 @@ TEST(EmulatedKernels, ElementwiseInGroupsOfFourGiveTheBitsOfOneAtATime) {
   expect_all_close("swiglu vs cpu", swiglu(0), want_s, kClose);
 }
 
+// GELU on its pre-activation in 16 bits gives, for both 16-bit types, the bits of the fp32 kernels
+// on the values widened (the backward's onto a zeroed dx, which the fp32 path zeroes first), with
+// its fp32 output and companion, or the companion alone; over 4 x 1 + 3 values (the fp32 kernels 4
+// at a time, then one) and at an offset of one (one at a time); a call with neither output is
+// refused. Against the CPU's GELU within fp32 rounding.
+TEST(EmulatedKernels, SixteenBitGeluGivesTheBitsOfTheFp32KernelsOnTheValuesWidened) {
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    for (const std::int64_t off : {0, 1}) {
+      const std::int64_t n = 4 * 37 + 3;
+      // The n values from `off` on (what the calls wrote).
+      const auto written = [off](const auto& v) {
+        return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + off,
+                                                                           v.end());
+      };
+      const std::vector<float> raw = random_floats(n + off, 71, -5.0f, 5.0f);
+      std::vector<std::uint16_t> x16(raw.size());
+      std::vector<float> widened(raw.size());
+      kernels::cast_array(x16.data(), type, raw.data(), kernels::DType::kF32, n + off);
+      kernels::cast_array(widened.data(), kernels::DType::kF32, x16.data(), type, n + off);
+      const std::vector<float> dout = random_floats(n + off, 72);
+      std::vector<float> want(n + off), got(n + off, -1.0f);
+      std::vector<std::uint16_t> want16(n + off), got16(n + off, 0xdead);
+      ASSERT_EQ(run_gelu_forward(kEmulator, want.data() + off, widened.data() + off, n,
+                                 Narrow{want16.data() + off, code}),
+                0);
+      ASSERT_EQ(run_gelu_forward_16(kEmulator, got.data() + off, x16.data() + off, code, n,
+                                    Narrow{got16.data() + off, code}),
+                0);
+      expect_bitwise_equal("gelu 16-bit", written(got), written(want));
+      expect_bitwise_equal("gelu 16-bit (companion)", written(got16), written(want16));
+      std::fill(got16.begin(), got16.end(), 0xdead);
+      ASSERT_EQ(run_gelu_forward_16(kEmulator, nullptr, x16.data() + off, code, n,
+                                    Narrow{got16.data() + off, code}),
+                0);
+      expect_bitwise_equal("gelu 16-bit, companion alone", written(got16), written(want16));
+      std::vector<float> cpu(static_cast<std::size_t>(n));
+      kernels::gelu_forward(cpu.data(), widened.data() + off, n);
+      expect_all_close("gelu 16-bit vs cpu", written(got), cpu, Tolerance{1e-5, 1e-5});
+      // The backward: the fp32 kernel accumulates onto a zeroed dx.
+      std::vector<float> dwant(n + off, 0.0f), dgot(n + off, -1.0f);
+      std::vector<std::uint16_t> dwant16(n + off), dgot16(n + off, 0xdead);
+      ASSERT_EQ(run_gelu_backward(kEmulator, dwant.data() + off, widened.data() + off,
+                                  dout.data() + off, n, Narrow{dwant16.data() + off, code}),
+                0);
+      ASSERT_EQ(run_gelu_backward_16(kEmulator, dgot.data() + off, x16.data() + off, code,
+                                     dout.data() + off, n, Narrow{dgot16.data() + off, code}),
+                0);
+      expect_bitwise_equal("gelu backward 16-bit", written(dgot), written(dwant));
+      expect_bitwise_equal("gelu backward 16-bit (companion)", written(dgot16), written(dwant16));
+      std::fill(dgot16.begin(), dgot16.end(), 0xdead);
+      ASSERT_EQ(run_gelu_backward_16(kEmulator, nullptr, x16.data() + off, code, dout.data() + off,
+                                     n, Narrow{dgot16.data() + off, code}),
+                0);
+      expect_bitwise_equal("gelu backward 16-bit, companion alone", written(dgot16),
+                           written(dwant16));
+      EXPECT_FALSE(gelu_16_valid(nullptr, Narrow{}));
+      EXPECT_TRUE(gelu_16_valid(nullptr, Narrow{dgot16.data(), code}));
+      EXPECT_TRUE(gelu_16_valid(dgot.data(), Narrow{}));
+    }
+  }
+}
+
 // SwiGLU on gate and up in 16 bits gives, for both 16-bit types, the bits of the fp32 kernels on
 // the values widened, forward and backward (the backward's dout fp32, or 16-bit and widened too),
 // in rows of 36 columns (the fp32 kernels 4 at a time) and 33 (one at a time); and given a null

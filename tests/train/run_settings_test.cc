@@ -177,6 +177,40 @@ TEST(RunSettings, AttentionOutputsIn16BitsAloneAreCountedAsSuch) {
   }
 }
 
+// GPT-2's MLP pre-activation in 16 bits (RunnerOptions::narrow_gelu, which the trainer asks of the
+// backend's ops) is counted as such: 2 bytes per element of each block's fc where the fp32 fc took
+// 4. Not for the Llama family (its fc is [gate | up], narrow_gate_up's), not without the
+// companions; the settings alone leave it off.
+TEST(RunSettings, GeluInputIn16BitsIsCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  const model::RunnerOptions with = runner_options(c, gpt2, false);
+  ASSERT_TRUE(with.narrow_companions);
+  EXPECT_FALSE(with.narrow_gelu);
+  model::RunnerOptions narrow = with;
+  narrow.narrow_gelu = true;
+  const auto fc =
+      static_cast<std::uint64_t>(2 * 16) * static_cast<std::uint64_t>(gpt2.intermediate_size);
+  EXPECT_EQ(device(gpt2, with) - device(gpt2, narrow),
+            static_cast<std::uint64_t>(gpt2.num_layers) * (granule(fc * 4) - granule(fc * 2)));
+  const model::ModelShape llama = testing::tiny_llama(true);
+  model::RunnerOptions llama_narrow = runner_options(c, llama, false);
+  const std::uint64_t llama_bytes = device(llama, llama_narrow);
+  llama_narrow.narrow_gelu = true;
+  EXPECT_EQ(device(llama, llama_narrow), llama_bytes);
+  model::RunnerOptions plain = with, plain_narrow = narrow;
+  plain.narrow_companions = plain_narrow.narrow_companions = false;
+  EXPECT_EQ(device(gpt2, plain_narrow), device(gpt2, plain));
+  EXPECT_FALSE(model::without_companions(gpt2, narrow).options.narrow_gelu);
+}
+
 // The Llama family's gate and up in 16 bits alone (RunnerOptions::narrow_gate_up, which the
 // trainer asks of the backend's ops) are counted as such: 2 bytes per element of each block's fc
 // where the fp32 fc took 4. Not for GPT-2 (its fc is GELU's pre-activation), not with an MLP bias,

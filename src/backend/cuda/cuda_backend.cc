@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/memory_plan.h"
 #include "backend/gate_up_check.h"
+#include "backend/gelu_check.h"
 #include "backend/gemm_check.h"
 #include "backend/logits_check.h"
 #include "backend/norm_check.h"
@@ -293,6 +294,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->narrow_logit_rows();
       } else if (p.name == kGateUp16Name) {
         p.uses = ops_->narrow_swiglu_calls();
+      } else if (p.name == kGelu16Name) {
+        p.uses = ops_->narrow_gelu_calls();
       } else if (p.name == kActivations16AloneName) {
         p.uses = ops_->alone_writes();
       } else if (p.name == kAttentionAloneName) {
@@ -864,6 +867,19 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "the Llama family's [gate | up] written in 16 bits by their product (no MLP bias) and read "
         "so by SwiGLU's forward and backward; no fp32 gate and up",
         [&] { return check_narrow_gate_up(*this, gate_up); }));
+  }
+  // GPT-2's MLP pre-activation in 16 bits (Ops::keeps_gelu_narrow).
+  if (!operands_16) {
+    fast_paths_.not_applicable(kGelu16Name, kGelu16Replaces, operands_not_16);
+  } else {
+    const NarrowGeluPath gelu = ops_gelu_path(*ops_, ops_finished);
+    ops_->use_gelu_narrow(true);
+    ops_->use_gelu_narrow(fast_paths_.adopt(
+        kGelu16Name, kGelu16Replaces,
+        "GPT-2's MLP pre-activation written in 16 bits by its product and bias (fp32 accumulation "
+        "and bias rounded once) and read so by GELU's forward and backward; no fp32 "
+        "pre-activation",
+        [&] { return check_narrow_gelu(*this, gelu); }));
   }
   // The residual add fused into the norm after it: checked bit for bit against the two launches.
   ResidualNormPath two_launches, one_kernel;

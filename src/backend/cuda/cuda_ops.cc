@@ -75,13 +75,14 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         const float* bias, float* c) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  const float* home = bias;  // in the unit's compute copy, where its 16-bit twin is noted
   bias = param(bias, n);
   if (m > 0 && n > 0 && alone(c, m * n)) {
     // An output kept in 16 bits alone (keeps_qkv_alone: a qkv projection with a bias): the product
     // plus the bias in fp32, rounded once into its companion.
     ++bias_alone_writes_;
     sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, narrow_for(c, m * n).p,
-                                 n, bias));
+                                 n, bias, home));
     return;
   }
   if (!epilogue_done(gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c))) {
@@ -646,6 +647,38 @@ void CudaOps::gemm_to_narrow(bool trans_a, bool trans_b, std::int64_t m, std::in
   STRATA_ASSERT(logits_in_narrow() || keeps_gate_up_narrow());
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
   sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc));
+}
+
+void CudaOps::gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, const float* a, std::int64_t lda,
+                                    const float* b, std::int64_t ldb, const float* bias,
+                                    void* pre16, float* act) {
+  STRATA_ASSERT(keeps_gelu_narrow());
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  const float* home = bias;  // in the unit's compute copy, where its 16-bit twin is noted
+  bias = param(bias, n);
+  // The product and its bias rounded once into pre16, then GELU on those 16 bits.
+  sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre16, n, bias, home));
+  ++narrow_gelu_calls_;
+  const ck::Narrow narrow = narrow_for(act, m * n);
+  STRATA_OPS_CHECK(ck::gelu_forward_16(stream_, wide_out(act, m * n), pre16,
+                                       static_cast<int>(narrow_type_), m * n, narrow),
+                   "gelu_forward_16");
+  wrote(act, m * n, narrow);
+}
+
+void CudaOps::gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                                std::int64_t ldb, const void* pre16, float* scratch, float* dpre) {
+  STRATA_ASSERT(keeps_gelu_narrow());
+  gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch, n);
+  ++narrow_gelu_calls_;
+  STRATA_ASSERT_MSG(!alone(dpre, m * n), "GELU's gradient kept in 16 bits alone (no path for it)");
+  const ck::Narrow narrow = narrow_for(dpre, m * n);
+  STRATA_OPS_CHECK(ck::gelu_backward_16(stream_, dpre, pre16, static_cast<int>(narrow_type_),
+                                        scratch, m * n, narrow),
+                   "gelu_backward_16");
+  wrote(dpre, m * n, narrow);
 }
 
 void CudaOps::swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,

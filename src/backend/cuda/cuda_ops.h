@@ -162,13 +162,30 @@ class CudaOps final : public backend::Ops<float> {
   bool keeps_gate_up_narrow() const override {
     return gate_up_narrow_ && narrow_type_ != backend::DType::kF32;
   }
+  // GPT-2's MLP pre-activation in 16 bits (fast path gelu_16bit; off by default): only with
+  // 16-bit GEMM inputs and companions.
+  void use_gelu_narrow(bool on) { gelu_narrow_ = on; }
+  bool keeps_gelu_narrow() const override {
+    return gelu_narrow_ && narrow_type_ != backend::DType::kF32;
+  }
+  void gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, const float* bias, void* pre16, float* act) override;
+  void gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                         const void* pre16, float* scratch, float* dpre) override;
+  // GELU calls (forward and backward) on a pre-activation in 16 bits.
+  std::int64_t narrow_gelu_calls() const { return narrow_gelu_calls_; }
   void swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,
                              std::int64_t inner) override;
   void swiglu_backward_narrow(float* dgate_up, const void* gate_up, const float* dout,
                               std::int64_t rows, std::int64_t inner) override;
   // SwiGLU calls (forward and backward) that read gate and up in 16 bits.
   std::int64_t narrow_swiglu_calls() const { return narrow_swiglu_calls_; }
-  void reset_narrow_swiglu_calls() { narrow_swiglu_calls_ = 0; }
+  void reset_narrow_swiglu_calls() {
+    narrow_swiglu_calls_ = 0;
+    narrow_gelu_calls_ = 0;
+  }
   void cross_entropy_narrow(bool gradient, void* logits, std::int64_t ld, float* losses,
                             const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                             double grad_scale) override;
@@ -361,6 +378,8 @@ class CudaOps final : public backend::Ops<float> {
   bool narrow_logits_ = false;
   bool narrow_alone_ = false;
   bool gate_up_narrow_ = false;
+  bool gelu_narrow_ = false;
+  std::int64_t narrow_gelu_calls_ = 0;
   std::int64_t narrow_swiglu_calls_ = 0;
   std::int64_t alone_writes_ = 0;
   bool attention_alone_ = false;
