@@ -37,6 +37,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kLogits16Name, kLogits16Replaces},
       {kGateUp16Name, kGateUp16Replaces},
       {kGelu16Name, kGelu16Replaces},
+      {kGeluGradAloneName, kGeluGradAloneReplaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
       {kGateUpGradAloneName, kGateUpGradAloneReplaces},
       {kQkvAloneName, kQkvAloneReplaces},

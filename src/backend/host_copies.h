@@ -49,6 +49,16 @@ inline std::vector<float> normal_values(std::mt19937_64& rng, std::int64_t count
   return v;
 }
 
+// `values` rounded to the 16-bit `type` (bf16 or fp16) and widened back: what a parameter widened
+// from its 16-bit copy holds (a check's bias, which a 16-bit epilogue reads in D's type).
+inline std::vector<float> sixteen_bit_values(std::vector<float> values, DType type) {
+  const auto n = static_cast<std::int64_t>(values.size());
+  std::vector<std::uint16_t> rounded(values.size());
+  kernels::cast_array(rounded.data(), type, values.data(), DType::kF32, n);
+  kernels::cast_array(values.data(), DType::kF32, rounded.data(), type, n);
+  return values;
+}
+
 // The first of n floats whose bits differ between two device buffers (index -1: none), with
 // both values.
 struct BitsDiffer {

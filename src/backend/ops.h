@@ -199,6 +199,14 @@ class Ops {
   // narrow_type() alone (false, the default): gemm_bias_gelu_narrow writes it, and it and
   // gemm_dgelu_narrow read it.
   virtual bool keeps_gelu_narrow() const { return false; }
+  // Whether GELU's gradient there (GPT-2's backward scratch dfc, N x 4C, written by
+  // gemm_dgelu_narrow and read by the fc projection's two products and its bias's column sums) is
+  // kept in narrow_type() alone too (false, the default; only where keeps_gelu_narrow() and
+  // keeps_narrow_alone()): pair_narrow_alone then takes it, gemm_dgelu_narrow writing it writes
+  // the companion alone (the bits pair_narrow's companion would hold), the products read the
+  // companion, and bias_backward reading it as `dout` reads the companion, widened (its values
+  // rounded, where the fp32 array held them unrounded).
+  virtual bool keeps_gelu_grad_alone() const { return false; }
   // pre16(m,n) (narrow_type(), contiguous) = op(A) op(B) + bias, the fp32 sum rounded once; act =
   // GELU(pre16 widened), written as gelu_forward writes it (with its companion, or its companion
   // alone where it is kept so). Only where keeps_gelu_narrow().

@@ -159,11 +159,10 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
       Buffer w, device_copy(backend, normal_values(rng, u.stride * kIns, 0.3f, 0.0f), purpose));
   // The bias holds 16-bit values, as a parameter widened from its 16-bit copy does (cuBLASLt's
   // epilogue reads it in D's type).
-  std::vector<float> bias_values = normal_values(rng, u.stride, 0.5f, 0.0f);
-  std::vector<std::uint16_t> bias16(bias_values.size());
-  kernels::cast_array(bias16.data(), path.type, bias_values.data(), DType::kF32, u.stride);
-  kernels::cast_array(bias_values.data(), DType::kF32, bias16.data(), path.type, u.stride);
-  STRATA_ASSIGN_OR_RETURN(Buffer bias, device_copy(backend, bias_values, purpose));
+  STRATA_ASSIGN_OR_RETURN(
+      Buffer bias,
+      device_copy(backend, sixteen_bit_values(normal_values(rng, u.stride, 0.5f, 0.0f), path.type),
+                  purpose));
   const std::vector<float> zeros(static_cast<std::size_t>(u.n), 0.0f);
   Buffer product, outs[2], lses[2], grads[2];
   STRATA_ASSIGN_OR_RETURN(product, device_copy(backend, zeros, purpose));

@@ -222,8 +222,9 @@ Status ModelRunner<T>::allocate() {
   const char* what = "backward scratch";
   STRATA_TRY(fp32_or_key(&scratch_.dact, n * in, keeps_swiglu_grad_alone(), what,
                          "a SwiGLU gradient kept in 16 bits"));
-  STRATA_TRY(fp32_or_key(&scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone(), what,
-                         "a gate and up gradient kept in 16 bits"));
+  STRATA_TRY(fp32_or_key(&scratch_.dfc, n * fc_width(spec_),
+                         keeps_gate_up_grad_alone() || keeps_gelu_grad_alone(), what,
+                         "an MLP pre-activation's gradient kept in 16 bits"));
   STRATA_TRY(fp32_or_key(&scratch_.dqkv, n * qkv_width(spec_), keeps_qkv_grad_alone(), what,
                          "a q/k/v gradient kept in 16 bits"));
   STRATA_TRY(fp32_or_key(&scratch_.datt, n * hd, keeps_attention_grad_alone(), what,
@@ -293,6 +294,12 @@ template <typename T>
 bool ModelRunner<T>::keeps_gelu_narrow() const {
   return options_.narrow_gelu && options_.narrow_companions && spec_.family == Family::kGpt2 &&
          (sizing_ || ops_->keeps_gelu_narrow());
+}
+
+template <typename T>
+bool ModelRunner<T>::keeps_gelu_grad_alone() const {
+  return options_.narrow_gelu_grad && keeps_gelu_narrow() && keeps_alone() &&
+         (sizing_ || ops_->keeps_gelu_grad_alone());
 }
 
 template <typename T>
@@ -375,7 +382,8 @@ Status ModelRunner<T>::allocate_companions() {
   if (keeps_attention_grad_alone()) STRATA_TRY(pair(scratch_.datt, n * hd, true));
   if (keeps_swiglu_grad_alone()) STRATA_TRY(pair(scratch_.dact, n * in, true));
   if (keeps_norm_grad_alone()) STRATA_TRY(pair(scratch_.dln, n * c, true));
-  STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_), keeps_gate_up_grad_alone()));
+  STRATA_TRY(pair(scratch_.dfc, n * fc_width(spec_),
+                  keeps_gate_up_grad_alone() || keeps_gelu_grad_alone()));
   STRATA_TRY(pair(scratch_.dqkv, n * qkv_width(spec_), keeps_qkv_grad_alone()));
   STRATA_TRY(pair(dres_[0], n * c));
   STRATA_TRY(pair(dres_[1], n * c));
@@ -716,6 +724,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_qkv = false;
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.options.narrow_gelu = false;     // likewise
+  w.options.narrow_gelu_grad = false;
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

@@ -76,6 +76,13 @@ struct RunnerOptions {
   // 4. Only with narrow_companions, for GPT-2, and only where the backend's ops promise it (the
   // trainer asks them); otherwise the fp32 fc.
   bool narrow_gelu = false;
+  // GELU's gradient there (the backward scratch dfc, N x 4C) in the ops' 16-bit type alone
+  // (Ops::keeps_gelu_grad_alone, fast path gelu_grad_16bit_alone): written into its companion only
+  // by GELU's 16-bit backward, read there by the fc projection's products and its bias's column
+  // sums; memory_needed counts only the companion. Only with narrow_gelu and narrow_alone in
+  // effect, and only where the backend's ops promise it; otherwise the fp32 array beside its
+  // companion.
+  bool narrow_gelu_grad = false;
   // Each block's attention output (att, N x H*D) in the ops' 16-bit type alone too (Ops::
   // keeps_attention_alone, fast path attention_16bit_alone): written so by the 16-bit attention,
   // read so by its backward and its products; memory_needed counts 2 bytes per element. Only with
@@ -210,6 +217,8 @@ class ModelRunner {
   bool keeps_gate_up_narrow() const;
   // Whether GPT-2's MLP pre-activation is kept in 16 bits (RunnerOptions::narrow_gelu).
   bool keeps_gelu_narrow() const;
+  // Whether GELU's gradient is kept in 16 bits alone too (RunnerOptions::narrow_gelu_grad).
+  bool keeps_gelu_grad_alone() const;
   // Whether the gradient of SwiGLU's output is kept in 16 bits alone too
   // (RunnerOptions::narrow_swiglu_grad).
   bool keeps_swiglu_grad_alone() const;

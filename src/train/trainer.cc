@@ -137,6 +137,9 @@ Status Trainer::setup() {
   runner.narrow_gate_up = runner.narrow_companions && backend_->ops_f32().keeps_gate_up_narrow();
   // GPT-2's MLP pre-activation in 16 bits likewise (gelu_16bit).
   runner.narrow_gelu = runner.narrow_companions && backend_->ops_f32().keeps_gelu_narrow();
+  // GELU's gradient kept in its companion alone likewise (gelu_grad_16bit_alone).
+  runner.narrow_gelu_grad =
+      runner.narrow_gelu && runner.narrow_alone && backend_->ops_f32().keeps_gelu_grad_alone();
   // Each block's attention output in 16 bits alone too, where every layer's shape takes it
   // (attention_16bit_alone).
   runner.narrow_attention_alone =

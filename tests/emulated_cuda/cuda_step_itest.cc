@@ -145,6 +145,8 @@ struct TrainedRun {
   std::int64_t alone_writes = -1;            // the activations_16bit_alone path's, where it is on
   std::int64_t narrow_swiglu_calls = -1;     // the gate_up_16bit path's, where it is on
   std::int64_t narrow_gelu_calls = -1;       // the gelu_16bit path's, where it is on
+  std::int64_t gelu_grad_writes = -1;        // the gelu_grad_16bit_alone path's, where it is on
+  std::int64_t gelu_grad_bias_reads = -1;    // its bias gradients reading it
   std::int64_t attention_alone_writes = -1;  // the attention_16bit_alone path's, where it is on
   std::int64_t attention_grad_reads = -1;    // the attention_grad_16bit path's, where it is on
   std::int64_t swiglu_grad_reads = -1;       // the swiglu_grad_16bit path's, where it is on
@@ -185,6 +187,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kActivations16AloneName && p.active) run.alone_writes = p.uses;
     if (p.name == backend::kGateUp16Name && p.active) run.narrow_swiglu_calls = p.uses;
     if (p.name == backend::kGelu16Name && p.active) run.narrow_gelu_calls = p.uses;
+    if (p.name == backend::kGeluGradAloneName && p.active) run.gelu_grad_writes = p.uses;
     if (p.name == backend::kAttentionAloneName && p.active) run.attention_alone_writes = p.uses;
     if (p.name == backend::kAttentionGradAloneName && p.active) run.attention_grad_reads = p.uses;
     if (p.name == backend::kSwigluGradAloneName && p.active) run.swiglu_grad_reads = p.uses;
@@ -196,6 +199,7 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
   if (const auto* ops = dynamic_cast<const backend::CudaOps*>(&trainer->backend().ops_f32())) {
     run.qkv_grad_bias_reads = ops->qkv_grad_bias_reads();
     run.bias_alone_writes = ops->bias_alone_writes();
+    run.gelu_grad_bias_reads = ops->gelu_grad_bias_reads();
   }
   run.device_in_use = trainer->backend().device_memory().bytes_in_use;
   return run;
@@ -533,12 +537,14 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // (attention_16bit_alone) needs this one and is off with it, as is its gradient's
 // (attention_grad_16bit: one cast kernel more per block and micro-batch, 2 bytes per element of
 // the gradient more). SwiGLU's output gradient in 16 bits (swiglu_grad_16bit) needs this path and
-// rounds what the fp32 path keeps, as does the norms' output gradient in 16 bits (norm_grad_16bit):
+// rounds what the fp32 path keeps, as do the norms' output gradient in 16 bits (norm_grad_16bit)
+// and GPT-2's GELU gradient kept alone (gelu_grad_16bit_alone, whose bias sums read it rounded):
 // both runs refuse them.
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   const std::string rounding = std::string(backend::kSwigluGradAloneName) + "," +
-                               backend::kNormGradAloneName + "," + backend::kQkvAloneName;
+                               backend::kNormGradAloneName + "," + backend::kQkvAloneName + "," +
+                               backend::kGeluGradAloneName;
   const std::string refused = std::string(backend::kActivations16AloneName) + "," + rounding;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train_refused(rounding.c_str(), family, kTiers[0], true,
@@ -870,7 +876,10 @@ TEST(EmulatedCudaStepFallback, QkvIn16BitsTrackTheFp32Qkv) {
 // layer's pre-activation fewer on the device.
 TEST(EmulatedCudaStepFallback, Gpt2GeluInputIn16BitsTracksTheFp32Input) {
   testing::TempDir dir;
-  const TrainedRun narrow = train("gpt2", kTiers[0], true, dir.path() + "/narrow", 2);
+  // GELU's gradient kept alone (gelu_grad_16bit_alone) needs this path and rounds what the fp32
+  // path keeps: the narrow run refuses it (GeluGradientsAloneTrackTheFp32Gradient).
+  const TrainedRun narrow = train_refused(backend::kGeluGradAloneName, "gpt2", kTiers[0], true,
+                                          dir.path() + "/narrow", 2);
   const TrainedRun wide =
       train_refused(backend::kGelu16Name, "gpt2", kTiers[0], true, dir.path() + "/wide", 2);
   ASSERT_EQ(narrow.launches.size(), 2u);
@@ -912,6 +921,44 @@ TEST(EmulatedCudaStepFallback, Gpt2GeluInputIn16BitsTracksTheFp32Input) {
             static_cast<std::uint64_t>(layers * rows * inner) * 2);
   const TrainedRun llama = train("llama", kTiers[0], true, dir.path() + "/llama", 1);
   EXPECT_EQ(llama.narrow_gelu_calls, 0);
+}
+
+// GPT-2's GELU gradient kept in 16 bits alone (gelu_grad_16bit_alone) against the path refused at
+// start (its fp32 array beside the companion): GELU's backward writes the same companion, which
+// the fc projection's two products read either way, but the bias's column sums read its values
+// rounded where they summed the fp32 ones (as autocast's bias gradient sums its bf16 gradient): the
+// first loss the same to the bit (no update yet), losses within 1e-4 of each other (relative),
+// updates within 10 % of the refused run's norm. The same kernels, one write kept alone and one
+// bias gradient reading it per block and micro-batch, and exactly 4 bytes per element of the
+// gradient (one scratch for all blocks) fewer on the device.
+TEST(EmulatedCudaStepFallback, GeluGradientsAloneTrackTheFp32Gradient) {
+  testing::TempDir dir;
+  const TrainedRun alone = train("gpt2", kTiers[0], true, dir.path() + "/alone", 2);
+  const TrainedRun beside = train_refused(backend::kGeluGradAloneName, "gpt2", kTiers[0], true,
+                                          dir.path() + "/beside", 2);
+  ASSERT_EQ(alone.launches.size(), 2u);
+  ASSERT_EQ(beside.launches.size(), 2u);
+  EXPECT_EQ(alone.losses[0], beside.losses[0]);
+  EXPECT_NEAR(alone.losses[1], beside.losses[1], 1e-4 * beside.losses[1]);
+  const double difference = update_difference(alone, beside);
+  EXPECT_LT(difference, 0.1);
+  EXPECT_GT(difference, 0.0) << "the bias's sums did not read the rounded gradient";
+  std::printf(
+      "gpt2: GELU's gradient alone: losses %.6f %.6f (beside its fp32 array %.6f %.6f); update "
+      "differs by %.4f of its norm\n",
+      alone.losses[0], alone.losses[1], beside.losses[0], beside.losses[1], difference);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers, rows = 2 * 32;
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_EQ(alone.launches[step], beside.launches[step]) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(alone.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(alone.gelu_grad_writes, 2 * blocks);
+  EXPECT_EQ(alone.gelu_grad_bias_reads, 2 * blocks);
+  EXPECT_EQ(beside.gelu_grad_writes, -1);
+  EXPECT_EQ(beside.gelu_grad_bias_reads, 0);
+  const std::int64_t inner = 4 * 128;
+  EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+            static_cast<std::uint64_t>(rows * inner) * sizeof(float));
 }
 
 // A step's kernels without the bias added to each block's qkv product by a kernel of its own (the
@@ -1048,6 +1095,7 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["activations_16bit_alone"].active) << paths["activations_16bit_alone"].detail;
   EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
   EXPECT_TRUE(paths["gelu_16bit"].active) << paths["gelu_16bit"].detail;
+  EXPECT_TRUE(paths["gelu_grad_16bit_alone"].active) << paths["gelu_grad_16bit_alone"].detail;
   EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
   EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;

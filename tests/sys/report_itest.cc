@@ -53,7 +53,7 @@ TEST(ReportCli, JsonDescribesThisMachine) {
        {"flash_attention", "cudnn_attention", "gemm_bias_epilogue", "rope_in_attention",
         "logits_16bit", "activations_16bit_alone", "gate_up_16bit", "attention_16bit_alone",
         "attention_grad_16bit", "swiglu_grad_16bit", "norm_grad_16bit", "gate_up_grad_16bit_alone",
-        "qkv_grad_16bit_alone", "qkv_16bit", "gelu_16bit"}) {
+        "qkv_grad_16bit_alone", "qkv_16bit", "gelu_16bit", "gelu_grad_16bit_alone"}) {
     EXPECT_EQ(listed.count(name), 1u) << name << ": " << r.out;
   }
 }

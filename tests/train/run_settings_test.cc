@@ -352,6 +352,39 @@ TEST(RunSettings, GateUpGradientsIn16BitsAloneAreCountedAsSuch) {
   EXPECT_FALSE(model::without_companions(llama, narrow).options.narrow_gate_up_grad);
 }
 
+// GPT-2's GELU gradient kept in 16 bits alone (RunnerOptions::narrow_gelu_grad) is counted as such:
+// the backward's one scratch array (N x 4C) is not allocated beside its companion. Only with GELU's
+// input in 16 bits and the activations kept alone, not for the Llama family, not without the
+// companions; the settings alone leave it off.
+TEST(RunSettings, GeluGradientsIn16BitsAloneAreCountedAsSuch) {
+  config::Config c;
+  c.strata.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.bf16.enabled = true;
+  auto device = [](const model::ModelShape& shape, const model::RunnerOptions& o) {
+    return model::ModelRunner<float>::memory_needed(shape, o).device_bytes;
+  };
+  auto granule = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const model::ModelShape gpt2 = testing::tiny_gpt2(false);
+  model::RunnerOptions with = runner_options(c, gpt2, false);
+  EXPECT_FALSE(with.narrow_gelu_grad);
+  with.narrow_gelu = with.narrow_alone = true;
+  model::RunnerOptions narrow = with;
+  narrow.narrow_gelu_grad = true;
+  const auto dfc = static_cast<std::uint64_t>(2 * 16 * gpt2.intermediate_size);
+  EXPECT_EQ(device(gpt2, with) - device(gpt2, narrow), granule(dfc * 4));
+  for (bool model::RunnerOptions::*needed :
+       {&model::RunnerOptions::narrow_gelu, &model::RunnerOptions::narrow_alone,
+        &model::RunnerOptions::narrow_companions}) {
+    model::RunnerOptions without = with, without_narrow = narrow;
+    without.*needed = without_narrow.*needed = false;
+    EXPECT_EQ(device(gpt2, without_narrow), device(gpt2, without));
+  }
+  const model::ModelShape llama = testing::tiny_llama(true);
+  EXPECT_EQ(device(llama, narrow), device(llama, with));
+  EXPECT_FALSE(model::without_companions(gpt2, narrow).options.narrow_gelu_grad);
+}
+
 // The gradient of q, k and v kept in 16 bits alone (RunnerOptions::narrow_qkv_grad) is counted as
 // such: the backward's one scratch array (N x qkv_width) is not allocated beside its companion.
 // Only with the activations kept alone, for GPT-2 and for the Llama family without q/k norms (whose

@@ -296,6 +296,8 @@ class CudaBackend final : public Backend {
         p.uses = ops_->narrow_swiglu_calls();
       } else if (p.name == kGelu16Name) {
         p.uses = ops_->narrow_gelu_calls();
+      } else if (p.name == kGeluGradAloneName) {
+        p.uses = ops_->gelu_grad_writes();
       } else if (p.name == kActivations16AloneName) {
         p.uses = ops_->alone_writes();
       } else if (p.name == kAttentionAloneName) {
@@ -1028,6 +1030,26 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "its 16-bit companion only (no fp32 array is allocated for it) and read there by the "
         "gate/up projection's two products",
         [&] { return check_gate_up_grad_alone(*this, gate_up_grad); }));
+  }
+  // GPT-2's GELU gradient in 16 bits alone, written into its companion only by GELU's 16-bit
+  // backward and read there by its products (the bits of the companion kept beside the fp32 array)
+  // and, widened, by its bias's column sums.
+  if (!activations_alone || !fast_paths_.active(kGelu16Name)) {
+    fast_paths_.not_applicable(
+        kGeluGradAloneName, kGeluGradAloneReplaces,
+        fmt::format("GELU's input is not kept in 16 bits or the activations are not kept in 16 "
+                    "bits alone ({} or {} is off)",
+                    kGelu16Name, kActivations16AloneName));
+  } else {
+    const GeluGradAlonePath gelu_grad = ops_gelu_grad_path(*ops_, reads_companion, ops_finished);
+    ops_->use_gelu_grad_alone(true);
+    ops_->use_gelu_grad_alone(fast_paths_.adopt(
+        kGeluGradAloneName, kGeluGradAloneReplaces,
+        "GPT-2's GELU gradient written by GELU's 16-bit backward into its 16-bit companion only "
+        "(no "
+        "fp32 array is allocated for it) and read there by the fc projection's two products and, "
+        "widened, by its bias gradient",
+        [&] { return check_gelu_grad_alone(*this, gelu_grad); }));
   }
   // Each block's q, k and v in 16 bits alone, written so by their product (with its bias where it
   // has one) and read so (widened) by the attention's staging, rotating or not: within 1 unit in

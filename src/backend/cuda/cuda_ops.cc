@@ -302,10 +302,13 @@ void CudaOps::bias_backward(float* dbias, const float* dout, std::int64_t rows,
   if (rows <= 0 || channels <= 0) return;
   const plan::ColumnReducePlan p = reduce_plan(rows, channels, 1, "bias_backward");
   if (p.chunks == 0) return;
-  // A gradient kept in 16 bits alone (GPT-2's q/k/v gradient, keeps_qkv_grad_alone) is read from
-  // its companion, widened: the values of the fp32 array it stands for.
+  // A gradient kept in 16 bits alone is read from its companion, widened: GPT-2's q/k/v gradient
+  // (keeps_qkv_grad_alone), the values of the fp32 array it stands for; GPT-2's GELU gradient
+  // (keeps_gelu_grad_alone), its values rounded.
+  const bool gelu = dout == gelu_grad_key_;
   const ck::Sixteen dout16 =
-      grad_alone(&dout, rows * channels, qkv_grad_alone_, &qkv_grad_bias_reads_);
+      grad_alone(&dout, rows * channels, gelu ? keeps_gelu_grad_alone() : qkv_grad_alone_,
+                 gelu ? &gelu_grad_bias_reads_ : &qkv_grad_bias_reads_);
   STRATA_OPS_CHECK(
       ck::bias_backward(stream_, dbias, dout, rows, channels, p, scratch_.reduce, dout16),
       "bias_backward");
@@ -673,9 +676,17 @@ void CudaOps::gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std:
   STRATA_ASSERT(keeps_gelu_narrow());
   gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch, n);
   ++narrow_gelu_calls_;
-  STRATA_ASSERT_MSG(!alone(dpre, m * n), "GELU's gradient kept in 16 bits alone (no path for it)");
   const ck::Narrow narrow = narrow_for(dpre, m * n);
-  STRATA_OPS_CHECK(ck::gelu_backward_16(stream_, dpre, pre16, static_cast<int>(narrow_type_),
+  // A gradient kept in 16 bits alone: its companion alone is written.
+  float* dpre_wide = dpre;
+  if (alone(dpre, m * n)) {
+    STRATA_ASSERT_MSG(keeps_gelu_grad_alone() && narrow.p != nullptr,
+                      "GELU's gradient kept in 16 bits alone without its path on");
+    dpre_wide = nullptr;
+    gelu_grad_key_ = dpre;
+    ++gelu_grad_writes_;
+  }
+  STRATA_OPS_CHECK(ck::gelu_backward_16(stream_, dpre_wide, pre16, static_cast<int>(narrow_type_),
                                         scratch, m * n, narrow),
                    "gelu_backward_16");
   wrote(dpre, m * n, narrow);

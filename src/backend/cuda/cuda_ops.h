@@ -176,6 +176,16 @@ class CudaOps final : public backend::Ops<float> {
                          const void* pre16, float* scratch, float* dpre) override;
   // GELU calls (forward and backward) on a pre-activation in 16 bits.
   std::int64_t narrow_gelu_calls() const { return narrow_gelu_calls_; }
+  // GELU's gradient kept in 16 bits alone too (fast path gelu_grad_16bit_alone; off by default):
+  // only with keeps_gelu_narrow() and keeps_narrow_alone().
+  void use_gelu_grad_alone(bool on) { gelu_grad_alone_ = on; }
+  bool keeps_gelu_grad_alone() const override {
+    return gelu_grad_alone_ && keeps_gelu_narrow() && keeps_narrow_alone();
+  }
+  // GELU backwards that wrote their gradient kept in 16 bits alone, and bias_backward calls that
+  // read such a gradient.
+  std::int64_t gelu_grad_writes() const { return gelu_grad_writes_; }
+  std::int64_t gelu_grad_bias_reads() const { return gelu_grad_bias_reads_; }
   void swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,
                              std::int64_t inner) override;
   void swiglu_backward_narrow(float* dgate_up, const void* gate_up, const float* dout,
@@ -272,6 +282,8 @@ class CudaOps final : public backend::Ops<float> {
     qkv_grad_bias_reads_ = 0;
     qkv_alone_reads_ = 0;
     bias_alone_writes_ = 0;
+    gelu_grad_writes_ = 0;
+    gelu_grad_bias_reads_ = 0;
   }
   // Activations' 16-bit companions (pair_narrow) in `type`, bf16 or fp16, the GEMMs' input type;
   // kF32 turns them off (the default): narrow_type() is then fp32 and pairs are dropped.
@@ -380,6 +392,11 @@ class CudaOps final : public backend::Ops<float> {
   bool gate_up_narrow_ = false;
   bool gelu_narrow_ = false;
   std::int64_t narrow_gelu_calls_ = 0;
+  bool gelu_grad_alone_ = false;
+  std::int64_t gelu_grad_writes_ = 0;
+  std::int64_t gelu_grad_bias_reads_ = 0;
+  // The last GELU gradient written alone (bias_backward reading it counts in gelu_grad_bias_reads).
+  const float* gelu_grad_key_ = nullptr;
   std::int64_t narrow_swiglu_calls_ = 0;
   std::int64_t alone_writes_ = 0;
   bool attention_alone_ = false;
