@@ -48,8 +48,8 @@ import torch
 from . import _core
 from ._core import StrataError
 from ._param_state import _HomesAndReports
-from ._param_units import (_REGISTRY, _Entry, _Unit, _aligned, _alias, _tensors,  # noqa: F401
-                           lookup, unit_roots, unit_structure)
+from ._param_units import (_REGISTRY, _Entry, _Unit, _aligned, _alias,  # noqa: F401
+                           _forget_dead, _tensors, lookup, unit_roots, unit_structure)
 
 
 class ParamOffload(_HomesAndReports):
@@ -128,6 +128,9 @@ class ParamOffload(_HomesAndReports):
         names = collections.defaultdict(list)
         for pname, p in model.named_parameters(remove_duplicate=False):
             names[id(p)].append(pname)
+        # The parameters this offload registers, forgotten when it is collected without close().
+        registered = []
+        weakref.finalize(self, _forget_dead, registered)
         seen = set()
         for pname, p in model.named_parameters(remove_duplicate=False):
             if id(p) in seen:
@@ -149,7 +152,6 @@ class ParamOffload(_HomesAndReports):
             entry = _Entry(p, names[id(p)], unit.part_bytes[part], part)
             unit.part_bytes[part] = _aligned(unit.part_bytes[part] + entry.nbytes)
             unit.entries.append(entry)
-            _REGISTRY[id(p)] = (weakref.ref(p), self, unit, entry)
         for b_name, b in model.named_buffers():
             mod_name, _, leaf = b_name.rpartition(".")
             mod = model.get_submodule(mod_name) if mod_name else model
@@ -157,6 +159,11 @@ class ParamOffload(_HomesAndReports):
         self.units = [u for u in self.units if u.entries or u is root]
         for i, u in enumerate(self.units):
             u.index = i
+            # Nothing of the model's strongly (the units' final places): the registry must not keep
+            # a model's offload (its store, swap files, process group) alive once the model is gone.
+            for j, e in enumerate(u.entries):
+                _REGISTRY[id(e.param)] = (weakref.ref(e.param), weakref.ref(self), i, j)
+                registered.append(id(e.param))
         limit_elements = self.max_live
         for u in self.units[1:]:
             if u.numel + root.numel > limit_elements:
@@ -550,11 +557,21 @@ class ParamOffload(_HomesAndReports):
             self._release_after_backward(u)
 
     def _grad_hook(self, u):
+        # The parameter keeps its hooks where Python's collector does not look: the hook reaches
+        # the offload (and the unit, through it) weakly, or a model dropped without close() would
+        # never be freed.
+        ref = weakref.ref(self)
+        index = u.index
+
         def hook(param):
-            with self.lock:
-                if u.pending_grads > 0:
-                    u.pending_grads -= 1
-                    self._release_after_backward(u)
+            off = ref()
+            if off is None:
+                return
+            unit = off.units[index]
+            with off.lock:
+                if unit.pending_grads > 0:
+                    unit.pending_grads -= 1
+                    off._release_after_backward(unit)
         return hook
 
     def _release_after_backward(self, u):
@@ -589,6 +606,8 @@ class ParamOffload(_HomesAndReports):
                             e.shape).clone().to(self.device)
                     _REGISTRY.pop(id(p), None)
                 u.materialised = False
+            # Nothing is gathered across ranks after close(): the group goes with the ranks.
+            self.ranks = None
             for h in self.handles:
                 h.remove()
             self.handles = []

@@ -6,8 +6,11 @@ themselves, the registry of offloaded parameters, and small tensor helpers."""
 import torch
 
 _ALIGN_BYTES = 256
-# id(Parameter) -> (weakref to it, ParamOffload, _Unit, _Entry). Keyed by id, not by the tensor:
-# a WeakKeyDictionary compares colliding keys with ==, which reads a released parameter.
+# id(Parameter) -> (weakref to it, weakref to its ParamOffload, its unit's index, its entry's index
+# in the unit). Keyed by id, not by the tensor: a WeakKeyDictionary compares colliding keys with ==,
+# which reads a released parameter. Nothing is held strongly, so that a model dropped without
+# close() frees its offload (its store, swap files and process group); _forget_dead then drops its
+# entries.
 _REGISTRY = {}
 
 
@@ -16,7 +19,20 @@ def lookup(param):
     hit = _REGISTRY.get(id(param))
     if hit is None or hit[0]() is not param:
         return None
-    return hit[1:]
+    offload = hit[1]()
+    if offload is None:
+        return None
+    unit = offload.units[hit[2]]
+    return offload, unit, unit.entries[hit[3]]
+
+
+def _forget_dead(ids):
+    """Drops the registry's entries among `ids` whose offload is gone (a ParamOffload's finalizer;
+    an id a later offload took over is left alone)."""
+    for key in ids:
+        hit = _REGISTRY.get(key)
+        if hit is not None and hit[1]() is None:
+            del _REGISTRY[key]
 
 
 class _Entry:

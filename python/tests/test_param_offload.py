@@ -413,6 +413,38 @@ def test_close_gives_the_parameters_back(strata, tmp_path):
     assert torch.equal(loss_of(model, x), loss_of(ref, x))  # plain parameters again, no hooks
 
 
+def test_a_model_dropped_without_close_frees_its_offload(strata, tmp_path):
+    """Nothing the library keeps holds an offloaded model: the registry of offloaded parameters
+    holds them and their offload weakly, and the parameters' gradient hooks (which Python's
+    collector cannot see through) reach the offload weakly. So a trained model dropped without
+    close() frees its offload, its store and its swap files, and the registry forgets its entries;
+    another model's parameters are still found."""
+    import gc
+    import os
+    import weakref
+    st = require("strata.torch")
+    from strata import _param_units
+    cfg = config("nvme", tmp_path, stage3_param_persistence_threshold=0)
+    cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = 0
+    model = make()
+    st.offload_parameters(model, cfg, device="cpu", unit_modules=[Block])
+    train(model, cfg, steps=1)
+    kept = make()
+    st.offload_parameters(kept, config("cpu", stage3_param_persistence_threshold=0),
+                          device="cpu", unit_modules=[Block])
+    offload = weakref.ref(model.strata_offload)
+    dirs = model.strata_offload.summary()["store"]["dirs"]
+    ids = [id(p) for p in model.parameters()]
+    assert all(i in _param_units._REGISTRY for i in ids)
+    del model
+    gc.collect()
+    assert offload() is None, "the offload outlived its model"
+    assert not any(i in _param_units._REGISTRY for i in ids)
+    assert not any(os.path.exists(d) for d in dirs), "its swap files outlived it"
+    assert all(_param_units.lookup(p) is not None for p in kept.parameters())
+    kept.strata_offload.close()
+
+
 def test_the_window_evicts_units_kept_for_reuse(strata, tmp_path):
     """stage3_max_reuse_distance keeps units for their backward; the window still holds: the unit
     used farthest ahead is evicted, and the run keeps the in-memory bits."""
