@@ -273,15 +273,16 @@ NarrowAlonePath ops_alone_path(Ops<float>& ops,
 }
 
 Status check_narrow_alone(Backend& backend, const NarrowAlonePath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("an activation kept in 16 bits alone is bf16 or fp16, not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "an activation kept in 16 bits alone"));
   for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
     STRATA_TRY(check_shape(backend, path, s));
   }
   return Status::ok();
 }
 
+Status sixteen_bit_type(DType type, const std::string& what) {
+  if (type == DType::kBF16 || type == DType::kF16) return Status::ok();
+  return Status(ErrorCode::kInvalidArgument,
+                fmt::format("{} is bf16 or fp16, not {}", what, to_string(type)));
+}
 }  // namespace strata::backend

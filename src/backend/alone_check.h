@@ -50,6 +50,10 @@ Status check_products_alone(Backend& backend, const AloneGemm& gemm,
                             const float* key, std::int64_t rows, std::int64_t cols,
                             const std::string& where, const std::string& after);
 
+// OK where a path's 16-bit `type` is bf16 or fp16; else kInvalidArgument: "{what} is bf16 or fp16,
+// not {type}".
+Status sixteen_bit_type(DType type, const std::string& what);
+
 // The pairs a start-up check makes through its path (`pair` and `unpair`, as NarrowAlonePath's):
 // buffers kept beside their fp32 values, and keys kept alone, each an address range the check
 // reserves (any access to it faults). However the check ends, what was paired is unpaired, then

@@ -64,11 +64,7 @@ AttentionAlonePath ops_attention_alone_path(
 
 Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
                              std::int64_t head_dim) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("an attention output kept in 16 bits alone is bf16 or fp16, not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "an attention output kept in 16 bits alone"));
   const AttentionShape s = check_shape(head_dim);
   const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;
   const std::int64_t kvd = s.kv_heads * head_dim, n = rows * hd,
@@ -129,11 +125,7 @@ Status check_attention_alone(Backend& backend, const AttentionAlonePath& path,
 
 Status check_attention_grad_alone(Backend& backend, const AttentionAlonePath& path,
                                   std::int64_t head_dim) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("an attention gradient kept in 16 bits alone is bf16 or fp16, not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "an attention gradient kept in 16 bits alone"));
   Ops<float>& ops = backend.ops_f32();
   const AttentionShape s = check_shape(head_dim);
   const std::int64_t rows = s.batch * s.seq_len, hd = s.heads * head_dim;

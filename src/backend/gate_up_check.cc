@@ -179,12 +179,7 @@ GateUpGradAlonePath ops_gate_up_grad_path(
 }
 
 Status check_gate_up_grad_alone(Backend& backend, const GateUpGradAlonePath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("the gradient of gate and up kept in 16 bits alone is bf16 or fp16, "
-                              "not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "the gradient of gate and up kept in 16 bits alone"));
   if (!path.keeps()) {
     return Status(ErrorCode::kUnavailable,
                   "the ops would not keep the gradient of gate and up in 16 bits alone");
@@ -214,12 +209,7 @@ SwigluGradAlonePath ops_swiglu_grad_path(Ops<float>& ops, std::function<Status()
 }
 
 Status check_swiglu_grad_alone(Backend& backend, const SwigluGradAlonePath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("SwiGLU's output gradient kept in 16 bits alone is bf16 or fp16, not "
-                              "{}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "SwiGLU's output gradient kept in 16 bits alone"));
   if (!path.keeps()) {
     return Status(ErrorCode::kUnavailable,
                   "the ops would not keep SwiGLU's output gradient in 16 bits alone");

@@ -159,11 +159,7 @@ GeluGradAlonePath ops_gelu_grad_path(
 }
 
 Status check_gelu_grad_alone(Backend& backend, const GeluGradAlonePath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("GELU's gradient kept in 16 bits alone is bf16 or fp16, not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "GELU's gradient kept in 16 bits alone"));
   if (!path.keeps()) {
     return Status(ErrorCode::kUnavailable,
                   "the ops would not keep GELU's gradient in 16 bits alone");
@@ -193,11 +189,7 @@ NarrowGeluPath ops_gelu_path(Ops<float>& ops, std::function<Status()> finish) {
 }
 
 Status check_narrow_gelu(Backend& backend, const NarrowGeluPath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("GPT-2's MLP pre-activation in 16 bits is bf16 or fp16, not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "GPT-2's MLP pre-activation in 16 bits"));
   for (const Shape& s : {Shape{6, 40}, Shape{3, 33}}) {
     STRATA_TRY(check_shape(backend, path, s));
   }

@@ -131,12 +131,7 @@ NormGradAlonePath ops_norm_grad_path(Ops<float>& ops, std::function<Status()> fi
 }
 
 Status check_norm_grad_alone(Backend& backend, const NormGradAlonePath& path) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("the norms' output gradient kept in 16 bits alone is bf16 or fp16, "
-                              "not {}",
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, "the norms' output gradient kept in 16 bits alone"));
   if (!path.keeps()) {
     return Status(ErrorCode::kUnavailable,
                   "the ops would not keep the norms' output gradient in 16 bits alone");

@@ -70,6 +70,27 @@ Result<Setup> set_up(Backend& backend, std::int64_t head_dim, const Case& c, std
   return u;
 }
 
+// The attention's forward and backward on q, k and v side by side from `q` (rows of u's stride),
+// rotating q and k where the case does.
+void forward(const QkvAlonePath& path, const Setup& u, float* out, float* lse, const float* q) {
+  if (u.rope.cos != nullptr) {
+    path.forward_rotated(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+  } else {
+    path.forward(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s);
+  }
+}
+void backward(const QkvAlonePath& path, const Setup& u, float* d, const float* out,
+              const float* lse, const float* q) {
+  float* dk = d + u.hd;
+  float* dv = dk + u.kvd;
+  const float* dout = u.dout.as<float>();
+  if (u.rope.cos != nullptr) {
+    path.backward_rotated(d, dk, dv, dout, out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
+  } else {
+    path.backward(d, dk, dv, dout, out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s);
+  }
+}
+
 // n 16-bit zeros on the backend.
 Result<Buffer> zeros16(Backend& backend, std::int64_t n, const char* purpose) {
   return device_copy(backend, std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0), purpose);
@@ -104,23 +125,10 @@ Status check_grad_case(Backend& backend, const QkvAlonePath& path, std::int64_t 
                               where));
   }
   const float* q = u.qkv.as<float>();
-  const float* k = q + u.hd;
-  const float* v = k + u.kvd;
   const bool rotates = u.rope.cos != nullptr;
-  if (rotates) {
-    path.forward_rotated(out.as<float>(), lse.as<float>(), q, k, v, u.s, u.rope);
-  } else {
-    path.forward(out.as<float>(), lse.as<float>(), q, k, v, u.s);
-  }
-  for (float* d : {beside, key}) {
-    if (rotates) {
-      path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
-                            lse.as<float>(), q, k, v, u.s, u.rope);
-    } else {
-      path.backward(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out.as<float>(),
-                    lse.as<float>(), q, k, v, u.s);
-    }
-  }
+  forward(path, u, out.as<float>(), lse.as<float>(), q);
+  for (float* d : {beside, key})
+    backward(path, u, d, out.as<float>(), lse.as<float>(), q);
   STRATA_TRY(path.finish().with_context(where));
   const char* writer = rotates ? "the rotated backward" : "the backward";
   STRATA_TRY(same_companions(backend, companions[0], companions[1], u.n, where,
@@ -196,35 +204,18 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
   // The attention (rotating q and k where the case does) on fp32 arrays holding those values
   // widened, and on them kept alone.
   const bool rotates = u.rope.cos != nullptr;
-  const char* forward = rotates ? "the rotated forward" : "the forward";
+  const char* forwards = rotates ? "the rotated forward" : "the forward";
   float* sources[2] = {product.as<float>(), key};
-  for (int side = 0; side < 2; ++side) {
-    const float* q = sources[side];
-    float* out = outs[side].as<float>();
-    float* lse = lses[side].as<float>();
-    if (rotates) {
-      path.forward_rotated(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
-    } else {
-      path.forward(out, lse, q, q + u.hd, q + u.hd + u.kvd, u.s);
-    }
-  }
+  for (int side = 0; side < 2; ++side)
+    forward(path, u, outs[side].as<float>(), lses[side].as<float>(), sources[side]);
   STRATA_TRY(path.finish().with_context(where));
-  STRATA_TRY(
-      same_bits(backend, outs[0], outs[1], u.rows * u.hd, where, fmt::format("{}'s out", forward)));
+  STRATA_TRY(same_bits(backend, outs[0], outs[1], u.rows * u.hd, where,
+                       fmt::format("{}'s out", forwards)));
   STRATA_TRY(same_bits(backend, lses[0], lses[1], u.s.batch * u.s.heads * u.s.seq_len, where,
-                       fmt::format("{}'s log-sum-exp", forward)));
+                       fmt::format("{}'s log-sum-exp", forwards)));
   for (int side = 0; side < 2; ++side) {
-    const float* q = sources[side];
-    float* d = grads[side].as<float>();
-    const float* out = outs[side].as<float>();
-    const float* lse = lses[side].as<float>();
-    if (rotates) {
-      path.backward_rotated(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out, lse, q,
-                            q + u.hd, q + u.hd + u.kvd, u.s, u.rope);
-    } else {
-      path.backward(d, d + u.hd, d + u.hd + u.kvd, u.dout.as<float>(), out, lse, q, q + u.hd,
-                    q + u.hd + u.kvd, u.s);
-    }
+    backward(path, u, grads[side].as<float>(), outs[side].as<float>(), lses[side].as<float>(),
+             sources[side]);
   }
   STRATA_TRY(path.finish().with_context(where));
   return same_bits(backend, grads[0], grads[1], u.n, where,
@@ -237,11 +228,7 @@ Status check_qkv_case(Backend& backend, const QkvAlonePath& path, std::int64_t h
 Status each_case(Backend& backend, const QkvAlonePath& path, std::int64_t head_dim,
                  Status (*check)(Backend&, const QkvAlonePath&, std::int64_t, const Case&),
                  const char* what) {
-  if (path.type != DType::kBF16 && path.type != DType::kF16) {
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("{} kept in 16 bits alone is bf16 or fp16, not {}", what,
-                              to_string(path.type)));
-  }
+  STRATA_TRY(sixteen_bit_type(path.type, fmt::format("{} kept in 16 bits alone", what)));
   const std::int64_t partial = std::max<std::int64_t>(2, (head_dim / 2) & ~std::int64_t{1});
   for (const Case& c :
        {Case{"GQA, whole head rotated", 24, head_dim, false},

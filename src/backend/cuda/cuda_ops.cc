@@ -75,19 +75,25 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                         const float* bias, float* c) {
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  const float* home = bias;  // in the unit's compute copy, where its 16-bit twin is noted
-  bias = param(bias, n);
   if (m > 0 && n > 0 && alone(c, m * n)) {
-    // An output kept in 16 bits alone (keeps_qkv_alone: a qkv projection with a bias): the product
-    // plus the bias in fp32, rounded once into its companion.
+    // An output kept in 16 bits alone (keeps_qkv_alone: a qkv projection with a bias).
     ++bias_alone_writes_;
-    sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, narrow_for(c, m * n).p,
-                                 n, bias, home));
+    gemm_bias_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, narrow_for(c, m * n).p);
     return;
   }
+  bias = param(bias, n);
   if (!epilogue_done(gemm_->gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c))) {
     add_bias(c, bias, m, n);  // C holds the product alone
   }
+}
+
+void CudaOps::gemm_bias_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                              std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                              std::int64_t ldb, const float* bias, void* c16) {
+  // The bias's 16-bit twin is noted where it lies in the unit's compute copy; its fp32 values may
+  // be read from the area kept apart.
+  sink_->add(
+      gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c16, n, param(bias, n), bias));
 }
 
 void CudaOps::gemm_bias_gelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
@@ -658,10 +664,8 @@ void CudaOps::gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, 
                                     void* pre16, float* act) {
   STRATA_ASSERT(keeps_gelu_narrow());
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  const float* home = bias;  // in the unit's compute copy, where its 16-bit twin is noted
-  bias = param(bias, n);
   // The product and its bias rounded once into pre16, then GELU on those 16 bits.
-  sink_->add(gemm_->gemm_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre16, n, bias, home));
+  gemm_bias_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre16);
   ++narrow_gelu_calls_;
   const ck::Narrow narrow = narrow_for(act, m * n);
   STRATA_OPS_CHECK(ck::gelu_forward_16(stream_, wide_out(act, m * n), pre16,

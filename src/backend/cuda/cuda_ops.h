@@ -351,6 +351,11 @@ class CudaOps final : public backend::Ops<float> {
   float* wide_out(float* out, std::int64_t n);
   // The companion for the n values written at `out` (inside one paired buffer), or none.
   cuda_kernels::Narrow narrow_for(const float* out, std::int64_t n) const;
+  // c16 (m x n, contiguous, the products' 16-bit type) = op(A) op(B) + bias, the fp32 sum rounded
+  // once (GemmEngine::gemm_to_16 with the bias), errors to the sink.
+  void gemm_bias_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const float* bias, void* c16);
   // q, k and v of `shape` kept in 16 bits alone: their companions to read, the pointers nulled,
   // and the read counted; asserts keeps_qkv_alone(shape). Otherwise unset, the pointers as they
   // were.
