@@ -129,6 +129,21 @@ __device__ __forceinline__ float load_as_float(const void* p, int code, std::int
   return float_from_16_bits(static_cast<const std::uint16_t*>(p)[i], code);
 }
 
+// GELU (the tanh form) and its derivative, in fp32: the elementwise kernels' and the fallback
+// GEMM's epilogue's.
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+__device__ __forceinline__ float gelu_value(float v) {
+  return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_grad(float v) {
+  const float th = tanhf(kGeluK * (v + kGeluC * v * v * v));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+}
+
 // Stores v into element i of an array of `code`, rounding to nearest even.
 __device__ __forceinline__ void store_from_float(void* p, int code, std::int64_t i, float v) {
   if (code == kCodeF32) {

@@ -13,6 +13,13 @@ static_assert(kCodeF32 == static_cast<int>(kernels::DType::kF32) &&
               kCodeBF16 == static_cast<int>(kernels::DType::kBF16) &&
               kCodeF16 == static_cast<int>(kernels::DType::kF16));
 
+// GELU in the fallback GEMM's epilogue (gemm_fallback), on each result r (the product, beta's
+// term and the bias, in fp32): none; r stored into `aux` and GELU(r) into C (cuBLASLt's
+// GELU_AUX_BIAS); or C = GELU'(aux widened) r, aux the forward's pre-activation (cuBLASLt's DGELU),
+// assigned as 0 + the product (a -0 becomes +0, as gelu_backward's kernels give). `aux` is of C's
+// type and layout.
+enum GemmGelu : int { kGemmNoGelu = 0, kGemmGeluAux = 1, kGemmDgelu = 2 };
+
 // A 16-bit companion of a kernel's fp32 output (Ops::pair_narrow): where `p` is set, the kernel
 // also writes every element it writes to the fp32 output, rounded to nearest even to `code`
 // (kCodeBF16 or kCodeF16), at the same index of p: the bits a GEMM's operand conversion would

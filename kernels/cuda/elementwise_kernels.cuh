@@ -15,9 +15,6 @@ namespace {
 using cuda::elementwise_blocks;
 using cuda::kElementwiseThreads;
 
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluC = 0.044715f;
-
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
                                          const std::int32_t* positions, const float* wte,
                                          const float* wpe, std::int64_t rows, std::int64_t seq_len,
@@ -64,16 +61,6 @@ __device__ __forceinline__ void store_narrow4(const Narrow& narrow, std::int64_t
     for (int j = 0; j < 4; ++j)
       at[j] = h.v[j];
   }
-}
-
-__device__ __forceinline__ float gelu_value(float v) {
-  return 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
-}
-
-__device__ __forceinline__ float gelu_grad(float v) {
-  const float th = tanhf(kGeluK * (v + kGeluC * v * v * v));
-  const float sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
 }
 
 // GELU's and SwiGLU's forward write `out` and its companion (where `narrow` has one), or the

@@ -133,12 +133,15 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
     const cudaDataType_t bias_type = data_type(key.bias_code);
     STRATA_TRY(STRATA_CUBLAS_CHECK(
         api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue))));
-    STRATA_TRY(STRATA_CUBLAS_CHECK(
-        api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))));
+    if (key.epilogue != 3) {  // DGELU has no bias
+      STRATA_TRY(STRATA_CUBLAS_CHECK(api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                  &bias_type, sizeof(bias_type))));
+    }
     if (key.epilogue >= 2) {
-      // The aux output (the pre-activation; DGELU's input) is as C: fp32, leading dimension n
-      // (set before the heuristic, which may take it into account).
-      const std::int64_t aux_ld = key.n;
+      // The aux output (the pre-activation; DGELU's input) is as C: C's type (cuBLASLt's default
+      // aux type is D's) and leading dimension (set before the heuristic, which may take it into
+      // account).
+      const std::int64_t aux_ld = key.ldc;
       STRATA_TRY(STRATA_CUBLAS_CHECK(
           api.desc_set(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))));
     }
@@ -187,7 +190,6 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        const GemmEpilogue& epilogue, int out_code) {
   const float* bias = epilogue.bias;
   const bool wide = out_code == cuda_kernels::kCodeF32;
-  STRATA_ASSERT(wide || (epilogue.aux == nullptr && !epilogue.dgelu));
   if (api_ != nullptr && k > 0) {
     Key key;
     key.trans_a = trans_a;
@@ -214,7 +216,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
             entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector))));
       }
       if (epilogue.aux != nullptr) {
-        const std::int64_t aux_ld = n;
+        const std::int64_t aux_ld = ldc;
         STRATA_TRY(STRATA_CUBLAS_CHECK(api_->desc_set(entry->desc,
                                                       CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                       &epilogue.aux, sizeof(epilogue.aux))));
@@ -241,19 +243,27 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
       return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
     }
   }
-  // An fp32 C's caller adds its bias itself (without cuBLASLt no epilogue is asked for).
+  // An fp32 C's caller adds its bias itself (without cuBLASLt no epilogue is asked for); a 16-bit
+  // C's bias and GELU are the fallback kernel's (product_to_16 asks it for them without cuBLASLt).
+  if (wide) {
+    return fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code,
+                    out_code);
+  }
+  const int gelu = epilogue.dgelu            ? cuda_kernels::kGemmDgelu
+                   : epilogue.aux != nullptr ? cuda_kernels::kGemmGeluAux
+                                             : cuda_kernels::kGemmNoGelu;
   return fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code, out_code,
-                  wide ? nullptr : bias);
+                  bias, epilogue.aux, gelu);
 }
 
 Status GemmEngine::fallback(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                             std::int64_t k, float alpha, const void* a, std::int64_t lda,
                             const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
-                            int in_code, int out_code, const float* bias) {
+                            int in_code, int out_code, const float* bias, void* aux, int gelu) {
   ++fallback_calls_;
   return STRATA_CUDA_CHECK(cuda_kernels::gemm_fallback(stream_, trans_a, trans_b, m, n, k, alpha, a,
                                                        lda, b, ldb, beta, c, ldc, in_code, out_code,
-                                                       bias));
+                                                       bias, aux, gelu));
 }
 
 int GemmEngine::sixteen_code() const {
@@ -299,26 +309,38 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
                               std::int64_t ldb, void* c, std::int64_t ldc, const float* bias,
                               const float* bias_home) {
+  return product_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, {bias, bias_home});
+}
+
+Status GemmEngine::product_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                 std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                                 std::int64_t ldb, void* c, std::int64_t ldc, const To16Epilogue& e,
+                                 bool* applied) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
+  if (applied != nullptr) *applied = true;
   if (!cuda::converts_operands(config_.precision)) {
     return Status(ErrorCode::kUnavailable,
                   "a product written in 16 bits needs 16-bit GEMM inputs (bf16 or fp16)");
   }
   if (m == 0 || n == 0) return Status::ok();
   const int code = products_code();
+  const float* bias = e.bias;
   auto* workspace = static_cast<std::uint16_t*>(config_.convert_workspace);
   std::int64_t lda16 = 0, ldb16 = 0;
   STRATA_ASSIGN_OR_RETURN(const void* a16, operand_16(a, trans_a ? k : m, trans_a ? m : k, lda,
                                                       &lda16, &workspace, "A operand"));
+  // cuBLASLt's epilogue: a bias's where the bias epilogue is on, a GELU's (asked for only where
+  // its own is on) always; without cuBLASLt (or with k = 0) the fallback kernel applies them.
+  const bool gelu = e.gelu != cuda_kernels::kGemmNoGelu;
+  const bool epilogue = (gelu || (bias != nullptr && bias_epilogue_)) && api_ != nullptr && k > 0;
   // cuBLASLt's bias is of D's type: a weight's 16-bit twin where it has one (an activation's
   // companion holds values rounded, so it is not one), else the fp32 bias rounded into the
   // workspace (a parameter's values: exact).
-  const bool epilogue = bias != nullptr && bias_epilogue_ && api_ != nullptr && k > 0;
   const std::uint16_t* bias16 = nullptr;
-  if (epilogue) {
+  if (epilogue && bias != nullptr) {
     bool rounded = false;
     bias16 = static_cast<const std::uint16_t*>(
-        twin_of(bias_home != nullptr ? bias_home : bias, 1, n, n, code, &rounded));
+        twin_of(e.bias_home != nullptr ? e.bias_home : bias, 1, n, n, code, &rounded));
     if (bias16 == nullptr || rounded) {
       const std::int64_t start = block_start(workspace);
       if (start + n > config_.convert_elements) {
@@ -351,22 +373,32 @@ Status GemmEngine::gemm_to_16(bool trans_a, bool trans_b, std::int64_t m, std::i
                             operand_16(trans_b ? b + j * ldb : b + j, trans_b ? cols : k,
                                        trans_b ? k : cols, ldb, &ldb16, &ws, "B operand"));
     auto* c16 = static_cast<std::uint16_t*>(c) + j;
-    if (bias == nullptr) {
+    void* aux = e.aux == nullptr ? nullptr : static_cast<std::uint16_t*>(e.aux) + j;
+    if (bias == nullptr && !gelu) {
       STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
                      code, {}, code));
       continue;
     }
     if (epilogue) {
-      bool applied = false;
-      GemmEpilogue with{bias + j, nullptr, &applied};
-      with.bias16 = bias16 + j;
+      bool ran = false;
+      GemmEpilogue with{bias == nullptr ? nullptr : bias + j, aux, &ran,
+                        e.gelu == cuda_kernels::kGemmDgelu};
+      if (bias != nullptr) with.bias16 = bias16 + j;
       STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
                      code, with, code));
-      ++(applied ? bias_fused_ : bias_unfused_);
+      if (gelu && !ran) {
+        // No algorithm with the GELU epilogue: the caller computes it its own way, or where it has
+        // none the fallback kernel does, block by block.
+        if (applied != nullptr) *applied = false;
+        if (!e.must) return Status::ok();
+        STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
+                            ldc, code, code, bias == nullptr ? nullptr : bias + j, aux, e.gelu));
+      }
+      if (!gelu) ++(ran ? bias_fused_ : bias_unfused_);
     } else {
       STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
-                          ldc, code, code, bias + j));
-      if (bias_epilogue_) ++bias_unfused_;
+                          ldc, code, code, bias == nullptr ? nullptr : bias + j, aux, e.gelu));
+      if (bias_epilogue_ && !gelu) ++bias_unfused_;
     }
   }
   return Status::ok();
@@ -596,7 +628,7 @@ Result<bool> GemmEngine::epilogue_only(bool on, std::int64_t* fused, std::int64_
     return false;
   }
   forget_output(c, m, n, n);
-  if (epilogue.aux != nullptr) forget_output(epilogue.aux, m, n, n);
+  if (epilogue.aux != nullptr) forget_output(static_cast<const float*>(epilogue.aux), m, n, n);
   bool applied = false;
   epilogue.applied = &applied;
   STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n, epilogue));
@@ -621,6 +653,46 @@ Result<bool> GemmEngine::gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, 
   // cuBLASLt reads the aux pointer for DGELU; the descriptor keeps it as a mutable pointer.
   return epilogue_only(dgelu_epilogue_, &dgelu_fused_, &dgelu_unfused_, trans_a, trans_b, m, n, k,
                        a, lda, b, ldb, dpre, {nullptr, const_cast<float*>(pre), nullptr, true});
+}
+
+Result<bool> GemmEngine::gelu_to_16(bool on, std::int64_t* fused, std::int64_t* unfused,
+                                    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, const float* a, std::int64_t lda,
+                                    const float* b, std::int64_t ldb, void* c,
+                                    const To16Epilogue& e) {
+  if (!on) return false;
+  bool applied = false;
+  const Status ran = product_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, e, &applied);
+  // An operand or the bias that does not fit the conversion workspace (checked before anything is
+  // queued for it) is declined too where the caller has its own way, which converts in blocks.
+  if (ran.code() == ErrorCode::kUnavailable && !e.must) {
+    applied = false;
+  } else {
+    STRATA_TRY(ran);
+  }
+  ++*(applied ? fused : unfused);
+  return applied || e.must;
+}
+
+Result<bool> GemmEngine::gemm_bias_gelu_to_16(bool trans_a, bool trans_b, std::int64_t m,
+                                              std::int64_t n, std::int64_t k, const float* a,
+                                              std::int64_t lda, const float* b, std::int64_t ldb,
+                                              const float* bias, const float* bias_home,
+                                              void* pre16, void* act16) {
+  STRATA_ASSERT(bias != nullptr && pre16 != nullptr && act16 != nullptr);
+  return gelu_to_16(gelu16_epilogue_, &gelu16_fused_, &gelu16_unfused_, trans_a, trans_b, m, n, k,
+                    a, lda, b, ldb, act16, {bias, bias_home, pre16, cuda_kernels::kGemmGeluAux});
+}
+
+Result<bool> GemmEngine::gemm_dgelu_to_16(bool trans_a, bool trans_b, std::int64_t m,
+                                          std::int64_t n, std::int64_t k, const float* a,
+                                          std::int64_t lda, const float* b, std::int64_t ldb,
+                                          const void* pre16, void* dpre16, bool must) {
+  STRATA_ASSERT(pre16 != nullptr && dpre16 != nullptr);
+  // cuBLASLt reads the aux pointer for DGELU; the descriptor keeps it as a mutable pointer.
+  return gelu_to_16(dgelu16_epilogue_, &dgelu16_fused_, &dgelu16_unfused_, trans_a, trans_b, m, n,
+                    k, a, lda, b, ldb, dpre16,
+                    {nullptr, nullptr, const_cast<void*>(pre16), cuda_kernels::kGemmDgelu, must});
 }
 
 }  // STRATA_CUDA_NAMESPACE(cuda)

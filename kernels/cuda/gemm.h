@@ -33,11 +33,12 @@ struct GemmEngineConfig {
 };
 
 // An epilogue for GemmEngine's calls: the bias (n floats), and with `aux` GELU too, aux receiving
-// the pre-activation (leading dimension n); or, with `dgelu`, GELU's gradient: the product times
-// GELU'(aux), aux then the forward's pre-activation (read). `applied` is set when cuBLASLt ran it.
+// the pre-activation (C's type and leading dimension); or, with `dgelu`, GELU's gradient: the
+// product times GELU'(aux), aux then the forward's pre-activation (read). `applied` is set when
+// cuBLASLt ran it.
 struct GemmEpilogue {
   const float* bias = nullptr;
-  float* aux = nullptr;
+  void* aux = nullptr;
   bool* applied = nullptr;
   bool dgelu = false;
   // With a 16-bit C (a bias alone): the bias in C's type, which cuBLASLt then reads (its bias type
@@ -85,6 +86,33 @@ class GemmEngine {
                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
                     std::int64_t ldc, const float* bias = nullptr,
                     const float* bias_home = nullptr);
+  // pre16(m,n) = op(A) op(B) + bias and act16 = GELU(pre) (the tanh form), both computed from the
+  // fp32 result and each rounded once to the products' 16-bit type (GELU of the unrounded
+  // pre-activation), contiguous: cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX_BIAS with a 16-bit D (act16)
+  // and aux (pre16, of D's type) and the bias in D's type as gemm_to_16's; without cuBLASLt, the
+  // fallback kernel with the same epilogue (kGemmGeluAux). Operands as gemm_to_16's (B in blocks of
+  // columns where it must). true where it ran; false where the epilogue is off
+  // (use_gelu_epilogue_16) or cuBLASLt has no algorithm with it: then pre16 and act16 may hold
+  // part of it, and the caller computes them its own way. Counted in gelu16_fused / gelu16_unfused
+  // while on.
+  Result<bool> gemm_bias_gelu_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, const float* a, std::int64_t lda,
+                                    const float* b, std::int64_t ldb, const float* bias,
+                                    const float* bias_home, void* pre16, void* act16);
+  void use_gelu_epilogue_16(bool on) { gelu16_epilogue_ = on; }
+  // dpre16(m,n) = (op(A) op(B)) GELU'(pre16 widened), the fp32 product times the derivative rounded
+  // once, contiguous (pre16 as gemm_bias_gelu_to_16 writes it): cuBLASLt's CUBLASLT_EPILOGUE_DGELU
+  // with a 16-bit D and aux, or the fallback kernel with kGemmDgelu; true/false and counts
+  // (dgelu16_fused / dgelu16_unfused) as gemm_bias_gelu_to_16's (use_dgelu_epilogue_16). With
+  // `must` (the caller has no other way: no fp32 scratch), a product cuBLASLt has no algorithm for
+  // runs the fallback kernel with the epilogue instead (counted in dgelu16_unfused) and an operand
+  // that does not fit the conversion workspace is an error: true wherever the epilogue is on.
+  Result<bool> gemm_dgelu_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                                std::int64_t ldb, const void* pre16, void* dpre16,
+                                bool must = false);
+  void use_dgelu_epilogue_16(bool on) { dgelu16_epilogue_ = on; }
+  bool dgelu_epilogue_16() const { return dgelu16_epilogue_; }
   // C = alpha op(A) op(B) + beta C (fp32) with A given in the products' 16-bit type (an array
   // written by gemm_to_16 or a 16-bit kernel), B as for gemm_to_16.
   Status gemm_from_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -184,9 +212,14 @@ class GemmEngine {
   std::int64_t gelu_unfused() const { return gelu_unfused_; }
   std::int64_t dgelu_fused() const { return dgelu_fused_; }
   std::int64_t dgelu_unfused() const { return dgelu_unfused_; }
+  std::int64_t gelu16_fused() const { return gelu16_fused_; }
+  std::int64_t gelu16_unfused() const { return gelu16_unfused_; }
+  std::int64_t dgelu16_fused() const { return dgelu16_fused_; }
+  std::int64_t dgelu16_unfused() const { return dgelu16_unfused_; }
   // Zeroes those counts (after the backend's start-up checks).
   void reset_epilogue_counts() {
     bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = dgelu_fused_ = dgelu_unfused_ = 0;
+    gelu16_fused_ = gelu16_unfused_ = dgelu16_fused_ = dgelu16_unfused_ = 0;
     twin_calls_ = 0;
     companion_reads_ = 0;
   }
@@ -235,11 +268,31 @@ class GemmEngine {
                                  const char* what);
   // The cache entry for `key`, describing it to cuBLASLt (and asking its heuristic) on a miss.
   Result<Entry*> lookup(const Key& key);
-  // Strata's own kernel (gemm_fallback), counted; `bias` as gemm_fallback's.
+  // Strata's own kernel (gemm_fallback), counted; `bias`, `aux` and `gelu` as gemm_fallback's.
   Status fallback(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                   float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
                   float beta, void* c, std::int64_t ldc, int in_code, int out_code,
-                  const float* bias = nullptr);
+                  const float* bias = nullptr, void* aux = nullptr,
+                  int gelu = cuda_kernels::kGemmNoGelu);
+  // What a product written in 16 bits adds (gemm_to_16's bias; gemm_bias_gelu_to_16's and
+  // gemm_dgelu_to_16's GELU with its aux, of C's type and leading dimension).
+  struct To16Epilogue {
+    const float* bias = nullptr;
+    const float* bias_home = nullptr;
+    void* aux = nullptr;
+    int gelu = cuda_kernels::kGemmNoGelu;
+    bool must = false;  // a GELU epilogue cuBLASLt declines runs the fallback kernel's
+  };
+  // gemm_to_16 with `e`; *applied (where given) false where cuBLASLt had no algorithm for a GELU
+  // epilogue (the product then stops there, or with e.must runs the fallback kernel's).
+  Status product_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb, void* c,
+                       std::int64_t ldc, const To16Epilogue& e, bool* applied = nullptr);
+  // gemm_bias_gelu_to_16 and gemm_dgelu_to_16: `on`, the counts, the call.
+  Result<bool> gelu_to_16(bool on, std::int64_t* fused, std::int64_t* unfused, bool trans_a,
+                          bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                          const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                          void* c, const To16Epilogue& e);
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
   Status describe(const Key& key, Entry* out);
   void release(Entry& entry);
@@ -298,6 +351,9 @@ class GemmEngine {
   bool dgelu_epilogue_ = false;
   std::int64_t bias_fused_ = 0, bias_unfused_ = 0, gelu_fused_ = 0, gelu_unfused_ = 0;
   std::int64_t dgelu_fused_ = 0, dgelu_unfused_ = 0;
+  bool gelu16_epilogue_ = false;
+  bool dgelu16_epilogue_ = false;
+  std::int64_t gelu16_fused_ = 0, gelu16_unfused_ = 0, dgelu16_fused_ = 0, dgelu16_unfused_ = 0;
 };
 
 }  // STRATA_CUDA_NAMESPACE(cuda)

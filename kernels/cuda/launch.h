@@ -240,12 +240,13 @@ cudaError_t adam_step(cudaStream_t s, const AdamDeviceConstants& c, float* maste
 // Row-major C(m,n) = alpha op(A) op(B) + beta C for any strides and alignment, fp32 accumulation;
 // A and B are fp32 or 16-bit (`in_code`); C is fp32 or 16-bit (`out_code`: the fp32 result
 // rounded to nearest even once, beta reading C widened); `bias` (n fp32 values, or null) is added
-// to each result in fp32 before it is stored (before the rounding). Used where cuBLASLt has no
-// algorithm (and in tests).
+// to each result in fp32 before it is stored (before the rounding); `gelu` (GemmGelu) then stores
+// the result into `aux` (C's type and layout) and GELU of it into C, or C = GELU'(aux) times the
+// result. Used where cuBLASLt has no algorithm (and in tests).
 cudaError_t gemm_fallback(cudaStream_t s, bool trans_a, bool trans_b, std::int64_t m,
                           std::int64_t n, std::int64_t k, float alpha, const void* a,
                           std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c,
                           std::int64_t ldc, int in_code, int out_code = kCodeF32,
-                          const float* bias = nullptr);
+                          const float* bias = nullptr, void* aux = nullptr, int gelu = kGemmNoGelu);
 
 }  // STRATA_CUDA_NAMESPACE(cuda_kernels)

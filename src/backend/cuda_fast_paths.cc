@@ -38,6 +38,8 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kGateUp16Name, kGateUp16Replaces},
       {kGelu16Name, kGelu16Replaces},
       {kGeluGradAloneName, kGeluGradAloneReplaces},
+      {kGemmBiasGelu16Name, kGemmBiasGelu16Replaces},
+      {kGemmDgelu16Name, kGemmDgelu16Replaces},
       {kSwigluGradAloneName, kSwigluGradAloneReplaces},
       {kGateUpGradAloneName, kGateUpGradAloneReplaces},
       {kQkvAloneName, kQkvAloneReplaces},

@@ -52,6 +52,29 @@ using GemmDgeluFn = std::function<Result<bool>(
 // left without the derivative; the unfused kernels then run.
 Status check_gemm_dgelu(Backend& backend, const GemmDgeluFn& fused, bool fp16_inputs);
 
+// The same two in 16 bits (GemmEngine::gemm_bias_gelu_to_16, gemm_dgelu_to_16): pre16 and act16
+// (the forward) or dpre16 (the backward, reading pre16) are arrays of the 16-bit type (bf16, or
+// fp16 with `fp16_inputs`), each the fp32 result rounded once; returns whether the epilogue ran.
+using GemmBiasGelu16Fn =
+    std::function<Result<bool>(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                               std::int64_t ldb, const float* bias, void* pre16, void* act16)>;
+using GemmDgelu16Fn = std::function<Result<bool>(
+    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+    std::int64_t lda, const float* b, std::int64_t ldb, const void* pre16, void* dpre16)>;
+
+// As check_gemm_bias_gelu and check_gemm_dgelu (the pre-activation DGELU reads drawn in [-4, 4) and
+// rounded to the 16-bit type), each bound widened by one unit in the last place of the 16-bit type
+// at the value's magnitude (the rounding of the fp32 result, with room); act's bound takes pre's
+// so widened through |GELU'| (GELU of the unrounded pre-activation and GELU of its 16-bit rounding
+// both pass, as the unfused 16-bit path's does); dpre's adds |product| times how far GELU' moves
+// within the rounding interval of the 16-bit pre-activation (half a unit either side, times the
+// largest |GELU''| at its middle and ends): a 16-bit pre-activation stands for any value in it. A
+// value two units off, one read or written as the other 16-bit type, the erf form or its derivative
+// (caught in the tails, where it differs most against |GELU''|) fails.
+Status check_gemm_bias_gelu_16(Backend& backend, const GemmBiasGelu16Fn& fused, bool fp16_inputs);
+Status check_gemm_dgelu_16(Backend& backend, const GemmDgelu16Fn& fused, bool fp16_inputs);
+
 inline constexpr const char* kGemmBiasName = "gemm_bias_epilogue";
 inline constexpr const char* kGemmBiasReplaces = "the GEMM, then the bias kernel (add_bias)";
 inline constexpr const char* kGemmBiasGeluName = "gemm_bias_gelu_epilogue";
@@ -72,5 +95,15 @@ inline constexpr const char* kActivations16Replaces =
 inline constexpr const char* kGemmDgeluName = "gemm_dgelu_epilogue";
 inline constexpr const char* kGemmDgeluReplaces =
     "the GEMM, then the GELU gradient kernel (gelu_backward)";
+// GPT-2's MLP in 16 bits (gelu_16bit with the activation kept alone; gelu_grad_16bit_alone) with
+// GELU and its gradient back in the product's epilogue.
+inline constexpr const char* kGemmBiasGelu16Name = "gemm_bias_gelu_epilogue_16bit";
+inline constexpr const char* kGemmBiasGelu16Replaces =
+    "the MLP's pre-activation written in 16 bits by its product and bias, then GELU's 16-bit "
+    "kernel (gelu_forward_16) reading it and writing the activation";
+inline constexpr const char* kGemmDgelu16Name = "gemm_dgelu_epilogue_16bit";
+inline constexpr const char* kGemmDgelu16Replaces =
+    "the product giving GELU's output gradient written in fp32 scratch, then GELU's 16-bit "
+    "backward kernel (gelu_backward_16) reading it and writing the gradient";
 
 }  // namespace strata::backend

@@ -207,9 +207,15 @@ class Ops {
   // companion, and bias_backward reading it as `dout` reads the companion, widened (its values
   // rounded, where the fp32 array held them unrounded).
   virtual bool keeps_gelu_grad_alone() const { return false; }
+  // Whether gemm_dgelu_narrow writing a gradient kept alone (keeps_gelu_grad_alone()) runs the
+  // product and GELU's gradient in one call and never touches its fp32 scratch, which may then be
+  // null (false, the default: the scratch is needed).
+  virtual bool fuses_gelu_grad() const { return false; }
   // pre16(m,n) (narrow_type(), contiguous) = op(A) op(B) + bias, the fp32 sum rounded once; act =
   // GELU(pre16 widened), written as gelu_forward writes it (with its companion, or its companion
-  // alone where it is kept so). Only where keeps_gelu_narrow().
+  // alone where it is kept so); or, where act is kept alone and the backend fuses GELU into the
+  // product, GELU of the fp32 sum rounded once (the CUDA backend's
+  // gemm_bias_gelu_epilogue_16bit). Only where keeps_gelu_narrow().
   virtual void gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                      std::int64_t k, const T* a, std::int64_t lda, const T* b,
                                      std::int64_t ldb, const T* bias, void* pre16, T* act) {
@@ -219,7 +225,8 @@ class Ops {
   }
   // dpre(m,n) = (op(A) op(B)) * GELU'(pre16 widened), pre16 a gemm_bias_gelu_narrow output: the
   // product into `scratch` (m x n, fp32), then GELU's backward writing dpre (with its companion
-  // where it has one). Only where keeps_gelu_narrow().
+  // where it has one); or in one call where dpre is kept alone and the backend fuses it
+  // (fuses_gelu_grad(): `scratch` may be null). Only where keeps_gelu_narrow().
   virtual void gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                                  std::int64_t k, const T* a, std::int64_t lda, const T* b,
                                  std::int64_t ldb, const void* pre16, T* scratch, T* dpre) {

@@ -220,8 +220,11 @@ Status ModelRunner<T>::allocate() {
     acts_.push_back(a);
   }
   const char* what = "backward scratch";
-  STRATA_TRY(fp32_or_key(&scratch_.dact, n * in, keeps_swiglu_grad_alone(), what,
-                         "a SwiGLU gradient kept in 16 bits"));
+  // GPT-2's product before GELU's gradient: none where the product's epilogue writes the gradient.
+  if (!fuses_gelu_grad()) {
+    STRATA_TRY(fp32_or_key(&scratch_.dact, n * in, keeps_swiglu_grad_alone(), what,
+                           "a SwiGLU gradient kept in 16 bits"));
+  }
   STRATA_TRY(fp32_or_key(&scratch_.dfc, n * fc_width(spec_),
                          keeps_gate_up_grad_alone() || keeps_gelu_grad_alone(), what,
                          "an MLP pre-activation's gradient kept in 16 bits"));
@@ -300,6 +303,12 @@ template <typename T>
 bool ModelRunner<T>::keeps_gelu_grad_alone() const {
   return options_.narrow_gelu_grad && keeps_gelu_narrow() && keeps_alone() &&
          (sizing_ || ops_->keeps_gelu_grad_alone());
+}
+
+template <typename T>
+bool ModelRunner<T>::fuses_gelu_grad() const {
+  return options_.fused_gelu_grad && keeps_gelu_grad_alone() &&
+         (sizing_ || ops_->fuses_gelu_grad());
 }
 
 template <typename T>
@@ -725,6 +734,7 @@ WithoutCompanions without_companions(const ModelShape& spec, const RunnerOptions
   w.options.narrow_gate_up = false;  // its product reads the companions
   w.options.narrow_gelu = false;     // likewise
   w.options.narrow_gelu_grad = false;
+  w.options.fused_gelu_grad = false;
   w.memory = ModelRunner<float>::memory_needed(spec, w.options);
   const RunnerMemory with = ModelRunner<float>::memory_needed(spec, options);
   w.note = fmt::format(

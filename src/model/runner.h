@@ -83,6 +83,11 @@ struct RunnerOptions {
   // effect, and only where the backend's ops promise it; otherwise the fp32 array beside its
   // companion.
   bool narrow_gelu_grad = false;
+  // GELU's gradient written by the product's epilogue (Ops::fuses_gelu_grad, fast path
+  // gemm_dgelu_epilogue_16bit): GPT-2's fp32 backward scratch before GELU's gradient (dact, N x 4C)
+  // is then not allocated. Only with narrow_gelu_grad in effect, and only where the backend's ops
+  // promise it; otherwise the scratch.
+  bool fused_gelu_grad = false;
   // Each block's attention output (att, N x H*D) in the ops' 16-bit type alone too (Ops::
   // keeps_attention_alone, fast path attention_16bit_alone): written so by the 16-bit attention,
   // read so by its backward and its products; memory_needed counts 2 bytes per element. Only with
@@ -219,6 +224,8 @@ class ModelRunner {
   bool keeps_gelu_narrow() const;
   // Whether GELU's gradient is kept in 16 bits alone too (RunnerOptions::narrow_gelu_grad).
   bool keeps_gelu_grad_alone() const;
+  // Whether GPT-2's GELU gradient skips its fp32 scratch (RunnerOptions::fused_gelu_grad).
+  bool fuses_gelu_grad() const;
   // Whether the gradient of SwiGLU's output is kept in 16 bits alone too
   // (RunnerOptions::narrow_swiglu_grad).
   bool keeps_swiglu_grad_alone() const;

@@ -140,6 +140,9 @@ Status Trainer::setup() {
   // GELU's gradient kept in its companion alone likewise (gelu_grad_16bit_alone).
   runner.narrow_gelu_grad =
       runner.narrow_gelu && runner.narrow_alone && backend_->ops_f32().keeps_gelu_grad_alone();
+  // Its product and GELU's gradient in one call, without the fp32 scratch
+  // (gemm_dgelu_epilogue_16bit).
+  runner.fused_gelu_grad = runner.narrow_gelu_grad && backend_->ops_f32().fuses_gelu_grad();
   // Each block's attention output in 16 bits alone too, where every layer's shape takes it
   // (attention_16bit_alone).
   runner.narrow_attention_alone =

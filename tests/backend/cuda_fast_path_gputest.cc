@@ -242,6 +242,32 @@ TEST(CudaFastPaths, GeluInputIn16BitsIsOnWith16BitGemms) {
   EXPECT_NE(path->detail.find("not applicable"), std::string::npos) << path->detail;
 }
 
+// GPT-2's MLP with GELU and its gradient back in the product's epilogue with 16-bit outputs
+// (cuBLASLt's GELU_AUX_BIAS and DGELU with a 16-bit D and aux): listed with 16-bit GEMMs, on where
+// their start-up checks (against the product in double, with the 16-bit type's resolution as room)
+// passed on this GPU, off with the reason otherwise; printed either way (whether cuBLASLt's GELU
+// is close enough to the tanh form is for this GPU to say, as for the fp32 epilogues). With fp32
+// GEMM inputs neither applies. Their uses at the real shapes show in `bench step --json`
+// (tools/gpu_checks.sh --bench).
+TEST(CudaFastPaths, GeluEpiloguesIn16BitsAreListedWith16BitGemms) {
+  for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    for (const char* name : {kGemmBiasGelu16Name, kGemmDgelu16Name}) {
+      const std::optional<FastPath> path = find_path(gpu.fast_paths(), name);
+      ASSERT_TRUE(path.has_value()) << name;
+      std::printf("fast path %s (%s): %s: %s\n", name, cuda::to_string(precision),
+                  path->active ? "on" : "off", path->detail.c_str());
+      EXPECT_FALSE(path->detail.empty()) << name;
+    }
+  }
+  STRATA_GPU_OR_SKIP(fp32, with(GemmPrecision::kFp32));
+  for (const char* name : {kGemmBiasGelu16Name, kGemmDgelu16Name}) {
+    const std::optional<FastPath> path = find_path(fp32.fast_paths(), name);
+    ASSERT_TRUE(path.has_value()) << name;
+    EXPECT_FALSE(path->active) << name;
+  }
+}
+
 // The Llama family's gate and up in 16 bits alone (the start-up check passed) with 16-bit GEMMs,
 // whose weights' and activations' paths it needs; the check passes again on the backend's own
 // Ops, counting 2 SwiGLU calls for each of its 2 shapes; so does the check of SwiGLU's output

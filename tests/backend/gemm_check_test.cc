@@ -5,7 +5,10 @@
 // passes the model's tanh GELU and fails the erf GELU, a tanh off by 2^-12 and a call that did
 // not run. The GELU-gradient check passes the tanh form's derivative (and the CPU's own
 // gelu_backward over the product) and fails the erf form's, the product without a derivative and
-// a call that did not run.
+// a call that did not run. Their 16-bit forms (outputs rounded once to bf16 or fp16) pass GELU of
+// the sum or of its rounding and the derivative at the 16-bit pre-activation, and fail a value two
+// units in the last place off, the other 16-bit type, the erf form and a call that did not run; a
+// failing one is listed off with one warning.
 #include "backend/gemm_check.h"
 
 #include <gtest/gtest.h>
@@ -14,9 +17,12 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/fast_path.h"
+#include "kernels/cpu/cast.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_ops.h"
 #include "support/cpu_backend_support.h"
@@ -194,6 +200,160 @@ TEST(GemmDgeluCheck, AnotherDerivativeNoDerivativeOrNoRunFails) {
   const Status none = check_gemm_dgelu(*backend, dgelu_fake(DgeluFault::kNotRun), false);
   ASSERT_FALSE(none.is_ok());
   EXPECT_NE(none.message().find("the epilogue did not run"), std::string::npos) << none.to_string();
+}
+
+}  // namespace
+}  // namespace strata::backend
+
+namespace strata::backend {
+namespace {
+
+// The 16-bit forms (GemmEngine::gemm_bias_gelu_to_16, gemm_dgelu_to_16) on the CPU: the product by
+// the CPU, each output rounded to the 16-bit type.
+DType sixteen(bool fp16) {
+  return fp16 ? DType::kF16 : DType::kBF16;
+}
+DType other(bool fp16) {
+  return fp16 ? DType::kBF16 : DType::kF16;
+}
+double tanh_gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double tanh_gelu_slope(double x) {
+  const double c = 0.7978845608028654;
+  const double t = std::tanh(c * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+std::vector<float> rounded(const std::vector<float>& v, DType type) {
+  std::vector<std::uint16_t> h(v.size());
+  std::vector<float> out(v.size());
+  const auto n = static_cast<std::int64_t>(v.size());
+  kernels::cast_array(h.data(), type, v.data(), DType::kF32, n);
+  kernels::cast_array(out.data(), DType::kF32, h.data(), type, n);
+  return out;
+}
+
+enum class Gelu16Fault { kNone, kOfRounded, kTwoUlps, kOtherType, kErfGelu, kNotRun };
+
+// pre16 = product + bias rounded; act16 = the tanh GELU of the unrounded sum (right: cuBLASLt's
+// epilogue and the fallback kernel), of its rounding (right too: the unfused 16-bit path), two
+// units off in the pre-activation of largest magnitude, written in the other 16-bit type, the erf
+// GELU, or not run.
+GemmBiasGelu16Fn gelu16_fake(Gelu16Fault fault, bool fp16) {
+  return [fault, fp16](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const float* bias, void* pre16, void* act16) -> Result<bool> {
+    if (fault == Gelu16Fault::kNotRun) return false;
+    std::vector<float> pre(static_cast<std::size_t>(m * n));
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        pre[static_cast<std::size_t>(i * n + j)] = bias[j];
+    kernels::gemm<float>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, pre.data(), n);
+    const DType type = fault == Gelu16Fault::kOtherType ? other(fp16) : sixteen(fp16);
+    const std::vector<float> x = fault == Gelu16Fault::kOfRounded ? rounded(pre, type) : pre;
+    std::vector<float> act(pre.size());
+    for (std::size_t i = 0; i < act.size(); ++i) {
+      act[i] = static_cast<float>(fault == Gelu16Fault::kErfGelu
+                                      ? 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)))
+                                      : tanh_gelu(x[i]));
+    }
+    auto* p16 = static_cast<std::uint16_t*>(pre16);
+    kernels::cast_array(p16, type, pre.data(), DType::kF32, m * n);
+    kernels::cast_array(act16, type, act.data(), DType::kF32, m * n);
+    if (fault == Gelu16Fault::kTwoUlps) {
+      const auto largest = std::max_element(
+          pre.begin(), pre.end(), [](float l, float r) { return std::abs(l) < std::abs(r); });
+      p16[largest - pre.begin()] += 2;
+    }
+    return true;
+  };
+}
+
+TEST(GemmBiasGelu16Check, GeluOfTheSumOrOfItsRoundingPassesInBothTypes) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    for (const Gelu16Fault f : {Gelu16Fault::kNone, Gelu16Fault::kOfRounded}) {
+      const Status s = check_gemm_bias_gelu_16(*backend, gelu16_fake(f, fp16), fp16);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+    }
+  }
+}
+
+TEST(GemmBiasGelu16Check, TwoUnitsOffTheOtherTypeAnotherGeluOrNoRunFails) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    for (const auto& [f, expect] :
+         {std::pair{Gelu16Fault::kTwoUlps, ": pre["}, std::pair{Gelu16Fault::kOtherType, ": pre["},
+          std::pair{Gelu16Fault::kErfGelu, ": act["},
+          std::pair{Gelu16Fault::kNotRun, "the epilogue did not run"}}) {
+      const Status s = check_gemm_bias_gelu_16(*backend, gelu16_fake(f, fp16), fp16);
+      ASSERT_FALSE(s.is_ok()) << static_cast<int>(f) << " fp16 " << fp16;
+      EXPECT_NE(s.message().find(expect), std::string::npos) << s.to_string();
+    }
+  }
+}
+
+enum class Dgelu16Fault { kNone, kOtherType, kErfSlope, kNotRun };
+
+// dpre16 = product times the tanh GELU's derivative at pre16 widened, rounded (right); pre16 read
+// as the other 16-bit type; the erf GELU's derivative; not run.
+GemmDgelu16Fn dgelu16_fake(Dgelu16Fault fault, bool fp16) {
+  return [fault, fp16](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       const void* pre16, void* dpre16) -> Result<bool> {
+    if (fault == Dgelu16Fault::kNotRun) return false;
+    std::vector<float> product(static_cast<std::size_t>(m * n));
+    kernels::gemm<float>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, product.data(), n);
+    std::vector<float> pre(product.size());
+    kernels::cast_array(pre.data(), DType::kF32, pre16,
+                        fault == Dgelu16Fault::kOtherType ? other(fp16) : sixteen(fp16), m * n);
+    for (std::size_t i = 0; i < pre.size(); ++i) {
+      const double x = pre[i];
+      const double slope = fault == Dgelu16Fault::kErfSlope
+                               ? 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
+                                     x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * 3.141592653589793)
+                               : tanh_gelu_slope(x);
+      product[i] = static_cast<float>(product[i] * slope);
+    }
+    kernels::cast_array(dpre16, sixteen(fp16), product.data(), DType::kF32, m * n);
+    return true;
+  };
+}
+
+TEST(GemmDgelu16Check, TheDerivativeAtThe16BitPreActivationPassesInBothTypes) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    const Status s = check_gemm_dgelu_16(*backend, dgelu16_fake(Dgelu16Fault::kNone, fp16), fp16);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+}
+
+TEST(GemmDgelu16Check, TheOtherTypeAnotherDerivativeOrNoRunFails) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    for (const auto& [f, expect] : {std::pair{Dgelu16Fault::kOtherType, "GELU'("},
+                                    std::pair{Dgelu16Fault::kErfSlope, "GELU'("},
+                                    std::pair{Dgelu16Fault::kNotRun, "the epilogue did not run"}}) {
+      const Status s = check_gemm_dgelu_16(*backend, dgelu16_fake(f, fp16), fp16);
+      ASSERT_FALSE(s.is_ok()) << static_cast<int>(f) << " fp16 " << fp16;
+      EXPECT_NE(s.message().find(expect), std::string::npos) << s.to_string();
+    }
+  }
+}
+
+TEST(GemmBiasGelu16Check, AFailingEpilogueIsListedOffWithOneWarning) {
+  auto backend = cpu_backend();
+  std::vector<std::string> warnings;
+  FastPaths paths([&](const std::string& m) { warnings.push_back(m); });
+  const bool on = paths.adopt(kGemmDgelu16Name, kGemmDgelu16Replaces, "DGELU in 16 bits", [&] {
+    return check_gemm_dgelu_16(*backend, dgelu16_fake(Dgelu16Fault::kErfSlope, false), false);
+  });
+  EXPECT_FALSE(on);
+  EXPECT_FALSE(paths.active(kGemmDgelu16Name));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("fast path gemm_dgelu_epilogue_16bit is off"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(kGemmDgelu16Replaces), std::string::npos) << warnings[0];
 }
 
 }  // namespace

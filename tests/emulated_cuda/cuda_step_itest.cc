@@ -156,7 +156,10 @@ struct TrainedRun {
   std::int64_t qkv_grad_bias_reads = -1;     // its bias gradients reading it, likewise
   std::int64_t qkv_alone_reads = -1;         // the qkv_16bit path's, where it is on
   std::int64_t bias_alone_writes = -1;       // its biased products (CudaOps::bias_alone_writes)
-  std::uint64_t device_in_use = 0;           // the device arena's bytes in use after the last step
+  std::int64_t gelu_epilogue_16 = -1;        // gemm_bias_gelu_epilogue_16bit's uses, where it is on
+  std::int64_t dgelu_epilogue_16 = -1;       // gemm_dgelu_epilogue_16bit's, likewise
+  std::int64_t gelu_epilogues_16_declined = 0;  // both paths' declined calls
+  std::uint64_t device_in_use = 0;  // the device arena's bytes in use after the last step
 };
 
 TrainedRun train(const std::string& family, const Tier& tier, bool emulated, const std::string& dir,
@@ -195,6 +198,11 @@ TrainedRun train(const std::string& family, const Tier& tier, bool emulated, con
     if (p.name == backend::kGateUpGradAloneName && p.active) run.gate_up_grad_writes = p.uses;
     if (p.name == backend::kQkvGradAloneName && p.active) run.qkv_grad_writes = p.uses;
     if (p.name == backend::kQkvAloneName && p.active) run.qkv_alone_reads = p.uses;
+    if (p.name == backend::kGemmBiasGelu16Name && p.active) run.gelu_epilogue_16 = p.uses;
+    if (p.name == backend::kGemmDgelu16Name && p.active) run.dgelu_epilogue_16 = p.uses;
+    if (p.name == backend::kGemmBiasGelu16Name || p.name == backend::kGemmDgelu16Name) {
+      run.gelu_epilogues_16_declined += p.declined;
+    }
   }
   if (const auto* ops = dynamic_cast<const backend::CudaOps*>(&trainer->backend().ops_f32())) {
     run.qkv_grad_bias_reads = ops->qkv_grad_bias_reads();
@@ -538,13 +546,14 @@ TEST(EmulatedCudaStepFallback, RopeInAttentionRefusedAtStartGivesTheSameBits) {
 // (attention_grad_16bit: one cast kernel more per block and micro-batch, 2 bytes per element of
 // the gradient more). SwiGLU's output gradient in 16 bits (swiglu_grad_16bit) needs this path and
 // rounds what the fp32 path keeps, as do the norms' output gradient in 16 bits (norm_grad_16bit)
-// and GPT-2's GELU gradient kept alone (gelu_grad_16bit_alone, whose bias sums read it rounded):
-// both runs refuse them.
+// and GPT-2's GELU gradient kept alone (gelu_grad_16bit_alone, whose bias sums read it rounded),
+// and GELU in GPT-2's 16-bit product epilogue (gemm_bias_gelu_epilogue_16bit, which writes GELU of
+// the unrounded pre-activation): both runs refuse them.
 TEST(EmulatedCudaStepFallback, ActivationsAloneRefusedAtStartGiveTheSameBits) {
   testing::TempDir dir;
   const std::string rounding = std::string(backend::kSwigluGradAloneName) + "," +
                                backend::kNormGradAloneName + "," + backend::kQkvAloneName + "," +
-                               backend::kGeluGradAloneName;
+                               backend::kGeluGradAloneName + "," + backend::kGemmBiasGelu16Name;
   const std::string refused = std::string(backend::kActivations16AloneName) + "," + rounding;
   for (const std::string family : {"gpt2", "llama"}) {
     const TrainedRun alone = train_refused(rounding.c_str(), family, kTiers[0], true,
@@ -877,9 +886,12 @@ TEST(EmulatedCudaStepFallback, QkvIn16BitsTrackTheFp32Qkv) {
 TEST(EmulatedCudaStepFallback, Gpt2GeluInputIn16BitsTracksTheFp32Input) {
   testing::TempDir dir;
   // GELU's gradient kept alone (gelu_grad_16bit_alone) needs this path and rounds what the fp32
-  // path keeps: the narrow run refuses it (GeluGradientsAloneTrackTheFp32Gradient).
-  const TrainedRun narrow = train_refused(backend::kGeluGradAloneName, "gpt2", kTiers[0], true,
-                                          dir.path() + "/narrow", 2);
+  // path keeps: the narrow run refuses it (GeluGradientsAloneTrackTheFp32Gradient), and GELU in the
+  // product's epilogue, which computes GELU before the rounding
+  // (Gpt2MlpEpiloguesIn16BitsTrackTheUnfusedKernels).
+  const TrainedRun narrow = train_refused(
+      (std::string(backend::kGeluGradAloneName) + "," + backend::kGemmBiasGelu16Name).c_str(),
+      "gpt2", kTiers[0], true, dir.path() + "/narrow", 2);
   const TrainedRun wide =
       train_refused(backend::kGelu16Name, "gpt2", kTiers[0], true, dir.path() + "/wide", 2);
   ASSERT_EQ(narrow.launches.size(), 2u);
@@ -930,10 +942,12 @@ TEST(EmulatedCudaStepFallback, Gpt2GeluInputIn16BitsTracksTheFp32Input) {
 // first loss the same to the bit (no update yet), losses within 1e-4 of each other (relative),
 // updates within 10 % of the refused run's norm. The same kernels, one write kept alone and one
 // bias gradient reading it per block and micro-batch, and exactly 4 bytes per element of the
-// gradient (one scratch for all blocks) fewer on the device.
+// gradient (one scratch for all blocks) fewer on the device. (GELU's gradient in the product's
+// epilogue, which needs the gradient kept alone, is refused for the kernels to compare.)
 TEST(EmulatedCudaStepFallback, GeluGradientsAloneTrackTheFp32Gradient) {
   testing::TempDir dir;
-  const TrainedRun alone = train("gpt2", kTiers[0], true, dir.path() + "/alone", 2);
+  const TrainedRun alone =
+      train_refused(backend::kGemmDgelu16Name, "gpt2", kTiers[0], true, dir.path() + "/alone", 2);
   const TrainedRun beside = train_refused(backend::kGeluGradAloneName, "gpt2", kTiers[0], true,
                                           dir.path() + "/beside", 2);
   ASSERT_EQ(alone.launches.size(), 2u);
@@ -958,6 +972,63 @@ TEST(EmulatedCudaStepFallback, GeluGradientsAloneTrackTheFp32Gradient) {
   EXPECT_EQ(beside.gelu_grad_bias_reads, 0);
   const std::int64_t inner = 4 * 128;
   EXPECT_EQ(beside.device_in_use - alone.device_in_use,
+            static_cast<std::uint64_t>(rows * inner) * sizeof(float));
+}
+
+// GPT-2's MLP with GELU and its gradient in the product's epilogue, in 16 bits
+// (gemm_bias_gelu_epilogue_16bit, gemm_dgelu_epilogue_16bit: the fallback kernel's epilogue
+// standing in for cuBLASLt's), against both refused at start (the product written in 16 bits, then
+// GELU's 16-bit kernels). The forward takes GELU of the fp32 pre-activation where the unfused
+// kernel takes it of the 16-bit rounding, so the first loss moves: losses within 1e-4 of each
+// other (relative), updates within 10 % of the refused run's norm. The backward reads the same
+// 16 bits and gives the unfused kernels' bits (EmulatedKernels.FallbackGemmGeluEpilogues…). Per
+// block and micro-batch, GELU's two 16-bit kernels go (each product does their work): two
+// launches fewer, no cast before a GEMM; one fused forward and one fused backward, none declined;
+// and the fp32 scratch the unfused backward wrote its product into is not allocated: exactly 4
+// bytes per element of it fewer on the device.
+TEST(EmulatedCudaStepFallback, Gpt2MlpEpiloguesIn16BitsTrackTheUnfusedKernels) {
+  testing::TempDir dir;
+  const TrainedRun fused = train("gpt2", kTiers[0], true, dir.path() + "/fused", 2);
+  const TrainedRun unfused = train_refused(
+      (std::string(backend::kGemmBiasGelu16Name) + "," + backend::kGemmDgelu16Name).c_str(), "gpt2",
+      kTiers[0], true, dir.path() + "/unfused", 2);
+  ASSERT_EQ(fused.launches.size(), 2u);
+  ASSERT_EQ(unfused.launches.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_NEAR(fused.losses[step], unfused.losses[step], 1e-4 * unfused.losses[step])
+        << "step " << step + 1;
+  }
+  EXPECT_NE(fused.losses[0], unfused.losses[0]) << "GELU read the rounded pre-activation";
+  const double difference = update_difference(fused, unfused);
+  EXPECT_LT(difference, 0.1);
+  EXPECT_GT(difference, 0.0);
+  std::printf(
+      "gpt2: GELU in the 16-bit epilogues: losses %.6f %.6f (unfused %.6f %.6f); update differs by "
+      "%.4f of its norm\n",
+      fused.losses[0], fused.losses[1], unfused.losses[0], unfused.losses[1], difference);
+  const std::int64_t micro_batches = 2, layers = 2, blocks = micro_batches * layers;
+  for (int step = 0; step < 2; ++step) {
+    const auto& on = fused.launches[step];
+    const auto& off = unfused.launches[step];
+    for (const char* kernel : {"gelu_forward_16_kernel", "gelu_backward_16_kernel"}) {
+      EXPECT_EQ(emu::launches_of(on, kernel), 0) << kernel << ", step " << step + 1;
+      EXPECT_EQ(emu::launches_of(off, kernel), blocks) << kernel << ", step " << step + 1;
+    }
+    EXPECT_EQ(emu::launches_of(on, "gemm_fallback_kernel"),
+              emu::launches_of(off, "gemm_fallback_kernel"))
+        << "step " << step + 1;
+    EXPECT_EQ(on.size() + 2 * blocks, off.size()) << "step " << step + 1;
+    EXPECT_EQ(emu::casts_before_gemms(fused.compute[step]), 0) << "step " << step + 1;
+  }
+  EXPECT_EQ(fused.gelu_epilogue_16, 2 * blocks);
+  EXPECT_EQ(fused.dgelu_epilogue_16, 2 * blocks);
+  EXPECT_EQ(fused.gelu_epilogues_16_declined, 0);
+  EXPECT_EQ(unfused.gelu_epilogue_16, -1);
+  EXPECT_EQ(unfused.dgelu_epilogue_16, -1);
+  EXPECT_EQ(fused.narrow_gelu_calls, unfused.narrow_gelu_calls);
+  // No fp32 scratch for the product before GELU's gradient (N x 4C, one for all blocks).
+  const std::int64_t rows = 2 * 32, inner = 4 * 128;
+  EXPECT_EQ(unfused.device_in_use - fused.device_in_use,
             static_cast<std::uint64_t>(rows * inner) * sizeof(float));
 }
 
@@ -1101,6 +1172,12 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["gate_up_16bit"].active) << paths["gate_up_16bit"].detail;
   EXPECT_TRUE(paths["gelu_16bit"].active) << paths["gelu_16bit"].detail;
   EXPECT_TRUE(paths["gelu_grad_16bit_alone"].active) << paths["gelu_grad_16bit_alone"].detail;
+  // Without cuBLASLt the MLP's 16-bit GELU epilogues are the fallback kernel's.
+  for (const char* epilogue : {"gemm_bias_gelu_epilogue_16bit", "gemm_dgelu_epilogue_16bit"}) {
+    EXPECT_TRUE(paths[epilogue].active) << epilogue << ": " << paths[epilogue].detail;
+    EXPECT_NE(paths[epilogue].detail.find("fallback GEMM kernel"), std::string::npos)
+        << paths[epilogue].detail;
+  }
   EXPECT_TRUE(paths["attention_16bit_alone"].active) << paths["attention_16bit_alone"].detail;
   EXPECT_TRUE(paths["attention_grad_16bit"].active) << paths["attention_grad_16bit"].detail;
   EXPECT_TRUE(paths["swiglu_grad_16bit"].active) << paths["swiglu_grad_16bit"].detail;

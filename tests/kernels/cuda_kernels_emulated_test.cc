@@ -972,6 +972,80 @@ TEST(EmulatedKernels, FallbackGemmAddsItsBiasBeforeTheRounding) {
   }
 }
 
+// GELU in the epilogue (GPT-2's MLP with its activation and gradient in 16 bits, the fallback for
+// cuBLASLt's GELU_AUX_BIAS and DGELU): the forward stores the fp32 product plus bias rounded into
+// aux and GELU of the unrounded sum rounded into C: the bits of the fp32 kernel with its bias, then
+// the fp32 GELU kernel writing its companion; the backward, the product times GELU' of aux widened:
+// the bits of the fp32 product, then GELU's 16-bit backward writing its companion alone. Both
+// 16-bit types; the padding past n of each row of C and aux untouched; and both within the 16-bit
+// rounding of the CPU's GELU and GELU gradient.
+TEST(EmulatedKernels, FallbackGemmGeluEpiloguesGiveTheBitsOfTheUnfusedKernels) {
+  const std::int64_t m = 19, n = 41, k = 36, ldc = n + 5;
+  const std::vector<float> a = random_floats(m * k, 31), b = random_floats(n * k, 32);
+  const std::vector<float> bias = random_floats(n, 33, -2.0f, 2.0f);
+  // The unfused forward in fp32 (padding zeros): the product with its bias, GELU on the sums.
+  std::vector<float> sums(static_cast<std::size_t>(m * ldc), 0.0f);
+  ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+                              sums.data(), ldc, kCodeF32, kCodeF32, bias.data()),
+            0);
+  const auto total = static_cast<std::int64_t>(sums.size());
+  for (const int code : {kCodeBF16, kCodeF16}) {
+    const auto type = static_cast<kernels::DType>(code);
+    std::vector<float> act(sums.size());
+    std::vector<std::uint16_t> act_want(sums.size()), pre_want(sums.size());
+    ASSERT_EQ(
+        run_gelu_forward(kEmulator, act.data(), sums.data(), total, Narrow{act_want.data(), code}),
+        0);
+    kernels::cast_array(pre_want.data(), type, sums.data(), kernels::DType::kF32, total);
+    std::vector<std::uint16_t> act16(sums.size(), 0x7777), pre16(sums.size(), 0x7777);
+    ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                                0.0f, act16.data(), ldc, kCodeF32, code, bias.data(), pre16.data(),
+                                kGemmGeluAux),
+              0);
+    // The backward: dy (m x k) times a weight (n x k) transposed, times GELU' of pre16.
+    const std::vector<float> dy = random_floats(m * k, 34), w = random_floats(n * k, 35);
+    std::vector<float> product(sums.size(), 0.0f);
+    ASSERT_EQ(run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, dy.data(), k, w.data(), k,
+                                0.0f, product.data(), ldc, kCodeF32),
+              0);
+    std::vector<std::uint16_t> d_want(sums.size());
+    ASSERT_EQ(run_gelu_backward_16(kEmulator, nullptr, pre16.data(), code, product.data(), total,
+                                   Narrow{d_want.data(), code}),
+              0);
+    std::vector<std::uint16_t> d16(sums.size(), 0x7777);
+    ASSERT_EQ(
+        run_gemm_fallback(kEmulator, false, true, m, n, k, 1.0f, dy.data(), k, w.data(), k, 0.0f,
+                          d16.data(), ldc, kCodeF32, code, nullptr, pre16.data(), kGemmDgelu),
+        0);
+    // Against the CPU's reference: GELU of the sums, and its gradient at the 16-bit pre-activation
+    // onto a zeroed array, each within the 16-bit type's rounding.
+    std::vector<float> act_cpu(sums.size()), d_cpu(sums.size(), 0.0f), pre_wide(sums.size());
+    kernels::gelu_forward(act_cpu.data(), sums.data(), total);
+    kernels::cast_array(pre_wide.data(), kernels::DType::kF32, pre16.data(), type, total);
+    kernels::gelu_backward(d_cpu.data(), pre_wide.data(), product.data(), total);
+    std::vector<float> act_got(sums.size()), d_got(sums.size());
+    kernels::cast_array(act_got.data(), kernels::DType::kF32, act16.data(), type, total);
+    kernels::cast_array(d_got.data(), kernels::DType::kF32, d16.data(), type, total);
+    const double unit = code == kCodeBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto i = static_cast<std::size_t>(r * ldc + j);
+        EXPECT_NEAR(act_got[i], act_cpu[i], unit * std::abs(act_cpu[i]) + 1e-6) << "act at " << i;
+        EXPECT_NEAR(d_got[i], d_cpu[i], unit * std::abs(d_cpu[i]) + 1e-6) << "dpre at " << i;
+      }
+    }
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < ldc; ++j) {
+        const auto i = static_cast<std::size_t>(r * ldc + j);
+        const bool inside = j < n;
+        ASSERT_EQ(pre16[i], inside ? pre_want[i] : 0x7777) << "pre, code " << code << " at " << i;
+        ASSERT_EQ(act16[i], inside ? act_want[i] : 0x7777) << "act, code " << code << " at " << i;
+        ASSERT_EQ(d16[i], inside ? d_want[i] : 0x7777) << "dpre, code " << code << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(EmulatedKernels, AdamIsTheCpusBitsAndSkipsNonFiniteTiles) {
   const std::size_t n = 3000;
   std::vector<float> p = random_floats(n, 20), m = random_floats(n, 21, -0.01f, 0.01f);

@@ -355,7 +355,8 @@ TEST(RunSettings, GateUpGradientsIn16BitsAloneAreCountedAsSuch) {
 // GPT-2's GELU gradient kept in 16 bits alone (RunnerOptions::narrow_gelu_grad) is counted as such:
 // the backward's one scratch array (N x 4C) is not allocated beside its companion. Only with GELU's
 // input in 16 bits and the activations kept alone, not for the Llama family, not without the
-// companions; the settings alone leave it off.
+// companions; the settings alone leave it off. With the gradient written by the product's epilogue
+// the fp32 scratch before it goes too.
 TEST(RunSettings, GeluGradientsIn16BitsAloneAreCountedAsSuch) {
   config::Config c;
   c.strata.data.seq_len = 16;
@@ -383,6 +384,17 @@ TEST(RunSettings, GeluGradientsIn16BitsAloneAreCountedAsSuch) {
   const model::ModelShape llama = testing::tiny_llama(true);
   EXPECT_EQ(device(llama, narrow), device(llama, with));
   EXPECT_FALSE(model::without_companions(gpt2, narrow).options.narrow_gelu_grad);
+  // Its product and GELU's gradient in one call (RunnerOptions::fused_gelu_grad): the fp32 scratch
+  // before GELU's gradient (N x 4C) is not allocated either; only on top of narrow_gelu_grad, and
+  // never for the Llama family (whose dact is SwiGLU's output gradient).
+  model::RunnerOptions fused = narrow;
+  fused.fused_gelu_grad = true;
+  EXPECT_EQ(device(gpt2, narrow) - device(gpt2, fused), granule(dfc * 4));
+  model::RunnerOptions fused_only = with;
+  fused_only.fused_gelu_grad = true;
+  EXPECT_EQ(device(gpt2, fused_only), device(gpt2, with));
+  EXPECT_EQ(device(llama, fused), device(llama, with));
+  EXPECT_FALSE(model::without_companions(gpt2, fused).options.fused_gelu_grad);
 }
 
 // The gradient of q, k and v kept in 16 bits alone (RunnerOptions::narrow_qkv_grad) is counted as

@@ -325,6 +325,12 @@ class CudaBackend final : public Backend {
       } else if (p.name == kGemmDgeluName) {
         p.uses = gemm_->dgelu_fused();
         p.declined = gemm_->dgelu_unfused();
+      } else if (p.name == kGemmBiasGelu16Name) {
+        p.uses = gemm_->gelu16_fused();
+        p.declined = gemm_->gelu16_unfused();
+      } else if (p.name == kGemmDgelu16Name) {
+        p.uses = gemm_->dgelu16_fused();
+        p.declined = gemm_->dgelu16_unfused();
       }
     }
     return paths;
@@ -1051,6 +1057,68 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
         "widened, by its bias gradient",
         [&] { return check_gelu_grad_alone(*this, gelu_grad); }));
   }
+  // GPT-2's MLP with GELU, and GELU's gradient, back in the product's epilogue with 16-bit outputs
+  // (the activation and the gradient kept alone): cuBLASLt's GELU_AUX_BIAS and DGELU with a 16-bit
+  // D and aux, or without cuBLASLt Strata's fallback kernel with the same epilogue. Checked through
+  // the engine against the product in double, as the fp32 epilogues are.
+  const auto adopt_gelu_epilogue_16 = [&](const char* name, const char* replaces,
+                                          const char* epilogue, const std::string& not_applicable,
+                                          const std::function<void(bool)>& use,
+                                          const std::function<Status()>& check) {
+    if (!not_applicable.empty()) {
+      fast_paths_.not_applicable(name, replaces, not_applicable);
+      return;
+    }
+    use(true);
+    use(fast_paths_.adopt(
+        name, replaces,
+        gemm_->has_cublaslt()
+            ? fmt::format("cuBLASLt's {} with a 16-bit D and aux on every such product (the "
+                          "unfused kernels where cuBLASLt has no algorithm with it)",
+                          epilogue)
+            : fmt::format("Strata's fallback GEMM kernel with {}'s arithmetic in its epilogue "
+                          "(cuBLASLt is not used)",
+                          epilogue),
+        check));
+  };
+  adopt_gelu_epilogue_16(
+      kGemmBiasGelu16Name, kGemmBiasGelu16Replaces,
+      "CUBLASLT_EPILOGUE_GELU_AUX_BIAS (the activation as D, the pre-activation as aux)",
+      activations_alone && fast_paths_.active(kGelu16Name)
+          ? std::string()
+          : fmt::format("the MLP's activation is not kept in 16 bits alone or its pre-activation "
+                        "not in 16 bits ({} or {} is off)",
+                        kActivations16AloneName, kGelu16Name),
+      [&](bool on) { gemm_->use_gelu_epilogue_16(on); },
+      [&] {
+        return check_gemm_bias_gelu_16(
+            *this,
+            [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, void* pre16,
+                void* act16) {
+              return gemm_->gemm_bias_gelu_to_16(ta, tb, m, n, k, a, lda, b, ldb, bias, nullptr,
+                                                 pre16, act16);
+            },
+            !bf16);
+      });
+  adopt_gelu_epilogue_16(
+      kGemmDgelu16Name, kGemmDgelu16Replaces,
+      "CUBLASLT_EPILOGUE_DGELU (GELU's gradient as D, the 16-bit pre-activation as aux)",
+      fast_paths_.active(kGeluGradAloneName)
+          ? std::string()
+          : fmt::format("GELU's gradient is not kept in 16 bits alone ({} is off)",
+                        kGeluGradAloneName),
+      [&](bool on) { gemm_->use_dgelu_epilogue_16(on); },
+      [&] {
+        return check_gemm_dgelu_16(
+            *this,
+            [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const void* pre16,
+                void* dpre16) {
+              return gemm_->gemm_dgelu_to_16(ta, tb, m, n, k, a, lda, b, ldb, pre16, dpre16);
+            },
+            !bf16);
+      });
   // Each block's q, k and v in 16 bits alone, written so by their product (with its bias where it
   // has one) and read so (widened) by the attention's staging, rotating or not: within 1 unit in
   // the last place of the verified product rounded, and the attention's bits on those values.

@@ -664,10 +664,19 @@ void CudaOps::gemm_bias_gelu_narrow(bool trans_a, bool trans_b, std::int64_t m, 
                                     void* pre16, float* act) {
   STRATA_ASSERT(keeps_gelu_narrow());
   STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
-  // The product and its bias rounded once into pre16, then GELU on those 16 bits.
-  gemm_bias_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre16);
   ++narrow_gelu_calls_;
   const ck::Narrow narrow = narrow_for(act, m * n);
+  // An activation kept in 16 bits alone: the product, its bias and GELU in one call where the
+  // 16-bit GELU epilogue is on (GELU of the fp32 pre-activation; both rounded once).
+  if (alone(act, m * n) &&
+      epilogue_done(gemm_->gemm_bias_gelu_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb,
+                                                param(bias, n), bias, pre16, narrow.p))) {
+    ++alone_writes_;
+    wrote(act, m * n, narrow);
+    return;
+  }
+  // The product and its bias rounded once into pre16, then GELU on those 16 bits.
+  gemm_bias_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, pre16);
   STRATA_OPS_CHECK(ck::gelu_forward_16(stream_, wide_out(act, m * n), pre16,
                                        static_cast<int>(narrow_type_), m * n, narrow),
                    "gelu_forward_16");
@@ -678,10 +687,10 @@ void CudaOps::gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std:
                                 std::int64_t k, const float* a, std::int64_t lda, const float* b,
                                 std::int64_t ldb, const void* pre16, float* scratch, float* dpre) {
   STRATA_ASSERT(keeps_gelu_narrow());
-  gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch, n);
   ++narrow_gelu_calls_;
   const ck::Narrow narrow = narrow_for(dpre, m * n);
-  // A gradient kept in 16 bits alone: its companion alone is written.
+  // A gradient kept in 16 bits alone: its companion alone is written, in the product's epilogue
+  // where the 16-bit DGELU epilogue is on (no fp32 product is written or read).
   float* dpre_wide = dpre;
   if (alone(dpre, m * n)) {
     STRATA_ASSERT_MSG(keeps_gelu_grad_alone() && narrow.p != nullptr,
@@ -689,11 +698,25 @@ void CudaOps::gemm_dgelu_narrow(bool trans_a, bool trans_b, std::int64_t m, std:
     dpre_wide = nullptr;
     gelu_grad_key_ = dpre;
     ++gelu_grad_writes_;
+    // Without a scratch the product's epilogue must run (the fallback kernel's where cuBLASLt
+    // declines it).
+    if (epilogue_done(gemm_->gemm_dgelu_to_16(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre16,
+                                              narrow.p, scratch == nullptr))) {
+      wrote(dpre, m * n, narrow);
+      return;
+    }
   }
+  STRATA_ASSERT_MSG(scratch != nullptr,
+                    "GELU's gradient without its fp32 scratch outside its fused path");
+  gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch, n);
   STRATA_OPS_CHECK(ck::gelu_backward_16(stream_, dpre_wide, pre16, static_cast<int>(narrow_type_),
                                         scratch, m * n, narrow),
                    "gelu_backward_16");
   wrote(dpre, m * n, narrow);
+}
+
+bool CudaOps::fuses_gelu_grad() const {
+  return keeps_gelu_grad_alone() && gemm_->dgelu_epilogue_16();
 }
 
 void CudaOps::swiglu_forward_narrow(float* out, const void* gate_up, std::int64_t rows,

@@ -182,6 +182,9 @@ class CudaOps final : public backend::Ops<float> {
   bool keeps_gelu_grad_alone() const override {
     return gelu_grad_alone_ && keeps_gelu_narrow() && keeps_narrow_alone();
   }
+  // With GELU's gradient in the product's epilogue (fast path gemm_dgelu_epilogue_16bit, the
+  // engine's use_dgelu_epilogue_16).
+  bool fuses_gelu_grad() const override;
   // GELU backwards that wrote their gradient kept in 16 bits alone, and bias_backward calls that
   // read such a gradient.
   std::int64_t gelu_grad_writes() const { return gelu_grad_writes_; }
