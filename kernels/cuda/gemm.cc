@@ -158,12 +158,13 @@ Status GemmEngine::describe(const Key& key, Entry* out) {
   const std::uint32_t align_a = static_cast<std::uint32_t>(key.align_b);
   const std::uint32_t align_b = static_cast<std::uint32_t>(key.align_a);
   const std::uint32_t align_c = static_cast<std::uint32_t>(key.align_c);
+  const std::uint32_t align_r = static_cast<std::uint32_t>(key.align_r);
   STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
       preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a))));
   STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
       preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b))));
   STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
-      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c))));
+      preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_r, sizeof(align_r))));
   STRATA_TRY(STRATA_CUBLAS_CHECK(api.pref_set(
       preference_, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c))));
   cublasLtMatmulHeuristicResult_t result{};
@@ -190,6 +191,10 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        const GemmEpilogue& epilogue, int out_code) {
   const float* bias = epilogue.bias;
   const bool wide = out_code == cuda_kernels::kCodeF32;
+  // cuBLASLt's C: the residual where one is added (only through cuBLASLt: gemm_residual), else the
+  // output itself.
+  const void* c_read = epilogue.residual != nullptr ? epilogue.residual : c;
+  STRATA_ASSERT(epilogue.residual == nullptr || (api_ != nullptr && k > 0 && wide));
   if (api_ != nullptr && k > 0) {
     Key key;
     key.trans_a = trans_a;
@@ -205,6 +210,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     key.align_a = static_cast<int>(alignment_of(a));
     key.align_b = static_cast<int>(alignment_of(b));
     key.align_c = static_cast<int>(alignment_of(c));
+    key.align_r = static_cast<int>(alignment_of(c_read));
     key.epilogue = epilogue.dgelu ? 3 : (bias == nullptr ? 0 : (epilogue.aux != nullptr ? 2 : 1));
     key.bias_code = epilogue.bias16 != nullptr ? out_code : cuda_kernels::kCodeF32;
     STRATA_ASSIGN_OR_RETURN(Entry * entry, lookup(key));
@@ -227,10 +233,12 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     if (entry->has_algo) {
       const cublasStatus_t status =
           api_->matmul(handle_, entry->desc, &alpha, b, entry->layout_a, a, entry->layout_b, &beta,
-                       c, entry->layout_c, c, entry->layout_c, &entry->algo,
+                       c_read, entry->layout_c, c, entry->layout_c, &entry->algo,
                        config_.cublas_workspace, config_.cublas_workspace_bytes, stream_);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
-        if (epilogue.applied != nullptr) *epilogue.applied = key.epilogue != 0;
+        if (epilogue.applied != nullptr) {
+          *epilogue.applied = key.epilogue != 0 || epilogue.residual != nullptr;
+        }
         return STRATA_CUBLAS_CHECK(status);
       }
       entry->has_algo = false;  // remember, and run the fallback from now on
@@ -238,7 +246,7 @@ Status GemmEngine::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     // No algorithm with the epilogue at this shape: GELU's and DGELU's callers run their own path;
     // the bias's gets the plain product and adds the bias itself, but with a 16-bit C, whose
     // product may be rounded only once: the fallback kernel adds it.
-    if (epilogue.aux != nullptr) return Status::ok();
+    if (epilogue.aux != nullptr || epilogue.residual != nullptr) return Status::ok();
     if (bias != nullptr && wide) {
       return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in_code);
     }
@@ -545,8 +553,9 @@ Status GemmEngine::run_converted(bool trans_a, bool trans_b, std::int64_t m, std
   // the bias on the first k block of each output block): cut into blocks, a bias epilogue gives
   // the plain product (*applied stays false) and a GELU epilogue runs nothing.
   GemmEpilogue whole = epilogue;
-  if ((epilogue.bias != nullptr || epilogue.dgelu) && blocking.blocks() != 1) {
-    if (epilogue.aux != nullptr) return Status::ok();
+  if ((epilogue.bias != nullptr || epilogue.dgelu || epilogue.residual != nullptr) &&
+      blocking.blocks() != 1) {
+    if (epilogue.aux != nullptr || epilogue.residual != nullptr) return Status::ok();
     whole = {};
   }
   auto* a_ws = static_cast<std::uint16_t*>(config_.convert_workspace);
@@ -614,6 +623,29 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
                    cuda_kernels::kCodeF32, {bias, nullptr, &applied}));
   }
   ++(applied ? bias_fused_ : bias_unfused_);
+  return applied;
+}
+
+Result<bool> GemmEngine::gemm_residual(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                                       std::int64_t k, const float* a, std::int64_t lda,
+                                       const float* b, std::int64_t ldb, const float* bias,
+                                       const float* residual, float* c) {
+  STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && residual != nullptr && residual != c);
+  if (!residual_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0) {
+    if (residual_epilogue_) ++residual_unfused_;
+    return false;
+  }
+  forget_output(c, m, n, n);
+  bool applied = false;
+  GemmEpilogue with{bias, nullptr, &applied};
+  with.residual = residual;
+  if (cuda::converts_operands(config_.precision)) {
+    STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n, with));
+  } else {
+    STRATA_TRY(run(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n,
+                   cuda_kernels::kCodeF32, with));
+  }
+  ++(applied ? residual_fused_ : residual_unfused_);
   return applied;
 }
 

@@ -44,6 +44,9 @@ struct GemmEpilogue {
   // With a 16-bit C (a bias alone): the bias in C's type, which cuBLASLt then reads (its bias type
   // is D's); the fallback kernel reads the fp32 `bias`.
   const void* bias16 = nullptr;
+  // The matrix beta multiplies, where it is not the output (cuBLASLt's C apart from its D: the
+  // residual added in the epilogue); same layout as the output.
+  const float* residual = nullptr;
 };
 
 class GemmEngine {
@@ -144,6 +147,18 @@ class GemmEngine {
                           std::int64_t k, const float* a, std::int64_t lda, const float* b,
                           std::int64_t ldb, const float* pre, float* dpre);
   void use_dgelu_epilogue(bool on) { dgelu_epilogue_ = on; }
+  // C(m,n) = op(A) op(B) (+ bias(n) on every row, where given) + R(m,n), C and R contiguous and
+  // apart: the residual add in the product, cuBLASLt reading R as its C matrix with beta 1 and
+  // writing C as its D (with CUBLASLT_EPILOGUE_BIAS where there is a bias): true. false, with
+  // nothing computed, where the epilogue is off (use_residual_epilogue), cuBLASLt is not used,
+  // the converted operands are cut into blocks, or cuBLASLt has no algorithm for it. Counted in
+  // residual_fused / residual_unfused while on.
+  Result<bool> gemm_residual(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, const float* bias, const float* residual, float* c);
+  void use_residual_epilogue(bool on) { residual_epilogue_ = on; }
+  std::int64_t residual_fused() const { return residual_fused_; }
+  std::int64_t residual_unfused() const { return residual_unfused_; }
   // Whether the bias epilogue can run at all here (cuBLASLt loaded).
   bool has_cublaslt() const { return api_ != nullptr; }
 
@@ -220,6 +235,7 @@ class GemmEngine {
   void reset_epilogue_counts() {
     bias_fused_ = bias_unfused_ = gelu_fused_ = gelu_unfused_ = dgelu_fused_ = dgelu_unfused_ = 0;
     gelu16_fused_ = gelu16_unfused_ = dgelu16_fused_ = dgelu16_unfused_ = 0;
+    residual_fused_ = residual_unfused_ = 0;
     twin_calls_ = 0;
     companion_reads_ = 0;
   }
@@ -231,6 +247,7 @@ class GemmEngine {
     int in_code = 0;
     int out_code = 0;  // C's and D's element type (kCodeF32 but in gemm_to_16)
     int align_a = 0, align_b = 0, align_c = 0;
+    int align_r = 0;  // cuBLASLt's C (the residual, or the output itself)
     // 0 none, 1 CUBLASLT_EPILOGUE_BIAS, 2 CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 3
     // CUBLASLT_EPILOGUE_DGELU
     int epilogue = 0;
@@ -354,6 +371,8 @@ class GemmEngine {
   bool gelu16_epilogue_ = false;
   bool dgelu16_epilogue_ = false;
   std::int64_t gelu16_fused_ = 0, gelu16_unfused_ = 0, dgelu16_fused_ = 0, dgelu16_unfused_ = 0;
+  bool residual_epilogue_ = false;
+  std::int64_t residual_fused_ = 0, residual_unfused_ = 0;
 };
 
 }  // STRATA_CUDA_NAMESPACE(cuda)

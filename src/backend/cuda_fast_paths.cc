@@ -28,6 +28,7 @@ std::vector<FastPath> cuda_fast_paths_unchecked(const std::string& why) {
       {kGemmBiasName, kGemmBiasReplaces},
       {kGemmBiasGeluName, kGemmBiasGeluReplaces},
       {kGemmDgeluName, kGemmDgeluReplaces},
+      {kGemmResidualName, kGemmResidualReplaces},
       {kWeights16Name, kWeights16Replaces},
       {kActivations16Name, kActivations16Replaces},
       {kActivations16AloneName, kActivations16AloneReplaces},

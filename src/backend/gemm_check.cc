@@ -49,6 +49,8 @@ struct Fused {
   const GemmDgeluFn* dgelu = nullptr;        // dpre = product ∘ GELU'(pre)
   const GemmBiasGelu16Fn* gelu16 = nullptr;  // pre and act in 16 bits
   const GemmDgelu16Fn* dgelu16 = nullptr;    // dpre in 16 bits, from pre in 16 bits
+  const GemmResidualFn* residual = nullptr;  // C = product (+ bias) + R
+  bool no_bias = false;                      // the residual's case without a bias
 };
 
 // One unit in the last place of the 16-bit type at magnitude x (bf16: 8 significant bits; fp16:
@@ -99,6 +101,8 @@ Status check_case(Backend& backend, const Fused& fused, bool fp16, const Case& c
   const std::vector<float> b =
       draw(static_cast<std::size_t>((c.trans_b ? c.n : c.k) * ldb), fp16, rng);
   const std::vector<float> bias = draw(static_cast<std::size_t>(c.n), fp16, rng);
+  const std::vector<float> residual = draw(static_cast<std::size_t>(c.m * c.n), fp16, rng);
+  STRATA_ASSIGN_OR_RETURN(Buffer dres, device_copy(backend, residual, "GEMM check"));
   // DGELU's pre-activation, fp32 in [-4, 4): both tails and the knee of GELU'.
   std::vector<float> pre(static_cast<std::size_t>(c.m * c.n));
   std::uniform_real_distribution<float> wide(-4.0f, 4.0f);
@@ -118,8 +122,8 @@ Status check_case(Backend& backend, const Fused& fused, bool fp16, const Case& c
   STRATA_ASSIGN_OR_RETURN(Buffer dc16, device_copy(backend, to_16(out, fp16), "GEMM check"));
   STRATA_ASSIGN_OR_RETURN(Buffer dact16, device_copy(backend, to_16(act, fp16), "GEMM check"));
   const std::string name =
-      fmt::format("m={} n={} k={}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
-                  c.trans_b ? ", B transposed" : "");
+      fmt::format("m={} n={} k={}{}{}{}", c.m, c.n, c.k, c.trans_a ? ", A transposed" : "",
+                  c.trans_b ? ", B transposed" : "", fused.no_bias ? ", no bias" : "");
   const float* a_in = da.as<float>();
   const float* b_in = db.as<float>();
   Result<bool> ran = bias_fn != nullptr ? (*bias_fn)(c.trans_a, c.trans_b, c.m, c.n, c.k, a_in, lda,
@@ -130,6 +134,10 @@ Status check_case(Backend& backend, const Fused& fused, bool fp16, const Case& c
                      : fused.dgelu != nullptr
                          ? (*fused.dgelu)(c.trans_a, c.trans_b, c.m, c.n, c.k, a_in, lda, b_in, ldb,
                                           dpre_in.as<float>(), dc.as<float>())
+                     : fused.residual != nullptr
+                         ? (*fused.residual)(c.trans_a, c.trans_b, c.m, c.n, c.k, a_in, lda, b_in,
+                                             ldb, fused.no_bias ? nullptr : dbias.as<float>(),
+                                             dres.as<float>(), dc.as<float>())
                      : fused.gelu16 != nullptr
                          ? (*fused.gelu16)(c.trans_a, c.trans_b, c.m, c.n, c.k, a_in, lda, b_in,
                                            ldb, dbias.as<float>(), dc16.data(), dact16.data())
@@ -157,8 +165,13 @@ Status check_case(Backend& backend, const Fused& fused, bool fp16, const Case& c
   };
   for (std::int64_t i = 0; i < c.m; ++i) {
     for (std::int64_t j = 0; j < c.n; ++j) {
-      double sum = dgelu_fn ? 0.0 : bias[static_cast<std::size_t>(j)];
+      double sum = dgelu_fn || fused.no_bias ? 0.0 : bias[static_cast<std::size_t>(j)];
       double mag = std::abs(sum);
+      if (fused.residual != nullptr) {
+        const double r = residual[static_cast<std::size_t>(i * c.n + j)];
+        sum += r;
+        mag += std::abs(r);
+      }
       for (std::int64_t p = 0; p < c.k; ++p) {
         const double x = a[static_cast<std::size_t>(c.trans_a ? p * lda + i : i * lda + p)];
         const double y = b[static_cast<std::size_t>(c.trans_b ? j * ldb + p : p * ldb + j)];
@@ -235,6 +248,18 @@ Status check_gemm_bias_gelu(Backend& backend, const GemmBiasGeluFn& fused, bool 
 Status check_gemm_dgelu(Backend& backend, const GemmDgeluFn& fused, bool fp16_inputs) {
   return each_case([&](const Case& c) {
     return check_case(backend, Fused{nullptr, nullptr, &fused}, fp16_inputs, c);
+  });
+}
+
+Status check_gemm_residual(Backend& backend, const GemmResidualFn& fused, bool fp16_inputs) {
+  return each_case([&](const Case& c) -> Status {
+    for (const bool no_bias : {false, true}) {
+      Fused f;
+      f.residual = &fused;
+      f.no_bias = no_bias;
+      STRATA_TRY(check_case(backend, f, fp16_inputs, c));
+    }
+    return Status::ok();
   });
 }
 

@@ -52,6 +52,17 @@ using GemmDgeluFn = std::function<Result<bool>(
 // left without the derivative; the unfused kernels then run.
 Status check_gemm_dgelu(Backend& backend, const GemmDgeluFn& fused, bool fp16_inputs);
 
+// C(m,n) = op(A) op(B) (+ bias(n) on every row where bias is not null) + R(m,n), C and R
+// contiguous and apart; returns whether the residual was fused (false: nothing was computed).
+using GemmResidualFn = std::function<Result<bool>(
+    bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+    std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, const float* residual,
+    float* c)>;
+
+// As check_gemm_bias, each case with and without a bias, R drawn as A and B are, its magnitude
+// added to the bound's sum: a residual left out, added twice or read transposed fails.
+Status check_gemm_residual(Backend& backend, const GemmResidualFn& fused, bool fp16_inputs);
+
 // The same two in 16 bits (GemmEngine::gemm_bias_gelu_to_16, gemm_dgelu_to_16): pre16 and act16
 // (the forward) or dpre16 (the backward, reading pre16) are arrays of the 16-bit type (bf16, or
 // fp16 with `fp16_inputs`), each the fp32 result rounded once; returns whether the epilogue ran.
@@ -95,6 +106,11 @@ inline constexpr const char* kActivations16Replaces =
 inline constexpr const char* kGemmDgeluName = "gemm_dgelu_epilogue";
 inline constexpr const char* kGemmDgeluReplaces =
     "the GEMM, then the GELU gradient kernel (gelu_backward)";
+// The residual add in the product that gives the block's output (each block's MLP output
+// projection, both families).
+inline constexpr const char* kGemmResidualName = "gemm_residual_epilogue";
+inline constexpr const char* kGemmResidualReplaces =
+    "the MLP's output projection (with its bias), then the residual add kernel (add)";
 // GPT-2's MLP in 16 bits (gelu_16bit with the activation kept alone; gelu_grad_16bit_alone) with
 // GELU and its gradient back in the product's epilogue.
 inline constexpr const char* kGemmBiasGelu16Name = "gemm_bias_gelu_epilogue_16bit";

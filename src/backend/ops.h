@@ -36,6 +36,20 @@ class Ops {
     gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, T(0), c, n);
     add_bias(c, bias, m, n);
   }
+  // C(m,n) = op(A) op(B) (+ bias(n) on every row where bias is not null) + res(m,n), C and res
+  // contiguous (leading dimension n) and apart: a block's output projection and its residual add.
+  // This default runs gemm_bias (or gemm), then add; a backend may fuse the add into the product
+  // (the CUDA backend's cuBLASLt C matrix with beta 1).
+  virtual void gemm_residual(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, const T* a, std::int64_t lda, const T* b,
+                             std::int64_t ldb, const T* bias, const T* res, T* c) {
+    if (bias != nullptr) {
+      gemm_bias(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c);
+    } else {
+      gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, T(0), c, n);
+    }
+    add(c, c, res, m * n);
+  }
 
   // pre(m,n) = op(A) op(B) + bias(n) on every row and act = GELU(pre) (the tanh form), both
   // contiguous. This default runs gemm_bias, then gelu_forward; a backend may fuse them.

@@ -102,8 +102,7 @@ void gpt2_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, c
   } else {
     ops.gemm_bias_gelu(false, false, n, in, c, a.ln2, c, p(kFcW), in, p(kFcB), a.fc, a.act);
   }
-  ops.gemm_bias(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), out);
-  ops.add(out, out, a.res1, n * c);
+  ops.gemm_residual(false, false, n, c, in, a.act, in, p(kFcProjW), c, p(kFcProjB), a.res1, out);
 }
 
 template <typename T>
@@ -198,8 +197,8 @@ void llama_forward(const BlockContext<T>& ctx, const UnitLayout& u, const T* w, 
     linear(ops, n, 2 * in, c, a.ln2, p(slot.gate_up_w), bias(slot.gate_up_b), a.fc);
     ops.swiglu_forward(a.act, a.fc, n, in);
   }
-  linear(ops, n, c, in, a.act, p(slot.down_w), bias(slot.down_b), out);
-  ops.add(out, out, a.res1, n * c);
+  ops.gemm_residual(false, true, n, c, in, a.act, in, p(slot.down_w), in, bias(slot.down_b), a.res1,
+                    out);
 }
 
 template <typename T>

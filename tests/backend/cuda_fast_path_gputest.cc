@@ -648,6 +648,31 @@ TEST(CudaFastPaths, TheGeluEpilogueIsOnWith16BitGemmsAndTheOpsMeetItsBound) {
   EXPECT_FALSE(find_path(fp32.fast_paths(), kGemmBiasGeluName)->active);
 }
 
+// The residual add in the product giving each block's output (gemm_residual_epilogue): listed in
+// every GEMM precision, printed on or off with the reason, and the ops' gemm_residual (with and
+// without a bias) meets the check's bound either way.
+TEST(CudaFastPaths, TheResidualEpilogueIsListedAndTheOpsMeetItsBoundEitherWay) {
+  for (const GemmPrecision precision :
+       {GemmPrecision::kFp32, GemmPrecision::kTf32, GemmPrecision::kBf16, GemmPrecision::kFp16}) {
+    STRATA_GPU_OR_SKIP(gpu, with(precision));
+    const std::optional<FastPath> path = find_path(gpu.fast_paths(), kGemmResidualName);
+    ASSERT_TRUE(path.has_value());
+    std::printf("fast path %s (%s): %s: %s\n", path->name.c_str(), cuda::to_string(precision),
+                path->active ? "on" : "off", path->detail.c_str());
+    const Status s = check_gemm_residual(
+        gpu,
+        [&gpu](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+               std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+               const float* residual, float* c) -> Result<bool> {
+          gpu.ops_f32().gemm_residual(ta, tb, m, n, k, a, lda, b, ldb, bias, residual, c);
+          STRATA_TRY(gpu.synchronize(StreamKind::kCompute));
+          return true;
+        },
+        precision == GemmPrecision::kFp16);
+    EXPECT_TRUE(s.is_ok()) << cuda::to_string(precision) << ": " << s.to_string();
+  }
+}
+
 TEST(CudaFastPaths, TheDgeluEpilogueIsListedAndTheOpsMeetItsBoundEitherWay) {
   for (const GemmPrecision precision : {GemmPrecision::kBf16, GemmPrecision::kFp16}) {
     STRATA_GPU_OR_SKIP(gpu, with(precision));

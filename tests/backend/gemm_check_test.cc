@@ -8,7 +8,9 @@
 // a call that did not run. Their 16-bit forms (outputs rounded once to bf16 or fp16) pass GELU of
 // the sum or of its rounding and the derivative at the 16-bit pre-activation, and fail a value two
 // units in the last place off, the other 16-bit type, the erf form and a call that did not run; a
-// failing one is listed off with one warning.
+// failing one is listed off with one warning. The residual check passes a product plus its
+// residual (with and without a bias) and fails one that leaves it out, adds it twice, reads it
+// transposed or did not run.
 #include "backend/gemm_check.h"
 
 #include <gtest/gtest.h>
@@ -354,6 +356,56 @@ TEST(GemmBiasGelu16Check, AFailingEpilogueIsListedOffWithOneWarning) {
   EXPECT_NE(warnings[0].find("fast path gemm_dgelu_epilogue_16bit is off"), std::string::npos)
       << warnings[0];
   EXPECT_NE(warnings[0].find(kGemmDgelu16Replaces), std::string::npos) << warnings[0];
+}
+
+}  // namespace
+}  // namespace strata::backend
+
+namespace strata::backend {
+namespace {
+
+enum class ResidualFault { kNone, kLeftOut, kTwice, kTransposed, kNotRun };
+
+// C = product (+ bias) + R by the CPU: right; without R; R added twice; R read transposed (as an
+// (n, m) array); not run.
+GemmResidualFn residual_fake(ResidualFault fault) {
+  return [fault](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                 std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                 const float* residual, float* c) -> Result<bool> {
+    if (fault == ResidualFault::kNotRun) return false;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float r = fault == ResidualFault::kTransposed ? residual[(j * m + i) % (m * n)]
+                                                            : residual[i * n + j];
+        const float times = fault == ResidualFault::kLeftOut ? 0.0f
+                            : fault == ResidualFault::kTwice ? 2.0f
+                                                             : 1.0f;
+        c[i * n + j] = times * r + (bias != nullptr ? bias[j] : 0.0f);
+      }
+    }
+    kernels::gemm<float>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n);
+    return true;
+  };
+}
+
+TEST(GemmResidualCheck, ARightFusedResidualPassesWithAndWithoutABias) {
+  auto backend = cpu_backend();
+  for (const bool fp16 : {false, true}) {
+    const Status s = check_gemm_residual(*backend, residual_fake(ResidualFault::kNone), fp16);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+}
+
+TEST(GemmResidualCheck, AResidualLeftOutTwiceTransposedOrNotRunFails) {
+  auto backend = cpu_backend();
+  for (const auto& [f, expect] :
+       {std::pair{ResidualFault::kLeftOut, ": C["}, std::pair{ResidualFault::kTwice, ": C["},
+        std::pair{ResidualFault::kTransposed, ": C["},
+        std::pair{ResidualFault::kNotRun, "the epilogue did not run"}}) {
+    const Status s = check_gemm_residual(*backend, residual_fake(f), false);
+    ASSERT_FALSE(s.is_ok()) << static_cast<int>(f);
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s.to_string();
+  }
 }
 
 }  // namespace

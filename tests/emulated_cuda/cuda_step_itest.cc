@@ -1187,8 +1187,8 @@ TEST(EmulatedCudaBackend, StartsWithItsFastPathsCheckedAndTheAttentionCheckOnce)
   EXPECT_TRUE(paths["qkv_16bit"].active) << paths["qkv_16bit"].detail;
   EXPECT_NE(paths["attention_16bit_alone"].detail.find("head sizes 64"), std::string::npos)
       << paths["attention_16bit_alone"].detail;
-  for (const char* epilogue :
-       {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue", "gemm_dgelu_epilogue"}) {
+  for (const char* epilogue : {"gemm_bias_epilogue", "gemm_bias_gelu_epilogue",
+                               "gemm_dgelu_epilogue", "gemm_residual_epilogue"}) {
     ASSERT_EQ(paths.count(epilogue), 1u) << epilogue;
     EXPECT_FALSE(paths[epilogue].active);
     EXPECT_NE(paths[epilogue].detail.find("cuBLASLt is not used"), std::string::npos)

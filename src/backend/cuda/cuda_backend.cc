@@ -325,6 +325,9 @@ class CudaBackend final : public Backend {
       } else if (p.name == kGemmDgeluName) {
         p.uses = gemm_->dgelu_fused();
         p.declined = gemm_->dgelu_unfused();
+      } else if (p.name == kGemmResidualName) {
+        p.uses = gemm_->residual_fused();
+        p.declined = gemm_->residual_unfused();
       } else if (p.name == kGemmBiasGelu16Name) {
         p.uses = gemm_->gelu16_fused();
         p.declined = gemm_->gelu16_unfused();
@@ -718,6 +721,30 @@ void CudaBackend::choose_fast_paths(const OpsScratch& scratch) {
               options_.gemm_precision == strata::cuda::GemmPrecision::kFp16);
         });
     gemm_->use_bias_epilogue(on);
+  }
+
+  // The residual add in the product giving each block's output (gemm_residual): checked through
+  // the engine itself, with and without a bias.
+  if (!gemm_->has_cublaslt()) {
+    fast_paths_.not_applicable(kGemmResidualName, kGemmResidualReplaces,
+                               "cuBLASLt is not used (every GEMM runs Strata's fallback kernel)");
+  } else {
+    gemm_->use_residual_epilogue(true);
+    gemm_->use_residual_epilogue(fast_paths_.adopt(
+        kGemmResidualName, kGemmResidualReplaces,
+        "cuBLASLt reading the residual as its C matrix (beta 1) and writing the block's output as "
+        "its D, with CUBLASLT_EPILOGUE_BIAS where the projection has a bias, on every such product "
+        "that is one cuBLASLt call",
+        [&] {
+          return check_gemm_residual(
+              *this,
+              [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, const float* bias,
+                  const float* residual, float* c) {
+                return gemm_->gemm_residual(ta, tb, m, n, k, a, lda, b, ldb, bias, residual, c);
+              },
+              options_.gemm_precision == strata::cuda::GemmPrecision::kFp16);
+        }));
   }
 
   // The GELU epilogues serve 16-bit GEMM inputs only (the bf16/fp16 runs they are for); their

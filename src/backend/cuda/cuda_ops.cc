@@ -87,6 +87,20 @@ void CudaOps::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
   }
 }
 
+void CudaOps::gemm_residual(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                            std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                            std::int64_t ldb, const float* bias, const float* res, float* c) {
+  STRATA_ASSERT(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n));
+  // An output kept in 16 bits alone has no fp32 D for the epilogue (no caller keeps one so).
+  if (m > 0 && n > 0 && !alone(c, m * n) &&
+      epilogue_done(gemm_->gemm_residual(trans_a, trans_b, m, n, k, a, lda, b, ldb, param(bias, n),
+                                         res, c))) {
+    wrote(c, m * n);
+    return;
+  }
+  Ops<float>::gemm_residual(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, res, c);
+}
+
 void CudaOps::gemm_bias_to_16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                               std::int64_t k, const float* a, std::int64_t lda, const float* b,
                               std::int64_t ldb, const float* bias, void* c16) {

@@ -52,6 +52,11 @@ class CudaOps final : public backend::Ops<float> {
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, std::int64_t rows, std::int64_t channels,
                          double eps) override;
+  // The residual added by cuBLASLt reading it as its C matrix (fast path gemm_residual_epilogue),
+  // else the default's product and add.
+  void gemm_residual(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                     const float* bias, const float* res, float* c) override;
   void gemm_dgelu(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                   const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                   const float* pre, float* scratch, float* dpre) override;
