@@ -387,27 +387,27 @@ Status GemmEngine::product_to_16(bool trans_a, bool trans_b, std::int64_t m, std
                      code, {}, code));
       continue;
     }
+    const float* block_bias = bias == nullptr ? nullptr : bias + j;
     if (epilogue) {
       bool ran = false;
-      GemmEpilogue with{bias == nullptr ? nullptr : bias + j, aux, &ran,
-                        e.gelu == cuda_kernels::kGemmDgelu};
+      GemmEpilogue with{block_bias, aux, &ran, e.gelu == cuda_kernels::kGemmDgelu};
       if (bias != nullptr) with.bias16 = bias16 + j;
       STRATA_TRY(run(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
                      code, with, code));
-      if (gelu && !ran) {
-        // No algorithm with the GELU epilogue: the caller computes it its own way, or where it has
-        // none the fallback kernel does, block by block.
-        if (applied != nullptr) *applied = false;
-        if (!e.must) return Status::ok();
-        STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
-                            ldc, code, code, bias == nullptr ? nullptr : bias + j, aux, e.gelu));
+      // A bias alone is done either way (run's fallback kernel adds it where cuBLASLt cannot).
+      if (!gelu) {
+        ++(ran ? bias_fused_ : bias_unfused_);
+        continue;
       }
-      if (!gelu) ++(ran ? bias_fused_ : bias_unfused_);
-    } else {
-      STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16,
-                          ldc, code, code, bias == nullptr ? nullptr : bias + j, aux, e.gelu));
-      if (bias_epilogue_ && !gelu) ++bias_unfused_;
+      if (ran) continue;
+      // No algorithm with the GELU epilogue: the caller computes it its own way, or where it has
+      // none the fallback kernel does, block by block.
+      if (applied != nullptr) *applied = false;
+      if (!e.must) return Status::ok();
     }
+    STRATA_TRY(fallback(trans_a, trans_b, m, cols, k, 1.0f, a16, lda16, b16, ldb16, 0.0f, c16, ldc,
+                        code, code, block_bias, aux, e.gelu));
+    if (!epilogue && bias_epilogue_ && !gelu) ++bias_unfused_;
   }
   return Status::ok();
 }
@@ -596,11 +596,18 @@ Status GemmEngine::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0);
   if (m == 0 || n == 0) return Status::ok();
   forget_output(c, m, n, ldc);
+  return product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+Status GemmEngine::product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                           std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                           const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+                           const GemmEpilogue& epilogue) {
   if (k > 0 && cuda::converts_operands(config_.precision)) {
-    return run_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return run_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, epilogue);
   }
-  return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-             cuda_kernels::kCodeF32);
+  return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cuda_kernels::kCodeF32,
+             epilogue);
 }
 
 Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
@@ -608,20 +615,14 @@ Result<bool> GemmEngine::gemm_bias(bool trans_a, bool trans_b, std::int64_t m, s
                                    std::int64_t ldb, const float* bias, float* c) {
   STRATA_ASSERT(m >= 0 && n >= 0 && k >= 0 && bias != nullptr);
   forget_output(c, m, n, n);
-  const bool converts = cuda::converts_operands(config_.precision);
   if (!bias_epilogue_ || api_ == nullptr || m == 0 || n == 0 || k == 0) {
     STRATA_TRY(gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n));
     if (bias_epilogue_) ++bias_unfused_;
     return false;
   }
   bool applied = false;
-  if (converts) {
-    STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
-                             {bias, nullptr, &applied}));
-  } else {
-    STRATA_TRY(run(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
-                   cuda_kernels::kCodeF32, {bias, nullptr, &applied}));
-  }
+  STRATA_TRY(product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n,
+                     {bias, nullptr, &applied}));
   ++(applied ? bias_fused_ : bias_unfused_);
   return applied;
 }
@@ -639,12 +640,7 @@ Result<bool> GemmEngine::gemm_residual(bool trans_a, bool trans_b, std::int64_t 
   bool applied = false;
   GemmEpilogue with{bias, nullptr, &applied};
   with.residual = residual;
-  if (cuda::converts_operands(config_.precision)) {
-    STRATA_TRY(run_converted(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n, with));
-  } else {
-    STRATA_TRY(run(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n,
-                   cuda_kernels::kCodeF32, with));
-  }
+  STRATA_TRY(product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n, with));
   ++(applied ? residual_fused_ : residual_unfused_);
   return applied;
 }

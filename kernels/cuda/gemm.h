@@ -310,6 +310,11 @@ class GemmEngine {
                           bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                           const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                           void* c, const To16Epilogue& e);
+  // An fp32 C's product (alpha, beta, with `epilogue`): run_converted where the GEMMs convert
+  // their operands (and k > 0), else run on the fp32 arrays.
+  Status product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                 float beta, float* c, std::int64_t ldc, const GemmEpilogue& epilogue = {});
   // Creates the descriptors of `key` in *out and picks an algorithm (has_algo false: none).
   Status describe(const Key& key, Entry* out);
   void release(Entry& entry);
